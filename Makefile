@@ -1,0 +1,42 @@
+# Two commands on a fresh machine with Python 3.11+ and make:
+#   make demo   create .venv, install, run the demo on loopback
+#   make test   create .venv, install dev extras, run ruff, mypy and the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint typecheck pytest proto dict bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/python -m iac demo
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+# Regenerate iac/_pb from proto/iac.proto (grpcio-tools is pinned in the dev extras,
+# so the output is byte-identical to what is committed).
+proto: $(VENV)/.installed-dev
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=iac/_pb --pyi_out=iac/_pb proto/iac.proto
+
+# Retrain the shipped dictionary on the training split of the corpus.
+dict: $(VENV)/.installed-dev
+	$(BIN)/python tools/train_default_dict.py
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/codec.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,181 @@
+"""Protobuf wire-level helpers: varints and the signature-field scan.
+
+Verification never re-serializes a message. :func:`excise_signature` walks the
+*received* bytes, removes the signature field and returns what is left (the
+exact bytes the sender signed). To leave no room for two parsers to disagree
+about what was signed, the scan refuses a message where the signature field is
+missing, repeated, not length-delimited or not 64 bytes, where any other
+singular known field occurs more than once or with the wrong wire type, and
+any group or invalid wire type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import (
+    BadVarint,
+    FieldRepeated,
+    MessageFormatError,
+    SignatureFieldInvalid,
+    SignatureFieldMissing,
+    SignatureFieldRepeated,
+    TruncatedFrame,
+)
+
+VARINT = 0
+I64 = 1
+LEN = 2
+I32 = 5
+
+SIGNATURE_SIZE = 64
+
+
+def encode_varint(value: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative integer below 2**64."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def decode_varint(data: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """Read a varint at ``pos``; return ``(value, new_pos)``.
+
+    Raises :class:`TruncatedFrame` when the input ends inside it and
+    :class:`BadVarint` when it runs past 10 bytes or 64 bits.
+    """
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end:
+            raise TruncatedFrame("input ends inside a varint")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            if result >> 64:
+                raise BadVarint("varint overflows 64 bits")
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise BadVarint("varint longer than 10 bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """What the scan knows of a message type: wire type per field, and which repeat."""
+
+    name: str
+    wire_types: dict[int, tuple[int, ...]]
+    repeated: frozenset[int]
+    nested: dict[int, Schema]
+    signature_field: int | None = None
+
+
+TASK_STATE_SCHEMA = Schema(
+    "TaskState",
+    {1: (LEN,), 2: (VARINT,), 3: (VARINT,), 4: (VARINT,), 5: (LEN,)},
+    frozenset(),
+    {},
+)
+
+MESSAGE_SCHEMA = Schema(
+    "Message",
+    {
+        1: (LEN,), 2: (LEN,), 3: (VARINT,), 4: (LEN,), 5: (VARINT,), 6: (VARINT,),
+        7: (VARINT,), 8: (LEN,), 9: (LEN,), 10: (VARINT,), 11: (LEN,), 12: (VARINT,),
+        13: (LEN,), 14: (VARINT,), 15: (VARINT,),
+    },
+    frozenset(),
+    {11: TASK_STATE_SCHEMA},
+    signature_field=8,
+)  # fmt: skip
+
+HELLO_SCHEMA = Schema(
+    "Hello",
+    {
+        1: (VARINT,), 2: (LEN,), 3: (VARINT,), 4: (VARINT,), 5: (LEN,), 6: (LEN,),
+        7: (VARINT, LEN), 8: (VARINT,), 9: (LEN,), 10: (LEN,), 11: (LEN,), 12: (LEN,),
+        15: (LEN,),
+    },
+    frozenset({7, 9, 10}),
+    {},
+    signature_field=15,
+)  # fmt: skip
+
+
+def _scan(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tuple[int, int] | None:
+    """Validate fields in ``data[start:end]``; return the signature field's (start, end) span."""
+    seen: set[int] = set()
+    sig_span: tuple[int, int] | None = None
+    sig_field = schema.signature_field
+    wire_types = schema.wire_types
+    repeated = schema.repeated
+    pos = start
+    while pos < end:
+        field_start = pos
+        value_start = pos
+        tag, pos = decode_varint(data, pos, end)
+        number = tag >> 3
+        wt = tag & 7
+        if number == 0:
+            raise MessageFormatError(f"{schema.name}: field number 0")
+        if wt == VARINT:
+            _, pos = decode_varint(data, pos, end)
+        elif wt == LEN:
+            length, pos = decode_varint(data, pos, end)
+            if length > end - pos:
+                raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+            value_start = pos
+            pos += length
+            sub = schema.nested.get(number)
+            if sub is not None and wt in wire_types[number]:
+                _scan(data, value_start, pos, sub)
+        elif wt == I64:
+            pos += 8
+        elif wt == I32:
+            pos += 4
+        else:
+            raise MessageFormatError(f"{schema.name}: field {number} has wire type {wt}")
+        if pos > end:
+            raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+        allowed = wire_types.get(number)
+        if allowed is None:
+            continue  # unknown field: skipped by every parser alike
+        if number == sig_field:
+            if sig_span is not None:
+                raise SignatureFieldRepeated(f"{schema.name}: signature field occurs twice")
+            if wt != LEN:
+                raise SignatureFieldInvalid(f"{schema.name}: signature field is not bytes")
+            if pos - value_start != SIGNATURE_SIZE:
+                raise SignatureFieldInvalid(
+                    f"{schema.name}: signature is {pos - value_start} bytes, not {SIGNATURE_SIZE}"
+                )
+            sig_span = (field_start, pos)
+            continue
+        if wt not in allowed:
+            raise MessageFormatError(f"{schema.name}: field {number} has wire type {wt}")
+        if number not in repeated:
+            if number in seen:
+                raise FieldRepeated(f"{schema.name}: field {number} occurs more than once")
+            seen.add(number)
+    return sig_span
+
+
+def validate(data: bytes, schema: Schema) -> None:
+    """Run the scan on a message that carries no signature field (nested or unsigned)."""
+    _scan(data, 0, len(data), schema)
+
+
+def excise_signature(data: bytes, schema: Schema = MESSAGE_SCHEMA) -> tuple[bytes, bytes]:
+    """Split signed message bytes into ``(unsigned_bytes, signature)`` without re-serializing."""
+    span = _scan(data, 0, len(data), schema)
+    if span is None:
+        raise SignatureFieldMissing(f"{schema.name}: no signature field")
+    s, e = span
+    return data[:s] + data[e:], data[e - SIGNATURE_SIZE : e]
