@@ -110,7 +110,9 @@ def sign_message(identity: Identity, msg: Message) -> bytes:
     """Sign ``msg`` in place (sets ``signature``) and return the signed bytes."""
     if sender_of(msg) != identity.agent_id:
         raise ConfigError("a message must be signed by the identity in its `from` field")
-    msg.signature = identity.sign(Domain.MESSAGE, unsigned_bytes(msg))
+    if msg.signature:
+        msg.signature = b""
+    msg.signature = identity.sign(Domain.MESSAGE, msg.SerializeToString(deterministic=True))
     return msg.SerializeToString(deterministic=True)
 
 
@@ -126,8 +128,7 @@ def open_message(data: bytes) -> Message:
         msg = Message.FromString(data)
     except DecodeError as exc:
         raise MessageFormatError(f"Message does not parse: {exc}") from None
-    sender = check_agent_id(sender_of(msg))
-    verify(sender, Domain.MESSAGE, unsigned, signature)
+    verify(sender_of(msg), Domain.MESSAGE, unsigned, signature)  # checks the AgentId first
     return msg
 
 

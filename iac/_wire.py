@@ -11,7 +11,7 @@ any group or invalid wire type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._errors import (
     BadVarint,
@@ -75,6 +75,18 @@ class Schema:
     repeated: frozenset[int]
     nested: dict[int, Schema]
     signature_field: int | None = None
+    #: per field number: a bit per allowed wire type (0: unknown field); derived
+    masks: tuple[int, ...] = field(init=False)
+    #: a bit per field number that may repeat; derived
+    repeat_bits: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        masks = [0] * (max(self.wire_types) + 1)
+        for number, wts in self.wire_types.items():
+            for wt in wts:
+                masks[number] |= 1 << wt
+        object.__setattr__(self, "masks", tuple(masks))
+        object.__setattr__(self, "repeat_bits", sum(1 << n for n in self.repeated))
 
 
 TASK_STATE_SCHEMA = Schema(
@@ -111,31 +123,60 @@ HELLO_SCHEMA = Schema(
 
 def _scan(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tuple[int, int] | None:
     """Validate fields in ``data[start:end]``; return the signature field's (start, end) span."""
-    seen: set[int] = set()
+    try:
+        return _scan_fields(data, start, end, schema)
+    except (TruncatedFrame, BadVarint) as exc:
+        raise MessageFormatError(f"{schema.name}: {exc}") from None
+
+
+def _scan_fields(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tuple[int, int] | None:
+    seen = 0  # bit per field number already seen
     sig_span: tuple[int, int] | None = None
     sig_field = schema.signature_field
-    wire_types = schema.wire_types
-    repeated = schema.repeated
+    masks = schema.masks
+    n_masks = len(masks)
+    repeat_bits = schema.repeat_bits
+    nested = schema.nested
     pos = start
     while pos < end:
         field_start = pos
-        value_start = pos
-        tag, pos = decode_varint(data, pos, end)
+        tag = data[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = decode_varint(data, pos, end)
         number = tag >> 3
         wt = tag & 7
         if number == 0:
             raise MessageFormatError(f"{schema.name}: field number 0")
+        value_start = pos
         if wt == VARINT:
-            _, pos = decode_varint(data, pos, end)
+            limit = pos + 10
+            while True:
+                if pos >= end:
+                    raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+                if pos >= limit:
+                    raise MessageFormatError(f"{schema.name}: varint longer than 10 bytes")
+                b = data[pos]
+                pos += 1
+                if b < 0x80:
+                    break
         elif wt == LEN:
-            length, pos = decode_varint(data, pos, end)
-            if length > end - pos:
+            if pos >= end:
                 raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+            length = data[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = decode_varint(data, pos, end)
             value_start = pos
             pos += length
-            sub = schema.nested.get(number)
-            if sub is not None and wt in wire_types[number]:
-                _scan(data, value_start, pos, sub)
+            if pos > end:
+                raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+            if nested:
+                sub = nested.get(number)
+                if sub is not None:
+                    _scan_fields(data, value_start, pos, sub)
         elif wt == I64:
             pos += 8
         elif wt == I32:
@@ -144,8 +185,8 @@ def _scan(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tup
             raise MessageFormatError(f"{schema.name}: field {number} has wire type {wt}")
         if pos > end:
             raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
-        allowed = wire_types.get(number)
-        if allowed is None:
+        allowed = masks[number] if number < n_masks else 0
+        if not allowed:
             continue  # unknown field: skipped by every parser alike
         if number == sig_field:
             if sig_span is not None:
@@ -158,12 +199,12 @@ def _scan(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tup
                 )
             sig_span = (field_start, pos)
             continue
-        if wt not in allowed:
+        if not allowed >> wt & 1:
             raise MessageFormatError(f"{schema.name}: field {number} has wire type {wt}")
-        if number not in repeated:
-            if number in seen:
-                raise FieldRepeated(f"{schema.name}: field {number} occurs more than once")
-            seen.add(number)
+        bit = 1 << number
+        if seen & bit and not repeat_bits & bit:
+            raise FieldRepeated(f"{schema.name}: field {number} occurs more than once")
+        seen |= bit
     return sig_span
 
 

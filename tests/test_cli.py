@@ -1,0 +1,56 @@
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import iac
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "iac", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
+
+
+def test_keygen_and_id(tmp_path):
+    key = tmp_path / "a.key"
+    out = run("keygen", "--out", str(key))
+    assert out.returncode == 0, out.stderr
+    agent_id = out.stdout.strip()
+    assert iac.is_agent_id(agent_id)
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    out = run("id", "--key", str(key))
+    assert out.stdout.strip() == agent_id
+    # Refuses to overwrite; a readable key is refused with one line naming the fix.
+    assert run("keygen", "--out", str(key)).returncode != 0
+    os.chmod(key, 0o644)
+    out = run("id", "--key", str(key))
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and "chmod 600" in out.stderr
+
+
+def test_dict_train(tmp_path):
+    out_file = tmp_path / "d.zdict"
+    samples = ROOT / "benchmarks" / "corpus" / "train.jsonl"
+    out = run("dict", "train", str(samples), "--out", str(out_file), "--size", "8192", "--dict-id", "41000")
+    assert out.returncode == 0, out.stderr
+    d = iac.Dictionary.load(out_file)
+    assert d.dict_id == 41000
+    assert d.sha256.hex() in out.stdout
+
+
+def test_dict_train_too_few_samples_is_one_line(tmp_path):
+    sample = tmp_path / "one.jsonl"
+    sample.write_text('{"a":1}\n')
+    out = run("dict", "train", str(sample), "--out", str(tmp_path / "x"))
+    assert out.returncode == 1
+    assert "at least 8" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_help_on_each_verb():
+    for verb in ("keygen", "id", "dict", "demo"):
+        out = run(verb, "--help")
+        assert out.returncode == 0 and "usage" in out.stdout

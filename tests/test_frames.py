@@ -1,0 +1,188 @@
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iac
+from iac import FrameDecoder, FrameType, decode_frame, encode_frame
+from iac._frames import MAX_HEADER_SIZE, zstd_frame_info
+from iac._wire import encode_varint
+
+TEXT = b'{"jsonrpc":"2.0","method":"tasks/send","params":{"task":"summarize the quarter"}}' * 4
+
+
+def _dictionary() -> iac.Dictionary:
+    samples = [
+        b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"web_search"}}' % i
+        for i in range(400)
+    ]
+    return iac.train(samples, 4096, dict_id=40000)
+
+
+def test_raw_frame_layout():
+    body = b"x" * 200
+    data = encode_frame(FrameType.MESSAGE, body)
+    assert data[:2] == b"\x01\x00"
+    assert data[2:4] == encode_varint(200)
+    frame = decode_frame(data)
+    assert (frame.type, frame.body, frame.dict_id, frame.wire_size) == (
+        FrameType.MESSAGE,
+        body,
+        None,
+        len(data),
+    )
+
+
+def test_compression_used_only_when_it_shrinks():
+    small = encode_frame(FrameType.MESSAGE, b"ab", plain_zstd=True)
+    assert small[1] == 0  # raw: zstd would be larger
+    big = encode_frame(FrameType.MESSAGE, TEXT, plain_zstd=True)
+    assert big[1] == 1 and len(big) < len(TEXT)
+    frame = decode_frame(big)
+    assert frame.body == TEXT and frame.dict_id == 0
+
+
+def test_dictionary_frames_name_their_dictionary():
+    d = _dictionary()
+    data = encode_frame(FrameType.MESSAGE, TEXT, compress_with=d)
+    assert data[1] == 1
+    frame = decode_frame(data, dictionaries=iac.DictionarySet([d]))
+    assert frame.body == TEXT and frame.dict_id == d.dict_id
+    with pytest.raises(iac.UnknownDictionary):
+        decode_frame(data)
+
+
+def test_oversized_length_refused_before_the_body_arrives():
+    header = bytes((1, 0)) + encode_varint(5 * 1024 * 1024)
+    dec = FrameDecoder(max_frame_size=4 * 1024 * 1024)
+    with pytest.raises(iac.FrameTooLarge):
+        dec.feed(header)  # nothing of the body was needed to refuse it
+    with pytest.raises(iac.FrameError):
+        dec.feed(b"more")  # the decoder stays failed
+
+
+def test_encode_refuses_a_body_over_the_limit():
+    with pytest.raises(iac.FrameTooLarge):
+        encode_frame(FrameType.MESSAGE, b"x" * 101, max_frame_size=100)
+
+
+def test_header_faults():
+    with pytest.raises(iac.UnknownFrameType):
+        decode_frame(b"\x09\x00\x00")
+    with pytest.raises(iac.UnknownFrameFlag):
+        decode_frame(b"\x01\x02\x00")
+    with pytest.raises(iac.TruncatedFrame):
+        decode_frame(b"\x01\x00\x80")
+    with pytest.raises(iac.BadVarint):
+        decode_frame(b"\x01\x00" + b"\xff" * 10 + b"\x01")
+    with pytest.raises(iac.TruncatedFrame):
+        decode_frame(b"\x01\x00\x05abc")
+    with pytest.raises(iac.FrameError):
+        decode_frame(b"\x01\x00\x01ab")  # a byte after the frame
+
+
+def _zstd_frame(data: bytes, **kw) -> bytes:
+    return zstandard.ZstdCompressor(**kw).compress(data)
+
+
+def test_zstd_without_content_size_is_refused():
+    cobj = zstandard.ZstdCompressor().compressobj()  # streaming: no content size
+    body = cobj.compress(TEXT) + cobj.flush()
+    with pytest.raises(iac.MissingContentSize):
+        decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body)
+
+
+def test_decompression_bomb_refused_from_the_header():
+    bomb = _zstd_frame(b"\x00" * (2 * 1024 * 1024))
+    assert len(bomb) < 1024
+    frame = bytes((1, 1)) + encode_varint(len(bomb)) + bomb
+    with pytest.raises(iac.DecompressionBomb) as info:
+        decode_frame(frame, max_frame_size=1024 * 1024)
+    assert isinstance(info.value, iac.FrameTooLarge)
+    assert decode_frame(frame, max_frame_size=4 * 1024 * 1024).body == b"\x00" * (2 * 1024 * 1024)
+
+
+def test_trailing_data_after_zstd_frame_refused():
+    body = _zstd_frame(TEXT) + b"junk"
+    with pytest.raises(iac.TrailingData):
+        decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body)
+    body = _zstd_frame(TEXT) * 2
+    with pytest.raises(iac.TrailingData):
+        decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body)
+
+
+def test_lying_content_size_is_refused():
+    good = _zstd_frame(TEXT, write_checksum=False)
+    info = zstd_frame_info(good, 1 << 20)
+    assert info == (0, len(TEXT))
+    # Rewrite the declared size (2-byte FCS field: value - 256) to a smaller one.
+    fhd = good[4]
+    assert fhd >> 6 == 1
+    lie = good[:6] + (len(TEXT) - 256 - 10).to_bytes(2, "little") + good[8:]
+    with pytest.raises(iac.CompressionError):
+        decode_frame(bytes((1, 1)) + encode_varint(len(lie)) + lie)
+
+
+def test_checksum_frames_are_accepted():
+    body = _zstd_frame(TEXT, write_checksum=True)
+    assert decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body).body == TEXT
+
+
+def test_streaming_decoder_any_chunking():
+    d = _dictionary()
+    frames = [
+        encode_frame(FrameType.MESSAGE, TEXT, compress_with=d),
+        encode_frame(FrameType.HELLO, b""),
+        encode_frame(FrameType.GOAWAY, b"z" * 300),
+        encode_frame(FrameType.MESSAGE, b"y" * 70000),
+    ]
+    stream = b"".join(frames)
+    for size in (1, 2, 3, 7, 64, 1000, len(stream)):
+        dec = FrameDecoder(dictionaries=iac.DictionarySet([d]))
+        out = []
+        for i in range(0, len(stream), size):
+            out += dec.feed(stream[i : i + size])
+            assert dec.buffered <= 70000 + MAX_HEADER_SIZE
+        assert [f.body for f in out] == [TEXT, b"", b"z" * 300, b"y" * 70000]
+        assert dec.idle
+
+
+def test_stream_ending_inside_a_frame_is_truncated():
+    data = encode_frame(FrameType.MESSAGE, b"x" * 10)
+    dec = FrameDecoder()
+    assert dec.feed(data[:5]) == []
+    with pytest.raises(iac.TruncatedFrame):
+        dec.feed(b"", final=True)
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=2000), st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=50))
+def test_any_bytes_any_chunking_yields_frames_or_iac_error(data, cuts):
+    limit = 512
+    dec = FrameDecoder(max_frame_size=limit)
+    pos = 0
+    i = 0
+    try:
+        while pos < len(data):
+            n = cuts[i % len(cuts)]
+            dec.feed(data[pos : pos + n])
+            assert dec.buffered <= limit + MAX_HEADER_SIZE
+            pos += n
+            i += 1
+        dec.feed(b"", final=True)
+    except iac.IacError:
+        pass
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(FrameType)), st.binary(max_size=600)), max_size=8), st.data())
+def test_valid_frame_streams_round_trip_in_any_chunking(items, data):
+    stream = b"".join(encode_frame(t, b, plain_zstd=True) for t, b in items)
+    dec = FrameDecoder()
+    out = []
+    pos = 0
+    while pos < len(stream):
+        n = data.draw(st.integers(min_value=1, max_value=max(1, len(stream) - pos)))
+        out += dec.feed(stream[pos : pos + n])
+        pos += n
+    dec.feed(b"", final=True)
+    assert [(f.type, f.body) for f in out] == items

@@ -1,0 +1,107 @@
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import iac
+from iac._wire import (
+    HELLO_SCHEMA,
+    MESSAGE_SCHEMA,
+    decode_varint,
+    encode_varint,
+    excise_signature,
+)
+
+
+@given(st.integers(min_value=0, max_value=2**64 - 1))
+def test_varint_round_trip(value):
+    data = encode_varint(value)
+    assert len(data) <= 10
+    assert decode_varint(data, 0, len(data)) == (value, len(data))
+
+
+def test_varint_faults():
+    with pytest.raises(iac.TruncatedFrame):
+        decode_varint(b"\x80\x80", 0, 2)
+    with pytest.raises(iac.BadVarint):
+        decode_varint(b"\xff" * 11, 0, 11)
+    with pytest.raises(iac.BadVarint):  # 10 bytes but above 2**64
+        decode_varint(b"\xff" * 9 + b"\x7f", 0, 10)
+
+
+def _field(number: int, wire_type: int, value: bytes) -> bytes:
+    return encode_varint(number << 3 | wire_type) + value
+
+
+def _len_field(number: int, value: bytes) -> bytes:
+    return _field(number, 2, encode_varint(len(value)) + value)
+
+
+SIG = bytes(range(64))
+
+
+def test_excise_returns_exactly_the_other_bytes():
+    before = _len_field(1, b"a" * 64) + _field(5, 0, encode_varint(7))
+    after = _len_field(9, b"xyz")
+    unsigned, sig = excise_signature(before + _len_field(8, SIG) + after)
+    assert unsigned == before + after
+    assert sig == SIG
+
+
+def test_signature_may_stand_anywhere_and_unknown_fields_survive():
+    unknown = _len_field(99, b"future") + _field(98, 0, b"\x01") + _len_field(99, b"again")
+    data = _len_field(8, SIG) + _len_field(4, b"{}") + unknown
+    unsigned, _ = excise_signature(data)
+    assert unsigned == _len_field(4, b"{}") + unknown
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (_len_field(4, b"{}"), iac.SignatureFieldMissing),
+        (_len_field(8, SIG) + _len_field(8, SIG), iac.SignatureFieldRepeated),
+        (_len_field(8, SIG[:63]), iac.SignatureFieldInvalid),
+        (_len_field(8, SIG + b"x"), iac.SignatureFieldInvalid),
+        (_field(8, 0, b"\x01"), iac.SignatureFieldInvalid),
+        (_len_field(8, SIG) + _len_field(4, b"a") + _len_field(4, b"b"), iac.FieldRepeated),
+        (_len_field(8, SIG) + _field(6, 0, b"\x01") + _field(6, 0, b"\x02"), iac.FieldRepeated),
+        (_len_field(8, SIG) + _field(6, 2, b"\x01\x00"), iac.MessageFormatError),  # wrong wire type
+        (_len_field(8, SIG) + _field(4, 3, b""), iac.MessageFormatError),  # group
+        (_len_field(8, SIG) + _field(4, 7, b""), iac.MessageFormatError),  # invalid wire type
+        (_len_field(8, SIG) + b"\x22\x05ab", iac.MessageFormatError),  # runs past the end
+        (_len_field(8, SIG) + b"\x00\x00", iac.MessageFormatError),  # field number 0
+        # TaskState is checked too: step repeated inside field 11.
+        (
+            _len_field(8, SIG) + _len_field(11, _field(3, 0, b"\x01") + _field(3, 0, b"\x02")),
+            iac.FieldRepeated,
+        ),
+    ],
+)
+def test_ambiguous_messages_are_refused(data, error):
+    with pytest.raises(error):
+        excise_signature(data, MESSAGE_SCHEMA)
+
+
+def test_hello_repeated_fields_are_allowed_and_field_15_is_the_signature():
+    data = (
+        _len_field(2, b"x" * 64)
+        + _field(7, 0, b"\x01")
+        + _len_field(7, b"\x02\x03")  # packed
+        + _len_field(9, b"quic://a")
+        + _len_field(9, b"tls://b")
+        + _len_field(15, SIG)
+    )
+    unsigned, sig = excise_signature(data, HELLO_SCHEMA)
+    assert sig == SIG
+    assert unsigned == data[: -len(_len_field(15, SIG))]
+    with pytest.raises(iac.SignatureFieldMissing):
+        excise_signature(_len_field(2, b"y" * 64), HELLO_SCHEMA)
+    with pytest.raises(iac.MessageFormatError):  # field 8 of a Hello is a varint
+        excise_signature(_len_field(8, SIG), HELLO_SCHEMA)
+
+
+@given(st.binary(max_size=300))
+def test_scan_never_raises_anything_but_iac_errors(data):
+    with contextlib.suppress(iac.IacError):
+        excise_signature(data)
