@@ -4,6 +4,15 @@ Signed (Ed25519), dictionary-compressed (zstd) protobuf messages between AI
 agents, peer to peer over QUIC, TLS/TCP and UNIX sockets.
 """
 
+from ._dedup import (
+    MemoryReplayStore,
+    ReplayConfig,
+    ReplayGuard,
+    ReplayStore,
+    Verdict,
+    check_freshness,
+    serial_diff,
+)
 from ._dicts import Dictionary, DictionarySet, default_dictionary, train
 from ._errors import (
     AdmissionDenied,
@@ -34,6 +43,7 @@ from ._errors import (
     RemoteError,
     ReplayedHello,
     ReplayedMessage,
+    ReplayStoreFull,
     SignatureFieldInvalid,
     SignatureFieldMissing,
     SignatureFieldRepeated,
@@ -65,6 +75,16 @@ from ._message import (
     unsigned_bytes,
 )
 from ._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Intent, Message, MessageType, TaskState
+from ._reorder import (
+    Delivered,
+    Duplicate,
+    GapReason,
+    GapSkipped,
+    Late,
+    ReorderBuffer,
+    ReorderConfig,
+    ReorderEvent,
+)
 
 __version__ = "0.1.0"
 
@@ -82,10 +102,12 @@ __all__ = [
     "ConfigError",
     "ConnectionClosed",
     "DecompressionBomb",
+    "Delivered",
     "Dict",
     "Dictionary",
     "DictionarySet",
     "Domain",
+    "Duplicate",
     "FieldRepeated",
     "Forward",
     "Frame",
@@ -93,6 +115,8 @@ __all__ = [
     "FrameError",
     "FrameTooLarge",
     "FrameType",
+    "GapReason",
+    "GapSkipped",
     "GoAway",
     "HandshakeError",
     "Hello",
@@ -103,7 +127,9 @@ __all__ = [
     "Intent",
     "InvalidAgentId",
     "KeyFileError",
+    "Late",
     "LocalError",
+    "MemoryReplayStore",
     "Message",
     "MessageFormatError",
     "MessageRejected",
@@ -112,6 +138,13 @@ __all__ = [
     "PeerError",
     "ProtocolError",
     "RemoteError",
+    "ReorderBuffer",
+    "ReorderConfig",
+    "ReorderEvent",
+    "ReplayConfig",
+    "ReplayGuard",
+    "ReplayStore",
+    "ReplayStoreFull",
     "ReplayedHello",
     "ReplayedMessage",
     "Session",
@@ -128,10 +161,12 @@ __all__ = [
     "UnknownDictionary",
     "UnknownFrameFlag",
     "UnknownFrameType",
+    "Verdict",
     "WrongPeer",
     "__version__",
     "build_message",
     "check_agent_id",
+    "check_freshness",
     "decode_frame",
     "decode_message_frame",
     "default_dictionary",
@@ -141,6 +176,7 @@ __all__ = [
     "open_hello",
     "open_message",
     "sender_of",
+    "serial_diff",
     "sign_hello",
     "sign_message",
     "train",

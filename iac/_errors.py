@@ -281,6 +281,16 @@ class ReplayedMessage(MessageRejected):
     name = "replayed_message"
 
 
+class ReplayStoreFull(MessageRejected):
+    """The replay store tracks ``max_sessions`` live sessions; a new session is refused.
+
+    Live windows are never evicted to make room (that would re-open their
+    replays), so under this pressure new senders wait until old sessions expire.
+    """
+
+    name = "replay_store_full"
+
+
 # --- transport ------------------------------------------------------------------------------
 
 
