@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint typecheck pytest proto dict bench clean
+.PHONY: demo test proto dict vectors bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(VENV)/.installed-dev
 # so the output is byte-identical to what is committed).
 proto: $(VENV)/.installed-dev
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=iac/_pb --pyi_out=iac/_pb proto/iac.proto
+
+# Rewrite proto/testvectors/v1.json (deterministic; existing zstd frames are kept while they decode).
+vectors: $(VENV)/.installed-dev
+	$(BIN)/python tools/make_testvectors.py
 
 # Retrain the shipped dictionary on the training split of the corpus.
 dict: $(VENV)/.installed-dev

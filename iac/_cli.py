@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ._cli_net import register as register_net
 
     register_net(sub)
+
+    from ._protoc import register as register_proto
+
+    register_proto(sub)
     return parser
 
 
