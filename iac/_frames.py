@@ -49,6 +49,8 @@ class FrameType(IntEnum):
 
 
 _FRAME_TYPES = frozenset(int(t) for t in FrameType)
+_TYPE_BY_CODE = {int(t): t for t in FrameType}
+_ZSTD_MAGIC_BYTES = _ZSTD_MAGIC.to_bytes(4, "little")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,7 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     zstd frame that declares its content size, at most ``max_size``.
     """
     n = len(body)
-    if n < 6 or int.from_bytes(body[0:4], "little") != _ZSTD_MAGIC:
+    if n < 6 or body[0:4] != _ZSTD_MAGIC_BYTES:
         raise CompressionError("compressed body is not a zstd frame")
     fhd = body[4]
     if fhd & 0x08:
@@ -187,6 +189,19 @@ def _parse_header(
     Returns None when more bytes are needed; raises as soon as a fault is visible.
     """
     n = len(hdr)
+    if n >= 3 and hdr[2] < 0x80:  # fast path: known type, no flag beyond zstd, one-byte length
+        ftype = _TYPE_BY_CODE.get(hdr[0])
+        if ftype is not None and not hdr[1] & ~_KNOWN_FLAGS:
+            if hdr[2] > max_frame_size:
+                raise FrameTooLarge(f"frame declares {hdr[2]} bytes, above max_frame_size {max_frame_size}")
+            return ftype, hdr[1], hdr[2], 3
+    if n >= 4 and hdr[2] >= 0x80 and hdr[3] < 0x80:  # two-byte length (128 B .. 16 KiB)
+        ftype = _TYPE_BY_CODE.get(hdr[0])
+        if ftype is not None and not hdr[1] & ~_KNOWN_FLAGS:
+            length = (hdr[2] & 0x7F) | (hdr[3] << 7)
+            if length > max_frame_size:
+                raise FrameTooLarge(f"frame declares {length} bytes, above max_frame_size {max_frame_size}")
+            return ftype, hdr[1], length, 4
     if n == 0:
         return None
     if hdr[0] not in _FRAME_TYPES:
@@ -205,10 +220,29 @@ def _parse_header(
         return None
     if length > max_frame_size:
         raise FrameTooLarge(f"frame declares {length} bytes, above max_frame_size {max_frame_size}")
-    return FrameType(hdr[0]), flags, length, hend
+    return _TYPE_BY_CODE[hdr[0]], flags, length, hend
 
 
 _EMPTY = DictionarySet()
+
+
+def decode_frame_body(
+    data: bytes, dictionaries: DictionarySet, max_frame_size: int
+) -> tuple[FrameType, bytes]:
+    """Decode exactly one frame that fills ``data``; return its type and (decompressed) body."""
+    parsed = _parse_header(data, max_frame_size)
+    if parsed is None:
+        raise TruncatedFrame("input ends inside a frame header")
+    ftype, flags, length, hend = parsed
+    end = hend + length
+    if end != len(data):
+        if end > len(data):
+            raise TruncatedFrame("input ends inside a frame body")
+        raise FrameError(f"{len(data) - end} bytes follow the frame")
+    body = data[hend:]
+    if flags & FLAG_ZSTD:
+        body = decompress_body(body, dictionaries, max_frame_size)[0]
+    return ftype, body
 
 
 def decode_frame(

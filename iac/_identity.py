@@ -53,6 +53,12 @@ def check_agent_id(value: str) -> str:
 
 
 @lru_cache(maxsize=4096)
+def check_agent_id_cached(value: str) -> str:
+    """:func:`check_agent_id` for ids that repeat (the cache keeps only valid ids: a failure raises)."""
+    return check_agent_id(value)
+
+
+@lru_cache(maxsize=4096)
 def _public_key(agent_id: str) -> bytes:
     """The 32-byte key of a well-formed AgentId (cached: ids repeat on every message)."""
     return bytes.fromhex(check_agent_id(agent_id))
@@ -69,7 +75,16 @@ def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None
     if len(signature) != 64:
         raise BadSignature(f"signature must be 64 bytes, got {len(signature)}")
     try:
-        nacl.bindings.crypto_sign_open(signature + domain.value + b"\x00" + data, key)
+        nacl.bindings.crypto_sign_open(b"".join((signature, domain.value, b"\x00", data)), key)
+    except nacl.exceptions.BadSignatureError:
+        raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
+
+
+def verify_signed(agent_id: str, signed: bytes) -> None:
+    """Check ``signed`` = ``signature(64) || DOMAIN || 0x00 || data`` by ``agent_id`` (one buffer)."""
+    key = _public_key(agent_id)
+    try:
+        nacl.bindings.crypto_sign_open(signed, key)
     except nacl.exceptions.BadSignatureError:
         raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
 
@@ -105,7 +120,7 @@ class Identity:
 
     def sign(self, domain: Domain, data: bytes) -> bytes:
         """Sign ``DOMAIN || 0x00 || data`` and return the 64-byte signature."""
-        signed: bytes = nacl.bindings.crypto_sign(domain.value + b"\x00" + data, self._secret)
+        signed: bytes = nacl.bindings.crypto_sign(b"".join((domain.value, b"\x00", data)), self._secret)
         return signed[:64]
 
     def seed(self) -> bytes:

@@ -14,10 +14,10 @@ from google.protobuf.message import DecodeError
 
 from ._dicts import Dictionary, DictionarySet
 from ._errors import ConfigError, MessageFormatError
-from ._frames import DEFAULT_MAX_FRAME_SIZE, FrameType, decode_frame, encode_frame
-from ._identity import Domain, Identity, check_agent_id, verify
+from ._frames import DEFAULT_MAX_FRAME_SIZE, FrameType, decode_frame_body, encode_frame
+from ._identity import Domain, Identity, check_agent_id, check_agent_id_cached, verify, verify_signed
 from ._pb.iac_pb2 import Hello, Message, MessageType, TaskState
-from ._wire import HELLO_SCHEMA, MESSAGE_SCHEMA, excise_signature
+from ._wire import HELLO_SCHEMA, MESSAGE_SCHEMA, SIGNATURE_SIZE, excise_signature, signature_span
 
 FLAG_ACK_REQUESTED = 0x1
 FLAG_ORDERED = 0x2
@@ -67,9 +67,9 @@ def build_message(
     msg_id: int | None = None,
 ) -> Message:
     """A new unsigned Message with the next msg_id of ``session``."""
-    check_agent_id(sender)
+    check_agent_id_cached(sender)
     if to:
-        check_agent_id(to)
+        check_agent_id_cached(to)
     msg = Message(
         to=to,
         msg_type=msg_type,  # type: ignore[arg-type]
@@ -77,14 +77,21 @@ def build_message(
         timestamp=timestamp_us,
         msg_id=session.next_msg_id() if msg_id is None else msg_id,
         session_id=session.session_id,
-        extra_data=extra_data,
-        reply_to=reply_to,
-        flags=flags,
-        sealed=sealed,
-        reply_session_id=reply_session_id,
-        deadline=deadline_us,
     )
     setattr(msg, "from", sender)
+    # Optional fields are set only when used: passing defaults to the constructor costs ~0.3 µs.
+    if extra_data:
+        msg.extra_data = extra_data
+    if reply_to:
+        msg.reply_to = reply_to
+    if flags:
+        msg.flags = flags
+    if sealed:
+        msg.sealed = sealed
+    if reply_session_id:
+        msg.reply_session_id = reply_session_id
+    if deadline_us:
+        msg.deadline = deadline_us
     if task is not None:
         msg.task.CopyFrom(task)
     return msg
@@ -123,13 +130,18 @@ def open_message(data: bytes) -> Message:
     Raises :class:`MessageFormatError` (closes the connection), or
     :class:`InvalidAgentId` / :class:`BadSignature` (the message is refused).
     """
-    unsigned, signature = excise_signature(data, MESSAGE_SCHEMA)
+    s, e = signature_span(data, MESSAGE_SCHEMA)
     try:
         msg = Message.FromString(data)
     except DecodeError as exc:
         raise MessageFormatError(f"Message does not parse: {exc}") from None
-    verify(sender_of(msg), Domain.MESSAGE, unsigned, signature)  # checks the AgentId first
+    mv = memoryview(data)
+    # one copy: signature || "iac-msg-v1" 0x00 || the bytes around field 8 (what libsodium's open takes)
+    verify_signed(sender_of(msg), b"".join((mv[e - SIGNATURE_SIZE : e], _MSG_PREFIX, mv[:s], mv[e:])))
     return msg
+
+
+_MSG_PREFIX = Domain.MESSAGE.value + b"\x00"
 
 
 def encode_message_frame(
@@ -155,10 +167,13 @@ def decode_message_frame(
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
 ) -> Message:
     """Decode one MESSAGE frame and verify the message inside."""
-    frame = decode_frame(data, dictionaries=dictionaries or DictionarySet(), max_frame_size=max_frame_size)
-    if frame.type != FrameType.MESSAGE:
-        raise MessageFormatError(f"expected a MESSAGE frame, got {frame.type.name}")
-    return open_message(frame.body)
+    ftype, body = decode_frame_body(data, dictionaries or _NO_DICTIONARIES, max_frame_size)
+    if ftype is not FrameType.MESSAGE:
+        raise MessageFormatError(f"expected a MESSAGE frame, got {ftype.name}")
+    return open_message(body)
+
+
+_NO_DICTIONARIES = DictionarySet()
 
 
 def sign_hello(identity: Identity, hello: Hello, domain: Domain) -> bytes:

@@ -1,7 +1,7 @@
 import contextlib
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iac
@@ -105,3 +105,68 @@ def test_hello_repeated_fields_are_allowed_and_field_15_is_the_signature():
 def test_scan_never_raises_anything_but_iac_errors(data):
     with contextlib.suppress(iac.IacError):
         excise_signature(data)
+
+
+# The canonical-layout fast path must give exactly the answer of the full scan, or defer to it.
+_PARTS = [
+    b"\x0a\x40" + b"a" * 64, b"\x12\x40" + b"b" * 64, b"\x18\x04", b"\x22\x03abc",
+    b"\x22\x80\x01" + b"q" * 128,
+    b"\x28\xff\x01", b"\x30\x01", b"\x38" + b"\xff" * 9 + b"\x01", b"\x38" + b"\xff" * 10 + b"\x01",
+    b"\x42\x40" + b"s" * 64, b"\x42\x3f" + b"s" * 63, b"\x50\x01", b"\x60\x00", b"\x70\x05", b"\x78\x80\x01",
+    b"\x4a\x00", b"\x5a\x02\x08\x01", b"\x80\x01\x01", b"\x22", b"\x0a\x41" + b"a" * 65, b"\x18\x80",
+]  # fmt: skip
+
+
+def _full_scan(data):
+    from iac._wire import _scan
+
+    try:
+        return ("ok", _scan(data, 0, len(data), MESSAGE_SCHEMA))
+    except iac.IacError as exc:
+        return ("err", exc.name)
+
+
+def _fast_agrees(data):
+    from iac._wire import _message_span_fast
+
+    fast = _message_span_fast(data)
+    if fast is not None:
+        assert _full_scan(data) == ("ok", fast), data.hex()
+    return fast is not None
+
+
+@settings(max_examples=2000)
+@given(st.lists(st.sampled_from(_PARTS), max_size=14), st.binary(max_size=3))
+def test_fast_path_agrees_with_full_scan_on_field_soups(parts, junk):
+    _fast_agrees(b"".join(parts) + junk)
+
+
+def test_fast_path_agrees_on_real_messages_and_their_mutations():
+    import random
+
+    a = iac.Identity.from_seed(b"a" * 32)
+    b = iac.Identity.from_seed(b"b" * 32)
+    session = iac.Session(2**64 - 5)
+    hits = 0
+    for i in range(200):
+        msg = iac.build_message(
+            sender=a.agent_id, to=b.agent_id if i % 3 else "", msg_type=i % 14, session=session,
+            timestamp_us=i * 10**12, payload_json='{"k":"' + "v" * (i * 7) + '"}' if i % 5 else "",
+            reply_to=i % 2 * 7, flags=i % 4, deadline_us=i * 999 * (i % 3),
+            reply_session_id=(i % 2) * 2**63, extra_data=b"x" if i % 7 == 0 else b"",
+        )  # fmt: skip
+        signed = iac.sign_message(a, msg)
+        hits += _fast_agrees(signed)
+        rnd = random.Random(i)
+        for _ in range(20):
+            x = bytearray(signed)
+            j = rnd.randrange(len(x))
+            kind = rnd.randrange(3)
+            if kind == 0:
+                x[j] = rnd.randrange(256)
+            elif kind == 1:
+                del x[j : j + rnd.randrange(1, 5)]
+            else:
+                x[j:j] = signed[rnd.randrange(len(signed)) :][: rnd.randrange(1, 80)]
+            _fast_agrees(bytes(x))
+    assert hits > 150  # the fast path is really taken for canonical messages
