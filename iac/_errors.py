@@ -15,8 +15,11 @@
     │       ├── BadSignature    counted, the connection goes on
     │       ├── InvalidAgentId
     │       ├── StaleMessage
-    │       └── ReplayedMessage
+    │       ├── ReplayedMessage, ReplayStoreFull
+    │       └── SealError → SealHeaderMismatch
     ├── TransportError          the network failed (connect, reset, timeout)
+    │   ├── ConnectionClosed, DialError
+    │   └── StoreUnavailable
     └── RemoteError             the peer answered a request with ERROR
 
 Every class has a stable snake_case ``name`` that test vectors and logs use, so
@@ -291,6 +294,29 @@ class ReplayStoreFull(MessageRejected):
     name = "replay_store_full"
 
 
+class SealError(MessageRejected):
+    """A sealed payload cannot be opened, is malformed, or its inner header does not match the message.
+
+    Refused and counted like any failed check; an ERROR ``bad_request`` answers it.
+    """
+
+    name = "bad_seal"
+
+
+class SealHeaderMismatch(SealError):
+    """The sealed payload opened, but its inner header names another sender, recipient, session or id.
+
+    Someone put another message's ciphertext in a message of their own (or moved
+    it to other ids). ``mismatched`` lists the fields that differ.
+    """
+
+    name = "sealed_header_mismatch"
+
+    def __init__(self, message: str, mismatched: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.mismatched = mismatched
+
+
 # --- transport ------------------------------------------------------------------------------
 
 
@@ -309,6 +335,16 @@ class ConnectionClosed(TransportError):
         super().__init__(message)
         self.code = code
         self.reason = reason
+
+
+class StoreUnavailable(TransportError):
+    """The replay store cannot be used: Redis is unreachable or timed out, or the SQLite file fails.
+
+    The message being checked is neither accepted nor refused; handle it as a
+    transport failure (the sender retransmits).
+    """
+
+    name = "store_unavailable"
 
 
 # --- the peer answered with ERROR -----------------------------------------------------------

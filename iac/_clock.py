@@ -1,0 +1,84 @@
+"""Time, injectable.
+
+The sans-IO core takes time as an argument. The asyncio adapters read it from a
+:class:`Clock`, so that tests can skew a side's wall clock (stale HELLOs) without
+touching the system clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Where an adapter reads the time."""
+
+    def now_us(self) -> int:
+        """Wall-clock microseconds since the Unix epoch (HELLO and message timestamps)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin that never goes back (timeouts, RTT)."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now_us(self) -> int:
+        return time.time_ns() // 1000
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+class OffsetClock:
+    """The system clock shifted by ``offset_us`` (a node whose clock is wrong)."""
+
+    def __init__(self, offset_us: int) -> None:
+        self.offset_us = offset_us
+
+    def now_us(self) -> int:
+        return time.time_ns() // 1000 + self.offset_us
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"OffsetClock(offset_us={self.offset_us})"
+
+
+class ManualClock:
+    """A clock that moves only when told to (deterministic sans-IO tests)."""
+
+    def __init__(self, now_us: int = 1_700_000_000_000_000, monotonic: float = 0.0) -> None:
+        self._now_us = now_us
+        self._mono = monotonic
+
+    def now_us(self) -> int:
+        return self._now_us
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def advance(self, seconds: float) -> None:
+        self._now_us += int(seconds * 1_000_000)
+        self._mono += seconds
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now_us={self._now_us})"
+
+
+SYSTEM_CLOCK: Clock = SystemClock()
+
+
+def now_us() -> int:
+    """Wall-clock microseconds since the Unix epoch."""
+    return time.time_ns() // 1000
+
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "OffsetClock", "SystemClock", "now_us"]

@@ -1,0 +1,116 @@
+"""Shared helpers for the transport tests: identities, an echo node, short socket dirs."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iac._identity import Identity
+from iac._message import Session, build_message, encode_message_frame
+from iac._pb.iac_pb2 import MessageType
+from iac._transport.base import Connection, Incoming
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+#: Transports the conformance suite runs on. QUIC joins when its adapter exists.
+TRANSPORT_PARAMS = ["tls", "unix"]
+if (ROOT / "iac" / "_transport" / "quic.py").exists():
+    TRANSPORT_PARAMS.insert(0, "quic")
+
+
+def run(coro: Awaitable[Any], timeout: float = 30.0) -> Any:
+    """Run a coroutine with an overall timeout (a hang fails the test instead of blocking)."""
+
+    async def guarded() -> Any:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(guarded())
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short private directory for UNIX sockets (sun_path is limited to 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="iac-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def listen_url(transport: str, sockdir: Path, name: str = "node") -> str:
+    if transport == "unix":
+        return f"unix://{sockdir}/run/{name}.sock"
+    return f"{transport}://127.0.0.1:0"
+
+
+def ping_frame(sender: Identity, to: str, session: Session, payload: str = "") -> bytes:
+    msg = build_message(
+        sender=sender.agent_id,
+        to=to,
+        msg_type=MessageType.PING,
+        session=session,
+        timestamp_us=0,
+        payload_json=payload,
+    )
+    return encode_message_frame(sender, msg)
+
+
+def reply_frame(sender: Identity, inc: Incoming, session: Session) -> bytes:
+    assert inc.message is not None
+    req = inc.message
+    msg = build_message(
+        sender=sender.agent_id,
+        to=getattr(req, "from"),
+        msg_type=MessageType.REPLY,
+        session=session,
+        timestamp_us=0,
+        reply_to=req.msg_id,
+        reply_session_id=req.session_id,
+        payload_json=req.payload_json,
+    )
+    return encode_message_frame(sender, msg)
+
+
+class EchoNode:
+    """An ``on_connection`` handler that answers every MESSAGE with a REPLY."""
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self.peers: list[str] = []
+        self.connections: list[Connection] = []
+        self.errors: list[BaseException] = []
+        self.rejected: list[BaseException] = []
+
+    async def __call__(self, conn: Connection) -> None:
+        self.peers.append(conn.peer.agent_id)
+        self.connections.append(conn)
+        session = Session()
+        try:
+            while True:
+                inc = await conn.recv()
+                if inc.message is not None:
+                    await conn.send(reply_frame(self.identity, inc, session))
+                elif inc.rejected is not None:
+                    self.rejected.append(inc.rejected)
+        except Exception as exc:
+            self.errors.append(exc)
+
+
+async def roundtrip(conn: Connection, me: Identity, session: Session | None = None) -> Incoming:
+    """Send one PING and wait for its REPLY."""
+    session = session or Session()
+    await conn.send(ping_frame(me, conn.peer.agent_id, session, "hi"))
+    inc = await conn.recv()
+    assert inc.message is not None
+    assert inc.message.msg_type == MessageType.REPLY
+    return inc
+
+
+OnConn = Callable[[Connection], Awaitable[None]]

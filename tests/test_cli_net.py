@@ -1,0 +1,166 @@
+"""`iac node`, `iac ping` and `iac certs init` as a user runs them (real processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TRANSPORT_PARAMS, EchoNode, roundtrip, run
+
+from iac._certs import init_ca
+from iac._cli_net import percentile
+from iac._errors import TransportError
+from iac._identity import Identity
+from iac._transport import dial, listen
+from iac._transport.base import TransportConfig
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def iac(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "iac", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path, str]:
+    a, b = tmp_path / "a.key", tmp_path / "b.key"
+    assert iac("keygen", "--out", str(a)).returncode == 0
+    out = iac("keygen", "--out", str(b))
+    assert out.returncode == 0
+    return a, b, out.stdout.strip()
+
+
+@pytest.fixture
+def node(keys: tuple[Path, Path, str], sockdir: Path) -> Iterator[dict[str, str]]:
+    _, bkey, _ = keys
+    listen_urls = ["tls://127.0.0.1:0", f"unix://{sockdir}/run/node.sock"]
+    if "quic" in TRANSPORT_PARAMS:
+        listen_urls.insert(0, "quic://127.0.0.1:0")
+    cmd = [sys.executable, "-m", "iac", "node", "--key", str(bkey)]
+    for u in listen_urls:
+        cmd += ["--listen", u]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().split()
+        assert first[:1] == ["node"], first
+        addrs: dict[str, str] = {"id": first[1]}
+        for _ in listen_urls:
+            kind, url = proc.stdout.readline().split()
+            assert kind == "listening"
+            addrs[url.split(":", 1)[0]] = url
+        yield addrs
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_node_and_ping(keys: tuple[Path, Path, str], node: dict[str, str]) -> None:
+    akey, _, bid = keys
+    assert node["id"] == bid
+    for transport in ("tls", "unix", *(["quic"] if "quic" in node else [])):
+        out = iac("ping", "--key", str(akey), "--to", bid, "--addr", node[transport], "--count", "5")
+        assert out.returncode == 0, out.stderr
+        line = out.stdout.strip()
+        assert line.startswith(f"{transport} ") and "count=5" in line
+        assert "min=" in line and "median=" in line and "p99=" in line
+
+
+def test_ping_falls_back_and_honours_policy(keys: tuple[Path, Path, str], node: dict[str, str]) -> None:
+    akey, _, bid = keys
+    addrs = ["--addr", "quic://127.0.0.1:9", "--addr", node["tls"]]
+    out = iac("ping", "--key", str(akey), "--to", bid, *addrs, "--count", "2", "--forbid", "quic")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("tls ")
+
+
+def test_wrong_to_is_one_line_and_nonzero(keys: tuple[Path, Path, str], node: dict[str, str]) -> None:
+    akey, _, _ = keys
+    other = Identity.generate().agent_id
+    out = iac("ping", "--key", str(akey), "--to", other, "--addr", node["tls"], "--count", "1")
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "wrong_peer" in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_no_route_is_one_line(keys: tuple[Path, Path, str], tmp_path: Path) -> None:
+    akey, _, bid = keys
+    out = iac(
+        "ping", "--key", str(akey), "--to", bid, "--addr", f"unix://{tmp_path}/none.sock", "--timeout", "1"
+    )
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach" in lines[0], out.stderr
+
+
+def test_bad_to_is_one_line(keys: tuple[Path, Path, str]) -> None:
+    akey, _, _ = keys
+    out = iac("ping", "--key", str(akey), "--to", "planner", "--addr", "tls://127.0.0.1:9")
+    assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_percentile() -> None:
+    assert percentile([1.0], 99) == 1.0
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 99) == 99.0 and percentile(values, 50) == 50.0
+
+
+def test_certs_init_and_ca_mode(tmp_path: Path, sockdir: Path) -> None:
+    d = tmp_path / "certs"
+    out = iac("certs", "init", "--dir", str(d), "--node", "alpha", "--node", "beta")
+    assert out.returncode == 0, out.stderr
+    for name in ("ca.pem", "ca.key", "alpha.pem", "alpha.key", "beta.pem", "beta.key"):
+        assert (d / name).exists()
+    assert (d / "ca.key").stat().st_mode & 0o077 == 0
+    assert (d / "alpha.key").stat().st_mode & 0o077 == 0
+    again = iac("certs", "init", "--dir", str(d), "--node", "alpha")
+    assert again.returncode != 0 and len(again.stderr.strip().splitlines()) == 1
+
+    server, client = Identity.generate(), Identity.generate()
+    base = {"handshake_timeout": 3.0, "linger_timeout": 0.3}
+    sconf = TransportConfig(
+        ca_file=str(d / "ca.pem"), cert_file=str(d / "alpha.pem"), key_file=str(d / "alpha.key"), **base
+    )
+    cconf = TransportConfig(
+        ca_file=str(d / "ca.pem"), cert_file=str(d / "beta.pem"), key_file=str(d / "beta.key"), **base
+    )
+    other = tmp_path / "other"
+    init_ca(other, ["gamma"])
+    stranger = TransportConfig(
+        ca_file=str(d / "ca.pem"),
+        cert_file=str(other / "gamma.pem"),
+        key_file=str(other / "gamma.key"),
+        **base,
+    )
+
+    async def main() -> None:
+        lst = await listen("tls://127.0.0.1:0", server, EchoNode(server), config=sconf)
+        plain = await listen("tls://127.0.0.1:0", server, EchoNode(server), config=TransportConfig(**base))
+        async with lst, plain:
+            url = lst.addresses[0]
+            conn = await dial(url, client, expect=server.agent_id, config=cconf)
+            await roundtrip(conn, client)
+            await conn.close()
+            # a client without a CA-signed certificate is refused by the TLS layer
+            with pytest.raises(TransportError):
+                conn = await dial(url, client, expect=server.agent_id, config=TransportConfig(**base))
+                await roundtrip(conn, client)
+            # a certificate from another CA is refused
+            with pytest.raises(TransportError):
+                conn = await dial(url, client, expect=server.agent_id, config=stranger)
+                await roundtrip(conn, client)
+            # a CA-mode client refuses a self-signed server
+            with pytest.raises(TransportError):
+                await dial(plain.addresses[0], client, expect=server.agent_id, config=cconf)
+
+    run(main())

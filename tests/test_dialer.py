@@ -1,0 +1,209 @@
+"""The fallback dialer: order, stagger, policy, one error listing every attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, roundtrip, run
+
+from iac._errors import ConfigError, TransportError, WrongPeer
+from iac._identity import Identity
+from iac._transport import dial, listen
+from iac._transport.base import Address, Connection, TransportConfig
+from iac._transport.dialer import Backoff, Dialer, DialError, DialPolicy, reconnect
+
+FAST = TransportConfig(handshake_timeout=3.0, linger_timeout=0.3)
+HAVE_QUIC = "quic" in TRANSPORT_PARAMS
+
+
+def free_udp_port() -> int:
+    """A UDP port with nothing listening (bound, read, released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Recorder:
+    """Wraps a dial function and records which addresses were tried."""
+
+    def __init__(self, fakes: dict[str, object] | None = None) -> None:
+        self.tried: list[str] = []
+        self.fakes = fakes or {}
+
+    async def __call__(
+        self, addr: Address, identity: Identity, expect: str | None, config: TransportConfig
+    ) -> Connection:
+        self.tried.append(addr.scheme)
+        fake = self.fakes.get(addr.scheme)
+        if fake == "hang":
+            await asyncio.Event().wait()
+        if fake == "refuse":
+            raise TransportError(f"{addr.url}: connection refused")
+        return await dial(addr, identity, expect=expect, config=config)
+
+
+async def node(server: Identity, sockdir: Path) -> tuple[list, list[str]]:
+    listeners = [await listen(listen_url("tls", sockdir), server, EchoNode(server), config=FAST)]
+    listeners.append(await listen(listen_url("unix", sockdir), server, EchoNode(server), config=FAST))
+    return listeners, [a for lst in listeners for a in lst.addresses]
+
+
+def test_falls_back_to_tls_when_quic_port_is_silent(sockdir: Path) -> None:
+    server, client = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        listeners, addrs = await node(server, sockdir)
+        quic = f"quic://127.0.0.1:{free_udp_port()}"
+        tls = next(a for a in addrs if a.startswith("tls://"))
+        # real QUIC when the adapter exists; otherwise a fake attempt that never answers
+        rec = Recorder({} if HAVE_QUIC else {"quic": "hang"})
+        policy = DialPolicy(attempt_timeout=2.0, stagger=0.2)
+        dialer = Dialer(client, config=FAST, policy=policy, dial_fn=rec)
+        t0 = time.monotonic()
+        conn = await dialer.dial([quic, tls], expect=server.agent_id)
+        elapsed = time.monotonic() - t0
+        assert conn.peer.transport == "tls"
+        assert rec.tried == ["quic", "tls"]
+        assert elapsed < policy.attempt_timeout  # did not wait for the QUIC timeout
+        await roundtrip(conn, client)
+        await conn.close()
+        # remembered: the next dial goes to TLS first and never waits for QUIC
+        assert dialer.remembered(server.agent_id) == tls
+        rec.tried.clear()
+        conn = await dialer.dial([quic, tls], expect=server.agent_id)
+        assert rec.tried == ["tls"]
+        await conn.close()
+        for lst in listeners:
+            await lst.close()
+
+    run(main())
+
+
+def test_refusal_moves_on_at_once(sockdir: Path) -> None:
+    server, client = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        listeners, addrs = await node(server, sockdir)
+        rec = Recorder({"quic": "refuse"})
+        dialer = Dialer(client, config=FAST, policy=DialPolicy(stagger=10.0), dial_fn=rec)
+        t0 = time.monotonic()
+        conn = await dialer.dial(["quic://127.0.0.1:9", *addrs], expect=server.agent_id)
+        assert time.monotonic() - t0 < 2.0  # did not wait for the 10 s stagger
+        assert conn.peer.transport == "tls" and rec.tried == ["quic", "tls"]
+        await conn.close()
+        for lst in listeners:
+            await lst.close()
+
+    run(main())
+
+
+def test_quic_forbidden_is_never_tried(sockdir: Path) -> None:
+    server, client = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        listeners, addrs = await node(server, sockdir)
+        rec = Recorder({"quic": "hang"})
+        dialer = Dialer(client, config=FAST, policy=DialPolicy(forbid=frozenset({"quic"})), dial_fn=rec)
+        conn = await dialer.dial([f"quic://127.0.0.1:{free_udp_port()}", *addrs], expect=server.agent_id)
+        assert "quic" not in rec.tried
+        assert conn.peer.transport == "tls"
+        await conn.close()
+        pinned = Dialer(client, config=FAST, policy=DialPolicy(pin="unix"), dial_fn=rec)
+        rec.tried.clear()
+        conn = await pinned.dial(["quic://127.0.0.1:9", *addrs], expect=server.agent_id)
+        assert rec.tried == ["unix"] and conn.peer.transport == "unix"
+        await conn.close()
+        with pytest.raises(DialError, match="policy"):
+            await Dialer(client, policy=DialPolicy(pin="quic")).dial(addrs, expect=server.agent_id)
+        for lst in listeners:
+            await lst.close()
+
+    run(main())
+
+
+def test_all_fail_one_error_lists_every_attempt(sockdir: Path) -> None:
+    server, client, other = Identity.generate(), Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        listeners, addrs = await node(server, sockdir)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed_port = s.getsockname()[1]
+        rec = Recorder({"quic": "hang"})
+        policy = DialPolicy(attempt_timeout=0.5, stagger=0.1)
+        dialer = Dialer(client, config=FAST, policy=policy, dial_fn=rec)
+        targets = ["quic://[::1]:9", f"tls://127.0.0.1:{closed_port}", *addrs]
+        with pytest.raises(DialError) as info:
+            await dialer.dial(targets, expect=other.agent_id)  # wrong id everywhere
+        err = info.value
+        outcomes = {a.url: a.outcome for a in err.attempts}
+        assert outcomes["quic://[::1]:9"] == "timeout"
+        assert outcomes[f"tls://127.0.0.1:{closed_port}"] == "transport_error"
+        for a in addrs:
+            assert outcomes[a] == WrongPeer.name
+        assert "\n" not in str(err) and "refused" in str(err)
+        assert isinstance(err, TransportError)
+        for lst in listeners:
+            await lst.close()
+
+    run(main())
+
+
+def test_ipv6_and_unix_addresses(sockdir: Path) -> None:
+    server, client = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        try:
+            lst = await listen("tls://[::1]:0", server, EchoNode(server), config=FAST)
+        except TransportError:
+            pytest.skip("no IPv6 loopback here")
+        async with lst:
+            assert lst.addresses[0].startswith("tls://[::1]:")
+            conn = await Dialer(client, config=FAST).dial(lst.addresses, expect=server.agent_id)
+            await roundtrip(conn, client)
+            await conn.close()
+
+    run(main())
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ConfigError):
+        DialPolicy(pin="carrier-pigeon")
+    with pytest.raises(ConfigError):
+        DialPolicy(attempt_timeout=0)
+
+
+def test_backoff_and_reconnect(sockdir: Path) -> None:
+    b = Backoff(initial=0.1, maximum=1.0, factor=2.0, jitter=0.0)
+    assert [b.next_delay() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    b.reset()
+    assert b.next_delay() == 0.1
+    j = Backoff(initial=1.0, jitter=0.5, rng=random.Random(1))
+    assert all(0.5 <= j.next_delay() / (2**i) <= 1.0 for i in range(5))
+
+    server, client = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        url = listen_url("unix", sockdir)
+        slept: list[float] = []
+        started: list = []
+
+        async def fake_sleep(delay: float) -> None:
+            slept.append(delay)
+            if len(slept) == 2:  # the node comes up while the client backs off
+                started.append(await listen(url, server, EchoNode(server), config=FAST))
+
+        dialer = Dialer(client, config=FAST)
+        conn = await reconnect(dialer, [url], server.agent_id, backoff=Backoff(jitter=0.0), sleep=fake_sleep)
+        assert slept == [0.1, 0.2]
+        await conn.close()
+        await started[0].close()
+        with pytest.raises(DialError):
+            await reconnect(dialer, [url], server.agent_id, max_tries=2, sleep=fake_sleep)
+
+    run(main())

@@ -1,0 +1,275 @@
+"""The HELLO exchange without sockets: two sides wired in memory, explicit time."""
+
+from __future__ import annotations
+
+import pytest
+
+from iac._clock import ManualClock
+from iac._errors import (
+    AdmissionDenied,
+    ChannelBindingMismatch,
+    CloseCode,
+    ConnectionClosed,
+    HandshakeError,
+    HelloSignatureInvalid,
+    ReplayedHello,
+    StaleHello,
+    UnexpectedHello,
+    WrongPeer,
+)
+from iac._handshake import (
+    NONCE_SIZE,
+    ClientHandshake,
+    HelloDraft,
+    HelloOrder,
+    NonceCache,
+    ServerHandshake,
+    channel_binding,
+    decode_goaway,
+    encode_goaway,
+    error_from_close,
+)
+from iac._identity import Identity
+from iac._message import sign_hello
+
+CLIENT = Identity.from_seed(bytes(range(32)))
+SERVER = Identity.from_seed(bytes(range(1, 33)))
+OTHER = Identity.from_seed(bytes(range(2, 34)))
+CERT = channel_binding(b"server certificate DER")
+T0 = 1_700_000_000_000_000
+
+
+def pair(
+    order: HelloOrder = HelloOrder.CLIENT_FIRST,
+    *,
+    expect: str | None = SERVER.agent_id,
+    client_binding: bytes | None = None,
+    server_binding: bytes | None = None,
+    cache: NonceCache | None = None,
+    admission=None,
+    client_hook=None,
+    server_hook=None,
+) -> tuple[ClientHandshake, ServerHandshake]:
+    default = CERT if order is HelloOrder.CLIENT_FIRST else b""
+    c = ClientHandshake(
+        CLIENT,
+        order,
+        binding=default if client_binding is None else client_binding,
+        expect=expect,
+        hook=client_hook,
+    )
+    s = ServerHandshake(
+        SERVER,
+        order,
+        binding=default if server_binding is None else server_binding,
+        nonce_cache=cache if cache is not None else NonceCache(),
+        admission=admission,
+        hook=server_hook,
+    )
+    return c, s
+
+
+def exchange(c: ClientHandshake, s: ServerHandshake, now: int = T0, server_now: int | None = None) -> None:
+    snow = now if server_now is None else server_now
+    if c.order is HelloOrder.CLIENT_FIRST:
+        hello = c.initial(now)
+        assert hello is not None and s.initial(snow) is None
+        answer = s.receive(hello, snow)
+        assert answer is not None
+        assert c.receive(answer, now) is None
+    else:
+        assert c.initial(now) is None
+        first = s.initial(snow)
+        assert first is not None
+        reply = c.receive(first, now)
+        assert reply is not None
+        assert s.receive(reply, snow) is None
+
+
+@pytest.mark.parametrize("order", list(HelloOrder))
+def test_success_both_orders(order: HelloOrder) -> None:
+    c, s = pair(order)
+    exchange(c, s)
+    assert c.done and s.done
+    assert c.peer_hello is not None and c.peer_hello.agent_id == SERVER.agent_id
+    assert s.peer_hello is not None and s.peer_hello.agent_id == CLIENT.agent_id
+    assert len(c.nonce) == NONCE_SIZE and c.nonce != s.nonce
+    if order is HelloOrder.CLIENT_FIRST:
+        assert c.peer_hello.peer_nonce == c.nonce
+        assert c.peer_hello.channel_binding == CERT == s.peer_hello.channel_binding
+    else:
+        assert s.peer_hello.peer_nonce == s.nonce
+        assert s.peer_hello.peer_agent_id == SERVER.agent_id
+
+
+def test_wrong_expected_peer() -> None:
+    c, s = pair(expect=OTHER.agent_id)
+    with pytest.raises(WrongPeer):  # the server sees it was not the one dialed
+        exchange(c, s)
+    c, s = pair(HelloOrder.SERVER_FIRST, expect=OTHER.agent_id)
+    with pytest.raises(WrongPeer):  # the client checks the server's HELLO
+        exchange(c, s)
+
+
+def test_client_checks_expected_peer_itself() -> None:
+    c, _s = pair(expect=OTHER.agent_id)
+    hello = c.initial(T0)
+    assert hello is not None
+    s2 = ServerHandshake(SERVER, HelloOrder.CLIENT_FIRST, binding=CERT, nonce_cache=NonceCache())
+    # a server that ignores peer_agent_id: the client still refuses
+    forged = ClientHandshake(CLIENT, HelloOrder.CLIENT_FIRST, binding=CERT, expect=None)
+    answer = s2.receive(forged.initial(T0) or b"", T0)
+    c.nonce = forged.nonce
+    with pytest.raises(WrongPeer):
+        c.receive(answer or b"", T0)
+
+
+def test_bad_signature() -> None:
+    def corrupt(d: HelloDraft) -> bytes:
+        raw = sign_hello(CLIENT, d.hello, d.domain)
+        return raw[:-1] + bytes([raw[-1] ^ 1])
+
+    c, s = pair(client_hook=corrupt)
+    with pytest.raises(HelloSignatureInvalid):
+        exchange(c, s)
+
+
+def test_reflected_hello_fails() -> None:
+    c, s = pair(server_hook=lambda d: d.peer_hello_bytes)
+    with pytest.raises(HelloSignatureInvalid):
+        exchange(c, s)
+    c, s = pair(HelloOrder.SERVER_FIRST, client_hook=lambda d: d.peer_hello_bytes)
+    with pytest.raises(HelloSignatureInvalid):
+        exchange(c, s)
+
+
+def test_wrong_domain_fails() -> None:
+    def as_server(d: HelloDraft) -> None:
+        from iac._identity import Domain
+
+        d.domain = Domain.HELLO_SERVER
+
+    c, s = pair(client_hook=as_server)
+    with pytest.raises(HelloSignatureInvalid):
+        exchange(c, s)
+
+
+@pytest.mark.parametrize("order", list(HelloOrder))
+def test_stale(order: HelloOrder) -> None:
+    c, s = pair(order)
+    with pytest.raises(StaleHello):
+        exchange(c, s, now=T0, server_now=T0 + 61_000_000)
+    c, s = pair(order)
+    exchange(c, s, now=T0, server_now=T0 + 59_000_000)  # within max_skew
+
+
+def test_replay_cache() -> None:
+    cache = NonceCache(max_skew_us=60_000_000)
+    c, s = pair(cache=cache)
+    hello = c.initial(T0)
+    assert hello is not None
+    s.receive(hello, T0)
+    s2 = ServerHandshake(SERVER, HelloOrder.CLIENT_FIRST, binding=CERT, nonce_cache=cache)
+    with pytest.raises(ReplayedHello):
+        s2.receive(hello, T0 + 1_000_000)
+
+
+def test_nonce_cache_expires_and_is_bounded() -> None:
+    clock = ManualClock(T0)
+    cache = NonceCache(max_skew_us=1_000_000, max_entries=2)
+    cache.check_and_add(b"a" * 16, clock.now_us())
+    cache.check_and_add(b"b" * 16, clock.now_us())
+    with pytest.raises(HandshakeError):  # full: refuses rather than forget early
+        cache.check_and_add(b"c" * 16, clock.now_us())
+    with pytest.raises(ReplayedHello):
+        cache.check_and_add(b"a" * 16, clock.now_us())
+    clock.advance(2.5)
+    cache.check_and_add(b"c" * 16, clock.now_us())
+    assert len(cache) == 1
+
+
+def test_server_nonce_not_echoed() -> None:
+    c, s = pair(HelloOrder.SERVER_FIRST)
+    first = s.initial(T0)
+    assert first is not None
+    s_other = ServerHandshake(SERVER, HelloOrder.SERVER_FIRST, nonce_cache=NonceCache())
+    s_other.initial(T0)
+    reply = c.receive(first, T0)
+    with pytest.raises(ReplayedHello):  # a client HELLO made for another connection
+        s_other.receive(reply or b"", T0)
+
+
+def test_server_answer_must_echo_client_nonce() -> None:
+    c, s = pair()
+    hello = c.initial(T0)
+    other_client = ClientHandshake(CLIENT, HelloOrder.CLIENT_FIRST, binding=CERT)
+    answer = s.receive(other_client.initial(T0) or b"", T0)
+    del hello
+    with pytest.raises(ReplayedHello):
+        c.receive(answer or b"", T0)
+
+
+def test_channel_binding_mismatch_both_sides() -> None:
+    # client saw a relay's certificate; the server refuses
+    c, s = pair(client_binding=channel_binding(b"relay"))
+    with pytest.raises(ChannelBindingMismatch):
+        exchange(c, s)
+    # the server answers with a binding that is not what the client saw
+    c, _ = pair()
+    hello = c.initial(T0)
+    s_relay = ServerHandshake(SERVER, HelloOrder.CLIENT_FIRST, binding=CERT, nonce_cache=NonceCache())
+    s_relay.binding = CERT  # accepts the client's
+    answer = s_relay.receive(hello or b"", T0)
+    c.binding = channel_binding(b"relay")
+    with pytest.raises(ChannelBindingMismatch):
+        c.receive(answer or b"", T0)
+
+
+def test_admission() -> None:
+    c, s = pair(admission=lambda agent: agent != CLIENT.agent_id)
+    with pytest.raises(AdmissionDenied):
+        exchange(c, s)
+    c, s = pair(admission=lambda agent: agent == CLIENT.agent_id)
+    exchange(c, s)
+
+
+def test_second_hello_refused() -> None:
+    c, s = pair()
+    exchange(c, s)
+    with pytest.raises(UnexpectedHello):
+        s.receive(b"", T0)
+    with pytest.raises(UnexpectedHello):
+        c.receive(b"", T0)
+
+
+def test_version_and_nonce_size() -> None:
+    def v2(d: HelloDraft) -> None:
+        d.hello.version = 2
+
+    c, s = pair(client_hook=v2)
+    with pytest.raises(HandshakeError, match="version"):
+        exchange(c, s)
+
+    def short(d: HelloDraft) -> None:
+        d.hello.nonce = b"x" * 8
+
+    c, s = pair(client_hook=short)
+    with pytest.raises(HandshakeError, match="nonce"):
+        exchange(c, s)
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [HelloSignatureInvalid, WrongPeer, StaleHello, ReplayedHello, ChannelBindingMismatch, AdmissionDenied],
+)
+def test_close_code_maps_back(cls: type[HandshakeError]) -> None:
+    code, reason = decode_goaway(encode_goaway(cls.close_code, "because"))
+    err = error_from_close(code, reason)
+    assert type(err) is cls
+    assert "because" in str(err)
+
+
+def test_other_close_codes_are_connection_closed() -> None:
+    err = error_from_close(CloseCode.IMPERSONATION, "x")
+    assert isinstance(err, ConnectionClosed) and err.code == CloseCode.IMPERSONATION
+    assert decode_goaway(b"\xff")[0] == CloseCode.PROTOCOL_ERROR
