@@ -16,7 +16,8 @@
     │       ├── InvalidAgentId
     │       ├── StaleMessage
     │       ├── ReplayedMessage, ReplayStoreFull
-    │       └── SealError → SealHeaderMismatch
+    │       ├── SealError → SealHeaderMismatch
+    │       └── BadRecord, StaleSeq, AliasTaken, KeyEnded → KeyRotated, KeyRevoked, ...
     ├── TransportError          the network failed (connect, reset, timeout)
     │   ├── ConnectionClosed, DialError
     │   └── StoreUnavailable
@@ -315,6 +316,81 @@ class SealHeaderMismatch(SealError):
     def __init__(self, message: str, mismatched: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.mismatched = mismatched
+
+
+# Registry records, key rotation and revocation (iac._records, iac._registry).
+
+
+class BadRecord(MessageRejected):
+    """A record or statement is malformed: not canonical JSON, wrong schema, or over a limit."""
+
+    name = "bad_record"
+
+
+class RecordExpired(MessageRejected):
+    """A record's ``expires_us`` is not after now."""
+
+    name = "record_expired"
+
+
+class StaleSeq(MessageRejected):
+    """A record or statement's ``seq`` is not above the one stored for its key (a replay)."""
+
+    name = "stale_seq"
+
+
+class AliasTaken(MessageRejected):
+    """An alias belongs to another key (the first to register it) and no policy grants it."""
+
+    name = "alias_taken"
+
+
+class CommitmentChanged(MessageRejected):
+    """A record drops or changes the ``next_key_digest`` that its key already committed to."""
+
+    name = "commitment_changed"
+
+
+class UncommittedSuccessor(MessageRejected):
+    """A rotation names a successor whose digest is not the committed ``next_key_digest``."""
+
+    name = "uncommitted_successor"
+
+
+class RotationRefused(MessageRejected):
+    """A rotation cannot apply: same key twice, the successor is already known, or a chain too long."""
+
+    name = "rotation_refused"
+
+
+class UnknownAgent(MessageRejected):
+    """A statement names a key that the registry holds no record of."""
+
+    name = "unknown_agent"
+
+
+class KeyEnded(MessageRejected):
+    """The key was rotated or revoked: it may publish nothing more."""
+
+    name = "key_ended"
+
+
+class KeyRotated(KeyEnded):
+    """The key was rotated to a successor."""
+
+    name = "key_rotated"
+
+
+class KeyRevoked(KeyEnded):
+    """The key was revoked."""
+
+    name = "key_revoked"
+
+
+class RegistryFull(MessageRejected):
+    """The registry holds ``max_keys`` keys and none could be purged; a new key is refused."""
+
+    name = "registry_full"
 
 
 # --- transport ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_server import start_redis
 
 from iac._identity import Identity
 from iac._message import Session, build_message, encode_message_frame
@@ -19,10 +20,8 @@ from iac._transport.base import Connection, Incoming
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-#: Transports the conformance suite runs on. QUIC joins when its adapter exists.
-TRANSPORT_PARAMS = ["tls", "unix"]
-if (ROOT / "iac" / "_transport" / "quic.py").exists():
-    TRANSPORT_PARAMS.insert(0, "quic")
+#: Transports the conformance suite runs on.
+TRANSPORT_PARAMS = ["quic", "tls", "unix"]
 
 
 def run(coro: Awaitable[Any], timeout: float = 30.0) -> Any:
@@ -114,3 +113,12 @@ async def roundtrip(conn: Connection, me: Identity, session: Session | None = No
 
 
 OnConn = Callable[[Connection], Awaitable[None]]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server.url
+    finally:
+        server.stop()

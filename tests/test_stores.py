@@ -8,8 +8,6 @@ they fail, they do not skip.
 from __future__ import annotations
 
 import itertools
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis_server import free_port as _free_port
+from redis_server import start_redis
 
 from iac._dedup import (
     MemoryReplayStore,
@@ -42,94 +42,6 @@ U64 = 2**64
 ROOT = Path(__file__).resolve().parent.parent
 
 StoreFactory = Callable[..., ReplayStore]
-
-
-# --- a real redis-server for the session ----------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A ``redis-server`` subprocess on a loopback port, without persistence."""
-
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail(
-                "redis-server is not installed: the Redis replay store tests need it "
-                "(apt-get install -y redis-server; .ci/run installs it)",
-                pytrace=False,
-            )
-        self.binary = binary
-        self.workdir = workdir
-        self.port = port if port is not None else _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> bool:
-        import redis
-
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--logfile",
-                f"redis-{self.port}.log",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
-        deadline = time.monotonic() + 10
-        try:
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    return bool(client.ping())
-                except redis.exceptions.ConnectionError:
-                    time.sleep(0.02)
-        finally:
-            client.close()
-        self.stop()
-        return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-
-def start_redis(workdir: Path) -> RedisServer:
-    for _attempt in range(3):  # a probed free port can be taken before redis binds it: try another
-        server = RedisServer(workdir)
-        if server.start():
-            return server
-    pytest.fail(f"redis-server did not answer PING; see the logs in {workdir}", pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture
