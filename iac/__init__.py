@@ -28,6 +28,7 @@ from ._errors import (
     ConfigError,
     ConnectionClosed,
     DecompressionBomb,
+    DeliveryError,
     FieldRepeated,
     FrameError,
     FrameTooLarge,
@@ -52,6 +53,7 @@ from ._errors import (
     ReplayedHello,
     ReplayedMessage,
     ReplayStoreFull,
+    RequestTimeout,
     RotationRefused,
     SealError,
     SealHeaderMismatch,
@@ -74,6 +76,7 @@ from ._errors import (
     WrongPeer,
 )
 from ._frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType, decode_frame, encode_frame
+from ._guards import prompt_injection_guard
 from ._identity import Domain, Identity, check_agent_id, is_agent_id, verify
 from ._message import (
     FLAG_ACK_REQUESTED,
@@ -89,6 +92,18 @@ from ._message import (
     sign_message,
     unsigned_bytes,
 )
+from ._node import Node
+from ._node_config import (
+    ERROR_CODES,
+    ErrorCode,
+    HandlerError,
+    NodeConfig,
+    NodeStats,
+    PeerEvent,
+    Refusal,
+    Topology,
+)
+from ._node_types import Context, Reply, Sent
 from ._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Intent, Message, MessageType, TaskState
 from ._records import (
     AgentRecord,
@@ -139,6 +154,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "ERROR_CODES",
     "FLAG_ACK_REQUESTED",
     "FLAG_ORDERED",
     "AdmissionDenied",
@@ -156,8 +172,11 @@ __all__ = [
     "ConfigError",
     "Connection",
     "ConnectionClosed",
+    "ContentGuard",
+    "Context",
     "DecompressionBomb",
     "Delivered",
+    "DeliveryError",
     "DialError",
     "DialPolicy",
     "Dialer",
@@ -166,6 +185,7 @@ __all__ = [
     "DictionarySet",
     "Domain",
     "Duplicate",
+    "ErrorCode",
     "FieldRepeated",
     "Forward",
     "Frame",
@@ -176,6 +196,7 @@ __all__ = [
     "GapReason",
     "GapSkipped",
     "GoAway",
+    "HandlerError",
     "HandshakeError",
     "Hello",
     "HelloSignatureInvalid",
@@ -201,13 +222,18 @@ __all__ = [
     "MessageRejected",
     "MessageType",
     "MissingContentSize",
+    "Node",
+    "NodeConfig",
+    "NodeStats",
     "PeerError",
+    "PeerEvent",
     "PeerInfo",
     "ProtocolError",
     "RecordExpired",
     "RecordStore",
     "RedisRecordStore",
     "RedisReplayStore",
+    "Refusal",
     "RegistryConfig",
     "RegistryEntry",
     "RegistryFull",
@@ -222,11 +248,14 @@ __all__ = [
     "ReplayStoreFull",
     "ReplayedHello",
     "ReplayedMessage",
+    "Reply",
+    "RequestTimeout",
     "Revocation",
     "RotationRefused",
     "RotationStatement",
     "SealError",
     "SealHeaderMismatch",
+    "Sent",
     "Session",
     "SignatureFieldInvalid",
     "SignatureFieldMissing",
@@ -241,6 +270,7 @@ __all__ = [
     "StaleSeq",
     "StoreUnavailable",
     "TaskState",
+    "Topology",
     "TrailingData",
     "TransportConfig",
     "TransportError",
@@ -274,6 +304,7 @@ __all__ = [
     "open_revocation",
     "open_rotation",
     "open_sealed",
+    "prompt_injection_guard",
     "seal_payload",
     "sender_of",
     "serial_diff",

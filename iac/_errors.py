@@ -19,7 +19,7 @@
     │       ├── SealError → SealHeaderMismatch
     │       └── BadRecord, StaleSeq, AliasTaken, KeyEnded → KeyRotated, KeyRevoked, ...
     ├── TransportError          the network failed (connect, reset, timeout)
-    │   ├── ConnectionClosed, DialError
+    │   ├── ConnectionClosed, DialError, DeliveryError, RequestTimeout
     │   └── StoreUnavailable
     └── RemoteError             the peer answered a request with ERROR
 
@@ -421,6 +421,18 @@ class StoreUnavailable(TransportError):
     """
 
     name = "store_unavailable"
+
+
+class DeliveryError(TransportError):
+    """An ACK_REQUESTED message was not acknowledged before its delivery deadline."""
+
+    name = "delivery_error"
+
+
+class RequestTimeout(TransportError, TimeoutError):
+    """No REPLY or ERROR came before the request's timeout (a CANCEL was sent)."""
+
+    name = "request_timeout"
 
 
 # --- the peer answered with ERROR -----------------------------------------------------------

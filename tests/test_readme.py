@@ -11,12 +11,25 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 _BLOCK = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.DOTALL)
 
 
+EXPECTED = {
+    "node": "{'summary': 'Q3 revenue g', 'seconds_left': 5}",
+    "call": "42",
+    "delegate": "'accepted': 't-7'",
+}
+
+
 def examples() -> dict[str, str]:
     return dict(_BLOCK.findall(README.read_text()))
 
 
 def test_readme_has_examples():
-    assert "codec" in examples()
+    assert {"codec", "node", "call", "delegate"} <= set(examples())
+
+
+@pytest.mark.parametrize("name", ["node", "call", "delegate"])
+def test_node_examples_are_under_20_lines(name):
+    lines = [line for line in examples()[name].splitlines() if line.strip()]
+    assert len(lines) < 20, len(lines)
 
 
 @pytest.mark.parametrize("name", sorted(examples()))
@@ -26,3 +39,5 @@ def test_readme_example_runs(name, tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
+    if name in EXPECTED:
+        assert EXPECTED[name] in out.stdout, out.stdout

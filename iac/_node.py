@@ -1,0 +1,1308 @@
+"""The embeddable node: one object an agent framework runs in its asyncio process.
+
+A :class:`Node` listens, dials peers from its peer book, and runs every
+received message through the receive pipeline (SPEC section 5) before anything
+wakes agent code::
+
+    signature → freshness and replay → addressed to me → topology policy →
+    unseal and inner-header check → schema (type, JSON, task envelope, deadline) →
+    content guards → reorder (ORDERED) → handler
+
+Each refusal is counted by reason (:class:`~iac._node_config.Refusal`) and
+answered with ERROR when the sender is authenticated — never for ERROR, ACK,
+REPLY, replays or duplicates.
+
+Conventions this node keeps on the wire:
+
+* A message **expects a reply** exactly when its ``deadline`` is set (a reply is
+  useful until then): ``request``/``call``/``delegate`` always set one, ``send``
+  never does. Handlers of one-way messages still run; their return value is
+  dropped.
+* Toward each peer the node keeps up to three sessions, so that ordered streams
+  have contiguous msg_ids: one for unordered traffic (requests, one-way
+  messages, answers), one for ORDERED + ACK_REQUESTED messages, one for ORDERED
+  messages without acknowledgement. Sessions survive reconnects.
+* An ACK_REQUESTED message is acknowledged (ACK, or the REPLY/ERROR of a request)
+  once its handler finished; until then the sender retransmits it (same ids,
+  fresh timestamp, signed again) with exponential backoff and after every
+  reconnect, up to ``delivery_timeout``. The receiver's replay store is
+  two-phase: an id is reserved when it passes the replay check and committed
+  once handled, so a retransmission is answered again (the ACK, or the cached
+  REPLY) and never handled twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import inspect
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeAlias, TypeVar
+
+from google.protobuf.message import DecodeError
+
+from ._clock import Clock
+from ._dedup import MemoryReplayStore, ReplayConfig, ReplayGuard, ReplayStore, Verdict
+from ._errors import (
+    CloseCode,
+    ConfigError,
+    ConnectionClosed,
+    IacError,
+    LocalError,
+    RemoteError,
+    ReplayStoreFull,
+    SealHeaderMismatch,
+    StaleMessage,
+    TransportError,
+)
+from ._frames import FrameType, encode_frame
+from ._guards import (
+    RESPONSE_TYPES,
+    TokenBucket,
+    check_call,
+    check_deadline,
+    check_task,
+    check_type,
+    decode_payload,
+    run_guards,
+)
+from ._identity import Identity, check_agent_id
+from ._message import FLAG_ACK_REQUESTED, FLAG_ORDERED, Session, build_message, sender_of, sign_message
+from ._node_config import (
+    DeliveryError,
+    ErrorCode,
+    HandlerError,
+    NodeConfig,
+    NodeStats,
+    PeerEvent,
+    Refusal,
+    RequestTimeout,
+)
+from ._node_types import (
+    Context,
+    Key,
+    Reply,
+    Sent,
+    _Counters,
+    _dumps,
+    _error_fields,
+    _error_payload,
+    _Item,
+    _Ordered,
+    _Out,
+)
+from ._pb.iac_pb2 import Message, MessageType, TaskState
+from ._reorder import Delivered, Duplicate, GapSkipped, Late, ReorderBuffer, ReorderConfig
+from ._seal import open_sealed, seal_payload
+from ._transport import dial as transport_dial
+from ._transport import listen as transport_listen
+from ._transport.base import Address, Connection, ConnectionTable, Incoming, Listener, TransportConfig
+from ._transport.dialer import Dialer
+
+log = logging.getLogger("iac.node")
+
+Handler: TypeAlias = Callable[["Context"], Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MAIN, _ORDERED_ACK, _ORDERED = "main", "ordered_ack", "ordered"
+
+
+class Node:
+    """An IAC agent endpoint: identity, listeners, peer book, handlers, the receive pipeline.
+
+    Use as ``async with Node(identity, listen=["tls://127.0.0.1:0"]) as node: ...``
+    (or :meth:`start` / :meth:`close`).
+    """
+
+    def __init__(
+        self,
+        identity: Identity | None = None,
+        *,
+        listen: Sequence[str] = (),
+        config: NodeConfig | None = None,
+        replay_store: ReplayStore | None = None,
+        clock: Clock | None = None,
+        peers: dict[str, Sequence[str]] | None = None,
+    ) -> None:
+        config = config if config is not None else NodeConfig()
+        if clock is not None:
+            config = dataclasses.replace(config, transport=dataclasses.replace(config.transport, clock=clock))
+        self.identity = identity if identity is not None else Identity.generate()
+        self.config = config
+        self.clock: Clock = config.transport.clock
+        self._listen_urls = list(listen)
+        self._replay_store_arg = replay_store
+        self._guard: ReplayGuard | None = None
+        self.addresses: list[str] = []
+        self._listeners: list[Listener] = []
+        self._peers: dict[str, list[str]] = {}
+        for aid, urls in (peers or {}).items():
+            self.add_peer(aid, *urls)
+        self._handlers: dict[int, Handler] = {MessageType.PING: lambda ctx: None}
+        self._exposed: dict[str, Callable[..., Any]] = {}
+        self._table = ConnectionTable(self.identity.agent_id)
+        self._dial_locks: dict[str, asyncio.Lock] = {}
+        self._dialer: Dialer | None = None
+        self._sessions: dict[tuple[str, str], Session] = {}
+        self._outs: dict[Key, _Out] = {}
+        self._outs_by_peer: dict[str, dict[Key, _Out]] = {}
+        self._in_flight: dict[str, asyncio.Semaphore] = {}
+        self._answers: OrderedDict[Key, Message] = OrderedDict()
+        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._cancel_requested: set[Key] = set()
+        self._per_peer: Counter[str] = Counter()
+        self._ordered: dict[tuple[str, int], _Ordered] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
+        self._slots: asyncio.Semaphore | None = None
+        self._n_running = 0
+        self._n_waiting = 0
+        self._n_ordered_queued = 0
+        self._peer_callbacks: list[Callable[[PeerEvent], Any]] = []
+        self._event_queues: list[asyncio.Queue[PeerEvent | None]] = []
+        self._error_callbacks: list[Callable[[str, Message, str, str], Any]] = []
+        self._live_peers: set[str] = set()
+        self._c = _Counters()
+        self._started = False
+        self._draining = False
+        self._closing = False
+        self._closed = False
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def agent_id(self) -> str:
+        return self.identity.agent_id
+
+    async def start(self) -> None:
+        """Open the replay store and the listeners."""
+        if self._started:
+            return
+        self._started = True
+        c = self.config
+        store = self._replay_store_arg
+        if store is None:
+            store = MemoryReplayStore(
+                self.clock.now_us(),
+                ReplayConfig(c.replay_window, c.transport.max_skew_us, c.max_sessions),
+            )
+        if store.max_skew_us != c.transport.max_skew_us:
+            raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
+        self._guard = ReplayGuard(store)
+        self._slots = asyncio.Semaphore(c.max_handlers)
+        try:
+            for url in self._listen_urls:
+                lst = await transport_listen(url, self.identity, self._on_connection, config=c.transport)
+                self._listeners.append(lst)
+                self.addresses.extend(lst.addresses)
+        except BaseException:
+            await self.close()
+            raise
+        self._dialer = Dialer(self.identity, self._transport_config(), dial_fn=self._dial_one)
+        self._housekeeping = self._spawn(self._housekeep())
+
+    def _transport_config(self) -> TransportConfig:
+        if self.addresses and not self.config.transport.listen_addrs:
+            return dataclasses.replace(self.config.transport, listen_addrs=tuple(self.addresses))
+        return self.config.transport
+
+    async def close(self) -> None:
+        """Drain and close: stop accepting, let in-flight handlers and unacknowledged messages
+        finish (up to ``drain_timeout``), then GOAWAY every connection."""
+        if self._closing:
+            return
+        self._closing = True
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout
+        while loop.time() < deadline and (self._running or self._n_waiting or self._n_ordered_queued):
+            await asyncio.sleep(0.01)
+        while loop.time() < deadline and any(o.reliable and not o.future.done() for o in self._outs.values()):
+            await asyncio.sleep(0.01)
+        self._closed = True
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for out in list(self._outs.values()):
+            self._finish_out(out, exc=ConnectionClosed("node closed"))
+        for st in self._ordered.values():
+            if st.timer is not None:
+                st.timer.cancel()
+        conns = self._table.connections()
+        await asyncio.gather(
+            *(conn.close(CloseCode.GOING_AWAY, "node shutting down") for conn in conns),
+            return_exceptions=True,
+        )
+        await asyncio.gather(*(lst.close() for lst in self._listeners), return_exceptions=True)
+        for task in list(self._conn_tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._conn_tasks, return_exceptions=True)
+        for q in self._event_queues:
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(None)
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<Node {self.agent_id[:16]}… {self.addresses}>"
+
+    # --- registration -----------------------------------------------------------------------------
+
+    def add_peer(self, agent_id: str, *urls: str) -> None:
+        """Add addresses for a peer (tried in order by the fallback dialer)."""
+        check_agent_id(agent_id)
+        from ._transport.base import parse_address
+
+        for url in urls:
+            parse_address(url)
+        known = self._peers.setdefault(agent_id, [])
+        known.extend(u for u in urls if u not in known)
+
+    def on(self, msg_type: int) -> Callable[[F], F]:
+        """Register the handler of a message type: ``@node.on(MessageType.DELEGATE_TASK)``.
+
+        The handler takes a :class:`Context` (sync or async); its return value (JSON) is the
+        REPLY; :class:`HandlerError` becomes that ERROR code, any other exception ``internal``.
+        """
+        if msg_type in RESPONSE_TYPES or msg_type == MessageType.CANCEL:
+            raise ConfigError("REPLY, ERROR, ACK and CANCEL are handled by the node itself")
+        if msg_type == MessageType.COMMAND:
+            raise ConfigError("COMMAND carries remote calls: register functions with node.expose()")
+
+        def register(func: F) -> F:
+            self._handlers[int(msg_type)] = func
+            return func
+
+        return register
+
+    def expose(self, func_or_name: Callable[..., Any] | str | None = None, *, name: str | None = None) -> Any:
+        """Put a function on the remote-call allow-list: ``@node.expose``, ``@node.expose("name")``
+        or ``node.expose(func, name="name")``. Nothing else is ever callable by name."""
+
+        def register(func: Callable[..., Any], as_name: str | None) -> Callable[..., Any]:
+            call_name = as_name or getattr(func, "__name__", None)
+            if not isinstance(call_name, str) or not call_name:
+                raise ConfigError("an exposed function needs a name")
+            self._exposed[call_name] = func
+            return func
+
+        if callable(func_or_name):
+            return register(func_or_name, name)
+        chosen = func_or_name if isinstance(func_or_name, str) else name
+        return lambda func: register(func, chosen)
+
+    def on_peer(self, callback: Callable[[PeerEvent], Any]) -> None:
+        """Call ``callback(PeerEvent)`` when a peer comes up or goes down (sync or async)."""
+        self._peer_callbacks.append(callback)
+
+    def on_error(self, callback: Callable[[str, Message, str, str], Any]) -> None:
+        """Call ``callback(peer, message, code, text)`` for an ERROR that answers no pending request
+        (e.g. a one-way message refused with ``busy``)."""
+        self._error_callbacks.append(callback)
+
+    async def peer_events(self) -> AsyncIterator[PeerEvent]:
+        """Peer up/down events as an async iterator (ends when the node closes)."""
+        q: asyncio.Queue[PeerEvent | None] = asyncio.Queue(self.config.event_queue)
+        self._event_queues.append(q)
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    return
+                yield ev
+        finally:
+            self._event_queues.remove(q)
+
+    # --- sending ----------------------------------------------------------------------------------
+
+    def _session(self, peer: str, kind: str = _MAIN) -> Session:
+        s = self._sessions.get((peer, kind))
+        if s is None:
+            s = self._sessions[(peer, kind)] = Session()
+        return s
+
+    def _build(
+        self,
+        peer: str,
+        msg_type: int,
+        payload: Any,
+        *,
+        kind: str = _MAIN,
+        payload_json: str | None = None,
+        extra_data: bytes = b"",
+        flags: int = 0,
+        task: TaskState | None = None,
+        deadline_us: int = 0,
+        reply_to: int = 0,
+        reply_session_id: int = 0,
+        sealed: bool = False,
+    ) -> Message:
+        check_agent_id(peer)
+        text = payload_json if payload_json is not None else ("" if payload is None else _dumps(payload))
+        msg = build_message(
+            sender=self.agent_id,
+            to=peer,
+            msg_type=msg_type,
+            session=self._session(peer, kind),
+            timestamp_us=self.clock.now_us(),
+            payload_json=text,
+            extra_data=extra_data,
+            flags=flags,
+            task=task,
+            deadline_us=deadline_us,
+            reply_to=reply_to,
+            reply_session_id=reply_session_id,
+        )
+        if sealed:
+            self._seal_message(msg)
+        return msg
+
+    def _seal_message(self, msg: Message) -> None:
+        text, extra = msg.payload_json, msg.extra_data
+        msg.payload_json = ""
+        msg.extra_data = b""
+        seal_payload(self.identity, msg, msg.to, text, extra)
+
+    async def send(
+        self,
+        peer: str,
+        msg_type: int,
+        payload: Any = None,
+        *,
+        ack: bool = False,
+        ordered: bool = False,
+        sealed: bool = False,
+        extra_data: bytes = b"",
+        task: TaskState | None = None,
+        payload_json: str | None = None,
+    ) -> Sent:
+        """Send a one-way message. ``payload`` is any JSON value (or pass ``payload_json``).
+
+        ``ack=True`` (ACK_REQUESTED): retransmitted until acknowledged; waits while
+        ``max_in_flight`` messages to this peer are unacknowledged; ``await sent.wait()``
+        for the ACK. ``ordered=True`` (ORDERED): delivered in order per session.
+        """
+        self._check_open()
+        flags = (FLAG_ACK_REQUESTED if ack else 0) | (FLAG_ORDERED if ordered else 0)
+        kind = (_ORDERED_ACK if ack else _ORDERED) if ordered else _MAIN
+        if not ack:
+            msg = self._build(peer, msg_type, payload, kind=kind, payload_json=payload_json,
+                              extra_data=extra_data, flags=flags, task=task, sealed=sealed)  # fmt: skip
+            await self._transmit(peer, msg)
+            return Sent(peer, msg.session_id, msg.msg_id, None)
+        sem = self._sem(peer)
+        await sem.acquire()
+        try:
+            msg = self._build(peer, msg_type, payload, kind=kind, payload_json=payload_json,
+                              extra_data=extra_data, flags=flags, task=task, sealed=sealed)  # fmt: skip
+            out = self._track(peer, msg, reliable=True, is_request=False)
+        except BaseException:
+            sem.release()
+            raise
+        out.future.add_done_callback(lambda _f: sem.release())
+        await self._first_send(out)
+        return Sent(peer, msg.session_id, msg.msg_id, out.future)
+
+    async def request(
+        self,
+        peer: str,
+        msg_type: int,
+        payload: Any = None,
+        *,
+        timeout: float | None = None,
+        ack: bool = False,
+        sealed: bool = False,
+        extra_data: bytes = b"",
+        task: TaskState | None = None,
+        payload_json: str | None = None,
+    ) -> Reply:
+        """Send a request and wait for its REPLY. Raises :class:`~iac.RemoteError` for an ERROR
+        answer, :class:`RequestTimeout` after ``timeout`` (a CANCEL is sent), or a
+        :class:`~iac.TransportError`. ``ack=True`` retransmits until the callee answers or
+        acknowledges."""
+        self._check_open()
+        timeout = self.config.request_timeout if timeout is None else timeout
+        if timeout <= 0:
+            raise ConfigError("timeout must be positive")
+        sem = self._sem(peer)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            await asyncio.wait_for(sem.acquire(), timeout)
+        except TimeoutError:
+            raise RequestTimeout(f"{peer[:16]}…: {self.config.max_in_flight} requests in flight") from None
+        out: _Out | None = None
+        try:
+            left = max(0.001, timeout - (loop.time() - start))
+            msg = self._build(
+                peer, msg_type, payload, payload_json=payload_json, extra_data=extra_data,
+                flags=FLAG_ACK_REQUESTED if ack else 0, task=task, sealed=sealed,
+                deadline_us=self.clock.now_us() + int(left * 1e6),
+            )  # fmt: skip
+            out = self._track(peer, msg, reliable=ack, is_request=True)
+            await self._first_send(out)
+            result: Reply = await asyncio.wait_for(asyncio.shield(out.future), left)
+            return result
+        except TimeoutError:
+            if out is not None:
+                self._spawn(self._send_cancel(out))
+            raise RequestTimeout(f"no answer from {peer[:16]}… within {timeout:g} s") from None
+        except asyncio.CancelledError:
+            if out is not None and not out.future.done():
+                self._spawn(self._send_cancel(out))
+            raise
+        finally:
+            if out is not None:
+                self._finish_out(out, exc=asyncio.CancelledError())
+            sem.release()
+
+    async def call(self, peer: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call a function that ``peer`` exposed; return its result (JSON)."""
+        return await self.invoke(peer, name, args, kwargs)
+
+    async def invoke(
+        self,
+        peer: str,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        sealed: bool = False,
+        ack: bool = False,
+    ) -> Any:
+        """:meth:`call` with a timeout and options."""
+        payload = {"name": name, "args": list(args), "kwargs": dict(kwargs or {})}
+        reply = await self.request(
+            peer, MessageType.COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack
+        )
+        return reply.payload
+
+    async def delegate(
+        self,
+        peer: str,
+        task: TaskState,
+        payload: Any = None,
+        *,
+        timeout: float | None = None,
+        fallback: str | Sequence[str] | None = None,
+        sealed: bool = False,
+        ack: bool = False,
+    ) -> Reply:
+        """Hand a task to ``peer`` (DELEGATE_TASK). If it does not answer in time (or cannot be
+        reached, or is ``busy``), try the fallback agent(s) in order."""
+        targets = [peer, *([fallback] if isinstance(fallback, str) else list(fallback or ()))]
+        last: BaseException | None = None
+        for i, target in enumerate(targets):
+            try:
+                return await self.request(
+                    target,
+                    MessageType.DELEGATE_TASK,
+                    payload,
+                    timeout=timeout,
+                    task=task,
+                    sealed=sealed,
+                    ack=ack,
+                )
+            except RemoteError as exc:
+                if exc.code not in (ErrorCode.BUSY, ErrorCode.TIMEOUT) or i == len(targets) - 1:
+                    raise
+                last = exc
+            except TransportError as exc:  # includes RequestTimeout and DialError
+                if i == len(targets) - 1:
+                    raise
+                last = exc
+            log.info("delegation to %s… failed (%s); trying the fallback", target[:16], last)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_open(self) -> None:
+        if not self._started:
+            raise LocalError("the node is not started (use `async with node:` or `await node.start()`)")
+        if self._closed:
+            raise ConnectionClosed("the node is closed")
+
+    def _sem(self, peer: str) -> asyncio.Semaphore:
+        sem = self._in_flight.get(peer)
+        if sem is None:
+            sem = self._in_flight[peer] = asyncio.Semaphore(self.config.max_in_flight)
+        return sem
+
+    def _track(self, peer: str, msg: Message, *, reliable: bool, is_request: bool) -> _Out:
+        loop = asyncio.get_running_loop()
+        out = _Out(
+            peer,
+            msg,
+            reliable=reliable,
+            is_request=is_request,
+            give_up_at=loop.time() + self.config.delivery_timeout,
+            rto=self.config.retransmit_initial,
+            future=loop.create_future(),
+        )
+        self._outs[out.key] = out
+        self._outs_by_peer.setdefault(peer, {})[out.key] = out
+        return out
+
+    def _finish_out(self, out: _Out, result: Any = None, exc: BaseException | None = None) -> None:
+        if out.timer is not None:
+            out.timer.cancel()
+            out.timer = None
+        self._outs.pop(out.key, None)
+        by_peer = self._outs_by_peer.get(out.peer)
+        if by_peer is not None:
+            by_peer.pop(out.key, None)
+            if not by_peer:
+                del self._outs_by_peer[out.peer]
+        if not out.future.done():
+            if isinstance(exc, asyncio.CancelledError):
+                out.future.cancel()
+            elif exc is not None:
+                out.future.set_exception(exc)
+                out.future.exception()  # mark retrieved: nobody may be waiting
+            else:
+                out.future.set_result(result)
+
+    async def _first_send(self, out: _Out) -> None:
+        try:
+            await self._transmit(out.peer, out.msg)
+        except (TransportError, OSError) as exc:
+            if not out.reliable:
+                self._finish_out(out, exc=exc)
+                raise
+            log.debug("send to %s… failed (%s); will retransmit", out.peer[:16], exc)
+        if out.reliable and out.key in self._outs:
+            self._arm(out)
+
+    def _arm(self, out: _Out) -> None:
+        if out.timer is not None:
+            out.timer.cancel()
+        loop = asyncio.get_running_loop()
+        out.timer = loop.call_later(out.rto, self._on_rto, out)
+
+    def _on_rto(self, out: _Out) -> None:
+        out.timer = None
+        if out.key not in self._outs or out.acked:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= out.give_up_at:
+            self._c.delivery_failures += 1
+            self._finish_out(
+                out,
+                exc=DeliveryError(
+                    f"message {out.msg.msg_id} to {out.peer[:16]}… not acknowledged within "
+                    f"{self.config.delivery_timeout:g} s"
+                ),
+            )
+            return
+        out.rto = min(out.rto * 2, self.config.retransmit_max)
+        self._spawn(self._retransmit(out))
+
+    async def _retransmit(self, out: _Out) -> None:
+        if out.key not in self._outs or out.acked:
+            return
+        self._c.retransmits += 1
+        try:
+            await self._transmit(out.peer, out.msg)
+        except (TransportError, OSError) as exc:
+            log.debug("retransmit to %s… failed: %s", out.peer[:16], exc)
+        if out.key in self._outs and not out.acked:
+            self._arm(out)
+
+    async def _send_cancel(self, out: _Out) -> None:
+        with contextlib.suppress(IacError, OSError):
+            conn = self._table.get(out.peer)
+            if conn is None:
+                return
+            msg = self._build(out.peer, MessageType.CANCEL, None, reply_to=out.msg.msg_id,
+                              reply_session_id=out.msg.session_id)  # fmt: skip
+            await self._transmit_on(conn, msg)
+
+    async def _transmit(self, peer: str, msg: Message) -> None:
+        """Sign (fresh timestamp) and send on the peer's connection, dialing if needed."""
+        conn = await self._connect(peer)
+        await self._transmit_on(conn, msg)
+
+    async def _transmit_on(self, conn: Connection, msg: Message) -> None:
+        msg.timestamp = self.clock.now_us()
+        body = sign_message(self.identity, msg)
+        hello = conn.peer.hello
+        dictionary = self.config.transport.dictionaries.choose(hello.dict_ids)
+        limit = min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
+        frame = encode_frame(FrameType.MESSAGE, body, compress_with=dictionary, max_frame_size=limit)
+        await conn.send(frame)
+        self._c.sent += 1
+        self._c.bytes_sent += len(frame)
+
+    async def _connect(self, peer: str) -> Connection:
+        conn = self._table.get(peer)
+        if conn is not None:
+            return conn
+        lock = self._dial_locks.setdefault(peer, asyncio.Lock())
+        async with lock:
+            conn = self._table.get(peer)
+            if conn is not None:
+                return conn
+            if self._closed:
+                raise ConnectionClosed("the node is closed")
+            urls = self._peers.get(peer)
+            if not urls:
+                raise TransportError(f"no connection to {peer[:16]}… and no address for it in the peer book")
+            if self._dialer is None:
+                raise LocalError("the node is not started")
+            return self._register(await self._dialer.dial(urls, expect=peer))
+
+    async def _dial_one(
+        self, addr: Address, identity: Identity, expect: str | None, config: TransportConfig
+    ) -> Connection:
+        sid = self._session(expect).session_id if expect else 0
+        return await transport_dial(addr, identity, expect=expect, config=config, session_id=sid)
+
+    # --- connections ------------------------------------------------------------------------------
+
+    async def _on_connection(self, conn: Connection) -> None:
+        if self._draining:
+            await conn.close(CloseCode.GOING_AWAY, "node is draining")
+            return
+        self._register(conn, spawn_reader=False)
+        await self._read_loop(conn)
+
+    def _register(self, conn: Connection, *, spawn_reader: bool = True) -> Connection:
+        peer = conn.peer.agent_id
+        kept, to_close = self._table.add(conn)
+        if spawn_reader:
+            task = asyncio.get_running_loop().create_task(self._read_loop(conn))
+            self._conn_tasks.add(task)
+            task.add_done_callback(self._conn_tasks.discard)
+        if to_close is not None:
+            self._spawn(to_close.close(CloseCode.GOING_AWAY, "duplicate connection"))
+        if peer not in self._live_peers:
+            self._live_peers.add(peer)
+            self._emit(PeerEvent(peer, True, kept.peer.transport, kept.peer.address))
+        if kept is conn:  # a (re)connection: resend what is unacknowledged at once
+            for out in list(self._outs_by_peer.get(peer, {}).values()):
+                if out.reliable and not out.acked and out.timer is not None:
+                    out.timer.cancel()
+                    out.timer = None
+                    self._spawn(self._retransmit(out))
+        return kept
+
+    async def _read_loop(self, conn: Connection) -> None:
+        peer = conn.peer.agent_id
+        try:
+            while True:
+                inc = await conn.recv()
+                await self._throttle(peer, 1.0)
+                await self._on_incoming(conn, inc)
+        except (IacError, OSError):
+            pass
+        finally:
+            self._table.remove(conn)
+            if self._table.get(peer) is None and peer in self._live_peers:
+                self._live_peers.discard(peer)
+                self._emit(PeerEvent(peer, False, conn.peer.transport, conn.peer.address))
+
+    async def _throttle(self, peer: str, cost: float) -> None:
+        bucket = self._buckets.get(peer)
+        now = self.clock.monotonic()
+        if bucket is None:
+            bucket = self._buckets[peer] = TokenBucket(self.config.verify_rate, self.config.verify_burst, now)
+        wait = bucket.take(cost, now)
+        if wait > 0:
+            self._c.throttled += 1
+            await asyncio.sleep(wait)
+
+    def _emit(self, event: PeerEvent) -> None:
+        for cb in self._peer_callbacks:
+            try:
+                res = cb(event)
+                if inspect.isawaitable(res):
+                    self._spawn(_await(res))
+            except Exception:
+                log.exception("peer event callback failed")
+        for q in self._event_queues:
+            if q.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+                self._c.peer_events_dropped += 1
+            q.put_nowait(event)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- the receive pipeline ---------------------------------------------------------------------
+
+    async def _on_incoming(self, conn: Connection, inc: Incoming) -> None:
+        self._c.received += 1
+        self._c.bytes_received += inc.frame.wire_size or len(inc.frame.body)
+        msg = inc.message
+        if msg is None:
+            if inc.rejected is not None:  # 1. signature (verified by the transport)
+                await self._on_bad_signature(conn, inc)
+            else:
+                self._c.refused[Refusal.FORWARD_NOT_RELAYED.value] += 1
+            return
+        await self._pipeline(conn, msg)
+
+    async def _on_bad_signature(self, conn: Connection, inc: Incoming) -> None:
+        self._c.refused[Refusal.BAD_SIGNATURE.value] += 1
+        await self._throttle(conn.peer.agent_id, self.config.bad_signature_cost)
+        try:
+            claimed = Message.FromString(inc.frame.body)
+        except DecodeError:
+            return
+        if claimed.msg_type in RESPONSE_TYPES:
+            return
+        # The connection's HELLO proved who sent the frame: answer that peer.
+        await self._send_error(
+            conn, conn.peer.agent_id, claimed, ErrorCode.BAD_SIGNATURE, "signature does not verify"
+        )
+
+    async def _refuse(self, conn: Connection, msg: Message, reason: Refusal, detail: str) -> None:
+        self._c.refused[reason.value] += 1
+        log.debug("refused %s from %s…: %s", reason.value, sender_of(msg)[:16], detail)
+        code = reason.code
+        if code is not None and msg.msg_type not in RESPONSE_TYPES:
+            await self._send_error(conn, sender_of(msg), msg, code, detail)
+
+    async def _send_error(self, conn: Connection, to: str, req: Message, code: str, detail: str) -> None:
+        code = code.value if isinstance(code, ErrorCode) else code
+        try:
+            err = self._build(to, MessageType.ERROR, None, payload_json=_error_payload(code, detail),
+                              reply_to=req.msg_id, reply_session_id=req.session_id)  # fmt: skip
+            await self._transmit_on(self._table.get(to) or conn, err)
+            self._c.errors_sent[code] += 1
+        except (IacError, OSError) as exc:
+            log.debug("could not send ERROR %s to %s…: %s", code, to[:16], exc)
+
+    async def _pipeline(self, conn: Connection, msg: Message) -> None:
+        guard = self._guard
+        assert guard is not None
+        sender = sender_of(msg)
+        mt = int(msg.msg_type)
+        is_response = mt in RESPONSE_TYPES
+        now = self.clock.now_us()
+        key: Key = (sender, msg.session_id, msg.msg_id)
+        # 2. freshness and replay (two-phase for what a handler takes)
+        try:
+            if is_response:
+                verdict = guard.check_and_mark(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
+            else:
+                verdict = guard.reserve(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
+        except StaleMessage as exc:
+            await self._refuse(conn, msg, Refusal.STALE, f"stale: {exc}")
+            return
+        except ReplayStoreFull as exc:
+            await self._refuse(conn, msg, Refusal.REPLAY_STORE_FULL, str(exc))
+            return
+        if verdict is not Verdict.NEW:
+            await self._on_duplicate(conn, msg, verdict)
+            return
+        if is_response:
+            await self._pipeline_response(conn, msg, now)
+            return
+        committed = False
+        try:
+            refusal = self._check(msg, sender, now)
+            payload: Any = None
+            sealed = bool(msg.sealed)
+            if refusal is None and sealed:
+                msg, refusal = self._unseal(msg)
+            if refusal is None:
+                payload, refusal = decode_payload(msg.payload_json)
+            if refusal is None:
+                refusal = self._check_late(msg, sender, payload, now)
+            if refusal is not None:
+                committed = True
+                guard.commit(sender, msg.session_id, msg.msg_id, now)
+                self._skip_ordered(msg, now)
+                await self._refuse(conn, msg, *refusal)
+                return
+            committed = True  # from here the handler path commits or releases
+            item = _Item(conn, msg, payload, key, sealed)
+            if mt == MessageType.CANCEL:
+                guard.commit(sender, msg.session_id, msg.msg_id, now)
+                self._on_cancel(sender, msg)
+                return
+            if msg.flags & FLAG_ORDERED:
+                self._push_ordered(item, now)
+            else:
+                await self._dispatch(item)
+        finally:
+            if not committed:
+                guard.release(sender, msg.session_id, msg.msg_id, self.clock.now_us())
+
+    def _check(self, msg: Message, sender: str, now: int) -> tuple[Refusal, str] | None:
+        # 3. addressed to me (this node does not relay: FORWARD is a later feature)
+        if msg.to != self.agent_id:
+            return (
+                Refusal.NOT_ADDRESSED,
+                "addressed to another agent (or broadcast) and this node does not relay",
+            )
+        # 4. topology policy
+        topo = self.config.topology
+        if topo is not None and not topo.allows(sender, self.agent_id):
+            return Refusal.POLICY_DENIED, "topology policy does not allow this sender to reach this node"
+        return None
+
+    def _unseal(self, msg: Message) -> tuple[Message, tuple[Refusal, str] | None]:
+        """Step 5: open a sealed payload and check its inner header; the opened copy carries the
+        clear ``payload_json`` and ``extra_data`` (``sealed`` emptied)."""
+        try:
+            text, extra = open_sealed(self.identity, msg)
+        except SealHeaderMismatch as exc:
+            return msg, (Refusal.SEALED_HEADER, str(exc))
+        except IacError as exc:
+            return msg, (Refusal.UNSEAL_FAILED, str(exc))
+        clear = Message()
+        clear.CopyFrom(msg)
+        clear.sealed = b""
+        clear.payload_json = text
+        clear.extra_data = extra
+        return clear, None
+
+    def _check_late(self, msg: Message, sender: str, payload: Any, now: int) -> tuple[Refusal, str] | None:
+        # 6. schema (payload JSON was decoded by the caller)
+        c = self.config
+        r = (
+            check_type(msg, c.allowed_types)
+            or check_task(msg, c.delegators, sender)
+            or check_deadline(msg, now)
+        )
+        if r is None and msg.msg_type == MessageType.COMMAND:
+            r = check_call(payload)
+        # 7. content guards
+        if r is None and c.guards:
+            r = run_guards(c.guards, msg, payload)
+        return r
+
+    async def _on_duplicate(self, conn: Connection, msg: Message, verdict: Verdict) -> None:
+        if verdict is Verdict.TOO_OLD:
+            self._c.refused[Refusal.REPLAYED.value] += 1
+            return
+        self._c.refused[Refusal.DUPLICATE.value] += 1
+        if verdict is Verdict.IN_PROGRESS or msg.msg_type in RESPONSE_TYPES:
+            return  # the first copy's answer is on its way
+        key: Key = (sender_of(msg), msg.session_id, msg.msg_id)
+        cached = self._answers.get(key)
+        with contextlib.suppress(IacError, OSError):
+            if cached is not None:
+                await self._transmit_on(self._table.get(key[0]) or conn, cached)
+            elif msg.flags & FLAG_ACK_REQUESTED:
+                await self._send_ack(conn, msg)
+
+    async def _pipeline_response(self, conn: Connection, msg: Message, now: int) -> None:
+        sender = sender_of(msg)
+        if msg.to != self.agent_id:
+            self._c.refused[Refusal.NOT_ADDRESSED.value] += 1
+            return
+        if msg.sealed:
+            msg, r = self._unseal(msg)
+            if r is not None:
+                self._c.refused[r[0].value] += 1
+                return
+        payload, r = decode_payload(msg.payload_json)
+        if r is not None:
+            self._c.refused[r[0].value] += 1
+            return
+        key: Key = (sender, msg.reply_session_id, msg.reply_to)
+        out = self._outs.get(key)
+        mt = msg.msg_type
+        if mt == MessageType.ERROR:
+            code, text = _error_fields(payload)
+            self._c.errors_received[code] += 1
+            if out is not None:
+                self._finish_out(out, exc=RemoteError(code, text))
+            else:
+                for cb in self._error_callbacks:
+                    with contextlib.suppress(Exception):
+                        cb(sender, msg, code, text)
+            return
+        if out is None:
+            if mt == MessageType.ACK:
+                self._c.acks_received += 1
+            else:
+                self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+            return
+        if mt == MessageType.ACK:
+            self._c.acks_received += 1
+            if out.is_request:
+                out.acked = True  # keep waiting for the REPLY, stop retransmitting
+                if out.timer is not None:
+                    out.timer.cancel()
+                    out.timer = None
+            else:
+                self._finish_out(out, None)
+            return
+        if not out.is_request:
+            self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+            return
+        self._finish_out(out, Reply(msg, payload))
+
+    # --- ordered delivery -------------------------------------------------------------------------
+
+    def _stream(self, msg: Message, now: int) -> _Ordered:
+        skey = (sender_of(msg), msg.session_id)
+        st = self._ordered.get(skey)
+        if st is None:
+            reliable = bool(msg.flags & FLAG_ACK_REQUESTED)
+            cfg = ReorderConfig(
+                max_buffered=self.config.reorder_max_buffered,
+                reliable=reliable,
+                retransmit_deadline_us=int(self.config.delivery_timeout * 1e6),
+            )
+            # Sessions start at msg_id 1; a session first seen further on (this node restarted)
+            # starts where it is seen.
+            first = 1 if msg.msg_id < self.config.reorder_max_buffered else msg.msg_id
+            st = self._ordered[skey] = _Ordered(ReorderBuffer(cfg, first_id=first), now)
+        st.last_us = now
+        return st
+
+    def _push_ordered(self, item: _Item, now: int) -> None:
+        st = self._stream(item.msg, now)
+        self._apply(st, st.buffer.push(item.msg.msg_id, item, now, item.msg.timestamp))
+
+    def _skip_ordered(self, msg: Message, now: int) -> None:
+        if msg.flags & FLAG_ORDERED:
+            st = self._stream(msg, now)
+            self._apply(st, st.buffer.skip(msg.msg_id, now))
+
+    def _apply(self, st: _Ordered, events: list[Any]) -> None:
+        for ev in events:
+            if isinstance(ev, Delivered):
+                self._enqueue_ordered(st, ev.item)
+            elif isinstance(ev, GapSkipped):
+                self._c.gaps += 1
+                log.info("ordered session: gave up on %d message(s) (%s)", ev.count, ev.reason.value)
+            elif isinstance(ev, Late):
+                # Behind the delivery point (its gap was given up): handle it out of order, never drop.
+                self._c.late += 1
+                self._enqueue_ordered(st, ev.item)
+            elif isinstance(ev, Duplicate):  # pragma: no cover - the replay store stops these first
+                self._c.refused[Refusal.DUPLICATE.value] += 1
+                item = ev.item
+                self._guard_release(item)
+        if st.queue and st.worker is None:
+            st.worker = self._spawn(self._ordered_worker(st))
+        self._arm_reorder(st)
+
+    def _enqueue_ordered(self, st: _Ordered, item: _Item) -> None:
+        if len(st.queue) >= self.config.max_backlog or self._draining:
+            self._guard_release(item)
+            self._spawn(self._refuse(item.conn, item.msg, Refusal.BUSY, "ordered queue full"))
+            return
+        st.queue.append(item)
+        self._n_ordered_queued += 1
+
+    def _arm_reorder(self, st: _Ordered) -> None:
+        at = st.buffer.next_deadline()
+        if at is None or at == st.timer_at:
+            return
+        if st.timer is not None:
+            st.timer.cancel()
+        delay = max(0.0, (at - self.clock.now_us()) / 1e6)
+        st.timer_at = at
+        st.timer = asyncio.get_running_loop().call_later(delay, self._on_reorder_timer, st)
+
+    def _on_reorder_timer(self, st: _Ordered) -> None:
+        st.timer = None
+        st.timer_at = None
+        self._apply(st, st.buffer.poll(self.clock.now_us()))
+
+    async def _ordered_worker(self, st: _Ordered) -> None:
+        try:
+            while st.queue:
+                item = st.queue.popleft()
+                self._n_ordered_queued -= 1
+                self._admit(item)
+                await self._run(item, ordered=True)
+        finally:
+            st.worker = None
+            if st.queue and not self._closed:
+                st.worker = self._spawn(self._ordered_worker(st))
+
+    # --- handlers ---------------------------------------------------------------------------------
+
+    async def _dispatch(self, item: _Item) -> None:
+        """Admit an unordered message to a handler slot, or refuse it with ``busy``."""
+        sender = item.key[0]
+        c = self.config
+        if self._draining or self._n_waiting >= c.max_backlog or self._per_peer[sender] >= c.max_per_peer:
+            why = (
+                "node is draining"
+                if self._draining
+                else (
+                    "handler backlog full" if self._n_waiting >= c.max_backlog else "per-peer quota reached"
+                )
+            )
+            self._guard_release(item)
+            await self._refuse(item.conn, item.msg, Refusal.BUSY, why)
+            return
+        self._admit(item)
+        self._spawn(self._run(item, ordered=False))
+
+    def _admit(self, item: _Item) -> None:
+        """Count a message as waiting for a slot (before its task starts, so bounds hold)."""
+        self._per_peer[item.key[0]] += 1
+        self._n_waiting += 1
+        self._c.backlog_peak = max(self._c.backlog_peak, self._n_waiting)
+
+    def _guard_release(self, item: _Item) -> None:
+        assert self._guard is not None
+        self._guard.release(item.key[0], item.key[1], item.key[2], self.clock.now_us())
+
+    def _guard_commit(self, item: _Item) -> None:
+        assert self._guard is not None
+        self._guard.commit(item.key[0], item.key[1], item.key[2], self.clock.now_us())
+
+    async def _run(self, item: _Item, *, ordered: bool) -> None:
+        """Wait for a slot, then run the handler in its own task (so CANCEL can reach it)."""
+        sender = item.key[0]
+        task = asyncio.current_task()
+        assert task is not None and self._slots is not None
+        self._running[item.key] = task
+        acquired = False
+        try:
+            await self._slots.acquire()
+            acquired = True
+            self._n_waiting -= 1
+            self._n_running += 1
+            self._c.running_peak = max(self._c.running_peak, self._n_running)
+            await self._handle(item)
+        except asyncio.CancelledError:
+            if item.key not in self._cancel_requested or self._closed:
+                self._guard_release(item)
+                raise
+            task.uncancel()  # a CANCEL from the caller ends this handler, not the task
+            await self._finish_cancelled(item)
+        finally:
+            if acquired:
+                self._n_running -= 1
+                self._slots.release()
+            else:
+                self._n_waiting -= 1
+            self._running.pop(item.key, None)
+            self._cancel_requested.discard(item.key)
+            self._per_peer[sender] -= 1
+            if self._per_peer[sender] <= 0:
+                del self._per_peer[sender]
+
+    async def _finish_cancelled(self, item: _Item) -> None:
+        self._c.cancelled += 1
+        self._guard_commit(item)
+        if item.msg.deadline or item.msg.flags & FLAG_ACK_REQUESTED:
+            await self._answer_error(item, ErrorCode.CANCELLED, "cancelled by the caller")
+
+    def _on_cancel(self, sender: str, msg: Message) -> None:
+        key: Key = (sender, msg.reply_session_id, msg.reply_to)
+        task = self._running.get(key)
+        if task is None:
+            self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+            return
+        self._cancel_requested.add(key)
+        task.cancel()
+
+    async def _handle(self, item: _Item) -> None:
+        msg = item.msg
+        now = self.clock.now_us()
+        expects_reply = bool(msg.deadline)
+        if msg.deadline and msg.deadline <= now:  # not started past its deadline
+            self._c.refused[Refusal.DEADLINE_PASSED.value] += 1
+            self._guard_commit(item)
+            await self._answer_error(item, ErrorCode.TIMEOUT, "deadline passed before the handler started")
+            return
+        mt = int(msg.msg_type)
+        func: Callable[..., Any] | None
+        if mt == MessageType.COMMAND:
+            call = item.payload
+            func = self._exposed.get(call["name"])
+            if func is None:
+                self._c.refused[Refusal.NO_HANDLER.value] += 1
+                self._guard_commit(item)
+                await self._answer_error(
+                    item, ErrorCode.NO_HANDLER, f"no exposed function {call['name'][:100]!r}"
+                )
+                return
+            args, kwargs = call.get("args", []), call.get("kwargs", {})
+            try:
+                inspect.signature(func).bind(*args, **kwargs)
+            except TypeError as exc:
+                self._c.refused[Refusal.BAD_CALL.value] += 1
+                self._guard_commit(item)
+                await self._answer_error(item, ErrorCode.BAD_REQUEST, f"bad arguments: {exc}")
+                return
+            except ValueError:  # no signature (builtins): let the call decide
+                pass
+            invoke: Callable[[], Any] = functools.partial(func, *args, **kwargs)
+        else:
+            handler = self._handlers.get(mt)
+            if handler is None:
+                self._c.refused[Refusal.NO_HANDLER.value] += 1
+                self._guard_commit(item)
+                await self._answer_error(item, ErrorCode.NO_HANDLER, f"no handler for msg_type {mt}")
+                return
+            invoke = functools.partial(handler, Context(self, msg, item.payload, expects_reply))
+            func = handler
+        try:
+            try:
+                result = await self._invoke(func, invoke, msg)
+            finally:
+                self._running.pop(item.key, None)  # a CANCEL from now on is too late
+        except HandlerError as exc:
+            self._c.handled += 1
+            self._guard_commit(item)
+            await self._answer_error(item, exc.code, exc.message)
+            return
+        except TimeoutError:
+            self._c.handled += 1
+            self._guard_commit(item)
+            await self._answer_error(item, ErrorCode.TIMEOUT, "deadline passed while the handler ran")
+            return
+        except Exception:
+            log.exception("handler for msg_type %d failed", mt)
+            self._c.handled += 1
+            self._guard_commit(item)
+            await self._answer_error(item, ErrorCode.INTERNAL, "the handler failed")
+            return
+        self._c.handled += 1
+        self._guard_commit(item)
+        if expects_reply:
+            try:
+                text = _dumps(result)
+            except (TypeError, ValueError):
+                await self._answer_error(item, ErrorCode.INTERNAL, "the handler's result is not JSON")
+                return
+            await self._answer(item, MessageType.REPLY, text)
+        elif msg.flags & FLAG_ACK_REQUESTED:
+            await self._send_ack(item.conn, msg)
+
+    async def _invoke(self, func: Callable[..., Any], invoke: Callable[[], Any], msg: Message) -> Any:
+        timeout: float | None = None
+        if self.config.enforce_deadline and msg.deadline:
+            timeout = max(0.0, (msg.deadline - self.clock.now_us()) / 1e6)
+        if inspect.iscoroutinefunction(func):
+            coro = invoke()
+        elif self.config.sync_in_thread:
+            coro = asyncio.to_thread(invoke)
+        else:
+            result = invoke()
+            if not inspect.isawaitable(result):
+                return result
+            coro = result
+        if timeout is None:
+            return await coro
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    async def _answer_error(self, item: _Item, code: str, text: str) -> None:
+        msg = item.msg
+        if not (msg.deadline or msg.flags & FLAG_ACK_REQUESTED):
+            return  # nobody waits for an answer to a one-way message without ACK
+        code = code.value if isinstance(code, ErrorCode) else code
+        self._c.errors_sent[code] += 1
+        await self._answer(item, MessageType.ERROR, _error_payload(code, text))
+
+    async def _answer(self, item: _Item, msg_type: int, payload_json: str) -> None:
+        msg = item.msg
+        sender = item.key[0]
+        ans = self._build(sender, msg_type, None, payload_json=payload_json, reply_to=msg.msg_id,
+                          reply_session_id=msg.session_id, sealed=item.sealed)  # fmt: skip
+        if msg_type == MessageType.REPLY:
+            self._c.replies_sent += 1
+        self._answers[item.key] = ans
+        while len(self._answers) > self.config.answer_cache:
+            self._answers.popitem(last=False)
+        conn = self._table.get(sender) or item.conn
+        with contextlib.suppress(IacError, OSError):
+            await self._transmit_on(conn, ans)
+
+    async def _send_ack(self, conn: Connection, msg: Message) -> None:
+        sender = sender_of(msg)
+        ack = self._build(sender, MessageType.ACK, None, reply_to=msg.msg_id, reply_session_id=msg.session_id)
+        with contextlib.suppress(IacError, OSError):
+            await self._transmit_on(self._table.get(sender) or conn, ack)
+            self._c.acks_sent += 1
+
+    # --- housekeeping and stats -------------------------------------------------------------------
+
+    async def _housekeep(self) -> None:
+        retention = 2 * self.config.transport.max_skew_us
+        while True:
+            await asyncio.sleep(1.0)
+            now = self.clock.now_us()
+            if self._guard is not None:
+                self._guard.expire(now)
+            for skey, st in list(self._ordered.items()):
+                if not len(st.buffer) and not st.queue and st.worker is None and now - st.last_us > retention:
+                    del self._ordered[skey]
+
+    def stats(self) -> NodeStats:
+        c = self._c
+        return NodeStats(
+            sent=c.sent,
+            received=c.received,
+            bytes_sent=c.bytes_sent,
+            bytes_received=c.bytes_received,
+            handled=c.handled,
+            replies_sent=c.replies_sent,
+            acks_sent=c.acks_sent,
+            acks_received=c.acks_received,
+            retransmits=c.retransmits,
+            delivery_failures=c.delivery_failures,
+            throttled=c.throttled,
+            gaps=c.gaps,
+            late=c.late,
+            cancelled=c.cancelled,
+            peer_events_dropped=c.peer_events_dropped,
+            refused=dict(c.refused),
+            errors_sent=dict(c.errors_sent),
+            errors_received=dict(c.errors_received),
+            running=self._n_running,
+            backlog=self._n_waiting,
+            backlog_peak=c.backlog_peak,
+            running_peak=c.running_peak,
+            ordered_queued=self._n_ordered_queued,
+            reorder_held=sum(len(st.buffer) for st in self._ordered.values()),
+            pending_requests=sum(1 for o in self._outs.values() if o.is_request),
+            unacked=sum(1 for o in self._outs.values() if o.reliable and not o.acked),
+            answer_cache=len(self._answers),
+            connections=len(self._table.connections()),
+        )
+
+    @property
+    def peers(self) -> dict[str, list[str]]:
+        """The peer book (a copy)."""
+        return {k: list(v) for k, v in self._peers.items()}
+
+    @property
+    def exposed(self) -> list[str]:
+        return sorted(self._exposed)
+
+    def connected(self, peer: str) -> bool:
+        return self._table.get(peer) is not None
+
+
+async def _await(aw: Awaitable[Any]) -> None:
+    try:
+        await aw
+    except Exception:
+        log.exception("peer event callback failed")
+
+
+__all__ = ["Context", "Node", "Reply", "Sent"]

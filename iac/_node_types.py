@@ -1,0 +1,191 @@
+"""Values the node hands to users (Reply, Sent, Context) and its internal records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ._message import sender_of
+from ._pb.iac_pb2 import Message, TaskState
+from ._reorder import ReorderBuffer
+from ._transport.base import Connection
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+Key: TypeAlias = tuple[str, int, int]  # (agent_id, session_id, msg_id)
+
+
+# --- values handed to users -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to a request: the REPLY message and its decoded payload."""
+
+    message: Message
+    payload: Any
+
+    @property
+    def sender(self) -> str:
+        return sender_of(self.message)
+
+    @property
+    def extra_data(self) -> bytes:
+        return self.message.extra_data
+
+
+class Sent:
+    """A message handed to the transport. With ``ack=True``, :meth:`wait` returns once the
+    receiver acknowledged it and raises :class:`DeliveryError` (no ACK before the delivery
+    deadline) or :class:`~iac.RemoteError` (the receiver refused it)."""
+
+    __slots__ = ("_future", "msg_id", "peer", "session_id")
+
+    def __init__(self, peer: str, session_id: int, msg_id: int, future: asyncio.Future[Any] | None) -> None:
+        self.peer = peer
+        self.session_id = session_id
+        self.msg_id = msg_id
+        self._future = future
+
+    async def wait(self) -> None:
+        if self._future is not None:
+            await asyncio.shield(self._future)
+
+    @property
+    def acked(self) -> bool:
+        f = self._future
+        return f is not None and f.done() and not f.cancelled() and f.exception() is None
+
+    def __repr__(self) -> str:
+        return f"Sent(peer={self.peer[:16]}…, session_id={self.session_id:#x}, msg_id={self.msg_id})"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler gets: the verified message, its decoded payload and its deadline."""
+
+    node: Node
+    message: Message
+    payload: Any
+    expects_reply: bool
+
+    @property
+    def sender(self) -> str:
+        return sender_of(self.message)
+
+    @property
+    def msg_type(self) -> int:
+        return int(self.message.msg_type)
+
+    @property
+    def task(self) -> TaskState | None:
+        return self.message.task if self.message.HasField("task") else None
+
+    @property
+    def deadline_us(self) -> int:
+        """µs since the epoch by which the caller stops waiting (0: none)."""
+        return int(self.message.deadline)
+
+    def time_left(self) -> float | None:
+        """Seconds until the deadline by the node's clock (None: no deadline; may be negative)."""
+        if not self.message.deadline:
+            return None
+        return (self.message.deadline - self.node.clock.now_us()) / 1e6
+
+    @property
+    def extra_data(self) -> bytes:
+        return self.message.extra_data
+
+
+# --- internal records -----------------------------------------------------------------------------
+
+
+class _Out:
+    """One outgoing request or ACK_REQUESTED message waiting for its answer."""
+
+    __slots__ = (
+        "acked",
+        "future",
+        "give_up_at",
+        "is_request",
+        "key",
+        "msg",
+        "peer",
+        "reliable",
+        "rto",
+        "timer",
+    )
+
+    def __init__(self, peer: str, msg: Message, *, reliable: bool, is_request: bool, give_up_at: float,
+                 rto: float, future: asyncio.Future[Any]) -> None:  # fmt: skip
+        self.peer = peer
+        self.msg = msg
+        self.key: Key = (peer, msg.session_id, msg.msg_id)
+        self.reliable = reliable
+        self.is_request = is_request
+        self.give_up_at = give_up_at
+        self.rto = rto
+        self.future = future
+        self.timer: asyncio.TimerHandle | None = None
+        self.acked = False
+
+
+@dataclass(slots=True)
+class _Item:
+    """A message that passed every check up to the reorder step."""
+
+    conn: Connection
+    msg: Message
+    payload: Any
+    key: Key
+    sealed: bool
+
+
+class _Ordered:
+    """Reorder state of one sender session: the buffer, and the queue its worker drains in order."""
+
+    __slots__ = ("buffer", "last_us", "queue", "timer", "timer_at", "worker")
+
+    def __init__(self, buffer: ReorderBuffer[_Item], now_us: int) -> None:
+        self.buffer = buffer
+        self.queue: deque[_Item] = deque()
+        self.worker: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at: int | None = None
+        self.last_us = now_us
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.sent = self.received = self.bytes_sent = self.bytes_received = 0
+        self.handled = self.replies_sent = self.acks_sent = self.acks_received = 0
+        self.retransmits = self.delivery_failures = self.throttled = 0
+        self.gaps = self.late = self.cancelled = self.peer_events_dropped = 0
+        self.backlog_peak = self.running_peak = 0
+        self.refused: Counter[str] = Counter()
+        self.errors_sent: Counter[str] = Counter()
+        self.errors_received: Counter[str] = Counter()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _error_payload(code: str, message: str) -> str:
+    return _dumps({"code": code, "message": message[:500]})
+
+
+def _error_fields(payload: Any) -> tuple[str, str]:
+    if isinstance(payload, dict):
+        code = payload.get("code")
+        text = payload.get("message", "")
+        if isinstance(code, str) and code:
+            return code[:64], text if isinstance(text, str) else ""
+    return "internal", "malformed ERROR payload"
+
+
+__all__ = ["Context", "Reply", "Sent"]
