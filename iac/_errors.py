@@ -449,6 +449,145 @@ class RemoteError(IacError):
         self.message = message
 
 
+# File transfer (iac._filetransfer) and relayed routing (iac._routing).
+
+
+class FileTransferError(MessageRejected):
+    """A FILE_TRANSFER payload or chunk was refused.
+
+    ``fatal`` says whether the transfer is over (the receiver answers with a
+    ``failed`` ack, :func:`failure_ack`) or only this chunk was refused (the
+    sender sends it again after its timeout).
+    """
+
+    name = "file_transfer_error"
+    fatal: ClassVar[bool] = False
+
+    def __init__(self, message: str, transfer_id: str = "") -> None:
+        super().__init__(message)
+        self.transfer_id = transfer_id
+
+
+class BadTransferPayload(FileTransferError):
+    """The payload is not JSON, misses a field, or a field has the wrong type or range."""
+
+    name = "bad_transfer_payload"
+    fatal = True
+
+
+class UnsafeFileName(FileTransferError):
+    """The file name could escape the inbox or is otherwise refused (see the module doc)."""
+
+    name = "unsafe_file_name"
+    fatal = True
+
+
+class FileTooLarge(FileTransferError):
+    """The announced size is above the receiver's ``max_size``."""
+
+    name = "file_too_large"
+    fatal = True
+
+
+class TransferMismatch(FileTransferError):
+    """A chunk's name, size, total, chunk_size or sha256 differ from the transfer's first chunk."""
+
+    name = "transfer_mismatch"
+    fatal = True
+
+
+class ChunkOutOfRange(FileTransferError):
+    """``index`` is not below ``total``."""
+
+    name = "chunk_out_of_range"
+
+
+class BadChunkLength(FileTransferError):
+    """The chunk's length is not what ``index``, ``chunk_size`` and ``size`` imply."""
+
+    name = "bad_chunk_length"
+
+
+class ChunkHashMismatch(FileTransferError):
+    """The chunk's bytes do not match its ``chunk_sha256``; it is not written."""
+
+    name = "chunk_hash_mismatch"
+
+
+class FileHashMismatch(FileTransferError):
+    """All chunks arrived but the file's SHA-256 is not the announced one; nothing is renamed."""
+
+    name = "file_hash_mismatch"
+    fatal = True
+
+
+class TooManyTransfers(FileTransferError):
+    """The receiver already runs ``max_transfers`` transfers; a new one is refused (try later)."""
+
+    name = "too_many_transfers"
+
+
+class FileExistsInInbox(FileTransferError):
+    """A file of that name is already in the inbox and the receiver does not overwrite."""
+
+    name = "file_exists"
+    fatal = True
+
+
+class SourceChanged(LocalError):
+    """The file being sent changed size while it was sent."""
+
+    name = "source_changed"
+
+
+class TransferRefused(RemoteError):
+    """The receiver answered with a ``failed`` ack; ``code`` is its error name."""
+
+    name = "transfer_refused"
+
+
+class RoutingError(MessageRejected):
+    """A FORWARD frame was refused by the routing checks or the relay policy."""
+
+    name = "routing_error"
+
+
+class HopLimitExhausted(RoutingError):
+    """The Forward arrived with ``hop_limit`` 0, or must go on but has no hop left."""
+
+    name = "hop_limit_exhausted"
+
+
+class RoutingLoop(RoutingError):
+    """This node's own id is already in the Forward's ``path``."""
+
+    name = "routing_loop"
+
+
+class BadForwardPath(RoutingError):
+    """``path`` is too long, holds a malformed or repeated id, or does not match origin and neighbour."""
+
+    name = "bad_forward_path"
+
+
+class RelayDenied(RoutingError):
+    """The relay policy does not relay this origin, destination or kind of message."""
+
+    name = "relay_denied"
+
+
+class NoRoute(RoutingError):
+    """No connected peer or known route leads to the destination."""
+
+    name = "no_route"
+
+
+class SeenCacheFull(RoutingError):
+    """The broadcast seen-cache is full of unexpired keys; a new broadcast is refused."""
+
+    name = "seen_cache_full"
+
+
 def all_error_classes() -> list[type[IacError]]:
     """Every error class, root first (for docs and the test-vector name table)."""
     out: list[type[IacError]] = []
