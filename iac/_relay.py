@@ -227,7 +227,7 @@ class UdpRelay:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        if leg.transport is None:
+        if leg.transport is None or leg.backlog:  # keep a new client's first datagrams in order
             if len(leg.backlog) < self.max_queue:
                 leg.backlog.append(data)
             else:

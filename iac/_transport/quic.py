@@ -13,6 +13,10 @@ Mapping (SPEC section 4):
   the peer's stream credit allows it; frames wait in this adapter's bounded
   queue otherwise (aioquic's own queue of blocked streams is scanned on every
   packet build, so it is never used). ``send()`` waits while the queue is full.
+* Flushing: after a received datagram the flush is deferred to the end of the loop
+  turn (``_transmit_soon``), so a reply that the woken ``recv()`` caller sends leaves
+  in the same packet as the ACK; a packet that carries frames also carries any pending
+  ACK (aioquic would otherwise hold it for its 1 ms ack delay and send it alone).
 * Received stream data is handled as raw QUIC events (the stock protocol keeps
   a reader per stream forever): one :class:`FrameDecoder` per open stream, and
   the bytes of partly received frames plus frames waiting for ``recv()`` stay
