@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_net(sub)
 
+    from ._cli_mesh import register as register_mesh
+
+    register_mesh(sub)
+
     from ._protoc import register as register_proto
 
     register_proto(sub)

@@ -103,6 +103,10 @@ async def _run_node(args: argparse.Namespace) -> int:
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
+    if args.registry:
+        from ._cli_mesh import run_mesh_node
+
+        return asyncio.run(run_mesh_node(args))
     return asyncio.run(_run_node(args))
 
 
@@ -145,6 +149,7 @@ async def _run_ping(args: argparse.Namespace) -> int:
                 msg_type=MessageType.PING,
                 session=session,
                 timestamp_us=now_us(),
+                deadline_us=now_us() + int(args.timeout * 1_000_000),  # a request: it expects a REPLY
             )
             frame = encode_message_frame(identity, msg)
             t0 = time.perf_counter()
@@ -201,6 +206,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="URL",
         help="quic://host:port, tls://host:port or unix:///path (repeatable; port 0 picks one)",
     )
+    p.add_argument(
+        "--registry",
+        action="append",
+        default=[],
+        metavar="ID@URL",
+        help="publish this node to the registry AGENT_ID@ADDRESS and keep it fresh (repeatable)",
+    )
+    p.add_argument("--alias", action="append", default=[], help="alias to register (with --registry)")
+    p.add_argument("--capability", action="append", default=[], help="capability to offer (with --registry)")
+    p.add_argument("--ttl", type=float, default=600.0, help="record lifetime in seconds (default 600)")
     _add_tls_options(p)
     p.set_defaults(func=_cmd_node)
 

@@ -15,6 +15,7 @@ EXPECTED = {
     "node": "{'summary': 'Q3 revenue g', 'seconds_left': 5}",
     "call": "42",
     "delegate": "'accepted': 't-7'",
+    "mesh": "True\nHI\nTrue\nHI!",
 }
 
 
@@ -23,7 +24,7 @@ def examples() -> dict[str, str]:
 
 
 def test_readme_has_examples():
-    assert {"codec", "node", "call", "delegate"} <= set(examples())
+    assert {"codec", "node", "call", "delegate", "mesh"} <= set(examples())
 
 
 @pytest.mark.parametrize("name", ["node", "call", "delegate"])
