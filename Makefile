@@ -24,6 +24,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
 	$(BIN)/pytest -q
 
 # Regenerate iac/_pb from proto/iac.proto (grpcio-tools is pinned in the dev extras,
@@ -40,8 +41,9 @@ vectors: $(VENV)/.installed-dev
 dict: $(VENV)/.installed-dev
 	$(BIN)/python tools/train_default_dict.py
 
+# The whole benchmark suite (report, JSON and plots in bench-results/); see benchmarks/README.md.
 bench: $(VENV)/.installed-dev
-	$(BIN)/python benchmarks/codec.py
+	$(BIN)/python -m iac bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

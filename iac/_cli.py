@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_mesh(sub)
 
+    from ._bench import register as register_bench
+
+    register_bench(sub)
+
     from ._protoc import register as register_proto
 
     register_proto(sub)

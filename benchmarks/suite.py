@@ -1,0 +1,843 @@
+#!/usr/bin/env python3
+"""The IAC benchmark suite: every scenario, side by side with its baselines, in one report.
+
+    .venv/bin/python benchmarks/suite.py                 # full run (= iac bench = make bench)
+    .venv/bin/python benchmarks/suite.py --quick         # smoke test (under 2 minutes on 2 cores)
+    .venv/bin/python benchmarks/suite.py --only loss     # one scenario (repeatable)
+    .venv/bin/python benchmarks/suite.py --out DIR       # where results.json, report.md, *.png go
+    .venv/bin/python benchmarks/suite.py --list          # the scenarios
+
+Every scenario runs its contenders in the same run, taking turns (A B C C B A …) after a
+warm-up, for several rounds; a figure is the median of the per-round figures with their
+min and max, and every IAC figure carries its ratio to the scenario's baseline. The JSON
+schema is documented in ``benchmarks/README.md`` (section "Suite").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+SCHEMA = "iac-bench/1"
+LIBRARIES = ("iac", "aioquic", "qh3", "pynacl", "zstandard", "protobuf", "aiohttp", "grpcio", "matplotlib")
+MAX_SAMPLES = 2000  # latency samples kept per contender in the JSON (for the CDF plot)
+
+
+# --- statistics and interleaving (pure) ---------------------------------------------------------
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | int]:
+    """``{"median", "min", "max", "n"}`` of per-round figures."""
+    if not values:
+        raise ValueError("no values to summarize")
+    return {
+        "median": float(statistics.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+        "n": len(values),
+    }
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (``p`` in [0, 1]) as the other benchmark scripts compute it."""
+    if not samples:
+        raise ValueError("no samples")
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def turn_order(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """Contenders' turns per round: forward on even rounds, reversed on odd ones (A B B A …),
+    so that no contender always runs first or right after the same neighbour."""
+    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
+
+
+def interleave(
+    steps: dict[str, Callable[[], float]],
+    rounds: int,
+    warmup: int = 1,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """Run every step ``warmup`` times (results discarded), then ``rounds`` rounds in
+    :func:`turn_order`; returns each step's per-round figures."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in steps}
+    for r, order in enumerate(turn_order(list(steps), rounds)):
+        if on_round is not None:
+            on_round(r)
+        for name in order:
+            out[name].append(steps[name]())
+    return out
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or base is None or base == 0:
+        return None
+    return value / base
+
+
+def downsample(samples: Sequence[float], limit: int = MAX_SAMPLES) -> list[float]:
+    """At most ``limit`` evenly spaced order statistics (enough for a CDF)."""
+    s = sorted(samples)
+    if len(s) <= limit:
+        return s
+    step = (len(s) - 1) / (limit - 1)
+    return [s[round(i * step)] for i in range(limit)]
+
+
+# --- results ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What one scenario produced (see the schema in benchmarks/README.md)."""
+
+    name: str
+    title: str
+    baseline: str | None = None
+    status: str = "ok"  # ok | skipped | unavailable | error
+    reason: str | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    series: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    raw: Any = None
+    duration_s: float = 0.0
+
+    def add(
+        self,
+        contender: str,
+        metric: str,
+        unit: str,
+        values: Sequence[float] | dict[str, Any],
+        *,
+        better: str = "lower",
+        baseline: str | None = None,
+        iac: bool | None = None,
+    ) -> None:
+        """One figure: per-round ``values`` (or an already summarized dict)."""
+        stats = dict(values) if isinstance(values, dict) else summarize(values)
+        stats.setdefault("n", 1)
+        self.rows.append(
+            {
+                "contender": contender,
+                "metric": metric,
+                "unit": unit,
+                "better": better,
+                **{k: stats[k] for k in ("median", "min", "max", "n")},
+                "baseline": baseline,
+                "iac": contender.startswith("IAC") if iac is None else iac,
+                "ratio": None,
+            }
+        )
+
+    def finish(self) -> None:
+        """Fill each IAC row's ratio to its baseline's row of the same metric."""
+        index = {(r["contender"], r["metric"]): r for r in self.rows}
+        for row in self.rows:
+            base_name = row["baseline"] or self.baseline
+            row["baseline"] = base_name
+            if not row["iac"] or base_name is None or base_name == row["contender"]:
+                row["ratio"] = None
+                continue
+            base = index.get((base_name, row["metric"]))
+            row["ratio"] = ratio(row["median"], base["median"]) if base else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "status": self.status,
+            "reason": self.reason,
+            "baseline": self.baseline,
+            "duration_s": round(self.duration_s, 3),
+            "rows": self.rows,
+            "series": self.series,
+            "notes": self.notes,
+            "raw": self.raw,
+        }
+
+
+@dataclass
+class Context:
+    quick: bool
+    tmp: Path
+    progress: Callable[[str], None]
+    cache: dict[str, Any] = field(default_factory=dict)
+    backends: list[str] = field(default_factory=list)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def quic_backends() -> list[str]:
+    """QUIC backends to run the QUIC scenarios on: aioquic always; an accelerated backend
+    (qh3) when IAC's backend switch (``iac._transport._quic_backend.available()``) lists it.
+    The name reaches the endpoints as ``IAC_QUIC_BACKEND``."""
+    try:  # the backend switch of the QUIC adapter, when this IAC has one
+        from iac._transport import _quic_backend
+
+        found = [b for b in _quic_backend.available() if b in _quic_backend.BACKENDS]
+        return ["aioquic", *[b for b in found if b != "aioquic"]]
+    except ImportError:
+        pass
+    out = ["aioquic"]
+    if importlib.util.find_spec("qh3") is not None:
+        try:
+            from iac._transport import quic
+
+            if "qh3" in getattr(quic, "BACKENDS", ()):
+                out.append("qh3")
+        except ImportError:
+            pass
+    return out
+
+
+def quic_name(backend: str) -> str:
+    return "IAC-QUIC" if backend == "aioquic" else f"IAC-QUIC[{backend}]"
+
+
+def run_script(ctx: Context, script: str, args: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run ``benchmarks/<script>`` with ``--json`` and return what it wrote."""
+    out = ctx.tmp / f"{script}-{len(ctx.cache)}-{time.monotonic_ns()}.json"
+    argv = [sys.executable, str(HERE / script), *args, "--json", str(out)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if res.returncode != 0 or not out.exists():
+        tail = (res.stderr or res.stdout).strip()[-1500:]
+        raise RuntimeError(f"{script} {' '.join(args)} failed ({res.returncode}): {tail}")
+    data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return data
+
+
+def codec_json(ctx: Context) -> dict[str, Any]:
+    if "codec" not in ctx.cache:
+        ctx.progress("codec.py")
+        ctx.cache["codec"] = run_script(ctx, "codec.py", ["--quick"] if ctx.quick else [], 900)
+    out: dict[str, Any] = ctx.cache["codec"]
+    return out
+
+
+def transport_json(ctx: Context, part: str) -> dict[str, Any]:
+    ctx.progress(f"transport.py --only {part}")
+    return run_script(ctx, "transport.py", ["--only", part, *(["--quick"] if ctx.quick else [])], 900)
+
+
+# --- scenarios ----------------------------------------------------------------------------------
+
+
+def sc_codec(ctx: Context, res: Result) -> None:
+    data = codec_json(ctx)
+    sp = data["speed"]["us_per_msg"]
+    res.baseline = "bare PyNaCl Ed25519"
+    res.add("IAC codec", "send: encode vs sign (µs/msg)", "µs", sp["encode"])
+    res.add("bare PyNaCl Ed25519", "send: encode vs sign (µs/msg)", "µs", sp["sign"])
+    res.add("IAC codec", "receive: decode vs verify (µs/msg)", "µs", sp["decode"])
+    res.add("bare PyNaCl Ed25519", "receive: decode vs verify (µs/msg)", "µs", sp["verify"])
+    for r in res.rows:
+        r["iac"] = r["contender"] == "IAC codec"
+    s = data["speed"]
+    res.notes.append(
+        f"{data['speed']['messages']} messages x {data['speed']['repetitions']} repetitions; "
+        f"codec ratio (t_sign+t_verify)/(t_encode+t_decode) = {s['ratio']:.3f} "
+        f"[{s['ratio_min']:.3f} .. {s['ratio_max']:.3f}] (target >= 0.80)"
+    )
+    res.raw = data
+
+
+def sc_bytes(ctx: Context, res: Result) -> None:
+    data = codec_json(ctx)
+    rows = data["sizes"]["rows"]
+    base = "HTTP/1.1 POST + JSON + SHA-256"
+    res.baseline = base
+    metric = "bytes per message (test.jsonl)"
+    one = {"n": 1}
+    for name, key in (
+        ("IAC frame, zstd + dictionary", "frame_zstd_dict"),
+        ("IAC frame, zstd without dictionary", "frame_zstd"),
+        ("IAC frame, uncompressed", "frame_raw"),
+        (base, "http_json_sha256"),
+    ):
+        m = rows[key]["mean"]
+        res.add(name, metric, "B", {"median": m, "min": m, "max": m, **one}, iac=name.startswith("IAC"))
+    res.notes.append(
+        "Frame bytes as sent (signed Message + frame header), each message compressed alone; HTTP is "
+        "the request line, four headers and the JSON body (a lower bound: real clients add headers). "
+        "TLS/QUIC/TCP/IP overhead is in neither; the `loss` scenario counts whole IP packets at 0 % "
+        "loss, and `requests` counts IAC frames both ways per request."
+    )
+    res.raw = data["sizes"]
+
+
+def sc_rtt(ctx: Context, res: Result) -> None:
+    data = transport_json(ctx, "rtt")["rtt"]
+    cases = data["cases"]
+    rename = {"bare aioquic echo": "bare aioquic echo", "bare TLS echo": "bare TLS echo"}
+    res.baseline = "bare aioquic echo"
+    for name, c in cases.items():
+        who = rename.get(name, name)
+        base = "bare TLS echo" if name in ("IAC-TLS", "IAC-UNIX") else "bare aioquic echo"
+        res.add(who, "RTT p50, 1 in flight", "µs", c["p50_us"], baseline=base)
+        res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
+        res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
+    res.notes.append(
+        f"benchmarks/transport.py --only rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
+        f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
+        "one event loop. "
+        "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
+        "Target (issue 3): IAC-QUIC p50 <= 1.8 x bare aioquic."
+    )
+    res.raw = data
+
+
+def sc_setup(ctx: Context, res: Result) -> None:
+    data = transport_json(ctx, "handshake")["handshake"]
+    res.baseline = "IAC TLS/TCP"
+    for case, s in data["cases_ms"].items():
+        where, what = case.split(" ", 1)
+        metric = "first delivery, loopback" if where == "loopback" else "first delivery, 20 ms RTT"
+        res.add(f"IAC {what}", metric, "ms", s)
+    res.notes.append(
+        f"benchmarks/transport.py --only handshake: start of dial to the server's first delivered message, "
+        f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
+        f"0-RTT dials that resumed: {data.get('resumed')}. Targets (issue 3): 0-RTT <= 0.6 x 1-RTT, "
+        "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
+    )
+    res.raw = data
+
+
+def sc_oneway(ctx: Context, res: Result) -> None:
+    data = transport_json(ctx, "oneway")["oneway"]
+    base = "receiver decode-only (codec)"
+    res.baseline = base
+    res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
+    res.add(
+        "IAC-QUIC one-way, signed ahead",
+        "messages/s",
+        "msg/s",
+        data["oneway_presigned_rate"],
+        better="higher",
+    )
+    res.add(
+        "IAC-QUIC one-way, signing in loop",
+        "messages/s",
+        "msg/s",
+        data["oneway_signing_rate"],
+        better="higher",
+    )
+    res.notes.append(
+        f"benchmarks/transport.py --only oneway: {data['messages_per_round']} messages per round. "
+        "Target (issue 3): one-way >= 0.5 x the decode-only rate."
+    )
+    res.raw = data
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    rounds: int
+    counts: dict[int, int]  # in flight -> requests per turn
+
+
+def _request_contenders(ctx: Context) -> list[tuple[str, str, str | None]]:
+    """(label, endpoint contender, QUIC backend)."""
+    import loss
+
+    out: list[tuple[str, str, str | None]] = [(quic_name(b), "iac-quic", b) for b in ctx.backends]
+    out += [("IAC-TLS/TCP", "iac-tls", None), ("IAC-UNIX", "iac-unix", None)]
+    if loss.have_aiohttp():
+        out += [("HTTP+JSON+SHA-256", "http", None), ("HTTP+Ed25519 JSON", "http-ed25519", None)]
+    return out
+
+
+def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> None:
+    import loss
+
+    contenders = _request_contenders(ctx)
+    res.baseline = "HTTP+Ed25519 JSON" if loss.have_aiohttp() else None
+    if not loss.have_aiohttp():
+        res.notes.append(
+            "No HTTP baseline: aiohttp is not installed (pip install aiohttp); ratios are empty."
+        )
+    pairs: dict[str, Any] = {}
+    figs: dict[tuple[str, str], list[float]] = {}
+    samples: dict[str, list[float]] = {}
+    depths = sorted(plan.counts)
+    try:
+        for label, cont, backend in contenders:
+            ctx.progress(f"starting {label}")
+            pairs[label] = loss.start_pair(cont, "127.0.0.1", ctx.tmp, backend=backend)
+        for label in pairs:  # warm-up
+            pairs[label].run(16, 200)
+        order = turn_order([c[0] for c in contenders], plan.rounds)
+        for r, turn in enumerate(order):
+            ctx.progress(f"round {r + 1}/{plan.rounds}")
+            for label in turn:
+                for depth in depths:
+                    n = plan.counts[depth]
+                    out = pairs[label].run(depth, n)
+                    lat = out["lat_us"]
+                    if out["errors"] or not lat:
+                        raise RuntimeError(f"{label}: {out['errors']} failed requests at {depth} in flight")
+                    done = len(lat)
+                    if depth == 1 and not cpu_only:
+                        figs.setdefault((label, "RTT p50, 1 in flight"), []).append(statistics.median(lat))
+                        figs.setdefault((label, "RTT p99, 1 in flight"), []).append(percentile(lat, 0.99))
+                        samples.setdefault(label, []).extend(lat)
+                    if not cpu_only:
+                        figs.setdefault((label, f"requests/s, {depth} in flight"), []).append(
+                            done / out["elapsed_s"]
+                        )
+                    if depth == max(depths):
+                        figs.setdefault((label, f"client CPU per request, {depth} in flight"), []).append(
+                            out["cpu_s"] * 1e6 / done
+                        )
+                        figs.setdefault((label, f"server CPU per request, {depth} in flight"), []).append(
+                            out["server_cpu_s"] * 1e6 / done
+                        )
+                        if out["frame_bytes"] is not None:
+                            figs.setdefault((label, "IAC frame bytes per request, both ways"), []).append(
+                                out["frame_bytes"] / done
+                            )
+    finally:
+        for pair in pairs.values():
+            pair.close()
+    for (label, metric), values in figs.items():
+        if metric.startswith("RTT"):
+            unit, better = "µs", "lower"
+        elif metric.startswith("requests/s"):
+            unit, better = "req/s", "higher"
+        elif "CPU" in metric:
+            unit, better = "µs", "lower"
+        else:
+            unit, better = "B", "lower"
+        res.add(label, metric, unit, values, better=better)
+    if samples:
+        res.series["latency_cdf_us"] = {k: downsample(v) for k, v in samples.items()}
+    if not cpu_only:
+        res.series["rps_vs_in_flight"] = {
+            label: {str(d): statistics.median(figs[(label, f"requests/s, {d} in flight")]) for d in depths}
+            for label, _, _ in contenders
+        }
+    res.notes.append(
+        "Each contender is a server process and a client process on loopback "
+        f"(benchmarks/loss.py serve/client); {plan.rounds} rounds, turns A B … B A; per turn "
+        + ", ".join(f"{n} requests at {d} in flight" for d, n in plan.counts.items())
+        + ". CPU is time.process_time() of each process over the turn, divided by the requests. "
+        "IAC = Node.request (sign, compress, verify, replay check both ways)."
+    )
+
+
+def sc_requests(ctx: Context, res: Result) -> None:
+    counts = {1: 200, 16: 600, 64: 1000} if ctx.quick else {1: 1000, 16: 3000, 64: 5000}
+    _requests(ctx, res, RequestPlan(rounds=3 if ctx.quick else 7, counts=counts), cpu_only=False)
+
+
+def sc_cpu(ctx: Context, res: Result) -> None:
+    counts = {64: 1000} if ctx.quick else {64: 5000}
+    _requests(ctx, res, RequestPlan(rounds=3 if ctx.quick else 7, counts=counts), cpu_only=True)
+
+
+def sc_broadcast(ctx: Context, res: Result) -> None:
+    from iac._node import Node
+
+    if not hasattr(Node, "broadcast"):
+        res.status = "unavailable"
+        res.reason = (
+            "not available yet: iac.Node has no broadcast() (iac/_routing.py has the sans-IO Router, "
+            "not yet wired into the node)"
+        )
+        return
+    res.status = "unavailable"
+    res.reason = "Node.broadcast exists, but the suite's broadcast scenario is not written yet"
+
+
+def sc_filetransfer(ctx: Context, res: Result) -> None:
+    from iac._node import Node
+
+    api = next((n for n in ("send_file", "transfer_file") if hasattr(Node, n)), None)
+    if api is None:
+        res.status = "unavailable"
+        res.reason = (
+            "not available yet: iac.Node has no send_file() (iac/_filetransfer.py has the sans-IO "
+            "FileSender/FileReceiver, not yet wired into the node)"
+        )
+        return
+    res.status = "unavailable"
+    res.reason = f"Node.{api} exists, but the suite's file-transfer scenario is not written yet"
+
+
+def sc_loss(ctx: Context, res: Result) -> None:
+    import loss
+
+    plan = loss.QUICK_PLAN if ctx.quick else loss.FULL_PLAN
+    out = loss.run_loss(plan, ctx.progress)
+    if out["status"] != "ok":
+        res.status = "skipped"
+        res.reason = out["reason"]
+        return
+    names = out["names"]
+    res.baseline = names["http"] if "http" in names else names["iac-tls"]
+    p99_series: dict[str, dict[str, float]] = {}
+    for level in out["levels"]:
+        pc = f"{level['loss']:.0%}"
+        for c, label in names.items():
+            if level["p50_ms"][c]:
+                res.add(label, f"p50 at {pc} loss", "ms", level["p50_ms"][c])
+                res.add(label, f"p99 at {pc} loss", "ms", level["p99_ms"][c])
+                p99_series.setdefault(label, {})[pc] = statistics.median(level["p99_ms"][c])
+            if level["errors"][c]:
+                res.notes.append(f"{label} at {pc} loss: {level['errors'][c]} requests failed")
+            if level["loss"] == 0.0:
+                res.add(
+                    label,
+                    "IP bytes on the wire per request (0 % loss)",
+                    "B",
+                    level["wire_bytes_per_request"][c],
+                )
+        if level["loss"] == max(plan.losses):
+            res.series["latency_cdf_ms_at_max_loss"] = {
+                names[c]: downsample(v) for c, v in level["samples_ms"].items() if v
+            }
+        del level["samples_ms"]
+    res.series["p99_vs_loss_ms"] = p99_series
+    res.notes.append(
+        f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
+        f"{plan.rounds} rounds per loss level; 20 ms RTT ({plan.one_way_delay * 1e3:.0f} ms each way); loss "
+        "applies to every IP packet in each direction (TUN link between two network namespaces, "
+        "benchmarks/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
+        "connections, IAC one connection."
+    )
+    res.notes.extend(out["notes"])
+    res.raw = out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    run: Callable[[Context, Result], None]
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("codec", "Codec: encode/decode vs bare Ed25519", sc_codec),
+    Scenario("bytes", "Bytes on the wire per message, with and without the dictionary", sc_bytes),
+    Scenario("rtt", "Transport request/reply vs bare aioquic and TLS echoes", sc_rtt),
+    Scenario("requests", "Node requests: RTT, requests/s at 1/16/64 in flight, CPU, bytes", sc_requests),
+    Scenario("cpu", "CPU µs per request on each side (64 in flight)", sc_cpu),
+    Scenario("setup", "Connection set-up to first delivered message", sc_setup),
+    Scenario("oneway", "One-way messages/s vs the receiver's decode rate", sc_oneway),
+    Scenario("loss", "64 concurrent requests under loss at 20 ms RTT", sc_loss),
+    Scenario("broadcast", "Broadcast completion for N agents", sc_broadcast),
+    Scenario("filetransfer", "File transfer MB/s", sc_filetransfer),
+]
+#: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``.
+DEFAULT_SKIP_WHEN_ALL = {"cpu"}
+
+
+def select(only: Sequence[str] | None) -> list[Scenario]:
+    if not only:
+        return [s for s in SCENARIOS if s.name not in DEFAULT_SKIP_WHEN_ALL]
+    known = {s.name: s for s in SCENARIOS}
+    bad = [n for n in only if n not in known]
+    if bad:
+        raise SystemExit(f"unknown scenario {', '.join(bad)}; known: {', '.join(known)}")
+    return [known[n] for n in only]
+
+
+# --- environment --------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    libs: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            libs[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            libs[name] = None
+    with contextlib.suppress(ImportError):
+        from google.protobuf.internal import api_implementation
+
+        libs["protobuf_backend"] = api_implementation.Type()
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        r = subprocess.run(
+            ["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        commit = r.stdout.strip() or None
+    return {
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "libraries": libs,
+        "quic_backends": quic_backends(),
+        "git_commit": commit,
+    }
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "—"
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    env = doc["environment"]
+    libs = ", ".join(f"{k} {v}" for k, v in env["libraries"].items() if v)
+    lines = [
+        "# IAC benchmark report",
+        "",
+        f"* command: `{doc['command']}`",
+        f"* date: {doc['started']}, {doc['duration_s']:.0f} s, {'quick' if doc['quick'] else 'full'} run",
+        f"* machine: {env['cpu_model']}, {env['cores']} cores, {env['system']} ({env['machine']})",
+        f"* Python {env['python']} ({env['implementation']}); {libs}",
+        f"* QUIC backends: {', '.join(env['quic_backends'])}; git commit {env['git_commit'] or 'unknown'}",
+        "",
+        "Figures are the median [min .. max] of the per-round figures; contenders took turns in the "
+        "same run. "
+        "**× baseline** is an IAC figure over the scenario's baseline for the same metric "
+        "(for `higher is better` metrics above 1 means IAC is ahead, otherwise below 1 does).",
+    ]
+    for sc in doc["scenarios"]:
+        lines += ["", f"## {sc['name']} — {sc['title']}", ""]
+        if sc["status"] != "ok":
+            lines.append(f"**{sc['status']}**: {sc['reason']}")
+            continue
+        if sc["baseline"]:
+            lines.append(f"Baseline: **{sc['baseline']}**. Took {sc['duration_s']:.1f} s.")
+            lines.append("")
+        lines.append("| metric | contender | median | min .. max | unit | × baseline |")
+        lines.append("|---|---|---:|---:|---|---:|")
+        for r in sc["rows"]:
+            rr = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+            if r["ratio"] is not None and r["baseline"] != sc["baseline"]:
+                rr += f" (vs {r['baseline']})"
+            lines.append(
+                f"| {r['metric']} | {r['contender']} | {_fmt(r['median'])} | "
+                f"{_fmt(r['min'])} .. {_fmt(r['max'])} | {r['unit']} ({r['better']} is better) | {rr} |"
+            )
+        for note in sc["notes"]:
+            lines += ["", f"* {note}"]
+    if doc.get("plots"):
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p}]({p})" for p in doc["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(doc: dict[str, Any], out: Path) -> list[str]:
+    """PNG plots when matplotlib is installed; the file names written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made: list[str] = []
+    by = {s["name"]: s for s in doc["scenarios"] if s["status"] == "ok"}
+
+    def cdf(series: dict[str, list[float]], xlabel: str, title: str, fname: str, log: bool) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, xs in series.items():
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.plot(sorted(xs), ys, label=name)
+        if log:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+        made.append(fname)
+
+    req = by.get("requests")
+    if req and req["series"].get("latency_cdf_us"):
+        cdf(
+            req["series"]["latency_cdf_us"],
+            "RTT (µs), 1 in flight, loopback",
+            "Latency CDF",
+            "latency_cdf.png",
+            True,
+        )
+    if req and req["series"].get("rps_vs_in_flight"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, pts in req["series"]["rps_vs_in_flight"].items():
+            xs = sorted(int(k) for k in pts)
+            ax.plot(xs, [pts[str(x)] for x in xs], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("requests in flight")
+        ax.set_ylabel("requests/s")
+        ax.set_title("Requests/s vs in-flight (loopback)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "rps_vs_in_flight.png", dpi=110)
+        plt.close(fig)
+        made.append("rps_vs_in_flight.png")
+    lo = by.get("loss")
+    if lo and lo["series"].get("p99_vs_loss_ms"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, pts in lo["series"]["p99_vs_loss_ms"].items():
+            xs = list(pts)
+            ax.plot([float(x.rstrip("%")) for x in xs], [pts[x] for x in xs], marker="o", label=name)
+        ax.set_xlabel("packet loss per direction (%)")
+        ax.set_ylabel("p99 latency (ms)")
+        ax.set_title("p99 vs loss, 64 concurrent requests, 20 ms RTT")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "p99_vs_loss.png", dpi=110)
+        plt.close(fig)
+        made.append("p99_vs_loss.png")
+    if lo and lo["series"].get("latency_cdf_ms_at_max_loss"):
+        cdf(
+            lo["series"]["latency_cdf_ms_at_max_loss"],
+            "latency (ms)",
+            "Latency CDF at the highest loss",
+            "loss_latency_cdf.png",
+            False,
+        )
+    return made
+
+
+# --- runner -------------------------------------------------------------------------------------
+
+
+class Progress:
+    """``[i/n] scenario: what   elapsed`` lines on stderr (nothing when quiet)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self.t0 = time.monotonic()
+        self.i, self.name = 0, ""
+
+    def scenario(self, i: int, name: str) -> None:
+        self.i, self.name = i, name
+        self("start")
+
+    def __call__(self, what: str) -> None:
+        if not self.quiet:
+            el = time.monotonic() - self.t0
+            print(f"[{self.i}/{self.total}] {self.name}: {what}  ({el:.0f} s)", file=sys.stderr, flush=True)
+
+
+def run(argv: Sequence[str] | None = None, command: str | None = None) -> int:
+    ap = argparse.ArgumentParser(description="IAC benchmark suite")
+    ap.add_argument("--quick", action="store_true", help="smoke test: small counts (under 2 minutes)")
+    ap.add_argument("--only", action="append", metavar="NAME", help="run this scenario (repeatable)")
+    ap.add_argument("--json-only", action="store_true", help="no progress, no Markdown, no plots")
+    ap.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    ap.add_argument("--command", default=None, help=argparse.SUPPRESS)  # as the user typed it (iac bench)
+    args = ap.parse_args(argv)
+    if args.list:
+        for s in SCENARIOS:
+            print(f"{s.name:<13} {s.title}")
+        return 0
+    chosen = select(args.only)
+    # SIGTERM ends the run through sys.exit, so finally blocks and atexit (netem.Link) clean up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.out.mkdir(parents=True, exist_ok=True)
+    prog = Progress(len(chosen), args.json_only)
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "command": args.command
+        or command
+        or shlex.join([Path(sys.executable).name, "benchmarks/suite.py", *(argv or sys.argv[1:])]),
+        "started": started.isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "environment": environment(),
+        "scenarios": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="iac-bench-") as tmp:
+        ctx = Context(args.quick, Path(tmp), prog, backends=doc["environment"]["quic_backends"])
+        for i, sc in enumerate(chosen, 1):
+            prog.scenario(i, sc.name)
+            res = Result(sc.name, sc.title)
+            t = time.monotonic()
+            try:
+                sc.run(ctx, res)
+            except Exception as exc:  # one scenario failing does not stop the suite
+                res.status, res.reason = "error", f"{type(exc).__name__}: {exc}"
+            res.duration_s = time.monotonic() - t
+            res.finish()
+            doc["scenarios"].append(res.to_json())
+            prog(f"{res.status} in {res.duration_s:.1f} s")
+    doc["duration_s"] = time.monotonic() - t0
+    doc["plots"] = [] if args.json_only else plots(doc, args.out)
+    (args.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if not args.json_only:
+        (args.out / "report.md").write_text(markdown(doc), encoding="utf-8")
+        print_summary(doc, args.out)
+    return 1 if any(s["status"] == "error" for s in doc["scenarios"]) else 0
+
+
+def print_summary(doc: dict[str, Any], out: Path) -> None:
+    for sc in doc["scenarios"]:
+        print(f"\n== {sc['name']}: {sc['title']} [{sc['status']}]")
+        if sc["status"] != "ok":
+            print(f"   {sc['reason']}")
+            continue
+        for r in sc["rows"]:
+            rr = "" if r["ratio"] is None else f"  x{r['ratio']:.2f} vs {r['baseline']}"
+            print(
+                f"   {r['metric'][:42]:<42} {r['contender'][:34]:<34} {_fmt(r['median']):>9} {r['unit']:<5}"
+                f" [{_fmt(r['min'])} .. {_fmt(r['max'])}]{rr}"
+            )
+    print(
+        f"\nWrote {out / 'results.json'}, {out / 'report.md'}" + "".join(f", {out / p}" for p in doc["plots"])
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(run())
