@@ -134,7 +134,7 @@ from ._node_config import (
     Refusal,
     Topology,
 )
-from ._node_types import Context, Reply, Sent
+from ._node_types import Context, FileSent, ReceivedFile, Reply, Sent
 from ._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Intent, Message, MessageType, TaskState
 from ._records import (
     AgentRecord,
@@ -229,6 +229,7 @@ __all__ = [
     "FileHashMismatch",
     "FileReceiver",
     "FileSender",
+    "FileSent",
     "FileTooLarge",
     "FileTransferError",
     "Forward",
@@ -277,6 +278,7 @@ __all__ = [
     "PeerEvent",
     "PeerInfo",
     "ProtocolError",
+    "ReceivedFile",
     "RecordExpired",
     "RecordStore",
     "RedisRecordStore",

@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_net(sub)
 
+    from ._cli_files import register as register_files
+
+    register_files(sub)
+
     from ._cli_mesh import register as register_mesh
 
     register_mesh(sub)

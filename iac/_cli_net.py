@@ -2,7 +2,10 @@
 
 ``iac node --key K --listen URL [--listen URL ...]`` runs a node that answers
 every PING with a REPLY. It prints its AgentId and each address it listens on
-(with the port resolved), one per line, then serves until interrupted.
+(with the port resolved), one per line, then serves until interrupted. With
+``--inbox DIR`` it runs a full :class:`~iac.Node` that also takes files sent with
+``iac send-file`` into ``DIR`` (``--max-file-size`` bounds them) and prints one
+``received NAME SIZE sha256=… from ID`` line per file.
 
 ``iac ping --key K --to AGENT_ID --addr URL [--addr URL ...] [--count N]`` dials
 the node through the fallback dialer, sends N PINGs one after another and
@@ -103,6 +106,10 @@ async def _run_node(args: argparse.Namespace) -> int:
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
+    if args.inbox is not None and not args.registry:  # a full Node that takes files (iac send-file)
+        from ._cli_files import run_inbox_node
+
+        return asyncio.run(run_inbox_node(args))
     if args.registry:
         from ._cli_mesh import run_mesh_node
 
@@ -216,6 +223,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--alias", action="append", default=[], help="alias to register (with --registry)")
     p.add_argument("--capability", action="append", default=[], help="capability to offer (with --registry)")
     p.add_argument("--ttl", type=float, default=600.0, help="record lifetime in seconds (default 600)")
+    p.add_argument(
+        "--inbox", default=None, metavar="DIR", help="take files sent with `iac send-file` into DIR"
+    )
+    p.add_argument(
+        "--max-file-size", type=int, default=None, metavar="BYTES", help="largest file taken (default 1 GiB)"
+    )
     _add_tls_options(p)
     p.set_defaults(func=_cmd_node)
 

@@ -29,6 +29,25 @@ Conventions this node keeps on the wire:
   two-phase: an id is reserved when it passes the replay check and committed
   once handled, so a retransmission is answered again (the ACK, or the cached
   REPLY) and never handled twice.
+
+Relays, broadcast and files (docs/PROTOCOL.md section 11):
+
+* A FORWARD frame goes to the sans-IO :class:`~iac._routing.Router` first (the
+  origin's signature, hop limit, loop, path, seen-cache, ``NodeConfig.relay_policy``);
+  the node sends on what it returns and runs a delivered inner message through
+  the pipeline above from step 2, with the origin as sender (the impersonation
+  check binds MESSAGE frames only; for a Forward the path check binds the
+  neighbour). Answers to a relayed message follow the learned reverse route.
+  A unicast Forward that crossed no relay is refused (``forward_not_relayed``).
+* ``send``/``request(..., via=relay)`` or a route (:meth:`Node.add_route`) wrap
+  the signed message in FORWARD when the destination is not connected.
+* :meth:`Node.broadcast` floods a message with an empty ``to``; broadcasts are
+  delivered once per node and never answered.
+* FILE_TRANSFER messages are the node's own: :meth:`Node.send_file` drives a
+  :class:`~iac._filetransfer.FileSender`; chunks are written by a
+  :class:`~iac._filetransfer.FileReceiver` into ``NodeConfig.inbox_dir`` (in a
+  worker thread, one chunk at a time, in each connection's order). Without an
+  inbox a chunk is refused with ERROR ``no_handler``.
 """
 
 from __future__ import annotations
@@ -39,6 +58,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
@@ -52,6 +72,7 @@ from ._errors import (
     CloseCode,
     ConfigError,
     ConnectionClosed,
+    FileTransferError,
     IacError,
     LocalError,
     RemoteError,
@@ -59,6 +80,17 @@ from ._errors import (
     SealHeaderMismatch,
     StaleMessage,
     TransportError,
+)
+from ._filetransfer import (
+    AckPayload,
+    ChunkHeader,
+    FileReceiver,
+    FileSender,
+    TooManyTransfers,
+    TransferProgress,
+    failure_ack,
+    new_transfer_id,
+    parse_payload,
 )
 from ._frames import FrameType, encode_frame
 from ._guards import (
@@ -85,19 +117,23 @@ from ._node_config import (
 )
 from ._node_types import (
     Context,
+    FileSent,
     Key,
+    ReceivedFile,
     Reply,
     Sent,
     _Counters,
     _dumps,
     _error_fields,
     _error_payload,
+    _FileOut,
     _Item,
     _Ordered,
     _Out,
 )
 from ._pb.iac_pb2 import Message, MessageType, TaskState
 from ._reorder import Delivered, Duplicate, GapSkipped, Late, ReorderBuffer, ReorderConfig
+from ._routing import Router, RouteRefusal, parse_forward
 from ._seal import open_sealed, seal_payload
 from ._transport import dial as transport_dial
 from ._transport import listen as transport_listen
@@ -110,6 +146,12 @@ Handler: TypeAlias = Callable[["Context"], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MAIN, _ORDERED_ACK, _ORDERED = "main", "ordered_ack", "ordered"
+_BROADCAST, _FILE = "broadcast", "file"
+#: Forward bodies larger than this are sent without trying zstd (file chunks do not compress).
+_COMPRESS_LIMIT = 64 * 1024
+#: ERROR codes that end a file transfer (others refuse one chunk, which is sent again).
+_FILE_RETRY_CODES = frozenset({ErrorCode.BUSY.value, ErrorCode.BAD_REQUEST.value, ErrorCode.TIMEOUT.value})
+_MAX_FILE_MSGS = 65_536
 
 
 class Node:
@@ -174,6 +216,25 @@ class Node:
         self._closing = False
         self._closed = False
         self._housekeeping: asyncio.Task[None] | None = None
+        # relays and broadcast
+        self._router = Router(
+            self.identity.agent_id,
+            config.relay_policy,
+            max_skew_us=config.transport.max_skew_us,
+            max_seen=config.max_seen,
+            max_routes=config.max_routes,
+            broadcast_hop_limit=config.broadcast_hop_limit,
+            unicast_hop_limit=config.unicast_hop_limit,
+        )
+        self._static_routes: dict[str, str] = {}
+        self._relay_dials: set[str] = set()
+        # file transfer
+        self._receiver: FileReceiver | None = None
+        self._file_lock = asyncio.Lock()
+        self._file_job: asyncio.Future[Any] | None = None
+        self._file_outs: dict[tuple[str, str], _FileOut] = {}
+        self._file_msgs: OrderedDict[Key, tuple[str, str]] = OrderedDict()
+        self._file_callbacks: list[Callable[[ReceivedFile], Any]] = []
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -197,6 +258,15 @@ class Node:
             raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
         self._guard = ReplayGuard(store)
         self._slots = asyncio.Semaphore(c.max_handlers)
+        if c.inbox_dir is not None:
+            self._receiver = FileReceiver(
+                c.inbox_dir,
+                max_size=c.max_file_size,
+                max_frame_size=c.transport.max_frame_size,
+                max_transfers=c.max_transfers,
+                overwrite=c.overwrite_files,
+                durable=c.durable_files,
+            )
         try:
             for url in self._listen_urls:
                 lst = await transport_listen(url, self.identity, self._on_connection, config=c.transport)
@@ -245,6 +315,10 @@ class Node:
         for task in list(self._conn_tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._conn_tasks, return_exceptions=True)
+        if self._file_job is not None:
+            await asyncio.wait([self._file_job])
+        if self._receiver is not None:
+            self._receiver.close()
         for q in self._event_queues:
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(None)
@@ -273,6 +347,39 @@ class Node:
         known = self._peers.setdefault(agent_id, [])
         known.extend(u for u in urls if u not in known)
 
+    def add_route(self, dest: str, via: str) -> None:
+        """Reach ``dest`` through the relay ``via`` (a static route: never replaced by a learned one).
+
+        A message to ``dest`` goes inside FORWARD to ``via`` whenever this node has no connection to
+        ``dest`` itself (``via`` is dialed from the peer book if needed). The relay must be configured to
+        relay (``RelayPolicy(relay_unicast=True)``); the reply comes back the same way.
+        """
+        check_agent_id(dest)
+        check_agent_id(via)
+        if dest == via or dest == self.agent_id:
+            raise ConfigError("a route leads to another node through a third one")
+        self._static_routes[dest] = via
+        self._router.add_route(dest, via)
+
+    def remove_route(self, dest: str) -> None:
+        self._static_routes.pop(dest, None)
+        self._router.remove_route(dest)
+
+    @property
+    def routes(self) -> dict[str, str]:
+        """The static routes (``dest -> via``), a copy."""
+        return dict(self._static_routes)
+
+    async def connect(self, peer: str) -> None:
+        """Dial ``peer`` now (from the peer book) unless already connected."""
+        self._check_open()
+        await self._connect(peer)
+
+    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> None:
+        """Call ``callback(ReceivedFile)`` (sync or async) when a file was verified and renamed into
+        the inbox (``NodeConfig.inbox_dir``)."""
+        self._file_callbacks.append(callback)
+
     def on(self, msg_type: int) -> Callable[[F], F]:
         """Register the handler of a message type: ``@node.on(MessageType.DELEGATE_TASK)``.
 
@@ -283,6 +390,8 @@ class Node:
             raise ConfigError("REPLY, ERROR, ACK and CANCEL are handled by the node itself")
         if msg_type == MessageType.COMMAND:
             raise ConfigError("COMMAND carries remote calls: register functions with node.expose()")
+        if msg_type == MessageType.FILE_TRANSFER:
+            raise ConfigError("FILE_TRANSFER is handled by the node: use send_file(), inbox_dir, on_file()")
 
         def register(func: F) -> F:
             self._handlers[int(msg_type)] = func
@@ -390,12 +499,15 @@ class Node:
         extra_data: bytes = b"",
         task: TaskState | None = None,
         payload_json: str | None = None,
+        via: str | None = None,
     ) -> Sent:
         """Send a one-way message. ``payload`` is any JSON value (or pass ``payload_json``).
 
         ``ack=True`` (ACK_REQUESTED): retransmitted until acknowledged; waits while
         ``max_in_flight`` messages to this peer are unacknowledged; ``await sent.wait()``
         for the ACK. ``ordered=True`` (ORDERED): delivered in order per session.
+        ``via``: send it inside FORWARD through this relay (else: directly when connected, then
+        a route of :meth:`add_route` or a learned reverse route, then the peer book).
         """
         self._check_open()
         flags = (FLAG_ACK_REQUESTED if ack else 0) | (FLAG_ORDERED if ordered else 0)
@@ -403,14 +515,14 @@ class Node:
         if not ack:
             msg = self._build(peer, msg_type, payload, kind=kind, payload_json=payload_json,
                               extra_data=extra_data, flags=flags, task=task, sealed=sealed)  # fmt: skip
-            await self._transmit(peer, msg)
+            await self._transmit(peer, msg, via)
             return Sent(peer, msg.session_id, msg.msg_id, None)
         sem = self._sem(peer)
         await sem.acquire()
         try:
             msg = self._build(peer, msg_type, payload, kind=kind, payload_json=payload_json,
                               extra_data=extra_data, flags=flags, task=task, sealed=sealed)  # fmt: skip
-            out = self._track(peer, msg, reliable=True, is_request=False)
+            out = self._track(peer, msg, reliable=True, is_request=False, via=via)
         except BaseException:
             sem.release()
             raise
@@ -430,11 +542,12 @@ class Node:
         extra_data: bytes = b"",
         task: TaskState | None = None,
         payload_json: str | None = None,
+        via: str | None = None,
     ) -> Reply:
         """Send a request and wait for its REPLY. Raises :class:`~iac.RemoteError` for an ERROR
         answer, :class:`RequestTimeout` after ``timeout`` (a CANCEL is sent), or a
         :class:`~iac.TransportError`. ``ack=True`` retransmits until the callee answers or
-        acknowledges."""
+        acknowledges. ``via``: through this relay (see :meth:`send`); the reply comes back the same way."""
         self._check_open()
         timeout = self.config.request_timeout if timeout is None else timeout
         if timeout <= 0:
@@ -454,7 +567,7 @@ class Node:
                 flags=FLAG_ACK_REQUESTED if ack else 0, task=task, sealed=sealed,
                 deadline_us=self.clock.now_us() + int(left * 1e6),
             )  # fmt: skip
-            out = self._track(peer, msg, reliable=ack, is_request=True)
+            out = self._track(peer, msg, reliable=ack, is_request=True, via=via)
             await self._first_send(out)
             result: Reply = await asyncio.wait_for(asyncio.shield(out.future), left)
             return result
@@ -485,11 +598,12 @@ class Node:
         timeout: float | None = None,
         sealed: bool = False,
         ack: bool = False,
+        via: str | None = None,
     ) -> Any:
         """:meth:`call` with a timeout and options."""
         payload = {"name": name, "args": list(args), "kwargs": dict(kwargs or {})}
         reply = await self.request(
-            peer, MessageType.COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack
+            peer, MessageType.COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack, via=via
         )
         return reply.payload
 
@@ -503,6 +617,7 @@ class Node:
         fallback: str | Sequence[str] | None = None,
         sealed: bool = False,
         ack: bool = False,
+        via: str | None = None,
     ) -> Reply:
         """Hand a task to ``peer`` (DELEGATE_TASK). If it does not answer in time (or cannot be
         reached, or is ``busy``), try the fallback agent(s) in order."""
@@ -518,6 +633,7 @@ class Node:
                     task=task,
                     sealed=sealed,
                     ack=ack,
+                    via=via,
                 )
             except RemoteError as exc:
                 if exc.code not in (ErrorCode.BUSY, ErrorCode.TIMEOUT) or i == len(targets) - 1:
@@ -529,6 +645,234 @@ class Node:
                 last = exc
             log.info("delegation to %s… failed (%s); trying the fallback", target[:16], last)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- broadcast ------------------------------------------------------------------------------
+
+    async def broadcast(
+        self,
+        msg_type: int = MessageType.BROADCAST,
+        payload: Any = None,
+        *,
+        payload_json: str | None = None,
+        extra_data: bytes = b"",
+        hop_limit: int | None = None,
+    ) -> Sent:
+        """Flood a message (empty ``to``) to every connected peer, inside FORWARD with a hop limit
+        (``NodeConfig.broadcast_hop_limit``). Every node that gets it hands it to its handler for
+        ``msg_type`` once and sends it on to its own peers (relay policy permitting); this node does
+        not deliver it to itself. Broadcasts are never answered. Returns the ids it went out with
+        (``sent.peer`` is empty)."""
+        self._check_open()
+        if msg_type in RESPONSE_TYPES or msg_type == MessageType.CANCEL:
+            raise ConfigError("REPLY, ERROR, ACK and CANCEL cannot be broadcast")
+        text = payload_json if payload_json is not None else ("" if payload is None else _dumps(payload))
+        now = self.clock.now_us()
+        msg = build_message(
+            sender=self.agent_id,
+            to="",
+            msg_type=msg_type,
+            session=self._session("", _BROADCAST),
+            timestamp_us=now,
+            payload_json=text,
+            extra_data=extra_data,
+        )
+        body = sign_message(self.identity, msg)
+        conns = {c.peer.agent_id: c for c in self._table.connections()}
+        sends = self._router.originate_broadcast(body, conns, now, hop_limit)
+        await self._send_all(conns, sends)
+        self._c.sent += 1
+        return Sent("", msg.session_id, msg.msg_id, None)
+
+    async def _send_all(self, conns: dict[str, Connection], sends: Sequence[Any]) -> None:
+        """Send Forwards to several peers at once (one slow peer does not hold up the others)."""
+        jobs = [self._send_forward(conns[s.peer], s.data) for s in sends if s.peer in conns]
+        if len(jobs) == 1:
+            with contextlib.suppress(IacError, OSError):
+                await jobs[0]
+            return
+        for res in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(res, BaseException) and not isinstance(res, (IacError, OSError)):
+                raise res
+
+    # --- file transfer --------------------------------------------------------------------------
+
+    async def send_file(
+        self,
+        peer: str,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        on_progress: Callable[[TransferProgress], None] | None = None,
+        timeout: float | None = None,
+        via: str | None = None,
+        window: int | None = None,
+        chunk_size: int | None = None,
+    ) -> FileSent:
+        """Send a file to ``peer``'s inbox; return once the receiver verified its SHA-256 and renamed it.
+
+        Chunks go as FILE_TRANSFER messages, ``window`` (``NodeConfig.file_window``) in flight, each
+        acknowledged by the receiver's state. A broken connection is redialed; the sender asks the
+        receiver what it holds and sends only the rest (acknowledged chunks are never sent again).
+        ``on_progress(TransferProgress)`` runs after every ack that adds chunks. ``timeout`` is how
+        long the transfer may go without progress (default ``request_timeout``): then
+        :class:`RequestTimeout`. A refusal raises :class:`~iac.TransferRefused` (a ``failed`` ack:
+        ``code`` is the receiver's error name, e.g. ``file_exists``) or :class:`~iac.RemoteError`
+        (an ERROR such as ``no_handler`` from a node without an inbox).
+        """
+        self._check_open()
+        check_agent_id(peer)
+        c = self.config
+        stall = c.request_timeout if timeout is None else timeout
+        if stall <= 0:
+            raise ConfigError("timeout must be positive")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        conn = await self._first_hop(peer, via)
+        _, limit = self._frame_params(conn)
+        sender = await asyncio.to_thread(
+            FileSender,
+            new_transfer_id(),
+            path,
+            name=name,
+            chunk_size=chunk_size if chunk_size is not None else c.file_chunk_size,
+            max_frame_size=limit,
+            window=window if window is not None else c.file_window,
+            retransmit_timeout=c.file_retransmit_timeout,
+            on_progress=on_progress,
+        )
+        fkey = (peer, sender.transfer_id)
+        st = _FileOut(peer, sender, max_events=4 * sender.window + 16)
+        self._file_outs[fkey] = st
+        try:
+            resumed = await self._drive_file(st, conn, via, stall)
+        except BaseException:
+            self._c.files_failed += 1
+            raise
+        finally:
+            self._file_outs.pop(fkey, None)
+            for k in [k for k, v in self._file_msgs.items() if v == fkey]:
+                del self._file_msgs[k]
+            sender.close()
+        self._c.files_sent += 1
+        return FileSent(
+            peer=peer,
+            transfer_id=sender.transfer_id,
+            name=sender.name,
+            size=sender.size,
+            sha256=sender.sha256,
+            chunks=sender.total,
+            chunks_sent=sender.stats.chunks_sent,
+            chunks_resent=sender.stats.chunks_resent,
+            resumed=resumed,
+            seconds=loop.time() - started,
+        )
+
+    async def _drive_file(self, st: _FileOut, conn: Connection, via: str | None, stall: float) -> int:
+        """The send loop of one transfer: window, acks, timeouts, reconnect and resume."""
+        loop = asyncio.get_running_loop()
+        sender, peer = st.sender, st.peer
+        fkey = (peer, sender.transfer_id)
+        resumed = 0
+        need_query = False  # after a reconnect: ask the receiver what it holds before sending more
+        queried_at: float | None = None
+        last_progress = loop.time()
+        done_before = sender.progress.chunks_done
+        closed: asyncio.Future[None] = asyncio.ensure_future(conn.wait_closed())
+        try:
+            while not sender.done:
+                if self._closed:
+                    raise ConnectionClosed("the node is closed")
+                if closed.done():
+                    sender.connection_lost()
+                    st.events.clear()
+                    conn = await self._redial(peer, via, last_progress + stall)
+                    closed = asyncio.ensure_future(conn.wait_closed())
+                    resumed += 1
+                    self._c.files_resumed += 1
+                    need_query, queried_at = True, None
+                now = loop.time()
+                try:
+                    if need_query:
+                        if queried_at is None or now - queried_at >= sender.retransmit_timeout:
+                            query = self._build(peer, MessageType.FILE_TRANSFER, None, kind=_FILE,
+                                                payload_json=sender.query_json())  # fmt: skip
+                            self._note_file_msg(query, fkey)
+                            queried_at = now
+                            await self._send_on(conn, query)
+                    else:
+                        for chunk in sender.next_chunks(now):
+                            msg = self._build(
+                                peer,
+                                MessageType.FILE_TRANSFER,
+                                None,
+                                kind=_FILE,
+                                payload_json=chunk.payload_json,
+                                extra_data=chunk.data,
+                            )
+                            self._note_file_msg(msg, fkey)
+                            await self._send_on(conn, msg, compress=False)
+                except (TransportError, OSError) as exc:
+                    log.debug("file transfer to %s…: send failed (%s)", peer[:16], exc)
+                    await asyncio.wait([closed], timeout=self.config.transport.handshake_timeout)
+                    if not closed.done():
+                        raise
+                    continue
+                # Wait for an ack or ERROR, a retransmission timer, the connection closing, or a stall.
+                timer = sender.next_timer() if not need_query else None
+                if need_query and queried_at is not None:
+                    timer = queried_at + sender.retransmit_timeout
+                wake_at = last_progress + stall if timer is None else min(timer, last_progress + stall)
+                if not st.events:
+                    st.waiter = loop.create_future()
+                    await asyncio.wait([st.waiter, closed], timeout=max(0.0, wake_at - loop.time()),
+                                       return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                    st.waiter = None
+                while st.events:
+                    ev = st.events.popleft()
+                    if isinstance(ev, RemoteError):
+                        if ev.code in _FILE_RETRY_CODES:
+                            log.debug("file transfer to %s…: refused once (%s)", peer[:16], ev)
+                            continue
+                        raise ev
+                    if need_query:  # the receiver's state: continue from exactly what it holds
+                        sender.resume_from(ev)  # a failed ack raises TransferRefused
+                        need_query, queried_at = False, None
+                        last_progress = loop.time()
+                    else:
+                        sender.on_ack(ev)
+                now = loop.time()
+                if sender.progress.chunks_done != done_before:
+                    done_before = sender.progress.chunks_done
+                    last_progress = now
+                if not need_query:
+                    timer = sender.next_timer()
+                    if timer is not None and timer <= now:
+                        sender.on_timeout(now)
+                if now >= last_progress + stall and not sender.done:
+                    raise RequestTimeout(f"file transfer to {peer[:16]}…: no progress for {stall:g} s")
+        finally:
+            closed.cancel()
+        return resumed
+
+    async def _redial(self, peer: str, via: str | None, deadline: float) -> Connection:
+        """Reach ``peer`` (or the relay) again after a broken connection, retrying until ``deadline``."""
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        while True:
+            try:
+                return await self._first_hop(peer, via)
+            except (TransportError, OSError) as exc:
+                if self._closed or loop.time() + delay >= deadline:
+                    raise
+                log.debug("file transfer to %s…: redial failed (%s)", peer[:16], exc)
+            await asyncio.sleep(delay)  # back off between dial attempts
+            delay = min(1.0, delay * 2)
+
+    def _note_file_msg(self, msg: Message, fkey: tuple[str, str]) -> None:
+        """Remember which transfer a chunk message belongs to (an ERROR answering it ends up there)."""
+        self._file_msgs[(msg.to, msg.session_id, msg.msg_id)] = fkey
+        while len(self._file_msgs) > _MAX_FILE_MSGS:
+            self._file_msgs.popitem(last=False)
 
     def _check_open(self) -> None:
         if not self._started:
@@ -542,7 +886,9 @@ class Node:
             sem = self._in_flight[peer] = asyncio.Semaphore(self.config.max_in_flight)
         return sem
 
-    def _track(self, peer: str, msg: Message, *, reliable: bool, is_request: bool) -> _Out:
+    def _track(
+        self, peer: str, msg: Message, *, reliable: bool, is_request: bool, via: str | None = None
+    ) -> _Out:
         loop = asyncio.get_running_loop()
         out = _Out(
             peer,
@@ -552,6 +898,7 @@ class Node:
             give_up_at=loop.time() + self.config.delivery_timeout,
             rto=self.config.retransmit_initial,
             future=loop.create_future(),
+            via=via,
         )
         self._outs[out.key] = out
         self._outs_by_peer.setdefault(peer, {})[out.key] = out
@@ -578,7 +925,7 @@ class Node:
 
     async def _first_send(self, out: _Out) -> None:
         try:
-            await self._transmit(out.peer, out.msg)
+            await self._transmit(out.peer, out.msg, out.via)
         except (TransportError, OSError) as exc:
             if not out.reliable:
                 self._finish_out(out, exc=exc)
@@ -616,7 +963,7 @@ class Node:
             return
         self._c.retransmits += 1
         try:
-            await self._transmit(out.peer, out.msg)
+            await self._transmit(out.peer, out.msg, out.via)
         except (TransportError, OSError) as exc:
             log.debug("retransmit to %s… failed: %s", out.peer[:16], exc)
         if out.key in self._outs and not out.acked:
@@ -624,27 +971,94 @@ class Node:
 
     async def _send_cancel(self, out: _Out) -> None:
         with contextlib.suppress(IacError, OSError):
-            conn = self._table.get(out.peer)
-            if conn is None:
+            if out.via is None and self._table.get(out.peer) is None and self._route_hop(out.peer) is None:
                 return
             msg = self._build(out.peer, MessageType.CANCEL, None, reply_to=out.msg.msg_id,
                               reply_session_id=out.msg.session_id)  # fmt: skip
+            await self._transmit(out.peer, msg, out.via)
+
+    async def _transmit(
+        self, peer: str, msg: Message, via: str | None = None, *, compress: bool = True
+    ) -> None:
+        """Sign (fresh timestamp) and send toward ``peer``: inside FORWARD through ``via`` when given;
+        else on the peer's connection; else through a route's next hop; else dial the peer."""
+        await self._send_on(await self._first_hop(peer, via), msg, compress=compress)
+
+    async def _first_hop(self, peer: str, via: str | None = None) -> Connection:
+        """The connection a message to ``peer`` leaves on (dialing the peer or the relay if needed)."""
+        if via is not None and via != peer:
+            return await self._connect(via)
+        conn = self._table.get(peer)
+        if conn is not None:
+            return conn
+        hop = self._route_hop(peer)
+        if hop is not None:
+            return await self._connect(hop)
+        return await self._connect(peer)
+
+    def _route_hop(self, dest: str) -> str | None:
+        """The relay toward ``dest`` when it is not connected: a connected next hop from the route
+        table (static or learned), else the static route's relay (to be dialed)."""
+        hop = self._router.next_hop(dest, self._peer_ids(), self.clock.now_us())
+        if hop is not None and hop != dest:
+            return hop
+        return self._static_routes.get(dest)
+
+    def _peer_ids(self) -> set[str]:
+        return {c.peer.agent_id for c in self._table.connections()}
+
+    async def _send_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:
+        """A MESSAGE frame when ``conn`` leads to ``msg.to`` itself, else a FORWARD through it."""
+        if conn.peer.agent_id == msg.to:
+            await self._transmit_on(conn, msg, compress=compress)
+        else:
+            await self._forward_on(conn, msg)
+
+    async def _send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
+        """Send an answer: on ``hint`` when it is the connection to ``to``, else the usual way."""
+        conn = self._table.get(to)
+        if conn is None and hint is not None and hint.peer.agent_id == to and not hint.closed:
+            conn = hint
+        if conn is not None:
             await self._transmit_on(conn, msg)
+        else:
+            await self._transmit(to, msg)
 
-    async def _transmit(self, peer: str, msg: Message) -> None:
-        """Sign (fresh timestamp) and send on the peer's connection, dialing if needed."""
-        conn = await self._connect(peer)
-        await self._transmit_on(conn, msg)
-
-    async def _transmit_on(self, conn: Connection, msg: Message) -> None:
-        msg.timestamp = self.clock.now_us()
-        body = sign_message(self.identity, msg)
+    def _frame_params(self, conn: Connection) -> tuple[Any, int]:
         hello = conn.peer.hello
         dictionary = self.config.transport.dictionaries.choose(hello.dict_ids)
-        limit = min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
-        frame = encode_frame(FrameType.MESSAGE, body, compress_with=dictionary, max_frame_size=limit)
+        return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
+
+    async def _transmit_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:
+        msg.timestamp = self.clock.now_us()
+        body = sign_message(self.identity, msg)
+        dictionary, limit = self._frame_params(conn)
+        frame = encode_frame(
+            FrameType.MESSAGE, body, compress_with=dictionary if compress else None, max_frame_size=limit
+        )
         await conn.send(frame)
         self._c.sent += 1
+        self._c.bytes_sent += len(frame)
+
+    async def _forward_on(self, conn: Connection, msg: Message) -> None:
+        """Sign ``msg`` and send it inside a FORWARD to the relay at the other end of ``conn``."""
+        now = self.clock.now_us()
+        msg.timestamp = now
+        body = sign_message(self.identity, msg)
+        relay = conn.peer.agent_id
+        send = self._router.originate(body, (relay,), now, via=relay)
+        await self._send_forward(conn, send.data)
+        self._c.sent += 1
+
+    async def _send_forward(self, conn: Connection, data: bytes) -> None:
+        dictionary, limit = self._frame_params(conn)
+        frame = encode_frame(
+            FrameType.FORWARD,
+            data,
+            compress_with=dictionary if len(data) <= _COMPRESS_LIMIT else None,
+            max_frame_size=limit,
+        )
+        await conn.send(frame)
         self._c.bytes_sent += len(frame)
 
     async def _connect(self, peer: str) -> Connection:
@@ -755,10 +1169,62 @@ class Node:
         if msg is None:
             if inc.rejected is not None:  # 1. signature (verified by the transport)
                 await self._on_bad_signature(conn, inc)
-            else:
-                self._c.refused[Refusal.FORWARD_NOT_RELAYED.value] += 1
+            elif inc.frame.type == FrameType.FORWARD:
+                await self._on_forward(conn, inc.frame.body)
             return
         await self._pipeline(conn, msg)
+
+    async def _on_forward(self, conn: Connection, body: bytes, *, retry: bool = True) -> None:
+        """A FORWARD frame: the Router checks it (origin's signature, hop limit, loop, path, seen-cache,
+        policy); this node sends on what it says and runs a delivered message through the pipeline."""
+        from_peer = conn.peer.agent_id
+        conns = {c.peer.agent_id: c for c in self._table.connections()}
+        dec = self._router.on_forward(body, from_peer, conns, self.clock.now_us())
+        if dec.refusal is RouteRefusal.BAD_SIGNATURE:
+            await self._throttle(from_peer, self.config.bad_signature_cost)
+        elif dec.refusal is RouteRefusal.NO_ROUTE and retry:
+            self._relay_after_dial(conn, body)
+        if dec.refusal is not None and dec.refusal is not RouteRefusal.DUPLICATE:
+            log.debug("FORWARD from %s… refused: %s (%s)", from_peer[:16], dec.refusal.value, dec.error)
+        if dec.sends:
+            self._c.relayed += len(dec.sends)
+            await self._send_all(conns, dec.sends)
+        msg = dec.message
+        if msg is None:
+            return
+        if msg.to and dec.origin == from_peer and len(dec.path) == 1:
+            # Nothing was relayed: the neighbour's own message to this node belongs in a MESSAGE frame.
+            self._c.refused[Refusal.FORWARD_NOT_RELAYED.value] += 1
+            return
+        await self._pipeline(conn, msg, forwarded=True)
+
+    def _relay_after_dial(self, conn: Connection, body: bytes) -> None:
+        """A unicast to relay toward a peer this node knows but is not connected to: dial it, then
+        decide again (the Router refused it before entering it in the seen-cache)."""
+        policy = self.config.relay_policy
+        if not policy.relay_unicast:
+            return
+        try:
+            inner = Message.FromString(parse_forward(body).message)
+        except (IacError, DecodeError):
+            return
+        to = inner.to
+        if not to or to not in self._peers or to in self._relay_dials or len(self._relay_dials) >= 64:
+            return
+        self._relay_dials.add(to)
+
+        async def dial_then_relay() -> None:
+            try:
+                await self._connect(to)
+            except (IacError, OSError) as exc:
+                log.debug("relay: could not dial %s…: %s", to[:16], exc)
+                return
+            finally:
+                self._relay_dials.discard(to)
+            self._router.stats.refused[RouteRefusal.NO_ROUTE] -= 1  # counted again if it fails again
+            await self._on_forward(conn, body, retry=False)
+
+        self._spawn(dial_then_relay())
 
     async def _on_bad_signature(self, conn: Connection, inc: Incoming) -> None:
         self._c.refused[Refusal.BAD_SIGNATURE.value] += 1
@@ -774,11 +1240,13 @@ class Node:
             conn, conn.peer.agent_id, claimed, ErrorCode.BAD_SIGNATURE, "signature does not verify"
         )
 
-    async def _refuse(self, conn: Connection, msg: Message, reason: Refusal, detail: str) -> None:
+    async def _refuse(
+        self, conn: Connection, msg: Message, reason: Refusal, detail: str, *, answer: bool = True
+    ) -> None:
         self._c.refused[reason.value] += 1
         log.debug("refused %s from %s…: %s", reason.value, sender_of(msg)[:16], detail)
         code = reason.code
-        if code is not None and msg.msg_type not in RESPONSE_TYPES:
+        if answer and code is not None and msg.msg_type not in RESPONSE_TYPES:
             await self._send_error(conn, sender_of(msg), msg, code, detail)
 
     async def _send_error(self, conn: Connection, to: str, req: Message, code: str, detail: str) -> None:
@@ -786,17 +1254,21 @@ class Node:
         try:
             err = self._build(to, MessageType.ERROR, None, payload_json=_error_payload(code, detail),
                               reply_to=req.msg_id, reply_session_id=req.session_id)  # fmt: skip
-            await self._transmit_on(self._table.get(to) or conn, err)
+            await self._send_to(to, err, conn)
             self._c.errors_sent[code] += 1
         except (IacError, OSError) as exc:
             log.debug("could not send ERROR %s to %s…: %s", code, to[:16], exc)
 
-    async def _pipeline(self, conn: Connection, msg: Message) -> None:
+    async def _pipeline(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
+        """Steps 2 on (the signature was checked by the transport, or by the Router for a Forward's
+        inner message, whose ``from`` is the origin rather than the neighbour)."""
         guard = self._guard
         assert guard is not None
         sender = sender_of(msg)
         mt = int(msg.msg_type)
         is_response = mt in RESPONSE_TYPES
+        broadcast = forwarded and not msg.to
+        answer = not broadcast
         now = self.clock.now_us()
         key: Key = (sender, msg.session_id, msg.msg_id)
         # 2. freshness and replay (two-phase for what a handler takes)
@@ -806,20 +1278,20 @@ class Node:
             else:
                 verdict = guard.reserve(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
         except StaleMessage as exc:
-            await self._refuse(conn, msg, Refusal.STALE, f"stale: {exc}")
+            await self._refuse(conn, msg, Refusal.STALE, f"stale: {exc}", answer=answer)
             return
         except ReplayStoreFull as exc:
-            await self._refuse(conn, msg, Refusal.REPLAY_STORE_FULL, str(exc))
+            await self._refuse(conn, msg, Refusal.REPLAY_STORE_FULL, str(exc), answer=answer)
             return
         if verdict is not Verdict.NEW:
-            await self._on_duplicate(conn, msg, verdict)
+            await self._on_duplicate(conn, msg, verdict, answer=answer)
             return
         if is_response:
             await self._pipeline_response(conn, msg, now)
             return
         committed = False
         try:
-            refusal = self._check(msg, sender, now)
+            refusal = self._check(msg, sender, now, broadcast)
             payload: Any = None
             sealed = bool(msg.sealed)
             if refusal is None and sealed:
@@ -832,10 +1304,13 @@ class Node:
                 committed = True
                 guard.commit(sender, msg.session_id, msg.msg_id, now)
                 self._skip_ordered(msg, now)
-                await self._refuse(conn, msg, *refusal)
+                await self._refuse(conn, msg, *refusal, answer=answer)
                 return
             committed = True  # from here the handler path commits or releases
-            item = _Item(conn, msg, payload, key, sealed)
+            item = _Item(conn, msg, payload, key, sealed, broadcast)
+            if mt == MessageType.FILE_TRANSFER and not broadcast:
+                await self._on_file_message(item)
+                return
             if mt == MessageType.CANCEL:
                 guard.commit(sender, msg.session_id, msg.msg_id, now)
                 self._on_cancel(sender, msg)
@@ -848,13 +1323,17 @@ class Node:
             if not committed:
                 guard.release(sender, msg.session_id, msg.msg_id, self.clock.now_us())
 
-    def _check(self, msg: Message, sender: str, now: int) -> tuple[Refusal, str] | None:
-        # 3. addressed to me (this node does not relay: FORWARD is a later feature)
-        if msg.to != self.agent_id:
+    def _check(
+        self, msg: Message, sender: str, now: int, broadcast: bool = False
+    ) -> tuple[Refusal, str] | None:
+        # 3. addressed to me (or a broadcast that came inside FORWARD; relays take FORWARD frames only)
+        if msg.to != self.agent_id and not broadcast:
             return (
                 Refusal.NOT_ADDRESSED,
-                "addressed to another agent (or broadcast) and this node does not relay",
+                "addressed to another agent (or broadcast) in a MESSAGE frame: relays take FORWARD",
             )
+        if broadcast and msg.sealed:
+            return Refusal.UNSEAL_FAILED, "a broadcast cannot be sealed"
         # 4. topology policy
         topo = self.config.topology
         if topo is not None and not topo.allows(sender, self.agent_id):
@@ -892,18 +1371,20 @@ class Node:
             r = run_guards(c.guards, msg, payload)
         return r
 
-    async def _on_duplicate(self, conn: Connection, msg: Message, verdict: Verdict) -> None:
+    async def _on_duplicate(
+        self, conn: Connection, msg: Message, verdict: Verdict, *, answer: bool = True
+    ) -> None:
         if verdict is Verdict.TOO_OLD:
             self._c.refused[Refusal.REPLAYED.value] += 1
             return
         self._c.refused[Refusal.DUPLICATE.value] += 1
-        if verdict is Verdict.IN_PROGRESS or msg.msg_type in RESPONSE_TYPES:
+        if verdict is Verdict.IN_PROGRESS or msg.msg_type in RESPONSE_TYPES or not answer:
             return  # the first copy's answer is on its way
         key: Key = (sender_of(msg), msg.session_id, msg.msg_id)
         cached = self._answers.get(key)
         with contextlib.suppress(IacError, OSError):
             if cached is not None:
-                await self._transmit_on(self._table.get(key[0]) or conn, cached)
+                await self._send_to(key[0], cached, conn)
             elif msg.flags & FLAG_ACK_REQUESTED:
                 await self._send_ack(conn, msg)
 
@@ -927,8 +1408,12 @@ class Node:
         if mt == MessageType.ERROR:
             code, text = _error_fields(payload)
             self._c.errors_received[code] += 1
+            fkey = self._file_msgs.get(key) if out is None else None
+            fout = self._file_outs.get(fkey) if fkey is not None else None
             if out is not None:
                 self._finish_out(out, exc=RemoteError(code, text))
+            elif fout is not None:
+                fout.push(RemoteError(code, text))
             else:
                 for cb in self._error_callbacks:
                     with contextlib.suppress(Exception):
@@ -954,6 +1439,75 @@ class Node:
             self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
             return
         self._finish_out(out, Reply(msg, payload))
+
+    # --- file transfer: the receiving side, and acks for the sending side -------------------------
+
+    async def _on_file_message(self, item: _Item) -> None:
+        """A FILE_TRANSFER message that passed the pipeline's checks: an ack for one of this node's
+        transfers, or a chunk / state query for the inbox. Handled here, in the connection's order."""
+        msg, origin = item.msg, item.key[0]
+        try:
+            parsed = parse_payload(msg.payload_json)
+        except FileTransferError as exc:
+            self._guard_commit(item)
+            await self._refuse(item.conn, msg, Refusal.FILE_TRANSFER, f"{exc.name}: {exc}")
+            return
+        if isinstance(parsed, AckPayload):
+            self._guard_commit(item)
+            fout = self._file_outs.get((origin, parsed.transfer_id))
+            if fout is None:
+                self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+            else:
+                fout.push(parsed)
+            return
+        rx = self._receiver
+        if rx is None:
+            self._guard_commit(item)
+            await self._refuse(item.conn, msg, Refusal.NO_HANDLER, "this node takes no files (no inbox)")
+            return
+        completed = rx.stats.completed
+        try:
+            async with self._file_lock:
+                job = asyncio.get_running_loop().run_in_executor(
+                    None,
+                    functools.partial(
+                        rx.on_message,
+                        msg.payload_json,
+                        msg.extra_data,
+                        sender=origin,
+                        now=self.clock.monotonic(),
+                    ),
+                )
+                self._file_job = job
+                ack = await asyncio.shield(job)
+        except FileTransferError as exc:
+            self._guard_commit(item)
+            self._c.refused[Refusal.FILE_TRANSFER.value] += 1
+            if not exc.fatal:  # only this chunk: the sender sends it again after its timeout
+                code = ErrorCode.BUSY if isinstance(exc, TooManyTransfers) else ErrorCode.BAD_REQUEST
+                await self._send_error(item.conn, origin, msg, code, f"{exc.name}: {exc}")
+                return
+            ack = failure_ack(exc, parsed.transfer_id)
+        except OSError as exc:
+            self._guard_commit(item)
+            log.warning("file transfer from %s…: %s", origin[:16], exc)
+            await self._send_error(item.conn, origin, msg, ErrorCode.INTERNAL, "the receiver cannot write")
+            return
+        self._guard_commit(item)
+        answer = self._build(origin, MessageType.FILE_TRANSFER, None, kind=_FILE, payload_json=ack.to_json())
+        with contextlib.suppress(IacError, OSError):
+            await self._send_to(origin, answer, item.conn)
+        if isinstance(parsed, ChunkHeader) and rx.stats.completed > completed:
+            self._c.files_received += 1
+            got = ReceivedFile(origin, parsed.transfer_id, parsed.name, rx.inbox / parsed.name,
+                               parsed.size, parsed.sha256)  # fmt: skip
+            for cb in self._file_callbacks:
+                try:
+                    res = cb(got)
+                    if inspect.isawaitable(res):
+                        self._spawn(_await(res))
+                except Exception:
+                    log.exception("file callback failed")
 
     # --- ordered delivery -------------------------------------------------------------------------
 
@@ -1212,8 +1766,8 @@ class Node:
 
     async def _answer_error(self, item: _Item, code: str, text: str) -> None:
         msg = item.msg
-        if not (msg.deadline or msg.flags & FLAG_ACK_REQUESTED):
-            return  # nobody waits for an answer to a one-way message without ACK
+        if not (msg.deadline or msg.flags & FLAG_ACK_REQUESTED) or item.broadcast:
+            return  # nobody waits for an answer to a one-way message without ACK, or to a broadcast
         code = code.value if isinstance(code, ErrorCode) else code
         self._c.errors_sent[code] += 1
         await self._answer(item, MessageType.ERROR, _error_payload(code, text))
@@ -1221,6 +1775,8 @@ class Node:
     async def _answer(self, item: _Item, msg_type: int, payload_json: str) -> None:
         msg = item.msg
         sender = item.key[0]
+        if item.broadcast:
+            return
         ans = self._build(sender, msg_type, None, payload_json=payload_json, reply_to=msg.msg_id,
                           reply_session_id=msg.session_id, sealed=item.sealed)  # fmt: skip
         if msg_type == MessageType.REPLY:
@@ -1228,15 +1784,16 @@ class Node:
         self._answers[item.key] = ans
         while len(self._answers) > self.config.answer_cache:
             self._answers.popitem(last=False)
-        conn = self._table.get(sender) or item.conn
         with contextlib.suppress(IacError, OSError):
-            await self._transmit_on(conn, ans)
+            await self._send_to(sender, ans, item.conn)
 
     async def _send_ack(self, conn: Connection, msg: Message) -> None:
         sender = sender_of(msg)
+        if not msg.to:
+            return  # broadcasts are never answered
         ack = self._build(sender, MessageType.ACK, None, reply_to=msg.msg_id, reply_session_id=msg.session_id)
         with contextlib.suppress(IacError, OSError):
-            await self._transmit_on(self._table.get(sender) or conn, ack)
+            await self._send_to(sender, ack, conn)
             self._c.acks_sent += 1
 
     # --- housekeeping and stats -------------------------------------------------------------------
@@ -1248,12 +1805,17 @@ class Node:
             now = self.clock.now_us()
             if self._guard is not None:
                 self._guard.expire(now)
+            self._router.expire(now)
+            if self._receiver is not None and (self._file_job is None or self._file_job.done()):
+                self._receiver.expire(self.clock.monotonic(), self.config.file_idle_timeout)
             for skey, st in list(self._ordered.items()):
                 if not len(st.buffer) and not st.queue and st.worker is None and now - st.last_us > retention:
                     del self._ordered[skey]
 
     def stats(self) -> NodeStats:
         c = self._c
+        rs = self._router.stats
+        rx = self._receiver
         return NodeStats(
             sent=c.sent,
             received=c.received,
@@ -1283,6 +1845,26 @@ class Node:
             unacked=sum(1 for o in self._outs.values() if o.reliable and not o.acked),
             answer_cache=len(self._answers),
             connections=len(self._table.connections()),
+            routing={
+                "delivered": rs.delivered,
+                "forwarded": rs.forwarded,
+                "originated": rs.originated,
+                "relayed": c.relayed,
+                "duplicates": rs.duplicates,
+                "flood_ends": rs.flood_ends,
+            },
+            route_refused={
+                str(k): v for k, v in rs.refused.items() if v and k != RouteRefusal.DUPLICATE.value
+            },
+            files={
+                "sent": c.files_sent,
+                "received": c.files_received,
+                "failed": c.files_failed,
+                "resumed": c.files_resumed,
+                "chunks_received": rx.stats.chunks if rx is not None else 0,
+                "chunk_duplicates": rx.stats.duplicates if rx is not None else 0,
+            },
+            file_refused=dict(rx.stats.refused) if rx is not None else {},
         )
 
     @property

@@ -8,6 +8,7 @@ also carries the clock.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -16,8 +17,16 @@ from typing import Any
 from ._dedup import MIN_WINDOW_SIZE
 from ._dicts import DictionarySet, default_dictionary
 from ._errors import ConfigError, DeliveryError, RequestTimeout
+from ._filetransfer import DEFAULT_MAX_SIZE, DEFAULT_MAX_TRANSFERS, DEFAULT_WINDOW, MAX_WINDOW
 from ._identity import check_agent_id
 from ._pb.iac_pb2 import Message
+from ._routing import (
+    DEFAULT_BROADCAST_HOP_LIMIT,
+    DEFAULT_HOP_LIMIT,
+    DEFAULT_MAX_ROUTES,
+    DEFAULT_MAX_SEEN,
+    RelayPolicy,
+)
 from ._transport.base import TransportConfig
 
 
@@ -28,7 +37,9 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"  # the request's deadline passed before it was started, or while it ran
     UNAUTHORIZED = "unauthorized"  # the sender may not do this (delegation allow-list, sealed header)
     BAD_SIGNATURE = "bad_signature"  # the signature (or the `from` AgentId) did not verify
-    POLICY_DENIED = "policy_denied"  # topology policy, or addressed elsewhere and this node does not relay
+    POLICY_DENIED = (
+        "policy_denied"  # topology policy; a MESSAGE frame addressed elsewhere (relays take FORWARD)
+    )
     CONTENT_BLOCKED = "content_blocked"  # a content guard refused the payload
     BAD_REQUEST = "bad_request"  # schema: type, JSON, task envelope, call shape, stale timestamp
     BUSY = "busy"  # a bound is hit (handler backlog, per-peer quota, replay store, draining)
@@ -52,6 +63,8 @@ class Refusal(StrEnum):
     DUPLICATE = "duplicate"  # already handled (re-answered) or being handled
     REPLAY_STORE_FULL = "replay_store_full"
     NOT_ADDRESSED = "not_addressed"
+    #: a unicast FORWARD that crossed no relay (origin = neighbour, ``to`` = this node): such a
+    #: message travels in a MESSAGE frame, where the impersonation check applies
     FORWARD_NOT_RELAYED = "forward_not_relayed"
     POLICY_DENIED = "policy_denied"
     UNSEAL_FAILED = "unseal_failed"
@@ -65,6 +78,8 @@ class Refusal(StrEnum):
     NO_HANDLER = "no_handler"
     BAD_CALL = "bad_call"
     BUSY = "busy"
+    #: a FILE_TRANSFER chunk or query refused by the receiver (details in ``NodeStats.file_refused``)
+    FILE_TRANSFER = "file_transfer"
     UNMATCHED_RESPONSE = "unmatched_response"
 
     @property
@@ -89,6 +104,7 @@ _REFUSAL_CODES: dict[Refusal, ErrorCode] = {
     Refusal.NO_HANDLER: ErrorCode.NO_HANDLER,
     Refusal.BAD_CALL: ErrorCode.BAD_REQUEST,
     Refusal.BUSY: ErrorCode.BUSY,
+    Refusal.FILE_TRANSFER: ErrorCode.BAD_REQUEST,
 }
 
 
@@ -210,6 +226,35 @@ class NodeConfig:
     #: Peer events kept for ``peer_events()`` readers that fall behind (oldest dropped, counted).
     event_queue: int = 1024
 
+    # --- relays and broadcast (docs/PROTOCOL.md section 11) ---
+    #: What this node relays for others. Default: re-flood broadcasts, relay no unicast.
+    relay_policy: RelayPolicy = field(default_factory=RelayPolicy)
+    #: Hop limit this node puts on its own broadcasts / relayed unicast messages.
+    broadcast_hop_limit: int = DEFAULT_BROADCAST_HOP_LIMIT
+    unicast_hop_limit: int = DEFAULT_HOP_LIMIT
+    #: Seen-cache of broadcasts and relayed messages (kept 2 × max_skew); full = new ones refused.
+    max_seen: int = DEFAULT_MAX_SEEN
+    #: Learned reverse routes and relayed requests kept.
+    max_routes: int = DEFAULT_MAX_ROUTES
+
+    # --- file transfer (docs/PROTOCOL.md section 11.5) ---
+    #: Where received files land. None: this node takes no files (a chunk is refused with ERROR
+    #: ``no_handler``, which ends the sender's transfer).
+    inbox_dir: str | os.PathLike[str] | None = None
+    #: Largest file accepted, and transfers received at once.
+    max_file_size: int = DEFAULT_MAX_SIZE
+    max_transfers: int = DEFAULT_MAX_TRANSFERS
+    #: Replace a file of the same name in the inbox (else the transfer fails with ``file_exists``).
+    overwrite_files: bool = False
+    #: fsync a received file before it is renamed into the inbox.
+    durable_files: bool = True
+    #: A partial incoming transfer idle this long closes its file (it can still resume later).
+    file_idle_timeout: float = 300.0
+    #: Sender: chunks in flight, chunk size (None: 256 KiB), and when an unacknowledged chunk is resent.
+    file_window: int = DEFAULT_WINDOW
+    file_chunk_size: int | None = None
+    file_retransmit_timeout: float = 5.0
+
     def __post_init__(self) -> None:
         if self.replay_window < MIN_WINDOW_SIZE:
             raise ConfigError(f"replay_window must be at least {MIN_WINDOW_SIZE}")
@@ -226,6 +271,15 @@ class NodeConfig:
             raise ConfigError("verify_rate and verify_burst must be positive")
         if self.request_timeout <= 0 or self.drain_timeout < 0:
             raise ConfigError("request_timeout must be positive and drain_timeout not negative")
+        for name in ("broadcast_hop_limit", "unicast_hop_limit", "max_seen", "max_routes", "max_transfers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.max_file_size < 0:
+            raise ConfigError("max_file_size must not be negative")
+        if not 1 <= self.file_window <= MAX_WINDOW:
+            raise ConfigError(f"file_window must be in [1, {MAX_WINDOW}]")
+        if self.file_retransmit_timeout <= 0 or self.file_idle_timeout <= 0:
+            raise ConfigError("file_retransmit_timeout and file_idle_timeout must be positive")
 
 
 # --- values handed to users -------------------------------------------------------------------
@@ -276,6 +330,15 @@ class NodeStats:
     unacked: int
     answer_cache: int
     connections: int
+    #: Routing (FORWARD): ``delivered``, ``forwarded`` (Forwards sent, own and relayed),
+    #: ``originated``, ``relayed`` (sent on for others), ``duplicates`` (copies dropped), ``flood_ends``.
+    routing: Mapping[str, int] = field(default_factory=dict)
+    #: FORWARD refusals by :class:`~iac._routing.RouteRefusal` value (``duplicate`` not included).
+    route_refused: Mapping[str, int] = field(default_factory=dict)
+    #: Files: ``sent``, ``received``, ``chunks_received``, ``chunk_duplicates``, ``resumed``, ``failed``.
+    files: Mapping[str, int] = field(default_factory=dict)
+    #: Refused FILE_TRANSFER chunks and queries, by error name (``chunk_hash_mismatch``, …).
+    file_refused: Mapping[str, int] = field(default_factory=dict)
 
 
 __all__ = [
@@ -288,6 +351,7 @@ __all__ = [
     "NodeStats",
     "PeerEvent",
     "Refusal",
+    "RelayPolicy",
     "RequestTimeout",
     "Topology",
 ]

@@ -6,8 +6,11 @@ import asyncio
 import json
 from collections import Counter, deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from ._errors import RemoteError
+from ._filetransfer import AckPayload, FileSender
 from ._message import sender_of
 from ._pb.iac_pb2 import Message, TaskState
 from ._reorder import ReorderBuffer
@@ -100,6 +103,44 @@ class Context:
     def extra_data(self) -> bytes:
         return self.message.extra_data
 
+    @property
+    def broadcast(self) -> bool:
+        """True for a broadcast (empty ``to``): it is never answered."""
+        return not self.message.to
+
+
+@dataclass(frozen=True)
+class FileSent:
+    """The outcome of :meth:`~iac.Node.send_file`: the receiver verified the file and renamed it
+    into its inbox as ``name``."""
+
+    peer: str
+    transfer_id: str
+    #: The file's name in the receiver's inbox.
+    name: str
+    size: int
+    #: Lowercase hex SHA-256 of the whole file (checked by the receiver before the rename).
+    sha256: str
+    #: Chunks in the file, chunk messages sent (first sends and resends), resends, and how many
+    #: times the transfer resumed after a broken connection.
+    chunks: int
+    chunks_sent: int
+    chunks_resent: int
+    resumed: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ReceivedFile:
+    """A file that arrived, was verified and was renamed into the inbox (``node.on_file``)."""
+
+    sender: str
+    transfer_id: str
+    name: str
+    path: Path
+    size: int
+    sha256: str
+
 
 # --- internal records -----------------------------------------------------------------------------
 
@@ -118,10 +159,11 @@ class _Out:
         "reliable",
         "rto",
         "timer",
+        "via",
     )
 
     def __init__(self, peer: str, msg: Message, *, reliable: bool, is_request: bool, give_up_at: float,
-                 rto: float, future: asyncio.Future[Any]) -> None:  # fmt: skip
+                 rto: float, future: asyncio.Future[Any], via: str | None = None) -> None:  # fmt: skip
         self.peer = peer
         self.msg = msg
         self.key: Key = (peer, msg.session_id, msg.msg_id)
@@ -132,6 +174,7 @@ class _Out:
         self.future = future
         self.timer: asyncio.TimerHandle | None = None
         self.acked = False
+        self.via = via
 
 
 @dataclass(slots=True)
@@ -143,6 +186,8 @@ class _Item:
     payload: Any
     key: Key
     sealed: bool
+    #: arrived inside FORWARD with an empty ``to``: delivered, never answered
+    broadcast: bool = False
 
 
 class _Ordered:
@@ -159,6 +204,24 @@ class _Ordered:
         self.last_us = now_us
 
 
+class _FileOut:
+    """One outgoing file transfer: its sans-IO sender and what arrived for it (acks, ERRORs)."""
+
+    __slots__ = ("events", "peer", "sender", "waiter")
+
+    def __init__(self, peer: str, sender: FileSender, max_events: int) -> None:
+        self.peer = peer
+        self.sender = sender
+        # Every ack states the receiver's whole state, so dropping the oldest loses nothing.
+        self.events: deque[AckPayload | RemoteError] = deque(maxlen=max_events)
+        self.waiter: asyncio.Future[None] | None = None
+
+    def push(self, event: AckPayload | RemoteError) -> None:
+        self.events.append(event)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
 class _Counters:
     def __init__(self) -> None:
         self.sent = self.received = self.bytes_sent = self.bytes_received = 0
@@ -166,6 +229,8 @@ class _Counters:
         self.retransmits = self.delivery_failures = self.throttled = 0
         self.gaps = self.late = self.cancelled = self.peer_events_dropped = 0
         self.backlog_peak = self.running_peak = 0
+        self.relayed = 0
+        self.files_sent = self.files_received = self.files_failed = self.files_resumed = 0
         self.refused: Counter[str] = Counter()
         self.errors_sent: Counter[str] = Counter()
         self.errors_received: Counter[str] = Counter()
@@ -188,4 +253,4 @@ def _error_fields(payload: Any) -> tuple[str, str]:
     return "internal", "malformed ERROR payload"
 
 
-__all__ = ["Context", "Reply", "Sent"]
+__all__ = ["Context", "FileSent", "ReceivedFile", "Reply", "Sent"]

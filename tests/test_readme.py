@@ -16,6 +16,9 @@ EXPECTED = {
     "call": "42",
     "delegate": "'accepted': 't-7'",
     "mesh": "True\nHI\nTrue\nHI!",
+    "relay": "True 2",
+    "broadcast": "True",
+    "files": "report.pdf 1080000 True",
 }
 
 
@@ -27,7 +30,7 @@ def test_readme_has_examples():
     assert {"codec", "node", "call", "delegate", "mesh"} <= set(examples())
 
 
-@pytest.mark.parametrize("name", ["node", "call", "delegate"])
+@pytest.mark.parametrize("name", ["node", "call", "delegate", "relay", "broadcast", "files"])
 def test_node_examples_are_under_20_lines(name):
     lines = [line for line in examples()[name].splitlines() if line.strip()]
     assert len(lines) < 20, len(lines)

@@ -1,0 +1,417 @@
+"""Node.send_file over real loopback connections: intact delivery, resume after a killed connection,
+refusals (no inbox, unsafe name, size, existing file), tampered chunks, a relay in between.
+
+The large transfer runs through a TCP proxy that the test kills at ~50 % (from the progress
+callback): the sender redials, asks the receiver what it holds and sends only the rest.
+24 MiB by default; IAC_SLOW=1 sends 200 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run
+
+from iac._errors import ConfigError, RemoteError, TransferRefused
+from iac._filetransfer import ChunkHeader, TransferProgress, chunk_count, new_transfer_id
+from iac._identity import Identity
+from iac._message import Session, build_message, encode_message_frame
+from iac._node import Node, ReceivedFile
+from iac._node_config import NodeConfig
+from iac._pb.iac_pb2 import Message, MessageType
+from iac._routing import RelayPolicy
+from iac._transport import dial
+from iac._transport.base import Connection
+
+SLOW = os.environ.get("IAC_SLOW") == "1"
+BIG = (200 if SLOW else 24) * 1024 * 1024
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.asynccontextmanager
+async def tmpdir() -> AsyncIterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="iacf-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def make_file(path: Path, size: int) -> str:
+    """A file of pseudo-random bytes; returns its SHA-256."""
+    h = hashlib.sha256()
+    block = os.urandom(1 << 20)
+    with path.open("wb") as f:
+        left = size
+        i = 0
+        while left:
+            piece = (block[i % 7 :] + block[: i % 7])[: min(left, len(block))]  # vary blocks cheaply
+            f.write(piece)
+            h.update(piece)
+            left -= len(piece)
+            i += 1
+    return h.hexdigest()
+
+
+@contextlib.asynccontextmanager
+async def pair(
+    d: Path, receiver_config: NodeConfig | None = None, url: str = "tls://127.0.0.1:0"
+) -> AsyncIterator[tuple[Node, Node]]:
+    cfg = receiver_config if receiver_config is not None else NodeConfig(inbox_dir=d / "inbox")
+    async with Node(listen=[url], config=cfg) as rx, Node() as tx:
+        tx.add_peer(rx.agent_id, *rx.addresses)
+        yield tx, rx
+
+
+class TcpProxy:
+    """Forwards TCP connections to a target; :meth:`kill` aborts every connection it carries."""
+
+    def __init__(self, port: int) -> None:
+        self.target_port = port
+        self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.kills = 0
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"tls://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.pairs.append((writer, up_writer))
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+
+    @staticmethod
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await src.read(1 << 16):
+                dst.write(data)
+                await dst.drain()
+        dst.close()
+
+    def kill(self) -> None:
+        for a, b in self.pairs:
+            a.transport.abort()
+            b.transport.abort()
+        self.pairs.clear()
+        self.kills += 1
+
+    async def close(self) -> None:
+        self.kill()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.mark.slow  # 24 MiB by default; IAC_SLOW=1 sends 200 MiB
+def test_large_file_survives_a_killed_connection_and_resumes() -> None:
+    async def main() -> None:
+        async with tmpdir() as d, pair(d) as (_tx, rx):
+            src = d / "big.bin"
+            digest = make_file(src, BIG)
+            port = int(rx.addresses[0].rsplit(":", 1)[1])
+            proxy = TcpProxy(port)
+            via_proxy = await proxy.start()
+            tx2 = Node()  # a sender that knows the receiver only through the proxy
+            await tx2.start()
+            tx2.add_peer(rx.agent_id, via_proxy)
+            seen: list[TransferProgress] = []
+            at_kill: list[int] = []
+
+            def progress(p: TransferProgress) -> None:
+                seen.append(p)
+                if not at_kill and p.fraction >= 0.5:
+                    at_kill.append(p.chunks_done)
+                    proxy.kill()
+
+            try:
+                res = await tx2.send_file(rx.agent_id, src, on_progress=progress, timeout=30)
+            finally:
+                await tx2.close()
+                await proxy.close()
+            out = d / "inbox" / "big.bin"
+            assert res.name == "big.bin" and res.sha256 == digest and res.size == BIG
+            assert out.stat().st_size == BIG and stat.S_IMODE(out.stat().st_mode) == 0o600
+            assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+            assert proxy.kills >= 1 and res.resumed >= 1
+            # Only chunks in flight at the break were sent again: none of the acknowledged ones.
+            window = tx2.config.file_window
+            assert res.chunks_sent == res.chunks + res.chunks_resent
+            assert res.chunks_resent <= window
+            assert at_kill[0] >= res.chunks // 2
+            files = rx.stats().files
+            # Chunks still queued on the dead connection may land after the state query was answered:
+            # those (never acknowledged) are the only ones the receiver can see twice.
+            assert files["received"] == 1 and files["chunk_duplicates"] <= res.chunks_resent
+            assert files["chunks_received"] == res.chunks
+            assert seen[-1].fraction == 1.0
+            assert not [p for p in (d / "inbox").iterdir() if p.name.startswith(".")]  # no leftovers
+
+    run(main(), timeout=300 if SLOW else 120)
+
+
+def test_send_file_progress_result_and_on_file() -> None:
+    async def main() -> None:
+        async with tmpdir() as d, pair(d) as (tx, rx):
+            src = d / "notes.txt"
+            digest = make_file(src, 300_003)
+            got: list[ReceivedFile] = []
+            rx.on_file(got.append)
+            seen: list[float] = []
+            res = await tx.send_file(
+                rx.agent_id,
+                src,
+                name="report.txt",
+                chunk_size=32 * 1024,
+                on_progress=lambda p: seen.append(p.fraction),
+            )
+            assert res.name == "report.txt" and res.chunks == chunk_count(300_003, 32 * 1024)
+            assert res.chunks_resent == 0 and res.resumed == 0
+            assert seen == sorted(seen) and seen[-1] == 1.0
+            out = d / "inbox" / "report.txt"
+            assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
+            assert got == [ReceivedFile(tx.agent_id, res.transfer_id, "report.txt", out, 300_003, digest)]
+            assert tx.stats().files["sent"] == 1 and rx.stats().files["received"] == 1
+            # The same name again: the receiver never replaces a file.
+            with pytest.raises(TransferRefused) as e:
+                await tx.send_file(rx.agent_id, src, name="report.txt")
+            assert e.value.code == "file_exists"
+            assert rx.stats().file_refused == {"file_exists": 1}
+            # An empty file is one empty chunk.
+            empty = d / "empty"
+            empty.write_bytes(b"")
+            res = await tx.send_file(rx.agent_id, empty)
+            assert res.chunks == 1 and (d / "inbox" / "empty").read_bytes() == b""
+
+    run(main())
+
+
+def test_refusals_no_inbox_size_limit_and_local_name_check() -> None:
+    async def main() -> None:
+        async with tmpdir() as d:
+            src = d / "f.bin"
+            make_file(src, 5000)
+            async with pair(d, NodeConfig()) as (tx, rx):  # no inbox: files are refused
+                with pytest.raises(RemoteError) as e:
+                    await tx.send_file(rx.agent_id, src, timeout=5)
+                assert e.value.code == "no_handler"
+                assert rx.stats().refused == {"no_handler": 1}
+                assert tx.stats().files["failed"] == 1
+            async with pair(d, NodeConfig(inbox_dir=d / "small", max_file_size=4096)) as (tx, rx):
+                with pytest.raises(TransferRefused) as e2:
+                    await tx.send_file(rx.agent_id, src, timeout=5)
+                assert e2.value.code == "file_too_large"
+                for bad in ("../escape", "a/b", ".hidden", ""):
+                    with pytest.raises(ConfigError):
+                        await tx.send_file(rx.agent_id, src, name=bad)
+                assert not (d / "escape").exists()
+
+    run(main())
+
+
+def test_file_through_a_relay() -> None:
+    async def main() -> None:
+        async with (
+            tmpdir() as d,
+            Node(listen=[f"unix://{d}/c.sock"], config=NodeConfig(inbox_dir=d / "inbox")) as c,
+            Node(
+                listen=["tls://127.0.0.1:0"], config=NodeConfig(relay_policy=RelayPolicy(relay_unicast=True))
+            ) as b,
+            Node() as a,
+        ):
+            b.add_peer(c.agent_id, *c.addresses)
+            await b.connect(c.agent_id)
+            a.add_peer(b.agent_id, *b.addresses)
+            src = d / "relayed.bin"
+            digest = make_file(src, 1_000_000)
+            res = await a.send_file(c.agent_id, src, via=b.agent_id, timeout=10)
+            assert res.sha256 == digest
+            assert hashlib.sha256((d / "inbox" / "relayed.bin").read_bytes()).hexdigest() == digest
+            assert b.stats().routing["relayed"] >= 2 * res.chunks  # chunks one way, acks the other
+
+    run(main())
+
+
+# --- a malicious sender on a raw connection -----------------------------------------------------
+
+
+class RawSender:
+    def __init__(self, identity: Identity, conn: Connection, rx: Node) -> None:
+        self.identity = identity
+        self.conn = conn
+        self.rx = rx
+        self.session = Session()
+
+    async def send(self, payload_json: str, data: bytes = b"") -> Message:
+        msg = build_message(
+            sender=self.identity.agent_id,
+            to=self.rx.agent_id,
+            msg_type=MessageType.FILE_TRANSFER,
+            session=self.session,
+            timestamp_us=self.rx.clock.now_us(),
+            payload_json=payload_json,
+            extra_data=data,
+        )
+        await self.conn.send(encode_message_frame(self.identity, msg))
+        inc = await asyncio.wait_for(self.conn.recv(), 5)
+        assert inc.message is not None
+        return inc.message
+
+
+def answer(m: Message) -> tuple[int, Any]:
+    return int(m.msg_type), json.loads(m.payload_json)
+
+
+def test_tampered_chunks_and_unsafe_names_from_a_raw_sender_are_refused() -> None:
+    async def main() -> None:
+        async with tmpdir() as d, pair(d) as (_tx, rx):
+            me = Identity.generate()
+            conn = await dial(rx.addresses[0], me, expect=rx.agent_id)
+            raw = RawSender(me, conn, rx)
+            try:
+                content = os.urandom(3000)
+                size, cs = len(content), 1024
+                chunks = [content[i * cs : (i + 1) * cs] for i in range(3)]
+                file_sha = hashlib.sha256(content).hexdigest()
+
+                def header(i: int, tid: str, *, name: str = "data.bin", sha: str = file_sha,
+                           chunk_sha: str | None = None) -> str:  # fmt: skip
+                    own = chunk_sha or hashlib.sha256(chunks[i]).hexdigest()
+                    return ChunkHeader(tid, name, i, 3, size, cs, sha, own).to_json()
+
+                # 1. A chunk whose bytes do not match its chunk_sha256: refused, not written.
+                tid = new_transfer_id()
+                tampered = bytes([chunks[0][0] ^ 1]) + chunks[0][1:]
+                mt, body = answer(await raw.send(header(0, tid), tampered))
+                assert mt == MessageType.ERROR and body["code"] == "bad_request"
+                assert "chunk_hash_mismatch" in body["message"]
+                # 2. The genuine chunks complete the file.
+                for i in range(3):
+                    mt, body = answer(await raw.send(header(i, tid), chunks[i]))
+                assert mt == MessageType.FILE_TRANSFER and body["status"] == "complete"
+                assert (d / "inbox" / "data.bin").read_bytes() == content
+                # 3. Chunks that each match their own hash but not the announced file hash: the whole
+                #    file is refused before the rename.
+                tid2 = new_transfer_id()
+                wrong = hashlib.sha256(b"something else").hexdigest()
+                for i in range(3):
+                    mt, body = answer(
+                        await raw.send(header(i, tid2, name="forged.bin", sha=wrong), chunks[i])
+                    )
+                assert body["status"] == "failed" and body["error"] == "file_hash_mismatch"
+                assert not (d / "inbox" / "forged.bin").exists()
+                # 4. Names that would escape the inbox.
+                for bad in ("../escape.bin", "/etc/passwd", "..", "a\\b", ".iac-part-x"):
+                    mt, body = answer(await raw.send(header(0, new_transfer_id(), name=bad), chunks[0]))
+                    assert body["status"] == "failed" and body["error"] == "unsafe_file_name", bad
+                assert not (d / "escape.bin").exists()
+                # 5. A state query for an unknown transfer, and a payload that is not a chunk.
+                mt, body = answer(await raw.send(json.dumps({"transfer_id": "nope", "query": True})))
+                assert body == {"transfer_id": "nope", "ack": [], "status": "unknown"}
+                mt, body = answer(await raw.send('{"hello": 1}'))
+                assert mt == MessageType.ERROR and body["code"] == "bad_request"
+            finally:
+                await conn.close()
+            refused = rx.stats().file_refused
+            assert refused["chunk_hash_mismatch"] == 1 and refused["file_hash_mismatch"] == 1
+            assert refused["unsafe_file_name"] == 5
+            leftovers = [p.name for p in (d / "inbox").iterdir()]
+            assert sorted(leftovers) == ["data.bin"]
+
+    run(main())
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+INBOX_NODE = (
+    "import argparse, asyncio, sys\n"
+    "from iac._cli_files import run_inbox_node\n"
+    "ns = argparse.Namespace(key=sys.argv[1], listen=[sys.argv[2]], inbox=sys.argv[3], max_file_size=None,\n"
+    "                        ca=None, cert=None, cert_key=None)\n"
+    "sys.exit(asyncio.run(run_inbox_node(ns)))\n"
+)
+
+
+def send_file_args(argv: list[str]) -> argparse.Namespace:
+    from iac._cli_files import register
+
+    parser = argparse.ArgumentParser(prog="iac")
+    register(parser.add_subparsers(dest="verb", required=True))
+    return parser.parse_args(["send-file", *argv])
+
+
+def test_cli_send_file_to_an_inbox_node_process(capsys: pytest.CaptureFixture[str]) -> None:
+    async def main() -> None:
+        async with tmpdir() as d:
+            Identity.generate().save(d / "rx.key")
+            Identity.generate().save(d / "tx.key")
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", INBOX_NODE, str(d / "rx.key"), "tls://127.0.0.1:0", str(d / "inbox"),
+                stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )  # fmt: skip
+            assert proc.stdout is not None
+            try:
+                node_id = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()[1]
+                addr = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()[1]
+                src = d / "upload.bin"
+                digest = make_file(src, 700_000)
+                args = send_file_args(["--key", str(d / "tx.key"), "--to", node_id, "--addr", addr,
+                                       str(src), "--name", "up.bin", "--quiet"])  # fmt: skip
+                assert await asyncio.to_thread(args.func, args) == 0
+                lines = [(await asyncio.wait_for(proc.stdout.readline(), 30)).decode() for _ in range(2)]
+                assert lines[0].startswith("inbox ")
+                assert lines[1].startswith(f"received up.bin 700000 sha256={digest} from ")
+                assert hashlib.sha256((d / "inbox" / "up.bin").read_bytes()).hexdigest() == digest
+            finally:
+                proc.terminate()
+                assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+    run(main(), timeout=60)
+    out = capsys.readouterr().out
+    assert out.startswith("sent up.bin 700000 bytes sha256=") and "0 chunks resent" in out
+
+
+def test_cli_send_file_errors_are_config_errors(tmp_path: Path) -> None:
+    Identity.generate().save(tmp_path / "k")
+    bad_to = send_file_args(
+        ["--key", str(tmp_path / "k"), "--to", "nobody", "--addr", "tls://127.0.0.1:1", "x"]
+    )
+    with pytest.raises(ConfigError, match="--to"):
+        bad_to.func(bad_to)
+    aid = Identity.generate().agent_id
+    missing = send_file_args(
+        ["--key", str(tmp_path / "k"), "--to", aid, "--addr", "tls://127.0.0.1:1", "nofile"]
+    )
+    with pytest.raises(ConfigError, match="not a readable file"):
+        missing.func(missing)
+
+
+def test_progress_bar_draws_on_a_stream() -> None:
+    import io
+
+    from iac._cli_files import ProgressBar
+
+    buf = io.StringIO()
+    bar = ProgressBar(buf, "f.bin", enabled=True)
+    bar.update(512, 1024, force=True)
+    bar.update(1024, 1024)
+    bar.finish()
+    text = buf.getvalue()
+    assert " 50.0%" in text and "100.0%" in text and text.endswith("\n")
+    quiet = io.StringIO()
+    ProgressBar(quiet, "f", enabled=False).update(1, 2)
+    assert quiet.getvalue() == ""
