@@ -7,11 +7,14 @@ HELLO's channel binding comes from here) and the server's AgentId. A ticket is
 taken out when it is used (:meth:`ClientTicketStore.pop`): a ticket is never
 presented twice by this side. The store can persist to a JSON file (mode 0600).
 
-Server side, :class:`ServerTicketStore` hands aioquic a fetcher whose lookup
+Server side, :class:`ServerTicketStore` hands the QUIC library a fetcher whose lookup
 *removes* the ticket, so that each ticket resumes at most one session and a
 replayed 0-RTT flight finds nothing to resume. ``reuse=True`` keeps tickets
 (aioquic's default behaviour); it exists for tests that show IAC's own replay
 defences without the ticket's help.
+
+Tickets are the QUIC library's ``SessionTicket`` (aioquic and qh3 have the same
+fields); one read back from the file is built with the selected backend's class.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aioquic.tls import CipherSuite, SessionTicket
-
 from .._errors import ConfigError
+from ._quic_backend import SessionTicketLike, get_backend
+
+SessionTicket = SessionTicketLike
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,10 @@ def _ticket_to_json(t: SessionTicket) -> dict[str, Any]:
 
 
 def _ticket_from_json(d: dict[str, Any]) -> SessionTicket:
-    return SessionTicket(
+    lib = get_backend()
+    return lib.SessionTicket(
         age_add=int(d["age_add"]),
-        cipher_suite=CipherSuite(int(d["cipher_suite"])),
+        cipher_suite=lib.CipherSuite(int(d["cipher_suite"])),
         not_valid_after=datetime.datetime.fromisoformat(d["not_valid_after"]),
         not_valid_before=datetime.datetime.fromisoformat(d["not_valid_before"]),
         resumption_secret=bytes.fromhex(d["resumption_secret"]),

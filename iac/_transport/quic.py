@@ -1,4 +1,4 @@
-"""The QUIC adapter (aioquic 1.7).
+"""The QUIC adapter (aioquic 1.7, or qh3 2.x: see :mod:`._quic_backend`).
 
 Mapping (SPEC section 4):
 
@@ -34,6 +34,9 @@ Mapping (SPEC section 4):
   with the ticket and sends HELLO and its first frames as early data; ``dial``
   returns at once and the server's HELLO is checked in the background. Servers
   make tickets single-use (:class:`ServerTicketStore`).
+* Backends: the QUIC library is chosen per listener and per dial (``backend=``,
+  else :func:`set_backend`, ``IAC_QUIC_BACKEND``, the automatic choice); the
+  library-specific internals live in :mod:`._quic_backend`. The two interoperate.
 """
 
 from __future__ import annotations
@@ -45,14 +48,8 @@ import ssl
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import QuicServer, serve
-from aioquic.quic import events
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection as _AioquicConnection
-from aioquic.tls import Epoch, SessionTicket
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -82,6 +79,7 @@ from .._handshake import (
 )
 from .._identity import Identity
 from .._pb.iac_pb2 import Hello
+from ._quic_backend import Backend, SessionTicketLike, get_backend, set_backend
 from ._tickets import ClientTicketStore, ServerTicketStore
 from .base import (
     Address,
@@ -119,35 +117,48 @@ class QuicStats:
     streams_opened: int = 0
     credit_stalls: int = 0  # pumps that stopped for lack of stream credit
     transmits: int = 0
-    max_blocked_streams: int = 0  # aioquic's internal queue of blocked streams (must stay 0)
+    max_blocked_streams: int = 0  # the library's internal queue of blocked streams (must stay 0)
     early_frames: int = 0
 
 
 # --- certificates -------------------------------------------------------------------------------
 
 
-def _load_certificate(identity: Identity, config: TransportConfig) -> tuple[Any, Any, list[Any]]:
-    """``(certificate, private_key, chain)`` for aioquic: the configured files, else the
-    node's self-signed certificate (the binding makes it safe)."""
+def _load_certificate(
+    identity: Identity, config: TransportConfig, backend: Backend
+) -> tuple[Any, Any, list[Any], bytes]:
+    """``(certificate, private_key, chain, certificate DER)`` for the backend: the
+    configured files, else the node's self-signed certificate (the binding makes it safe)."""
     node = node_certificate(identity.agent_id, config.cert_file, config.key_file)
-    certs = x509.load_pem_x509_certificates(node.chain_pem or node.cert_pem)
-    key = serialization.load_pem_private_key(node.key_pem, password=None)
-    return certs[0], key, certs[1:]
+    chain_pem = node.chain_pem or node.cert_pem
+    der = x509.load_pem_x509_certificates(chain_pem)[0].public_bytes(serialization.Encoding.DER)
+    cert, key, chain = backend.load_certificates(chain_pem, node.key_pem)
+    return cert, key, chain, der
 
 
-def _der(cert: Any) -> bytes:
-    return cast(bytes, cert.public_bytes(serialization.Encoding.DER))
+# --- the asyncio protocol -----------------------------------------------------------------------
 
 
-# --- the aioquic protocol -----------------------------------------------------------------------
-
-
-class _Protocol(QuicConnectionProtocol):
-    """aioquic's asyncio protocol, reduced to raw events handed to one :class:`QuicConn`."""
+class _ProtocolMixin(asyncio.DatagramProtocol):
+    """The library's asyncio protocol, reduced to raw events handed to one :class:`QuicConn`.
+    Mixed into each backend's ``QuicConnectionProtocol`` by :func:`_protocol_class`."""
 
     conn: QuicConn | None = None
+    backend: Backend
+    _quic: Any
+    _loop: asyncio.AbstractEventLoop
+    _transmit_task: asyncio.Handle | None
+    _transport: asyncio.DatagramTransport | None
 
-    def quic_event_received(self, event: events.QuicEvent) -> None:
+    if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
+
+        def __init__(self, quic: Any) -> None: ...
+        def _process_events(self) -> None: ...
+        def _transmit_soon(self) -> None: ...
+        def connect(self, addr: Any) -> None: ...
+        async def wait_connected(self) -> None: ...
+
+    def quic_event_received(self, event: Any) -> None:
         if self.conn is not None:
             self.conn._on_event(event)
 
@@ -159,6 +170,12 @@ class _Protocol(QuicConnectionProtocol):
         self._process_events()
         self._transmit_soon()
 
+    def datagrams_received(self, data: list[bytes], addr: Any) -> None:
+        # qh3's batched receive path (its GRO transport; unused with asyncio's own), same rule.
+        self._quic.receive_many_datagrams(data, addr, now=self._loop.time())
+        self._process_events()
+        self._transmit_soon()
+
     def transmit(self) -> None:
         handle = self._transmit_task
         if handle is not None:  # a direct flush makes the scheduled one redundant
@@ -166,14 +183,10 @@ class _Protocol(QuicConnectionProtocol):
         conn = self.conn
         if conn is not None:
             if conn._pump():
-                # Data leaves now: the pending ACK rides along (aioquic would hold it for
-                # its ack delay and then send it in a packet of its own).
-                space = self._quic._spaces.get(Epoch.ONE_RTT)
-                if space is not None and space.ack_at is not None:
-                    space.ack_at = self._loop.time()
+                self.backend.ack_now(self._quic, self._loop.time())
             conn._stream_credit()
             conn.stats.transmits += 1
-        super().transmit()
+        super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
         if conn is not None and conn._drain_waiters:
             conn._after_transmit()
 
@@ -182,9 +195,30 @@ class _Protocol(QuicConnectionProtocol):
             self.conn._on_socket_error(exc)
 
 
+_protocol_classes: dict[str, type[_ProtocolMixin]] = {}
+
+
+def _protocol_class(backend: Backend) -> type[_ProtocolMixin]:
+    """The backend's ``QuicConnectionProtocol`` with :class:`_ProtocolMixin` on top."""
+    cls = _protocol_classes.get(backend.name)
+    if cls is None:
+        cls = type(
+            f"_{backend.name}Protocol",
+            (_ProtocolMixin, backend.QuicConnectionProtocol),
+            {"backend": backend, "__module__": __name__},
+        )
+        _protocol_classes[backend.name] = cls
+    return cls
+
+
+_Protocol = _ProtocolMixin
+
+
 def _server_protocol_factory(listener: QuicListener) -> Callable[..., _Protocol]:
-    def create(quic: _AioquicConnection, stream_handler: Any = None) -> _Protocol:
-        proto = _Protocol(quic)
+    protocol = _protocol_class(listener.backend)
+
+    def create(quic: Any, stream_handler: Any = None) -> _Protocol:
+        proto = protocol(quic)
         proto.conn = QuicConn(proto, listener.identity, listener.config, dialed=False, listener=listener)
         return proto
 
@@ -219,7 +253,8 @@ class QuicConn(Connection):
         address: str = "",
     ) -> None:
         self._proto = proto
-        self._quic: _AioquicConnection = proto._quic
+        self.backend = proto.backend
+        self._quic: Any = proto._quic
         self._loop = asyncio.get_running_loop()
         self.identity = identity
         self.config = config
@@ -252,7 +287,7 @@ class QuicConn(Connection):
         self._keepalive: asyncio.TimerHandle | None = None
         self._next_ping = 0.0
         self._last_activity = self._loop.time()
-        self._ticket: SessionTicket | None = None
+        self._ticket: SessionTicketLike | None = None
         self._cert_sha256 = b""
         self._ticket_store: ClientTicketStore | None = None
         self._ticket_key = ""
@@ -353,9 +388,10 @@ class QuicConn(Connection):
         if not self.peer_hello_verified and not self.early_data:
             return False
         sent = 0
+        credit = self.backend.remote_max_streams_uni(quic)
         while queue:
             stream_id = quic._local_next_stream_id_uni
-            if stream_id // 4 >= quic._remote_max_streams_uni:
+            if stream_id // 4 >= credit:
                 self.stats.credit_stalls += 1
                 break
             first = queue.popleft()
@@ -375,7 +411,7 @@ class QuicConn(Connection):
             self._queued_bytes -= size
             self.stats.streams_opened += 1
         self.stats.frames_sent += sent
-        blocked = len(quic._streams_blocked_uni)
+        blocked = self.backend.blocked_streams_uni(quic)
         if blocked > self.stats.max_blocked_streams:
             self.stats.max_blocked_streams = blocked
         if sent:
@@ -384,15 +420,10 @@ class QuicConn(Connection):
 
     def _stream_credit(self) -> None:
         """Receive-side backpressure: while ``recv()`` is behind, grant the peer no new
-        unidirectional streams (aioquic would return one per finished stream)."""
-        limit = self._quic._local_max_streams_uni
-        if self._recv_full:
-            if limit.value > limit.sent:
-                self._withheld += limit.value - limit.sent
-                limit.value = limit.sent
-        elif self._withheld:
-            limit.value += self._withheld
-            self._withheld = 0
+        unidirectional streams (the library would return one per finished stream).
+        Not on a backend without ``credit_control`` (qh3)."""
+        if self._recv_full or self._withheld:
+            self._withheld = self.backend.withhold_credit(self._quic, self._recv_full, self._withheld)
 
     def _after_transmit(self) -> None:
         if self._drain_waiters and self._drained():
@@ -404,11 +435,7 @@ class QuicConn(Connection):
     def _drained(self) -> bool:
         if self._queue:
             return False
-        client = self.dialed
-        for sid, stream in self._quic._streams.items():
-            if sid & 2 and bool(sid & 1) != client and not stream.sender.is_finished:
-                return False
-        return True
+        return self.backend.uni_streams_finished(self._quic, self.dialed)
 
     def _send_control(self, frame: bytes) -> None:
         if self._terminated.is_set():
@@ -418,7 +445,8 @@ class QuicConn(Connection):
 
     # -- receive machinery ----------------------------------------------------------------------
 
-    def _on_event(self, event: events.QuicEvent) -> None:
+    def _on_event(self, event: Any) -> None:
+        events = self.backend.events
         try:
             if isinstance(event, events.StreamDataReceived):
                 self._on_stream_data(event)
@@ -433,7 +461,7 @@ class QuicConn(Connection):
         except ProtocolError as exc:
             self._protocol_error(exc)
 
-    def _on_stream_data(self, event: events.StreamDataReceived) -> None:
+    def _on_stream_data(self, event: Any) -> None:
         if self._terminated.is_set() or self._error is not None:
             return
         sid = event.stream_id
@@ -527,12 +555,12 @@ class QuicConn(Connection):
 
     # -- TLS and termination --------------------------------------------------------------------
 
-    def _on_tls_done(self, event: events.HandshakeCompleted) -> None:
+    def _on_tls_done(self, event: Any) -> None:
         if event.alpn_protocol != ALPN:
             raise HandshakeError(f"peer negotiated ALPN {event.alpn_protocol!r}, not {ALPN!r}")
         self._schedule_keepalive()
 
-    def _on_terminated(self, event: events.ConnectionTerminated) -> None:
+    def _on_terminated(self, event: Any) -> None:
         if self._error is None:
             if event.frame_type is None:
                 # An application close from the peer: code and reason are IAC's.
@@ -568,7 +596,7 @@ class QuicConn(Connection):
         self._closing = True
         if self._terminated.is_set():
             return
-        if goaway and self._quic._state.name not in ("CLOSING", "DRAINING", "TERMINATED"):
+        if goaway and not self.backend.is_closing(self._quic):
             with contextlib.suppress(Exception):  # best effort: the close frame carries the code anyway
                 self._quic.send_stream_data(CONTROL_STREAM, goaway_frame(code, reason))
                 self._proto.transmit()
@@ -701,7 +729,7 @@ class QuicConn(Connection):
             hs, _ControlChannel(self), clock=self.config.clock, max_frame_size=self.config.max_frame_size
         )
 
-    def _on_ticket(self, ticket: SessionTicket) -> None:
+    def _on_ticket(self, ticket: SessionTicketLike) -> None:
         self._ticket = ticket
         self._store_ticket()
 
@@ -722,8 +750,8 @@ def _wake(waiters: deque[asyncio.Future[None]]) -> None:
 # --- dialing ------------------------------------------------------------------------------------
 
 
-def _client_configuration(config: TransportConfig, host: str) -> QuicConfiguration:
-    qc = QuicConfiguration(
+def _client_configuration(config: TransportConfig, host: str, backend: Backend) -> Any:
+    qc = backend.QuicConfiguration(
         is_client=True,
         alpn_protocols=[ALPN],
         idle_timeout=_transport_idle(config),
@@ -751,6 +779,7 @@ async def dial_quic(
     config: TransportConfig | None = None,
     tickets: ClientTicketStore | None = None,
     session_id: int = 0,
+    backend: str | None = None,
 ) -> QuicConn:
     """Dial ``quic://host:port``; return the connection once the HELLOs verified.
 
@@ -759,11 +788,15 @@ async def dial_quic(
     session resumes: HELLO and the frames sent right after ``dial`` returns go
     as 0-RTT early data, and the server's HELLO is checked in the background
     (a refusal closes the connection; ``send``/``recv`` then raise it).
+
+    ``backend``: the QUIC library (``"aioquic"`` or ``"qh3"``); default: the selected
+    one (:func:`set_backend`, ``IAC_QUIC_BACKEND``, else automatic).
     """
     config = config or TransportConfig()
     addr = url if isinstance(url, Address) else parse_address(url)
     if addr.scheme != "quic":
         raise ConfigError(f"{url!r} is not a quic:// address")
+    lib = get_backend(backend)
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(config.handshake_timeout):
@@ -771,7 +804,7 @@ async def dial_quic(
     except (OSError, TimeoutError) as exc:
         raise TransportError(f"{url}: cannot resolve {addr.host}: {exc}") from None
     family, _, _, _, sockaddr = infos[0]
-    qc = _client_configuration(config, addr.host)
+    qc = _client_configuration(config, addr.host, lib)
     stored = tickets.pop(addr.url) if tickets is not None else None
     if stored is not None and expect is not None and stored.agent_id != expect:
         stored = None
@@ -780,16 +813,17 @@ async def dial_quic(
 
     holder: list[QuicConn] = []
 
-    def on_ticket(ticket: SessionTicket) -> None:
+    def on_ticket(ticket: SessionTicketLike) -> None:
         if holder:
             holder[0]._on_ticket(ticket)
 
-    quic = _AioquicConnection(
+    quic = lib.QuicConnection(
         configuration=qc, session_ticket_handler=on_ticket if tickets is not None else None
     )
+    protocol = _protocol_class(lib)
     try:
         _, proto = await loop.create_datagram_endpoint(
-            lambda: _Protocol(quic), remote_addr=cast(tuple[str, int], sockaddr), family=family
+            lambda: protocol(quic), remote_addr=cast(tuple[str, int], sockaddr), family=family
         )
     except OSError as exc:
         raise TransportError(f"{url}: {exc.strerror or exc}") from None
@@ -840,7 +874,7 @@ async def _dial_handshake(
             listen_addrs=params.listen_addrs,
             capabilities=params.capabilities,
         )
-    early = resumed_cert is not None and conn._quic._cryptos[Epoch.ZERO_RTT].send.is_valid()
+    early = resumed_cert is not None and conn.backend.zero_rtt_ready(conn._quic)
     if early and resumed_cert is not None:
         conn._cert_sha256 = resumed_cert
     else:
@@ -849,13 +883,13 @@ async def _dial_handshake(
                 await _wait_tls(conn, proto)
         except TimeoutError:
             raise TransportError(f"{conn.address}: QUIC handshake timed out") from None
-        cert = conn._quic.tls._peer_certificate
-        if cert is None:
+        der = conn.backend.peer_certificate_der(conn._quic)
+        if der is None:
             if resumed_cert is None:
                 raise HandshakeError("server sent no certificate")
             conn._cert_sha256 = resumed_cert
         else:
-            conn._cert_sha256 = channel_binding(_der(cert))
+            conn._cert_sha256 = channel_binding(der)
     hs = ClientHandshake(
         conn.identity,
         HelloOrder.CLIENT_FIRST,
@@ -974,14 +1008,16 @@ class QuicListener(Listener):
         config: TransportConfig,
         on_connection: OnConnection,
         tickets: ServerTicketStore,
+        backend: Backend | None = None,
     ) -> None:
+        self.backend = backend or get_backend()
         self.identity = identity
         self.config = config
         self.on_connection = on_connection
         self.tickets = tickets
         self.nonce_cache = config.nonce_cache or NonceCache(config.max_skew_us)
         self.addresses: list[str] = []
-        self._server: QuicServer | None = None
+        self._server: Any = None  # the library's QuicServer
         self._conns: set[QuicConn] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         #: Handshakes refused, by error name (``replayed_hello``, ``stale_hello``, ...).
@@ -989,18 +1025,20 @@ class QuicListener(Listener):
         self.accepted = 0
         self.cert_der = b""
         self.cert_sha256 = b""
-        self.configuration: QuicConfiguration | None = None
+        self.configuration: Any = None  # the library's QuicConfiguration
 
     async def _start(self, addr: Address) -> None:
-        qc = QuicConfiguration(
+        lib = self.backend
+        qc = lib.QuicConfiguration(
             is_client=False, alpn_protocols=[ALPN], idle_timeout=_transport_idle(self.config)
         )
-        qc.certificate, qc.private_key, qc.certificate_chain = _load_certificate(self.identity, self.config)
+        qc.certificate, qc.private_key, qc.certificate_chain, self.cert_der = _load_certificate(
+            self.identity, self.config, lib
+        )
         self.configuration = qc
-        self.cert_der = _der(qc.certificate)
         self.cert_sha256 = channel_binding(self.cert_der)
         try:
-            self._server = await serve(
+            self._server = await lib.serve(
                 addr.host,
                 addr.port,
                 configuration=qc,
@@ -1051,18 +1089,24 @@ async def listen_quic(
     *,
     config: TransportConfig | None = None,
     tickets: ServerTicketStore | None = None,
+    backend: str | None = None,
 ) -> QuicListener:
     """Listen on ``quic://host:port`` (port 0: any). ``on_connection`` runs per verified peer.
 
     ``tickets``: the server's session-ticket store; the default makes every ticket
     single-use. Pass ``ServerTicketStore(reuse=True)`` only in tests.
+    ``backend``: the QUIC library, as for :func:`dial_quic`.
     """
     config = config or TransportConfig()
     addr = url if isinstance(url, Address) else parse_address(url)
     if addr.scheme != "quic":
         raise ConfigError(f"{url!r} is not a quic:// address")
     listener = QuicListener(
-        identity, config, on_connection, tickets if tickets is not None else ServerTicketStore()
+        identity,
+        config,
+        on_connection,
+        tickets if tickets is not None else ServerTicketStore(),
+        get_backend(backend),
     )
     await listener._start(addr)
     return listener
@@ -1077,4 +1121,5 @@ __all__ = [
     "ServerTicketStore",
     "dial_quic",
     "listen_quic",
+    "set_backend",
 ]
