@@ -85,7 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dict-id", type=int, default=None, help="dictionary id (default: random)")
     t.set_defaults(func=_cmd_dict_train)
 
-    p = sub.add_parser("demo", help="run the demo on loopback")
+    p = sub.add_parser("demo", help="run the demo on loopback: a 5-process agent mesh")
+    p.add_argument(
+        "--codec", action="store_true", help="the codec demo instead (one process, corpus payloads)"
+    )
+    p.add_argument("--count", type=int, default=None, help="payloads for --codec (default 500)")
     p.set_defaults(func=_cmd_demo)
 
     from ._cli_net import register as register_net

@@ -254,18 +254,3 @@ def test_default_dictionary_beats_plain_zstd_on_small_messages():
 
 def test_package_exports():
     assert iac.default_dictionary is default_dictionary and iac.train is train
-
-
-def test_demo_runs_on_the_corpus_and_without_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-):
-    import argparse
-
-    from iac import _demo
-
-    assert _demo.run_demo(argparse.Namespace(count=40)) == 0
-    out = capsys.readouterr().out
-    assert "signatures verified: 40/40" in out and "BadSignature (bad_signature)" in out
-    monkeypatch.setattr(_demo, "find_corpus", lambda: None)
-    assert _demo.run_demo(argparse.Namespace(count=30)) == 0
-    assert "built-in samples" in capsys.readouterr().out
