@@ -202,8 +202,9 @@ class MemoryReplayStore:
     call. Expiry uses the highest ``now_us`` seen so far, so a clock stepping
     back never expires a window early (it only keeps windows longer).
 
-    Reserved ids are kept only while inside the window, so a session holds at
-    most ``window_size`` of them. The caller must :meth:`commit` or
+    Reserved ids count only while inside the window; ids that left it are pruned
+    lazily (once a session holds more than ``2 * window_size``), so a session holds
+    at most that many and the common case costs nothing per message. The caller must :meth:`commit` or
     :meth:`release` every reservation (``try``/``finally``); a commit or
     release for a window that has since expired is a no-op.
     """
@@ -213,6 +214,8 @@ class MemoryReplayStore:
         self._started_at_us = started_at_us
         self._clock_us = started_at_us
         self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
+        self._window_size = self._config.window_size
+        self._retention_us = self._config.retention_us
         self._full_mask = (1 << self._config.window_size) - 1
 
     # --- ReplayStore -------------------------------------------------------------------------
@@ -246,7 +249,7 @@ class MemoryReplayStore:
         if offset < 0:  # commit without reserve, ahead of the window: advance to it
             self._advance(w, msg_id)
             offset = 0
-        if offset < self._config.window_size:
+        if offset < self._window_size:
             w.bitmap |= 1 << offset
 
     def release(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
@@ -268,6 +271,8 @@ class MemoryReplayStore:
     @property
     def pending_count(self) -> int:
         """How many ids are reserved but neither committed nor released (all sessions)."""
+        for w in self._windows.values():
+            self._prune(w)
         return sum(len(w.pending) for w in self._windows.values())
 
     # --- internals ---------------------------------------------------------------------------
@@ -275,23 +280,36 @@ class MemoryReplayStore:
     def _expire_due(self, now_us: int) -> int:
         if now_us > self._clock_us:
             self._clock_us = now_us
-        limit = self._clock_us - self._config.retention_us
+        limit = self._clock_us - self._retention_us
+        windows = self._windows
         dropped = 0
-        while self._windows:
-            key, w = next(iter(self._windows.items()))
-            if w.last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
+        while windows:
+            key = next(iter(windows))
+            if windows[key].last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
                 break
-            del self._windows[key]
+            del windows[key]
             dropped += 1
         return dropped
 
     def _advance(self, w: _Window, msg_id: int) -> None:
         shift = serial_diff(msg_id, w.highest)
-        n = self._config.window_size
-        w.bitmap = (w.bitmap << shift) & self._full_mask if shift < n else 0
         w.highest = msg_id
+        if shift < self._window_size:
+            w.bitmap = (w.bitmap << shift) & self._full_mask
+            # Reservations that left the window are harmless until pruned: lookups and
+            # commits only concern ids inside it, and it moves forward.
+            if len(w.pending) > 2 * self._window_size:
+                self._prune(w)
+        else:  # everything behind the old highest left the window
+            w.bitmap = 0
+            if w.pending:
+                w.pending = set()
+
+    def _prune(self, w: _Window) -> None:
+        """Drop reservations that left the window."""
         if w.pending:
-            w.pending = {p for p in w.pending if serial_diff(msg_id, p) < n}
+            n, top = self._window_size, w.highest
+            w.pending = {p for p in w.pending if serial_diff(top, p) < n}
 
     def _check(self, sender: str, session_id: int, msg_id: int, now_us: int, *, reserve: bool) -> Verdict:
         _check_u64("msg_id", msg_id)
@@ -316,7 +334,7 @@ class MemoryReplayStore:
             self._advance(w, msg_id)
             self._mark(w, msg_id, 0, reserve)
             return Verdict.NEW
-        if offset >= self._config.window_size:
+        if offset >= self._window_size:
             return Verdict.TOO_OLD
         if w.bitmap >> offset & 1:
             return Verdict.DUPLICATE

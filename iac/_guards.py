@@ -15,6 +15,9 @@ from typing import Any
 from ._node_config import ContentGuard, Refusal
 from ._pb.iac_pb2 import Intent, Message, MessageType
 
+# MessageType values as plain ints (a protobuf enum attribute lookup costs a Python call).
+_DELEGATE_TASK: int = MessageType.DELEGATE_TASK
+
 RESPONSE_TYPES = frozenset({MessageType.REPLY, MessageType.ERROR, MessageType.ACK})
 KNOWN_TYPES = frozenset(v for v in MessageType.values() if v != MessageType.UNKNOWN)
 KNOWN_INTENTS = frozenset(v for v in Intent.values() if v != Intent.INTENT_UNSPECIFIED)
@@ -31,7 +34,9 @@ def decode_payload(payload_json: str) -> tuple[Any, Check]:
         value = json.loads(payload_json)
     except (ValueError, RecursionError) as exc:
         return None, (Refusal.BAD_PAYLOAD, f"payload_json is not JSON: {str(exc)[:100]}")
-    if _depth(value) > MAX_JSON_DEPTH:
+    # Each level of nesting opens a bracket: with few brackets (counted in C, strings
+    # included) the value cannot nest too deep, and the walk is skipped.
+    if payload_json.count("{") + payload_json.count("[") > MAX_JSON_DEPTH and _depth(value) > MAX_JSON_DEPTH:
         return None, (Refusal.BAD_PAYLOAD, f"payload_json nests deeper than {MAX_JSON_DEPTH}")
     return value, None
 
@@ -61,7 +66,7 @@ def check_type(msg: Message, allowed: frozenset[int] | None) -> Check:
 
 def check_task(msg: Message, delegators: frozenset[str] | None, sender: str) -> Check:
     """The task envelope: required on DELEGATE_TASK, checked wherever present."""
-    is_delegation = msg.msg_type == MessageType.DELEGATE_TASK
+    is_delegation = msg.msg_type == _DELEGATE_TASK
     if not msg.HasField("task"):
         if is_delegation:
             return Refusal.BAD_TASK, "DELEGATE_TASK without a task envelope"

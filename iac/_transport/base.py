@@ -8,7 +8,7 @@ frame *means* lives here or in :mod:`iac._handshake`, so it is written once:
   turns a refusal into a GOAWAY carrying the refusal's close code.
 * :class:`SessionLogic` judges each frame after the handshake.
 * :class:`SendQueue` and :class:`RecvQueue` are the bounded queues between the
-  application and an adapter's I/O tasks (send waits when full; frames queued in
+  application and an adapter's I/O (send waits when full; frames queued in
   one event-loop turn go out in one write).
 * :class:`ConnectionTable` keeps one connection per peer pair.
 """
@@ -531,6 +531,14 @@ class SendQueue:
             len(self._items) >= self.max_frames or self._bytes + size > self.max_bytes
         )
 
+    def offer(self, frame: bytes) -> bool:
+        """Queue ``frame`` if that needs no wait; False when full (or closing: ``put`` raises)."""
+        if self._error is not None or self._finished or self._full(len(frame)):
+            return False
+        self._items.append(frame)
+        self._bytes += len(frame)
+        return True
+
     async def put(self, frame: bytes) -> None:
         while True:
             if self._error is not None:
@@ -559,11 +567,21 @@ class SendQueue:
             self._getter = asyncio.get_running_loop().create_future()
             await self._getter
             self._getter = None
+        return self.take_all()
+
+    def take_all(self) -> list[bytes]:
+        """Everything queued now (maybe nothing), without waiting; wakes waiting ``put`` calls."""
         out = list(self._items)
         self._items.clear()
         self._bytes = 0
-        _wake(self._putters)
+        if self._putters:
+            _wake(self._putters)
         return out
+
+    @property
+    def done(self) -> bool:
+        """Finished or failed, and nothing left to write."""
+        return (self._finished or self._error is not None) and not self._items
 
     def finish(self, error: IacError | None = None) -> None:
         """No more frames: the writer drains what is queued, then stops. Later and
@@ -605,6 +623,21 @@ class RecvQueue:
     def nbytes(self) -> int:
         return self._bytes
 
+    def has_room(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes fits now (an empty queue takes any frame)."""
+        return not self._items or (
+            len(self._items) < self.max_frames and self._bytes + size <= self.max_bytes
+        )
+
+    def put_nowait(self, item: Incoming) -> None:
+        """Queue regardless of the bound (the caller checked :meth:`has_room`); dropped after ``fail``."""
+        if self._error is not None:
+            return
+        self._items.append(item)
+        self._bytes += item.frame.wire_size or len(item.frame.body)
+        if self._getters:
+            _wake(self._getters)
+
     async def put(self, item: Incoming) -> None:
         size = item.frame.wire_size or len(item.frame.body)
         while (
@@ -630,7 +663,8 @@ class RecvQueue:
             await fut
         item = self._items.popleft()
         self._bytes -= item.frame.wire_size or len(item.frame.body)
-        _wake(self._putters)
+        if self._putters:
+            _wake(self._putters)
         return item
 
     def fail(self, error: IacError) -> None:

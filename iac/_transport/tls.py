@@ -31,7 +31,7 @@ from .base import (
     format_host,
     server_handshake,
 )
-from .stream import NETWORK_ERRORS, StreamListener, close_writer, establish
+from .stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
 
 
 def _base_context(purpose: int) -> ssl.SSLContext:
@@ -83,8 +83,8 @@ def set_keepalive(sock: socket.socket | None, interval: float) -> None:
         pass
 
 
-def _peer_url(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
+def _peer_url(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"tls://{format_host(str(peer[0]))}:{peer[1]}"
     return "tls://?"
@@ -104,8 +104,12 @@ async def dial_tls(
     url = address.url
     try:
         async with asyncio.timeout_at(deadline):
-            reader, writer = await asyncio.open_connection(
-                address.host, address.port, ssl=ctx, ssl_handshake_timeout=config.handshake_timeout
+            transport, proto = await loop.create_connection(
+                lambda: FrameProtocol(config),
+                address.host,
+                address.port,
+                ssl=ctx,
+                ssl_handshake_timeout=config.handshake_timeout,
             )
     except TimeoutError:
         raise TransportError(f"{url}: no TLS connection within {config.handshake_timeout:g} s") from None
@@ -115,12 +119,12 @@ async def dial_tls(
         raise TransportError(f"{url}: TLS handshake failed: {exc.reason or exc}") from None
     except NETWORK_ERRORS as exc:
         raise TransportError(f"{url}: cannot connect: {exc}") from None
-    sslobj = writer.get_extra_info("ssl_object")
+    sslobj = transport.get_extra_info("ssl_object")
     der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
     if sslobj is None or sslobj.selected_alpn_protocol() != ALPN or not der:
-        await close_writer(writer, 0.1)
+        await proto.close_transport(0.1)
         raise TransportError(f"{url}: the peer does not speak {ALPN} (ALPN) or sent no certificate")
-    set_keepalive(writer.get_extra_info("socket"), config.keepalive_interval)
+    set_keepalive(transport.get_extra_info("socket"), config.keepalive_interval)
     hs = client_handshake(
         identity,
         config,
@@ -129,7 +133,7 @@ async def dial_tls(
         expect=expect,
         session_id=session_id,
     )
-    return await establish(reader, writer, hs, config=config, transport="tls", address=url, deadline=deadline)
+    return await establish(proto, hs, config=config, transport="tls", address=url, deadline=deadline)
 
 
 async def listen_tls(
@@ -157,18 +161,22 @@ async def listen_tls(
         describe_peer=_peer_url,
     )
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if writer.get_extra_info("ssl_object") is None or (
-            writer.get_extra_info("ssl_object").selected_alpn_protocol() != ALPN
-        ):
-            await close_writer(writer, 0.1)
+    async def handle(proto: FrameProtocol) -> None:
+        transport = proto.transport
+        sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+        if transport is None or sslobj is None or sslobj.selected_alpn_protocol() != ALPN:
+            await proto.close_transport(0.1)
             return
-        set_keepalive(writer.get_extra_info("socket"), config.keepalive_interval)
-        await listener.handle(reader, writer)
+        set_keepalive(transport.get_extra_info("socket"), config.keepalive_interval)
+        await listener.handle(proto)
 
     try:
-        server = await asyncio.start_server(
-            handle, address.host, address.port, ssl=ctx, ssl_handshake_timeout=config.handshake_timeout
+        server = await asyncio.get_running_loop().create_server(
+            listener.protocol_factory(handle),
+            address.host,
+            address.port,
+            ssl=ctx,
+            ssl_handshake_timeout=config.handshake_timeout,
         )
     except OSError as exc:
         raise TransportError(f"{address.url}: cannot listen: {exc.strerror or exc}") from None

@@ -34,7 +34,7 @@ from .base import (
     client_handshake,
     server_handshake,
 )
-from .stream import NETWORK_ERRORS, StreamListener, establish
+from .stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
 
 
 def peer_uid(sock: socket.socket | None) -> int | None:
@@ -96,7 +96,7 @@ async def dial_unix(
     url = address.url
     try:
         async with asyncio.timeout_at(deadline):
-            reader, writer = await asyncio.open_unix_connection(address.path)
+            _transport, proto = await loop.create_unix_connection(lambda: FrameProtocol(config), address.path)
     except TimeoutError:
         raise TransportError(f"{url}: no connection within {config.handshake_timeout:g} s") from None
     except FileNotFoundError:
@@ -108,9 +108,7 @@ async def dial_unix(
     hs = client_handshake(
         identity, config, order=HelloOrder.SERVER_FIRST, binding=b"", expect=expect, session_id=session_id
     )
-    return await establish(
-        reader, writer, hs, config=config, transport="unix", address=url, deadline=deadline
-    )
+    return await establish(proto, hs, config=config, transport="unix", address=url, deadline=deadline)
 
 
 async def listen_unix(
@@ -131,8 +129,8 @@ async def listen_unix(
             identity, config, order=HelloOrder.SERVER_FIRST, binding=b"", nonce_cache=nonce_cache
         )
 
-    def precheck(writer: asyncio.StreamWriter) -> ProtocolError | None:
-        uid = peer_uid(writer.get_extra_info("socket"))
+    def precheck(transport: asyncio.BaseTransport) -> ProtocolError | None:
+        uid = peer_uid(transport.get_extra_info("socket"))
         if uid is None or uid not in allowed:
             return AdmissionDenied(f"uid {uid} is not allowed on this socket")
         return None
@@ -147,7 +145,9 @@ async def listen_unix(
         precheck=precheck,
     )
     try:
-        server = await asyncio.start_unix_server(listener.handle, path=str(path))
+        server = await asyncio.get_running_loop().create_unix_server(
+            listener.protocol_factory(), path=str(path)
+        )
     except OSError as exc:
         raise TransportError(f"{address.url}: cannot listen: {exc.strerror or exc}") from None
     os.chmod(path, 0o600)
