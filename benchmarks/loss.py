@@ -29,9 +29,12 @@ by JSON lines on stdin/stdout.
 Contenders: ``iac-quic``, ``iac-tls``, ``iac-unix`` (``iac.Node.request``: sign, compress,
 verify, replay check both ways; a small JSON payload), ``http`` (aiohttp POST of a JSON
 envelope whose ``hash`` is SHA-256(payload + password), as Agent Zero does; the reply is
-hashed the same way) and ``http-ed25519`` (the same with the envelope signed by Ed25519
-and verified on both sides: equal security to IAC). ``IAC_QUIC_BACKEND`` in the
-environment is passed through to IAC (the hook for an accelerated QUIC backend).
+hashed the same way), ``http-ed25519`` (the same with the envelope signed by Ed25519
+and verified on both sides: equal security to IAC), its transport-matched variants
+``http-ed25519-tls`` (HTTPS, TLS 1.3) and ``http-ed25519-unix`` (a UNIX socket), and
+``grpc`` (``benchmarks/baselines.py``'s grpcio aio unary call over an insecure HTTP/2
+channel, no authentication). ``IAC_QUIC_BACKEND`` in the environment is passed through
+to IAC (the hook for an accelerated QUIC backend).
 """
 
 from __future__ import annotations
@@ -71,7 +74,21 @@ NAMES = {
     "iac-unix": "IAC-UNIX",
     "http": "HTTP+JSON+SHA-256",
     "http-ed25519": "HTTP+Ed25519 JSON",
+    "http-ed25519-tls": "HTTPS+Ed25519 JSON",
+    "http-ed25519-unix": "HTTP+Ed25519 JSON/UNIX",
+    "grpc": "gRPC unary (no auth)",
 }
+#: The HTTP contenders: name -> (signed, transport).
+HTTP_KINDS = {
+    "http": (False, "tcp"),
+    "http-ed25519": (True, "tcp"),
+    "http-ed25519-tls": (True, "tls"),
+    "http-ed25519-unix": (True, "unix"),
+}
+
+
+def have_grpc() -> bool:
+    return importlib.util.find_spec("grpc") is not None
 
 
 def have_aiohttp() -> bool:
@@ -167,9 +184,33 @@ class IacServer(Server):
         await self.node.close()
 
 
+def _tls_server_context() -> Any:
+    import ssl
+
+    from iac._certs import generate_self_signed
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    generate_self_signed("bench.localhost").load_into(ctx)
+    return ctx
+
+
+def _tls_client_context() -> Any:
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # a self-signed benchmark certificate: encryption, not trust, is measured
+    return ctx
+
+
 class HttpServer(Server):
-    def __init__(self, signed: bool) -> None:
+    """aiohttp server; ``transport``: ``tcp`` (plain HTTP), ``tls`` (HTTPS, TLS 1.3) or ``unix``."""
+
+    def __init__(self, signed: bool, transport: str = "tcp") -> None:
         self.signer, self.verifier = _keys(signed, SERVER_SEED, CLIENT_SEED)
+        self.transport = transport
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         from aiohttp import web
@@ -184,21 +225,41 @@ class HttpServer(Server):
         app.router.add_post(PATH, handle)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, 0)
+        if self.transport == "unix":
+            path = str(directory / f"http-{os.getpid()}.sock")
+            await web.UnixSite(self.runner, path).start()
+            return {"url": f"http://localhost{PATH}", "unix": path}
+        tls = self.transport == "tls"
+        site = web.TCPSite(self.runner, host, 0, ssl_context=_tls_server_context() if tls else None)
         await site.start()
         server = site._server
         port = server.sockets[0].getsockname()[1] if server is not None else 0  # type: ignore[attr-defined]
-        return {"url": f"http://{host}:{port}{PATH}"}
+        return {"url": f"{'https' if tls else 'http'}://{host}:{port}{PATH}"}
 
     async def close(self) -> None:
         await self.runner.cleanup()
 
 
+class GrpcServer(Server):
+    """``benchmarks/baselines.py``'s gRPC server (aio unary, bytes in/out, insecure channel)."""
+
+    async def start(self, host: str, directory: Path) -> dict[str, Any]:
+        import baselines
+
+        self.server = await baselines.start_grpc("grpc", directory)
+        return dict(self.server.info)
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
 def make_server(contender: str) -> Server:
     if contender.startswith("iac-"):
         return IacServer(contender[4:])
-    if contender in ("http", "http-ed25519"):
-        return HttpServer(contender == "http-ed25519")
+    if contender in HTTP_KINDS:
+        return HttpServer(*HTTP_KINDS[contender])
+    if contender == "grpc":
+        return GrpcServer()
     raise SystemExit(f"unknown contender {contender}")
 
 
@@ -283,10 +344,15 @@ class HttpClient(Client):
         import aiohttp
 
         self.url = target["url"]
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max(64, depth)),
-            timeout=aiohttp.ClientTimeout(total=60),
-        )
+        limit = max(64, depth)
+        connector: Any
+        if "unix" in target:
+            connector = aiohttp.UnixConnector(path=target["unix"], limit=limit)
+        elif self.url.startswith("https:"):
+            connector = aiohttp.TCPConnector(limit=limit, ssl=_tls_client_context())
+        else:
+            connector = aiohttp.TCPConnector(limit=limit)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60))
 
     async def one(self, i: int) -> None:
         body = _http_body(self.payload, i, self.signer)
@@ -303,11 +369,29 @@ class HttpClient(Client):
         await self.session.close()
 
 
+class GrpcClient(Client):
+    """``benchmarks/baselines.py``'s gRPC client, sending :data:`PAYLOAD` as JSON bytes."""
+
+    async def start(self, target: dict[str, Any], depth: int) -> None:
+        import baselines
+
+        self.client = baselines.GrpcClient([PAYLOAD], target)
+        await self.client.start()
+
+    async def one(self, i: int) -> None:
+        await self.client.request(i)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
 def make_client(contender: str) -> Client:
     if contender.startswith("iac-"):
         return IacClient()
-    if contender in ("http", "http-ed25519"):
-        return HttpClient(contender == "http-ed25519")
+    if contender in HTTP_KINDS:
+        return HttpClient(HTTP_KINDS[contender][0])
+    if contender == "grpc":
+        return GrpcClient()
     raise SystemExit(f"unknown contender {contender}")
 
 

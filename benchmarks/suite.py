@@ -16,6 +16,7 @@ schema is documented in ``benchmarks/README.md`` (section "Suite").
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime as dt
 import importlib.metadata
@@ -24,13 +25,14 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,25 @@ def interleave(
             on_round(r)
         for name in order:
             out[name].append(steps[name]())
+    return out
+
+
+async def interleave_async(
+    steps: dict[str, Callable[[], Awaitable[float]]],
+    rounds: int,
+    warmup: int = 1,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """:func:`interleave` for coroutine steps sharing one event loop (nodes that live across rounds)."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            await fn()
+    out: dict[str, list[float]] = {name: [] for name in steps}
+    for r, order in enumerate(turn_order(list(steps), rounds)):
+        if on_round is not None:
+            on_round(r)
+        for name in order:
+            out[name].append(await steps[name]())
     return out
 
 
@@ -366,7 +387,29 @@ def _request_contenders(ctx: Context) -> list[tuple[str, str, str | None]]:
     out: list[tuple[str, str, str | None]] = [(quic_name(b), "iac-quic", b) for b in ctx.backends]
     out += [("IAC-TLS/TCP", "iac-tls", None), ("IAC-UNIX", "iac-unix", None)]
     if loss.have_aiohttp():
-        out += [("HTTP+JSON+SHA-256", "http", None), ("HTTP+Ed25519 JSON", "http-ed25519", None)]
+        out += [
+            (loss.NAMES[c], c, None)
+            for c in ("http", "http-ed25519", "http-ed25519-tls", "http-ed25519-unix")
+        ]
+    if loss.have_grpc():
+        out.append((loss.NAMES["grpc"], "grpc", None))
+    return out
+
+
+#: Transport-matched, equal-security pairs of the ``requests`` scenario: (IAC, HTTP+Ed25519 variant).
+SAME_TRANSPORT = (("IAC-TLS/TCP", "HTTPS+Ed25519 JSON"), ("IAC-UNIX", "HTTP+Ed25519 JSON/UNIX"))
+
+
+def same_transport_ratios(res: Result) -> dict[str, dict[str, float]]:
+    """IAC over HTTP+Ed25519 on the same transport, per metric (ratio of medians)."""
+    index = {(r["contender"], r["metric"]): r["median"] for r in res.rows}
+    out: dict[str, dict[str, float]] = {}
+    for iac_name, http_name in SAME_TRANSPORT:
+        for (who, metric), value in index.items():
+            base = index.get((http_name, metric))
+            r = ratio(value, base) if who == iac_name else None
+            if r is not None:
+                out.setdefault(f"{iac_name} / {http_name}", {})[metric] = round(r, 3)
     return out
 
 
@@ -444,8 +487,21 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
         f"(benchmarks/loss.py serve/client); {plan.rounds} rounds, turns A B … B A; per turn "
         + ", ".join(f"{n} requests at {d} in flight" for d, n in plan.counts.items())
         + ". CPU is time.process_time() of each process over the turn, divided by the requests. "
-        "IAC = Node.request (sign, compress, verify, replay check both ways)."
+        "IAC = Node.request (sign, compress, verify, replay check both ways). HTTP+Ed25519 signs and "
+        "verifies both ways too (equal security); HTTPS+Ed25519 (TLS 1.3) and HTTP+Ed25519/UNIX are "
+        "the same code over IAC-TLS's and IAC-UNIX's transports. HTTP/1.1 holds up to 64 keep-alive "
+        "connections at 64 in flight; IAC and gRPC multiplex one. gRPC (benchmarks/baselines.py: "
+        "grpcio aio unary, bytes in/out, insecure channel) has no authentication at all."
     )
+    same = same_transport_ratios(res)
+    if same:
+        res.raw = {"same_transport_ratios": same}
+        keys = ("RTT p50, 1 in flight", f"requests/s, {max(depths)} in flight")
+        for pair, by_metric in same.items():
+            shown = [f"{m} {by_metric[m]:.2f}" for m in keys if m in by_metric]
+            cpu = [m for m in by_metric if "CPU" in m]
+            shown += [f"{m} {by_metric[m]:.2f}" for m in cpu]
+            res.notes.append(f"Same transport, equal security: {pair} = " + "; ".join(shown) + ".")
 
 
 def sc_requests(ctx: Context, res: Result) -> None:
@@ -458,33 +514,141 @@ def sc_cpu(ctx: Context, res: Result) -> None:
     _requests(ctx, res, RequestPlan(rounds=3 if ctx.quick else 7, counts=counts), cpu_only=True)
 
 
+@dataclass(frozen=True)
+class BroadcastPlan:
+    sizes: tuple[int, ...]
+    rounds: int
+
+
 def sc_broadcast(ctx: Context, res: Result) -> None:
+    import mesh
+
     from iac._node import Node
 
     if not hasattr(Node, "broadcast"):
         res.status = "unavailable"
-        res.reason = (
-            "not available yet: iac.Node has no broadcast() (iac/_routing.py has the sans-IO Router, "
-            "not yet wired into the node)"
-        )
+        res.reason = "iac.Node has no broadcast() in this version"
         return
-    res.status = "unavailable"
-    res.reason = "Node.broadcast exists, but the suite's broadcast scenario is not written yet"
+    plan = BroadcastPlan((10,), 5) if ctx.quick else BroadcastPlan((10, 50, 100), 25)
+    res.raw = {"sizes": list(plan.sizes), "rounds": plan.rounds, "links": {}}
+    series: dict[str, dict[str, float]] = {}
+    warmup = 2
+
+    async def one_size(n: int) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+        work = Path(tempfile.mkdtemp(prefix=f"b{n}-", dir=ctx.tmp))
+        bench = mesh.BroadcastBench(n, work)
+        sent: dict[str, list[float]] = {}
+        try:
+            ctx.progress(f"{n} agents: setting up")
+            await bench.setup()
+
+            def counted(label: str, fn: Callable[[], Awaitable[float]]) -> Callable[[], Awaitable[float]]:
+                async def step() -> float:
+                    b0 = bench.sent_bytes()
+                    ms = await fn()
+                    if label.startswith("IAC"):
+                        sent.setdefault(label, []).append(float(bench.sent_bytes() - b0))
+                    return ms
+
+                return step
+
+            steps = {label: counted(label, fn) for label, fn in bench.contenders().items()}
+            figs = await interleave_async(
+                steps,
+                plan.rounds,
+                warmup=warmup,
+                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{plan.rounds}"),
+            )
+            for label in sent:  # the first entries are the warm-ups
+                sent[label] = sent[label][warmup:]
+            return figs, sent, len(bench.edges)
+        finally:
+            await bench.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+    base = mesh.HTTP_ED25519 if mesh._have_aiohttp() else mesh.IAC_FANOUT
+    res.baseline = base
+    for n in plan.sizes:
+        figs, sent, links = asyncio.run(one_size(n))
+        res.raw["links"][str(n)] = links
+        for label, values in figs.items():
+            res.add(label, f"completion, {n} agents", "ms", values)
+            series.setdefault(label, {})[str(n)] = statistics.median(values)
+        for label, values in sent.items():
+            if values:
+                res.add(
+                    label,
+                    f"IAC frame bytes sent per broadcast, all agents, {n} agents",
+                    "B",
+                    values,
+                    baseline=mesh.IAC_FANOUT,
+                )
+    res.series["completion_vs_agents_ms"] = series
+    if base != mesh.HTTP_ED25519:
+        res.notes.append("No HTTP baselines: aiohttp is not installed; IAC fan-out is the baseline.")
+    res.notes.append(
+        "Completion = from the origin's first call to the handler of the last of the N-1 other agents. "
+        "All agents run in this one process on one event loop, on UNIX sockets, so the figure is the "
+        "CPU of every hop on one core. IAC broadcast: Node.broadcast flooded over a seeded random "
+        "connected graph (spanning tree + N/2 extra links: "
+        + ", ".join(f"{n} agents {k} links" for n, k in res.raw["links"].items())
+        + "), signed once by the origin, verified and deduplicated by each agent, forwarded to every "
+        "other neighbour; the origin rotates. IAC fan-out: one origin connected to all N-1 agents, "
+        "one signed Node.send each. HTTP fan-out: aiohttp, a keep-alive connection to each agent's "
+        "server, one body (Ed25519-signed once, or hashed once) POSTed to all N-1 at once; each server "
+        f"verifies it. {plan.rounds} rounds after 2 warm-ups, turns A B … B A."
+    )
 
 
 def sc_filetransfer(ctx: Context, res: Result) -> None:
+    import mesh
+
     from iac._node import Node
 
-    api = next((n for n in ("send_file", "transfer_file") if hasattr(Node, n)), None)
-    if api is None:
+    if not hasattr(Node, "send_file"):
         res.status = "unavailable"
-        res.reason = (
-            "not available yet: iac.Node has no send_file() (iac/_filetransfer.py has the sans-IO "
-            "FileSender/FileReceiver, not yet wired into the node)"
-        )
+        res.reason = "iac.Node has no send_file() in this version"
         return
-    res.status = "unavailable"
-    res.reason = f"Node.{api} exists, but the suite's file-transfer scenario is not written yet"
+    mib, rounds = (8, 3) if ctx.quick else (48, 5)
+    work = Path(tempfile.mkdtemp(prefix="files-", dir=ctx.tmp))  # private: it holds UNIX sockets
+    src = mesh.make_file(work / "payload.bin", mib)
+    base = "bare aioquic, one stream"
+    res.baseline = base
+    steps: dict[str, Callable[[], Awaitable[float]]] = {}
+
+    def over(url: str, backend: str | None = None) -> Callable[[], Awaitable[float]]:
+        return lambda: mesh.bench_iac_file(src, work, url, None, backend=backend)
+
+    def bare(lib: str) -> Callable[[], Awaitable[float]]:
+        return lambda: mesh.bench_bare_aioquic(src, work, lib)
+
+    steps[base] = bare("aioquic")
+
+    bases: dict[str, str] = {}
+    for b in ctx.backends:
+        label = f"{quic_name(b)} send_file"
+        steps[label] = over("quic://127.0.0.1:0", b)
+        if b != "aioquic" and importlib.util.find_spec(b) is not None:  # that backend's own ceiling
+            bases[label] = f"bare {b}, one stream"
+            steps[bases[label]] = bare(b)
+    steps["IAC-TLS/TCP send_file"] = over("tls://127.0.0.1:0")
+    steps["IAC-UNIX send_file"] = over("unix://")
+    figs = asyncio.run(
+        interleave_async(steps, rounds, warmup=1, on_round=lambda r: ctx.progress(f"round {r + 1}/{rounds}"))
+    )
+    for label, values in figs.items():
+        res.add(label, f"MB/s, {mib} MiB file", "MB/s", values, better="higher", baseline=bases.get(label))
+    res.raw = {"file_mib": mib, "rounds": rounds, "mb_s": figs}
+    res.notes.append(
+        f"One {mib} MiB file of seeded random bytes, sent once per turn by each contender on loopback "
+        f"({rounds} rounds after a warm-up, turns A B … B A); MB/s = 10^6 bytes/s from the first byte "
+        "to the receiver's confirmation; the connection is set up before the clock starts. "
+        "IAC: Node.send_file (chunks as signed FILE_TRANSFER messages, default window, the receiver "
+        "checks the SHA-256 and renames the file into its inbox; durable_files off). Bare aioquic: "
+        "one QUIC stream, the server writes the bytes to disk and hashes them, nothing signed: the "
+        "ceiling of the QUIC stack IAC-QUIC runs on (IAC-QUIC[qh3] is compared with bare qh3, when "
+        "installed). TLS and UNIX rows are compared with bare aioquic too (a different transport)."
+    )
 
 
 def sc_loss(ctx: Context, res: Result) -> None:
@@ -626,6 +790,80 @@ def _fmt(x: float | None) -> str:
     return f"{x:.2f}"
 
 
+#: The headline table's metrics per scenario (``None``: the metric of the largest N).
+HEADLINE: dict[str, tuple[str, ...] | None] = {
+    "codec": ("send: encode vs sign (µs/msg)", "receive: decode vs verify (µs/msg)"),
+    "bytes": ("bytes per message (test.jsonl)",),
+    "rtt": ("RTT p50, 1 in flight",),
+    "requests": ("RTT p50, 1 in flight", "requests/s, 64 in flight", "server CPU per request, 64 in flight"),
+    "setup": ("first delivery, 20 ms RTT",),
+    "oneway": ("messages/s",),
+    "loss": ("p99 at 0% loss", "p99 at 3% loss"),
+    "broadcast": None,
+    "filetransfer": None,
+}
+
+
+def headline(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per IAC figure worth a headline: its baseline, its ratio, whether IAC is ahead,
+    and the best other (non-IAC) contender for the same metric."""
+    out: list[dict[str, Any]] = []
+    for sc in doc["scenarios"]:
+        if sc["status"] != "ok" or sc["name"] not in HEADLINE:
+            continue
+        wanted = HEADLINE[sc["name"]]
+        rows = sc["rows"]
+        if wanted is None:  # the first metric of the last (largest) size
+            timed = [r["metric"] for r in rows if r["unit"] != "B"]
+            wanted = (timed[-1],) if timed else ()
+        for r in rows:
+            if not r["iac"] or r["metric"] not in wanted or r["ratio"] is None:
+                continue
+            higher = r["better"] == "higher"
+            others = [o for o in rows if o["metric"] == r["metric"] and not o["iac"]]
+            best = max(others, key=lambda o: o["median"] * (1 if higher else -1), default=None)
+            base = next(
+                (o for o in rows if o["contender"] == r["baseline"] and o["metric"] == r["metric"]), None
+            )
+            out.append(
+                {
+                    "scenario": sc["name"],
+                    "metric": r["metric"],
+                    "unit": r["unit"],
+                    "contender": r["contender"],
+                    "median": r["median"],
+                    "baseline": r["baseline"],
+                    "baseline_median": base["median"] if base else None,
+                    "ratio": r["ratio"],
+                    "ahead": r["ratio"] > 1 if higher else r["ratio"] < 1,
+                    "best_other": best["contender"] if best else None,
+                    "best_other_median": best["median"] if best else None,
+                }
+            )
+    return out
+
+
+def headline_markdown(doc: dict[str, Any]) -> list[str]:
+    rows = headline(doc)
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Headline",
+        "",
+        "| scenario | metric | IAC | median | baseline | baseline median | × baseline | IAC | best other |",
+        "|---|---|---|---:|---|---:|---:|---|---|",
+    ]
+    for h in rows:
+        best = "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})"
+        lines.append(
+            f"| {h['scenario']} | {h['metric']} | {h['contender']} | {_fmt(h['median'])} {h['unit']} | "
+            f"{h['baseline']} | {_fmt(h['baseline_median'])} | {h['ratio']:.2f} | "
+            f"{'ahead' if h['ahead'] else '**behind**'} | {best} |"
+        )
+    return lines
+
+
 def markdown(doc: dict[str, Any]) -> str:
     env = doc["environment"]
     libs = ", ".join(f"{k} {v}" for k, v in env["libraries"].items() if v)
@@ -643,6 +881,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "**× baseline** is an IAC figure over the scenario's baseline for the same metric "
         "(for `higher is better` metrics above 1 means IAC is ahead, otherwise below 1 does).",
     ]
+    lines += headline_markdown(doc)
     for sc in doc["scenarios"]:
         lines += ["", f"## {sc['name']} — {sc['title']}", ""]
         if sc["status"] != "ok":
@@ -722,6 +961,21 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / "rps_vs_in_flight.png", dpi=110)
         plt.close(fig)
         made.append("rps_vs_in_flight.png")
+    bc = by.get("broadcast")
+    if bc and bc["series"].get("completion_vs_agents_ms"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, pts in bc["series"]["completion_vs_agents_ms"].items():
+            xs = sorted(int(k) for k in pts)
+            ax.plot(xs, [pts[str(x)] for x in xs], marker="o", label=name)
+        ax.set_xlabel("agents")
+        ax.set_ylabel("completion (ms), last agent reached")
+        ax.set_title("Broadcast completion vs agents (one process, UNIX sockets)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "broadcast_completion.png", dpi=110)
+        plt.close(fig)
+        made.append("broadcast_completion.png")
     lo = by.get("loss")
     if lo and lo["series"].get("p99_vs_loss_ms"):
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -815,6 +1069,7 @@ def run(argv: Sequence[str] | None = None, command: str | None = None) -> int:
             prog(f"{res.status} in {res.duration_s:.1f} s")
     doc["duration_s"] = time.monotonic() - t0
     doc["plots"] = [] if args.json_only else plots(doc, args.out)
+    doc["headline"] = headline(doc)
     (args.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if not args.json_only:
         (args.out / "report.md").write_text(markdown(doc), encoding="utf-8")

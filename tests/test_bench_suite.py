@@ -76,10 +76,115 @@ def test_iac_bench_quick_writes_json_and_markdown(tmp_path):
         assert row["min"] <= row["median"] <= row["max"]
     iac_rows = [r for r in codec["rows"] if r["iac"]]
     assert iac_rows and all(r["ratio"] and r["ratio"] > 0 for r in iac_rows)
-    assert by["broadcast"]["status"] in ("unavailable", "ok")
+    assert by["broadcast"]["status"] == "ok", by["broadcast"]["reason"]
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "| metric | contender | median | min .. max | unit | × baseline |" in md
     assert doc["command"] in md and env["cpu_model"] in md
+
+
+def _quick_suite(tmp_path: Path, *only: str) -> dict[str, dict]:
+    out = tmp_path / "res"
+    argv = [sys.executable, str(BENCH / "suite.py"), "--quick", "--json-only", "--out", str(out)]
+    for name in only:
+        argv += ["--only", name]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # --json-only: no progress display
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert not (out / "report.md").exists()
+    by = {s["name"]: s for s in doc["scenarios"]}
+    assert set(by) == set(only)
+    for sc in by.values():
+        assert set(sc) == SCENARIO_FIELDS
+        assert sc["status"] == "ok", sc["reason"]
+        for row in sc["rows"]:
+            assert set(row) == ROW_FIELDS
+            assert row["min"] <= row["median"] <= row["max"] and row["n"] >= 1
+    return by
+
+
+def test_quick_broadcast_scenario_fields(tmp_path):
+    import mesh
+
+    sc = _quick_suite(tmp_path, "broadcast")["broadcast"]
+    rows = {(r["contender"], r["metric"]): r for r in sc["rows"]}
+    metric = "completion, 10 agents"  # --quick: 10 agents only
+    assert {r["metric"] for r in sc["rows"] if r["unit"] == "ms"} == {metric}
+    assert (mesh.IAC_MESH, metric) in rows and (mesh.IAC_FANOUT, metric) in rows
+    flood = rows[(mesh.IAC_MESH, metric)]
+    assert flood["iac"] and flood["unit"] == "ms" and flood["better"] == "lower" and flood["n"] == 5
+    assert flood["median"] > 0
+    assert sc["baseline"] in (mesh.HTTP_ED25519, mesh.IAC_FANOUT)
+    if sc["baseline"] == mesh.HTTP_ED25519:  # aiohttp installed: both HTTP fan-outs ran
+        assert (mesh.HTTP_SHA256, metric) in rows
+        assert (
+            not rows[(mesh.HTTP_ED25519, metric)]["iac"]
+            and rows[(mesh.HTTP_ED25519, metric)]["ratio"] is None
+        )
+    assert flood["baseline"] == sc["baseline"] and flood["ratio"] > 0
+    bytes_rows = [r for r in sc["rows"] if r["unit"] == "B"]
+    assert {r["contender"] for r in bytes_rows} == {mesh.IAC_MESH, mesh.IAC_FANOUT}
+    assert all(r["median"] > 0 for r in bytes_rows)
+    assert sc["raw"]["sizes"] == [10] and sc["raw"]["links"]["10"] == len(mesh.graph(10, 10))
+    assert set(sc["series"]["completion_vs_agents_ms"][mesh.IAC_MESH]) == {"10"}
+
+
+def test_broadcast_graph_is_connected_and_seeded():
+    import mesh
+
+    for n in (2, 10, 50, 100):
+        edges = mesh.graph(n, seed=n)
+        assert edges == mesh.graph(n, seed=n) and len(edges) == len(set(edges))
+        assert len(edges) == min(n - 1 + n // 2, n * (n - 1) // 2)
+        reached, frontier = {0}, [0]
+        while frontier:
+            i = frontier.pop()
+            for a, b in edges:
+                for x, y in ((a, b), (b, a)):
+                    if x == i and y not in reached:
+                        reached.add(y)
+                        frontier.append(y)
+        assert reached == set(range(n))
+
+
+def test_interleave_async_takes_turns():
+    import asyncio
+
+    calls: list[str] = []
+
+    def step(name: str, value: float):
+        async def fn() -> float:
+            calls.append(name)
+            return value
+
+        return fn
+
+    out = asyncio.run(suite.interleave_async({"A": step("A", 1.0), "B": step("B", 2.0)}, rounds=2, warmup=1))
+    assert calls == ["A", "B", "A", "B", "B", "A"]
+    assert out == {"A": [1.0, 1.0], "B": [2.0, 2.0]}
+
+
+def test_same_transport_ratios():
+    res = suite.Result("requests", "R", baseline="HTTP+Ed25519 JSON")
+    res.add("IAC-TLS/TCP", "RTT p50, 1 in flight", "µs", [300.0])
+    res.add("HTTPS+Ed25519 JSON", "RTT p50, 1 in flight", "µs", [400.0])
+    res.add("IAC-UNIX", "RTT p50, 1 in flight", "µs", [200.0])  # no UNIX HTTP row: no ratio
+    assert suite.same_transport_ratios(res) == {
+        "IAC-TLS/TCP / HTTPS+Ed25519 JSON": {"RTT p50, 1 in flight": 0.75}
+    }
+
+
+def test_requests_contenders_include_grpc_and_same_transport_http():
+    import loss
+
+    ctx = suite.Context(quick=True, tmp=Path("."), progress=lambda s: None, backends=["aioquic"])
+    labels = [c[0] for c in suite._request_contenders(ctx)]
+    assert labels[:3] == ["IAC-QUIC", "IAC-TLS/TCP", "IAC-UNIX"]
+    if loss.have_aiohttp():
+        assert {"HTTP+Ed25519 JSON", "HTTPS+Ed25519 JSON", "HTTP+Ed25519 JSON/UNIX"} <= set(labels)
+    if loss.have_grpc():
+        assert loss.NAMES["grpc"] in labels
+    assert all(c in loss.NAMES for _, c, _ in suite._request_contenders(ctx))
 
 
 def test_bench_without_checkout_says_so(tmp_path, monkeypatch):
@@ -248,3 +353,21 @@ def test_link_between_namespaces_carries_tcp_with_delay():
     assert 9.0 <= median < 60.0  # 2 x 5 ms, plus scheduling
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     assert "iacb" not in left  # namespaces removed
+
+
+def test_headline_picks_key_rows_and_says_who_is_ahead():
+    res = suite.Result("broadcast", "B", baseline="HTTP fan-out")
+    for n, iac_ms, http_ms in ((10, 2.0, 1.0), (100, 10.0, 20.0)):
+        res.add("IAC flood", f"completion, {n} agents", "ms", [iac_ms])
+        res.add("HTTP fan-out", f"completion, {n} agents", "ms", [http_ms], iac=False)
+        res.add("HTTP+SHA fan-out", f"completion, {n} agents", "ms", [http_ms / 4], iac=False)
+    res.add("IAC flood", "bytes", "B", [5.0])
+    res.finish()
+    rows = suite.headline({"scenarios": [res.to_json()]})
+    assert len(rows) == 1  # the largest N only, and no B rows
+    h = rows[0]
+    assert h["metric"] == "completion, 100 agents" and h["ratio"] == pytest.approx(0.5) and h["ahead"]
+    assert h["baseline_median"] == 20.0
+    assert (h["best_other"], h["best_other_median"]) == ("HTTP+SHA fan-out", 5.0)
+    md = "\n".join(suite.headline_markdown({"scenarios": [res.to_json()]}))
+    assert "## Headline" in md and "| broadcast | completion, 100 agents | IAC flood |" in md
