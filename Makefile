@@ -35,6 +35,7 @@ proto: $(VENV)/.installed-dev
 # Rewrite proto/testvectors/v1.json (deterministic; existing zstd frames are kept while they decode).
 vectors: $(VENV)/.installed-dev
 	$(BIN)/python tools/make_testvectors.py
+	$(BIN)/python tools/make_payload_vectors.py
 	$(BIN)/python -c 'import pathlib, iac._records as r; pathlib.Path("proto/testvectors/records-v1.json").write_text(r.dump_vectors())'
 
 # Retrain the shipped dictionary on the training split of the corpus.
