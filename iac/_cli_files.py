@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 import sys
 import time
 from typing import Any, TextIO
@@ -141,7 +139,7 @@ async def run_inbox_node(args: argparse.Namespace) -> int:
     Reads ``args.key``, ``args.listen``, ``args.inbox``, ``args.max_file_size`` and the TLS options of
     ``iac node``; prints the AgentId, the addresses, then one line per received file.
     """
-    from ._cli_net import _config
+    from ._cli_net import _config, _serve_forever
     from ._identity import Identity
     from ._node import Node
     from ._node_config import NodeConfig
@@ -159,12 +157,7 @@ async def run_inbox_node(args: argparse.Namespace) -> int:
         for addr in node.addresses:
             print(f"listening {addr}", flush=True)
         print(f"inbox {args.inbox}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await _serve_forever()
     return 0
 
 

@@ -25,9 +25,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import signal
 from typing import Any
 
+from ._cli_net import _add_listen_option, _add_tls_options, _config, _serve_forever
 from ._errors import ConfigError, IacError
 
 DEFAULT_STORE = "sqlite:./iac-registry.db"
@@ -62,28 +62,9 @@ def _node_config(args: argparse.Namespace) -> Any:
     from ._node_config import NodeConfig
 
     base = NodeConfig()
-    if args.ca and not (args.cert and args.cert_key):
-        raise ConfigError("--ca needs --cert and --cert-key (make them with `iac certs init`)")
-    transport = dataclasses.replace(
-        base.transport, ca_file=args.ca, cert_file=args.cert, key_file=args.cert_key
-    )
+    transport = _config(args)
     timeout = getattr(args, "timeout", None) or base.request_timeout
     return dataclasses.replace(base, transport=transport, request_timeout=timeout)
-
-
-def _add_tls_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ca", default=None, help="CA mode: CA certificate (PEM) that peers must chain to")
-    p.add_argument("--cert", default=None, help="CA mode: this node's certificate (PEM)")
-    p.add_argument("--cert-key", default=None, help="CA mode: this node's certificate key (PEM)")
-
-
-async def _serve_forever(stop: asyncio.Event | None = None) -> None:
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 # --- iac registry ---------------------------------------------------------------------------------
@@ -260,13 +241,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the mesh verbs to the ``iac`` parser."""
     p = sub.add_parser("registry", help="run a registry node (signed records, aliases, capabilities)")
     p.add_argument("--key", required=True, help="agent key file")
-    p.add_argument(
-        "--listen",
-        action="append",
-        required=True,
-        metavar="URL",
-        help="quic://host:port, tls://host:port or unix:///path (repeatable; port 0 picks one)",
-    )
+    _add_listen_option(p)
     p.add_argument(
         "--store",
         default=DEFAULT_STORE,

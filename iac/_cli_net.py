@@ -47,6 +47,26 @@ def _add_tls_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cert-key", default=None, help="CA mode: this node's certificate key (PEM)")
 
 
+def _add_listen_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--listen",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="quic://host:port, tls://host:port or unix:///path (repeatable; port 0 picks one)",
+    )
+
+
+async def _serve_forever() -> None:
+    """Wait until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 # --- iac node -----------------------------------------------------------------------------------
 
 
@@ -93,12 +113,7 @@ async def _run_node(args: argparse.Namespace) -> int:
         for lst in listeners:
             for addr in lst.addresses:
                 print(f"listening {addr}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await _serve_forever()
     finally:
         for lst in listeners:
             await lst.close()
@@ -206,13 +221,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the network verbs to the ``iac`` parser."""
     p = sub.add_parser("node", help="run a node that answers PING")
     p.add_argument("--key", required=True, help="agent key file")
-    p.add_argument(
-        "--listen",
-        action="append",
-        required=True,
-        metavar="URL",
-        help="quic://host:port, tls://host:port or unix:///path (repeatable; port 0 picks one)",
-    )
+    _add_listen_option(p)
     p.add_argument(
         "--registry",
         action="append",
