@@ -54,13 +54,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
 import logging
 import os
+import types
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeAlias, TypeVar
 
@@ -103,7 +105,7 @@ from ._guards import (
     decode_payload,
     run_guards,
 )
-from ._identity import Identity, check_agent_id
+from ._identity import Identity, check_agent_id, check_agent_id_cached
 from ._message import FLAG_ACK_REQUESTED, FLAG_ORDERED, Session, build_message, sender_of, sign_message
 from ._node_config import (
     DeliveryError,
@@ -152,6 +154,16 @@ _COMPRESS_LIMIT = 64 * 1024
 #: ERROR codes that end a file transfer (others refuse one chunk, which is sent again).
 _FILE_RETRY_CODES = frozenset({ErrorCode.BUSY.value, ErrorCode.BAD_REQUEST.value, ErrorCode.TIMEOUT.value})
 _MAX_FILE_MSGS = 65_536
+# Message types as plain ints: the protobuf enum wrapper's attribute lookup costs on every message.
+_REPLY = int(MessageType.REPLY)
+_ERROR = int(MessageType.ERROR)
+_ACK = int(MessageType.ACK)
+_CANCEL = int(MessageType.CANCEL)
+_COMMAND = int(MessageType.COMMAND)
+_FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
+_DELEGATE_TASK = int(MessageType.DELEGATE_TASK)
+_MESSAGE_FRAME = FrameType.MESSAGE
+_FORWARD_FRAME = FrameType.FORWARD
 
 
 class Node:
@@ -186,6 +198,7 @@ class Node:
         for aid, urls in (peers or {}).items():
             self.add_peer(aid, *urls)
         self._handlers: dict[int, Handler] = {MessageType.PING: lambda ctx: None}
+        self._async_funcs: dict[Callable[..., Any], bool] = {}
         self._exposed: dict[str, Callable[..., Any]] = {}
         self._table = ConnectionTable(self.identity.agent_id)
         self._dial_locks: dict[str, asyncio.Lock] = {}
@@ -386,11 +399,11 @@ class Node:
         The handler takes a :class:`Context` (sync or async); its return value (JSON) is the
         REPLY; :class:`HandlerError` becomes that ERROR code, any other exception ``internal``.
         """
-        if msg_type in RESPONSE_TYPES or msg_type == MessageType.CANCEL:
+        if msg_type in RESPONSE_TYPES or msg_type == _CANCEL:
             raise ConfigError("REPLY, ERROR, ACK and CANCEL are handled by the node itself")
-        if msg_type == MessageType.COMMAND:
+        if msg_type == _COMMAND:
             raise ConfigError("COMMAND carries remote calls: register functions with node.expose()")
-        if msg_type == MessageType.FILE_TRANSFER:
+        if msg_type == _FILE_TRANSFER:
             raise ConfigError("FILE_TRANSFER is handled by the node: use send_file(), inbox_dir, on_file()")
 
         def register(func: F) -> F:
@@ -461,7 +474,7 @@ class Node:
         reply_session_id: int = 0,
         sealed: bool = False,
     ) -> Message:
-        check_agent_id(peer)
+        check_agent_id_cached(peer)
         text = payload_json if payload_json is not None else ("" if payload is None else _dumps(payload))
         msg = build_message(
             sender=self.agent_id,
@@ -555,11 +568,17 @@ class Node:
         sem = self._sem(peer)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        try:
-            await asyncio.wait_for(sem.acquire(), timeout)
-        except TimeoutError:
-            raise RequestTimeout(f"{peer[:16]}…: {self.config.max_in_flight} requests in flight") from None
+        if sem.locked():
+            try:
+                await asyncio.wait_for(sem.acquire(), timeout)
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"{peer[:16]}…: {self.config.max_in_flight} requests in flight"
+                ) from None
+        else:
+            await sem.acquire()  # a free permit: taken without waiting (no task, no timer)
         out: _Out | None = None
+        timer: asyncio.TimerHandle | None = None
         try:
             left = max(0.001, timeout - (loop.time() - start))
             msg = self._build(
@@ -569,17 +588,24 @@ class Node:
             )  # fmt: skip
             out = self._track(peer, msg, reliable=ack, is_request=True, via=via)
             await self._first_send(out)
-            result: Reply = await asyncio.wait_for(asyncio.shield(out.future), left)
+            # One timer instead of wait_for(shield(...)): on expiry it fails the future with _Expired.
+            # A cancelled caller cancels the future itself; the out stays tracked until `finally`,
+            # which is how the handler below tells "not answered yet" (send CANCEL) from answered.
+            if not out.future.done():
+                timer = loop.call_later(left, _expire, out.future)
+            result: Reply = await out.future
             return result
-        except TimeoutError:
+        except (_Expired, TimeoutError):
             if out is not None:
                 self._spawn(self._send_cancel(out))
             raise RequestTimeout(f"no answer from {peer[:16]}… within {timeout:g} s") from None
         except asyncio.CancelledError:
-            if out is not None and not out.future.done():
+            if out is not None and self._outs.get(out.key) is out:
                 self._spawn(self._send_cancel(out))
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             if out is not None:
                 self._finish_out(out, exc=asyncio.CancelledError())
             sem.release()
@@ -602,9 +628,7 @@ class Node:
     ) -> Any:
         """:meth:`call` with a timeout and options."""
         payload = {"name": name, "args": list(args), "kwargs": dict(kwargs or {})}
-        reply = await self.request(
-            peer, MessageType.COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack, via=via
-        )
+        reply = await self.request(peer, _COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack, via=via)
         return reply.payload
 
     async def delegate(
@@ -627,7 +651,7 @@ class Node:
             try:
                 return await self.request(
                     target,
-                    MessageType.DELEGATE_TASK,
+                    _DELEGATE_TASK,
                     payload,
                     timeout=timeout,
                     task=task,
@@ -663,7 +687,7 @@ class Node:
         not deliver it to itself. Broadcasts are never answered. Returns the ids it went out with
         (``sent.peer`` is empty)."""
         self._check_open()
-        if msg_type in RESPONSE_TYPES or msg_type == MessageType.CANCEL:
+        if msg_type in RESPONSE_TYPES or msg_type == _CANCEL:
             raise ConfigError("REPLY, ERROR, ACK and CANCEL cannot be broadcast")
         text = payload_json if payload_json is not None else ("" if payload is None else _dumps(payload))
         now = self.clock.now_us()
@@ -794,7 +818,7 @@ class Node:
                 try:
                     if need_query:
                         if queried_at is None or now - queried_at >= sender.retransmit_timeout:
-                            query = self._build(peer, MessageType.FILE_TRANSFER, None, kind=_FILE,
+                            query = self._build(peer, _FILE_TRANSFER, None, kind=_FILE,
                                                 payload_json=sender.query_json())  # fmt: skip
                             self._note_file_msg(query, fkey)
                             queried_at = now
@@ -803,7 +827,7 @@ class Node:
                         for chunk in sender.next_chunks(now):
                             msg = self._build(
                                 peer,
-                                MessageType.FILE_TRANSFER,
+                                _FILE_TRANSFER,
                                 None,
                                 kind=_FILE,
                                 payload_json=chunk.payload_json,
@@ -973,7 +997,7 @@ class Node:
         with contextlib.suppress(IacError, OSError):
             if out.via is None and self._table.get(out.peer) is None and self._route_hop(out.peer) is None:
                 return
-            msg = self._build(out.peer, MessageType.CANCEL, None, reply_to=out.msg.msg_id,
+            msg = self._build(out.peer, _CANCEL, None, reply_to=out.msg.msg_id,
                               reply_session_id=out.msg.session_id)  # fmt: skip
             await self._transmit(out.peer, msg, out.via)
 
@@ -1034,7 +1058,7 @@ class Node:
         body = sign_message(self.identity, msg)
         dictionary, limit = self._frame_params(conn)
         frame = encode_frame(
-            FrameType.MESSAGE, body, compress_with=dictionary if compress else None, max_frame_size=limit
+            _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
         )
         await conn.send(frame)
         self._c.sent += 1
@@ -1169,7 +1193,7 @@ class Node:
         if msg is None:
             if inc.rejected is not None:  # 1. signature (verified by the transport)
                 await self._on_bad_signature(conn, inc)
-            elif inc.frame.type == FrameType.FORWARD:
+            elif inc.frame.type == _FORWARD_FRAME:
                 await self._on_forward(conn, inc.frame.body)
             return
         await self._pipeline(conn, msg)
@@ -1252,7 +1276,7 @@ class Node:
     async def _send_error(self, conn: Connection, to: str, req: Message, code: str, detail: str) -> None:
         code = code.value if isinstance(code, ErrorCode) else code
         try:
-            err = self._build(to, MessageType.ERROR, None, payload_json=_error_payload(code, detail),
+            err = self._build(to, _ERROR, None, payload_json=_error_payload(code, detail),
                               reply_to=req.msg_id, reply_session_id=req.session_id)  # fmt: skip
             await self._send_to(to, err, conn)
             self._c.errors_sent[code] += 1
@@ -1308,10 +1332,10 @@ class Node:
                 return
             committed = True  # from here the handler path commits or releases
             item = _Item(conn, msg, payload, key, sealed, broadcast)
-            if mt == MessageType.FILE_TRANSFER and not broadcast:
+            if mt == _FILE_TRANSFER and not broadcast:
                 await self._on_file_message(item)
                 return
-            if mt == MessageType.CANCEL:
+            if mt == _CANCEL:
                 guard.commit(sender, msg.session_id, msg.msg_id, now)
                 self._on_cancel(sender, msg)
                 return
@@ -1364,7 +1388,7 @@ class Node:
             or check_task(msg, c.delegators, sender)
             or check_deadline(msg, now)
         )
-        if r is None and msg.msg_type == MessageType.COMMAND:
+        if r is None and msg.msg_type == _COMMAND:
             r = check_call(payload)
         # 7. content guards
         if r is None and c.guards:
@@ -1405,7 +1429,7 @@ class Node:
         key: Key = (sender, msg.reply_session_id, msg.reply_to)
         out = self._outs.get(key)
         mt = msg.msg_type
-        if mt == MessageType.ERROR:
+        if mt == _ERROR:
             code, text = _error_fields(payload)
             self._c.errors_received[code] += 1
             fkey = self._file_msgs.get(key) if out is None else None
@@ -1420,12 +1444,12 @@ class Node:
                         cb(sender, msg, code, text)
             return
         if out is None:
-            if mt == MessageType.ACK:
+            if mt == _ACK:
                 self._c.acks_received += 1
             else:
                 self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
             return
-        if mt == MessageType.ACK:
+        if mt == _ACK:
             self._c.acks_received += 1
             if out.is_request:
                 out.acked = True  # keep waiting for the REPLY, stop retransmitting
@@ -1494,7 +1518,7 @@ class Node:
             await self._send_error(item.conn, origin, msg, ErrorCode.INTERNAL, "the receiver cannot write")
             return
         self._guard_commit(item)
-        answer = self._build(origin, MessageType.FILE_TRANSFER, None, kind=_FILE, payload_json=ack.to_json())
+        answer = self._build(origin, _FILE_TRANSFER, None, kind=_FILE, payload_json=ack.to_json())
         with contextlib.suppress(IacError, OSError):
             await self._send_to(origin, answer, item.conn)
         if isinstance(parsed, ChunkHeader) and rx.stats.completed > completed:
@@ -1609,7 +1633,57 @@ class Node:
             await self._refuse(item.conn, item.msg, Refusal.BUSY, why)
             return
         self._admit(item)
-        self._spawn(self._run(item, ordered=False))
+        if self._can_run_inline(item):
+            self._run_inline(item)
+        else:
+            self._spawn(self._run(item, ordered=False))
+
+    def _can_run_inline(self, item: _Item) -> bool:
+        """True when the handler is a plain function (run on the event loop) and a slot is free: it
+        then runs right here, with no task unless its answer has to wait (see :meth:`_run_inline`)."""
+        slots = self._slots
+        if self.config.sync_in_thread or slots is None or slots.locked():
+            return False
+        if item.msg.msg_type == _COMMAND:
+            func = self._exposed.get(item.payload["name"])
+        else:
+            func = self._handlers.get(item.msg.msg_type)
+        return func is None or not self._is_async(func)
+
+    def _run_inline(self, item: _Item) -> None:
+        """Run :meth:`_run` for a sync handler now, in a copy of the context (as a task would).
+
+        The coroutine runs until it first has to wait — usually never: the handler is a plain function
+        and the answer goes into the connection's send queue. If it does wait (a full send queue, a dial,
+        a handler that returned an awaitable), the rest continues in a task; for an awaitable result that
+        task is registered in ``_running`` before it runs, so a CANCEL reaches it as it would reach
+        :meth:`_run`'s own task."""
+        ctx = contextvars.copy_context()
+        coro = self._run(item, ordered=False, inline=True)
+        try:
+            yielded = ctx.run(coro.send, None)
+        except StopIteration:
+            return
+        except Exception:  # what a task would have logged as "exception was never retrieved"
+            log.exception("handler run for msg_type %d failed", item.msg.msg_type)
+            return
+        task = asyncio.get_running_loop().create_task(_Continuation(coro, yielded), context=ctx)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if yielded is _TO_TASK:
+            self._running[item.key] = task
+
+    def _is_async(self, func: Callable[..., Any]) -> bool:
+        try:
+            return self._async_funcs[func]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable callable
+            return inspect.iscoroutinefunction(func)
+        is_async = self._async_funcs[func] = inspect.iscoroutinefunction(func)
+        if len(self._async_funcs) > 4096:
+            self._async_funcs.clear()
+        return is_async
 
     def _admit(self, item: _Item) -> None:
         """Count a message as waiting for a slot (before its task starts, so bounds hold)."""
@@ -1625,12 +1699,17 @@ class Node:
         assert self._guard is not None
         self._guard.commit(item.key[0], item.key[1], item.key[2], self.clock.now_us())
 
-    async def _run(self, item: _Item, *, ordered: bool) -> None:
-        """Wait for a slot, then run the handler in its own task (so CANCEL can reach it)."""
+    async def _run(self, item: _Item, *, ordered: bool, inline: bool = False) -> None:
+        """Wait for a slot, then run the handler in its own task (so CANCEL can reach it).
+
+        ``inline``: started by :meth:`_run_inline` (a sync handler, a free slot): not a task yet, so
+        not in ``_running`` (a running sync handler cannot be cancelled anyway)."""
         sender = item.key[0]
-        task = asyncio.current_task()
-        assert task is not None and self._slots is not None
-        self._running[item.key] = task
+        assert self._slots is not None
+        if not inline:
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[item.key] = task
         acquired = False
         try:
             await self._slots.acquire()
@@ -1638,11 +1717,13 @@ class Node:
             self._n_waiting -= 1
             self._n_running += 1
             self._c.running_peak = max(self._c.running_peak, self._n_running)
-            await self._handle(item)
+            await self._handle(item, inline)
         except asyncio.CancelledError:
             if item.key not in self._cancel_requested or self._closed:
                 self._guard_release(item)
                 raise
+            task = asyncio.current_task()
+            assert task is not None
             task.uncancel()  # a CANCEL from the caller ends this handler, not the task
             await self._finish_cancelled(item)
         finally:
@@ -1672,7 +1753,7 @@ class Node:
         self._cancel_requested.add(key)
         task.cancel()
 
-    async def _handle(self, item: _Item) -> None:
+    async def _handle(self, item: _Item, inline: bool = False) -> None:
         msg = item.msg
         now = self.clock.now_us()
         expects_reply = bool(msg.deadline)
@@ -1683,7 +1764,7 @@ class Node:
             return
         mt = int(msg.msg_type)
         func: Callable[..., Any] | None
-        if mt == MessageType.COMMAND:
+        if mt == _COMMAND:
             call = item.payload
             func = self._exposed.get(call["name"])
             if func is None:
@@ -1715,7 +1796,7 @@ class Node:
             func = handler
         try:
             try:
-                result = await self._invoke(func, invoke, msg)
+                result = await self._invoke(func, invoke, msg, inline)
             finally:
                 self._running.pop(item.key, None)  # a CANCEL from now on is too late
         except HandlerError as exc:
@@ -1742,15 +1823,17 @@ class Node:
             except (TypeError, ValueError):
                 await self._answer_error(item, ErrorCode.INTERNAL, "the handler's result is not JSON")
                 return
-            await self._answer(item, MessageType.REPLY, text)
+            await self._answer(item, _REPLY, text)
         elif msg.flags & FLAG_ACK_REQUESTED:
             await self._send_ack(item.conn, msg)
 
-    async def _invoke(self, func: Callable[..., Any], invoke: Callable[[], Any], msg: Message) -> Any:
+    async def _invoke(
+        self, func: Callable[..., Any], invoke: Callable[[], Any], msg: Message, inline: bool = False
+    ) -> Any:
         timeout: float | None = None
         if self.config.enforce_deadline and msg.deadline:
             timeout = max(0.0, (msg.deadline - self.clock.now_us()) / 1e6)
-        if inspect.iscoroutinefunction(func):
+        if self._is_async(func):
             coro = invoke()
         elif self.config.sync_in_thread:
             coro = asyncio.to_thread(invoke)
@@ -1759,6 +1842,13 @@ class Node:
             if not inspect.isawaitable(result):
                 return result
             coro = result
+            if inline:  # awaiting needs a task (for CANCEL and the timeout): continue in one
+                try:
+                    await _to_task()
+                except BaseException:  # cancelled before the task ran: the awaitable never will
+                    if inspect.iscoroutine(coro):
+                        coro.close()
+                    raise
         if timeout is None:
             return await coro
         async with asyncio.timeout(timeout):
@@ -1770,7 +1860,7 @@ class Node:
             return  # nobody waits for an answer to a one-way message without ACK, or to a broadcast
         code = code.value if isinstance(code, ErrorCode) else code
         self._c.errors_sent[code] += 1
-        await self._answer(item, MessageType.ERROR, _error_payload(code, text))
+        await self._answer(item, _ERROR, _error_payload(code, text))
 
     async def _answer(self, item: _Item, msg_type: int, payload_json: str) -> None:
         msg = item.msg
@@ -1779,7 +1869,7 @@ class Node:
             return
         ans = self._build(sender, msg_type, None, payload_json=payload_json, reply_to=msg.msg_id,
                           reply_session_id=msg.session_id, sealed=item.sealed)  # fmt: skip
-        if msg_type == MessageType.REPLY:
+        if msg_type == _REPLY:
             self._c.replies_sent += 1
         self._answers[item.key] = ans
         while len(self._answers) > self.config.answer_cache:
@@ -1791,7 +1881,7 @@ class Node:
         sender = sender_of(msg)
         if not msg.to:
             return  # broadcasts are never answered
-        ack = self._build(sender, MessageType.ACK, None, reply_to=msg.msg_id, reply_session_id=msg.session_id)
+        ack = self._build(sender, _ACK, None, reply_to=msg.msg_id, reply_session_id=msg.session_id)
         with contextlib.suppress(IacError, OSError):
             await self._send_to(sender, ack, conn)
             self._c.acks_sent += 1
@@ -1878,6 +1968,63 @@ class Node:
 
     def connected(self, peer: str) -> bool:
         return self._table.get(peer) is not None
+
+
+class _Expired(Exception):
+    """A request's timer fired before its answer came (becomes :class:`RequestTimeout`)."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
+
+
+#: What :func:`_to_task` yields to :meth:`Node._run_inline`: "continue me in a task now".
+_TO_TASK = object()
+
+
+@types.coroutine
+def _to_task() -> Generator[Any, Any, None]:
+    yield _TO_TASK
+
+
+class _Continuation(Coroutine[Any, Any, None]):
+    """The rest of a coroutine that began outside any task, for an :class:`asyncio.Task` to drive.
+
+    ``pending`` is what the coroutine yielded last and no task has seen: a future it waits on (the
+    task's first step returns it, so the task waits on it), or :data:`_TO_TASK` (the first step just
+    goes on). A task cancelled before its first step throws into the coroutine where it stopped,
+    cancelling the future it waited on — what a task does when cancelled while waiting."""
+
+    __slots__ = ("_coro", "_pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], pending: Any) -> None:
+        self._coro = coro
+        self._pending = pending
+
+    def send(self, value: Any) -> Any:
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            if pending is not _TO_TASK:
+                return pending
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        pending = self._pending
+        self._pending = None
+        if isinstance(pending, asyncio.Future):
+            pending.cancel()
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - the three-argument form
+
+    def close(self) -> None:
+        self._pending = None
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, None]:  # pragma: no cover - only a task drives it
+        raise TypeError("a _Continuation is driven by a task, not awaited")
 
 
 async def _await(aw: Awaitable[Any]) -> None:

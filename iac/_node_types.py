@@ -236,8 +236,8 @@ class _Counters:
         self.errors_received: Counter[str] = Counter()
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+#: ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)`` without building an encoder per call.
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _error_payload(code: str, message: str) -> str:
