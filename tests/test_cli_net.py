@@ -164,3 +164,31 @@ def test_certs_init_and_ca_mode(tmp_path: Path, sockdir: Path) -> None:
                 await dial(plain.addresses[0], client, expect=server.agent_id, config=cconf)
 
     run(main())
+
+
+def test_ca_mode_over_quic(tmp_path: Path) -> None:
+    """QUIC in CA mode: the client verifies the server's chain (aioquic servers cannot ask for
+    client certificates, so the client's identity rests on the signed HELLO alone)."""
+    d = tmp_path / "certs"
+    init_ca(d, ["alpha", "beta"])
+    server, client = Identity.generate(), Identity.generate()
+    base = {"handshake_timeout": 3.0, "linger_timeout": 0.3}
+    sconf = TransportConfig(
+        ca_file=str(d / "ca.pem"), cert_file=str(d / "alpha.pem"), key_file=str(d / "alpha.key"), **base
+    )
+    cconf = TransportConfig(
+        ca_file=str(d / "ca.pem"), cert_file=str(d / "beta.pem"), key_file=str(d / "beta.key"), **base
+    )
+
+    async def main() -> None:
+        lst = await listen("quic://127.0.0.1:0", server, EchoNode(server), config=sconf)
+        plain = await listen("quic://127.0.0.1:0", server, EchoNode(server), config=TransportConfig(**base))
+        async with lst, plain:
+            conn = await dial(lst.addresses[0], client, expect=server.agent_id, config=cconf)
+            await roundtrip(conn, client)
+            await conn.close()
+            # a CA-mode client refuses a server whose certificate is self-signed
+            with pytest.raises(TransportError):
+                await dial(plain.addresses[0], client, expect=server.agent_id, config=cconf)
+
+    run(main())

@@ -755,7 +755,9 @@ def _client_configuration(config: TransportConfig, host: str, backend: Backend) 
         is_client=True,
         alpn_protocols=[ALPN],
         idle_timeout=_transport_idle(config),
-        server_name=host,
+        # CA mode verifies the chain, not a host name (as on TLS/TCP): the HELLO proves the
+        # AgentId, and node certificates name nodes, not the addresses they listen on.
+        server_name=None if config.ca_file is not None else host,
     )
     if config.ca_file is not None:
         qc.verify_mode = ssl.CERT_REQUIRED
