@@ -19,6 +19,7 @@ from pathlib import Path
 import zstandard
 
 from ._errors import ConfigError, UnknownDictionary
+from ._pb.iac_pb2 import Message
 
 ZSTD_DICT_MAGIC = b"\x37\xa4\x30\xec"
 DEFAULT_LEVEL = 3
@@ -28,6 +29,10 @@ DICT_ID_MIN = 32768
 DICT_ID_MAX = 65535
 #: Largest dictionary a node accepts from a file or a peer.
 MAX_DICT_SIZE = 1 << 20
+#: Ids of dictionaries derived per connection (:func:`derive_dictionary`): four bytes in
+#: the zstd frame header, never one a trained dictionary gets, below zstd's reserved 2**31.
+DERIVED_ID_MIN = 65536
+DERIVED_ID_MAX = 2**31 - 1
 
 
 @dataclass(eq=False)
@@ -153,6 +158,30 @@ def default_dictionary() -> Dictionary:
     """The dictionary shipped with the package, trained on agent payloads."""
     data = resources.files("iac").joinpath("data/default.dict").read_bytes()
     return Dictionary(data)
+
+
+def derive_dictionary(base: Dictionary, tail: bytes) -> Dictionary:
+    """``base`` with ``tail`` appended to its content and a fresh id.
+
+    The content of a zstd dictionary is the end of the file, and the last bytes are the
+    cheapest to refer to, so appending bytes that every frame repeats (a Message's
+    ``from``/``to`` prefix) makes them a single match. The id is the first 8 bytes of the
+    SHA-256 of the result with the id field zeroed, reduced to
+    ``DERIVED_ID_MIN..DERIVED_ID_MAX``; the same base and tail always give the same
+    dictionary.
+    """
+    body = base.content[8:] + tail
+    digest = hashlib.sha256(ZSTD_DICT_MAGIC + bytes(4) + body).digest()
+    span = DERIVED_ID_MAX - DERIVED_ID_MIN + 1
+    dict_id = DERIVED_ID_MIN + int.from_bytes(digest[:8], "little") % span
+    return Dictionary(ZSTD_DICT_MAGIC + dict_id.to_bytes(4, "little") + body, base.level)
+
+
+def message_prefix(sender: str, receiver: str) -> bytes:
+    """How a Message from ``sender`` to ``receiver`` starts: fields 1 and 2, tags and lengths."""
+    msg = Message(to=receiver)
+    setattr(msg, "from", sender)
+    return msg.SerializeToString()
 
 
 def train(

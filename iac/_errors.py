@@ -46,6 +46,7 @@ class CloseCode(IntEnum):
     UNKNOWN_DICTIONARY = 0x07
     MALFORMED_MESSAGE = 0x08
     BUFFER_EXCEEDED = 0x09
+    BAD_DICTIONARY = 0x0A
     HANDSHAKE_FAILED = 0x10
     BAD_HELLO_SIGNATURE = 0x11
     WRONG_PEER = 0x12
@@ -177,6 +178,14 @@ class BufferExceeded(FrameError):
 
     name = "buffer_exceeded"
     close_code = CloseCode.BUFFER_EXCEEDED
+
+
+class BadDictionary(ProtocolError):
+    """A DICT or DICT_ACK frame is refused: malformed, a SHA-256 that does not match the
+    content, too large, one push too many, or an ACK for a dictionary this side never pushed."""
+
+    name = "bad_dictionary"
+    close_code = CloseCode.BAD_DICTIONARY
 
 
 class MessageFormatError(ProtocolError):

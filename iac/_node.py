@@ -1050,7 +1050,9 @@ class Node:
 
     def _frame_params(self, conn: Connection) -> tuple[Any, int]:
         hello = conn.peer.hello
-        dictionary = self.config.transport.dictionaries.choose(hello.dict_ids)
+        # The dictionary this side pushed once the peer acknowledged it, else the first one
+        # the peer listed in its HELLO.
+        dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
         return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
 
     async def _transmit_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ipaddress
 import logging
 import secrets
@@ -27,9 +28,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import urlsplit
 
+import zstandard
+
 from .._clock import SYSTEM_CLOCK, Clock
-from .._dicts import DictionarySet
+from .._dicts import MAX_DICT_SIZE, Dictionary, DictionarySet, derive_dictionary, message_prefix
 from .._errors import (
+    BadDictionary,
     BufferExceeded,
     CloseCode,
     ConfigError,
@@ -57,7 +61,7 @@ from .._handshake import (
 )
 from .._identity import Identity
 from .._message import open_message, sender_of
-from .._pb.iac_pb2 import Hello, Message
+from .._pb.iac_pb2 import Dict, Hello, Message
 
 log = logging.getLogger("iac.transport")
 
@@ -96,6 +100,11 @@ class TransportConfig:
     linger_timeout: float = 1.0
     #: Dictionaries this side decodes (announced in HELLO, preferred first).
     dictionaries: DictionarySet = field(default_factory=DictionarySet)
+    #: After the handshake, push the peer a dictionary derived from the negotiated one
+    #: (its content plus this pair's Message prefixes) and compress with it once the peer
+    #: acknowledged it; acknowledge the peer's pushes. False: neither push nor acknowledge
+    #: (a pushed DICT is ignored, so the peer keeps the HELLO-negotiated dictionary).
+    push_dictionaries: bool = True
     #: Admission policy on the accepting side: AgentId -> admitted? None admits every
     #: authenticated peer (SPEC: default policy is open).
     admission: Callable[[str], bool] | None = None
@@ -177,6 +186,15 @@ class Connection(ABC):
 
     peer: PeerInfo
     local_hello: Hello
+    #: Pushed dictionaries of this connection (None on adapters without them).
+    dicts: DictState | None = None
+
+    @property
+    def send_dictionary(self) -> Dictionary | None:
+        """The dictionary this side pushed and the peer acknowledged: compress with it.
+        None before the DICT_ACK (use the HELLO-negotiated one)."""
+        d = self.dicts
+        return d.send_dictionary if d is not None else None
 
     @abstractmethod
     async def send(self, frame: bytes) -> None:
@@ -412,6 +430,98 @@ def goaway_frame(code: int, reason: str = "") -> bytes:
 # --- after the handshake: what each frame means -------------------------------------------------
 
 
+#: Dictionaries a peer may push on one connection; one more is a protocol error.
+MAX_PUSHED_DICTS = 2
+
+
+class DictState:
+    """One connection's pushed dictionaries (sans-IO apart from the ``acked`` event).
+
+    ``decode`` is this connection's own :class:`DictionarySet`: the configured
+    dictionaries plus what the peer pushed (the frame decoders of the connection
+    use it, so a push never reaches other connections). ``send_dictionary`` is
+    the one this side pushed, once the peer acknowledged it.
+    """
+
+    def __init__(self, config: TransportConfig, send_control: Callable[[bytes], None] | None = None) -> None:
+        self.config = config
+        self.enabled = config.push_dictionaries
+        self.decode = DictionarySet(config.dictionaries)
+        self.send_control = send_control
+        self.pushed: Dictionary | None = None
+        self.send_dictionary: Dictionary | None = None
+        self.installed: list[Dictionary] = []
+        self.acked = asyncio.Event()
+
+    def push_frame(self, local_agent_id: str, peer_hello: Hello) -> bytes | None:
+        """The DICT frame to send after the handshake, or None (disabled, no common
+        dictionary, or the peer's max_frame_size is too small for it)."""
+        if not self.enabled or self.pushed is not None:
+            return None
+        base = self.config.dictionaries.choose(peer_hello.dict_ids)
+        if base is None:
+            return None
+        peer = peer_hello.agent_id
+        tail = message_prefix(peer, local_agent_id) + message_prefix(local_agent_id, peer)
+        try:
+            derived = derive_dictionary(base, tail)
+            body = Dict(dict_id=derived.dict_id, sha256=derived.sha256, content=derived.content)
+            limit = min(self.config.max_frame_size, peer_hello.max_frame_size or 1 << 30)
+            frame = encode_frame(
+                FrameType.DICT, body.SerializeToString(), compress_with=base, max_frame_size=limit
+            )
+        except IacError:  # too large for the peer (FrameTooLarge) or for a dictionary (ConfigError)
+            return None
+        self.pushed = derived
+        return frame
+
+    def on_dict(self, body: bytes) -> None:
+        """A DICT from the peer: check, install in ``decode``, answer DICT_ACK."""
+        if not self.enabled:
+            return
+        try:
+            msg = Dict.FromString(body)
+        except Exception:
+            raise BadDictionary("DICT body is not a Dict message") from None
+        content = msg.content
+        if len(content) > MAX_DICT_SIZE:
+            raise BadDictionary(f"pushed dictionary is {len(content)} bytes, above {MAX_DICT_SIZE}")
+        if hashlib.sha256(content).digest() != msg.sha256:
+            raise BadDictionary("pushed dictionary does not match its sha256")
+        known = self.decode.get(msg.dict_id)
+        if known is None or known.sha256 != msg.sha256:
+            if len(self.installed) >= MAX_PUSHED_DICTS:
+                raise BadDictionary(f"more than {MAX_PUSHED_DICTS} dictionaries pushed on one connection")
+            try:
+                d = Dictionary(content)
+            except (ConfigError, zstandard.ZstdError) as exc:
+                raise BadDictionary(f"pushed dictionary refused: {exc}") from None
+            if d.dict_id != msg.dict_id:
+                raise BadDictionary(f"DICT names id {msg.dict_id}, its content has id {d.dict_id}")
+            try:
+                self.decode.add(d)
+            except ConfigError as exc:
+                raise BadDictionary(str(exc)) from None
+            self.installed.append(d)
+        ack = Dict(dict_id=msg.dict_id, sha256=msg.sha256).SerializeToString()
+        if self.send_control is not None:
+            self.send_control(encode_frame(FrameType.DICT_ACK, ack))
+
+    def on_ack(self, body: bytes) -> None:
+        """A DICT_ACK: compress with the pushed dictionary from now on."""
+        if not self.enabled:
+            return
+        try:
+            msg = Dict.FromString(body)
+        except Exception:
+            raise BadDictionary("DICT_ACK body is not a Dict message") from None
+        pushed = self.pushed
+        if pushed is None or msg.dict_id != pushed.dict_id or msg.sha256 != pushed.sha256:
+            raise BadDictionary(f"DICT_ACK for dictionary {msg.dict_id}, which this side did not push")
+        self.send_dictionary = pushed
+        self.acked.set()
+
+
 class SessionLogic:
     """Judges frames on an established connection (sans-IO).
 
@@ -422,14 +532,15 @@ class SessionLogic:
       raises :class:`Impersonation` (close).
     * FORWARD → delivered as is (the node layer opens it and applies relay policy).
     * GOAWAY → :class:`PeerGoaway`.
-    * DICT / DICT_ACK → ignored (None). This side never acknowledges a pushed
-      dictionary, so a peer never compresses with one it pushed; it uses only the
-      dictionaries listed in this side's HELLO.
+    * DICT / DICT_ACK → :class:`DictState` (install and acknowledge; switch to the
+      pushed dictionary), None. A refused push raises :class:`BadDictionary` (close).
+      Without a ``DictState`` (or with ``push_dictionaries`` off) both are ignored.
     * Unknown types and flags never get here: the frame decoder raises.
     """
 
-    def __init__(self, peer_agent_id: str) -> None:
+    def __init__(self, peer_agent_id: str, dicts: DictState | None = None) -> None:
         self.peer_agent_id = peer_agent_id
+        self.dicts = dicts
         self.messages = 0
         self.rejected = 0
 
@@ -455,7 +566,12 @@ class SessionLogic:
             return PeerGoaway(*decode_goaway(frame.body))
         if ftype == FrameType.HELLO:
             raise UnexpectedHello("a second HELLO on this connection")
-        return None  # DICT, DICT_ACK
+        if self.dicts is not None:
+            if ftype == FrameType.DICT:
+                self.dicts.on_dict(frame.body)
+            elif ftype == FrameType.DICT_ACK:
+                self.dicts.on_ack(frame.body)
+        return None
 
 
 class EarlyFrames:
@@ -722,10 +838,12 @@ class ConnectionTable:
 
 
 __all__ = [
+    "MAX_PUSHED_DICTS",
     "TRANSPORTS",
     "Address",
     "Connection",
     "ConnectionTable",
+    "DictState",
     "EarlyFrames",
     "HandshakeChannel",
     "Incoming",

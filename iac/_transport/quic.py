@@ -84,6 +84,7 @@ from ._tickets import ClientTicketStore, ServerTicketStore
 from .base import (
     Address,
     Connection,
+    DictState,
     EarlyFrames,
     HandshakeChannel,
     Incoming,
@@ -279,6 +280,7 @@ class QuicConn(Connection):
         self._ctl_waiter: asyncio.Future[None] | None = None
         self._early = EarlyFrames(config.early_frames_limit)
         self._session: SessionLogic | None = None
+        self.dicts: DictState = DictState(config, self._send_control_soon)  # this connection's dictionaries
         # state
         self._error: IacError | None = None
         self._closing = False
@@ -443,6 +445,13 @@ class QuicConn(Connection):
         self._quic.send_stream_data(CONTROL_STREAM, frame)
         self._proto.transmit()
 
+    def _send_control_soon(self, frame: bytes) -> None:
+        """A control frame (DICT, DICT_ACK) after the handshake: leaves with the next transmit."""
+        if self._terminated.is_set() or self._closing:
+            return
+        self._quic.send_stream_data(CONTROL_STREAM, frame)
+        self._proto._transmit_soon()
+
     # -- receive machinery ----------------------------------------------------------------------
 
     def _on_event(self, event: Any) -> None:
@@ -473,7 +482,7 @@ class QuicConn(Connection):
             if not event.data and event.end_stream:
                 return
             dec = self._decoders[sid] = FrameDecoder(
-                dictionaries=self.config.dictionaries, max_frame_size=self.config.max_frame_size
+                dictionaries=self.dicts.decode, max_frame_size=self.config.max_frame_size
             )
         before = dec.buffered
         frames = dec.feed(event.data, final=event.end_stream and unidirectional)
@@ -543,13 +552,19 @@ class QuicConn(Connection):
 
     def _start_session(self, hello: Hello) -> None:
         """The peer's HELLO verified: process what arrived early, open the send path."""
-        self._session = SessionLogic(hello.agent_id)
+        self._session = SessionLogic(hello.agent_id, self.dicts)
         self.peer_hello_verified = True
-        for frame in self._ctl_frames:
-            self._deliver(frame)
+        push = self.dicts.push_frame(self.identity.agent_id, hello)
+        if push is not None:
+            self._send_control_soon(push)  # on the control stream, behind our HELLO
+        try:
+            for frame in self._ctl_frames:
+                self._deliver(frame)
+            for frame in self._early.release():
+                self._deliver(frame)
+        except ProtocolError as exc:
+            self._protocol_error(exc)
         self._ctl_frames.clear()
-        for frame in self._early.release():
-            self._deliver(frame)
         if self._queue:
             self._proto._transmit_soon()
 
@@ -940,6 +955,8 @@ async def _dial_handshake(
         dialed=True,
     )
     conn._start_session(hello)
+    if conn._error is not None:  # a frame that came with the HELLO closed the connection
+        raise conn._error
     conn._store_ticket()
     return conn
 

@@ -42,6 +42,7 @@ from .._handshake import ClientHandshake, ServerHandshake
 from .._pb.iac_pb2 import Hello
 from .base import (
     Connection,
+    DictState,
     HandshakeChannel,
     Incoming,
     Listener,
@@ -86,7 +87,8 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
         self, config: TransportConfig, on_connected: Callable[[FrameProtocol], None] | None = None
     ) -> None:
         self.config = config
-        self.decoder = FrameDecoder(dictionaries=config.dictionaries, max_frame_size=config.max_frame_size)
+        self.dicts = DictState(config)  # this connection's dictionaries (pushed ones join them)
+        self.decoder = FrameDecoder(dictionaries=self.dicts.decode, max_frame_size=config.max_frame_size)
         self.pending: deque[Frame] = deque()
         self.transport: asyncio.Transport | None = None
         self.over_ssl = False
@@ -304,7 +306,9 @@ class StreamConnection(Connection):
             raise TransportError("stream connection without a transport")
         self._transport: asyncio.Transport = proto.transport
         self._decoder = proto.decoder
-        self._logic = SessionLogic(peer.agent_id)
+        self.dicts: DictState = proto.dicts
+        self.dicts.send_control = self._send_control
+        self._logic = SessionLogic(peer.agent_id, self.dicts)
         self._sendq = SendQueue(config.send_queue_frames, config.send_queue_bytes)
         self._recvq = RecvQueue(config.recv_queue_frames, config.recv_budget_bytes)
         self._backlog: deque[Frame] = deque()  # decoded, waiting for room in the receive queue
@@ -324,6 +328,10 @@ class StreamConnection(Connection):
         if config.idle_timeout:
             self._idle_handle = loop.call_later(config.idle_timeout, self._check_idle)
         proto.attach(self)
+        # Our dictionary push goes first, ahead of any message.
+        push = self.dicts.push_frame(local_hello.agent_id, peer.hello)
+        if push is not None:
+            self._send_control(push)
         # What arrived behind the HELLO, and what happened to the stream since.
         self._backlog.extend(proto.pending)
         proto.pending.clear()
@@ -480,6 +488,14 @@ class StreamConnection(Connection):
             self._activity = self._loop.time()
         if self._sendq.done and not proto.writing_paused:
             self._write_done.set()
+
+    def _send_control(self, frame: bytes) -> None:
+        """Queue a control frame (DICT, DICT_ACK) past the send bound; flush this turn."""
+        if self._closing:
+            return
+        self._sendq.put_nowait(frame)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def _on_writable(self) -> None:
         if self._flush_handle is None and (len(self._sendq) or self._sendq.done):
