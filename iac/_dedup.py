@@ -194,7 +194,27 @@ class _Window:
     pending: set[int] = field(default_factory=set)  # reserved, not yet committed
 
 
-class MemoryReplayStore:
+class StoreSettings:
+    """The read-only settings every replay store exposes (``config``, ``max_skew_us``,
+    ``history_start_us``), from ``_config`` and ``_history_start_us``."""
+
+    _config: ReplayConfig
+    _history_start_us: int | None
+
+    @property
+    def config(self) -> ReplayConfig:
+        return self._config
+
+    @property
+    def max_skew_us(self) -> int:
+        return self._config.max_skew_us
+
+    @property
+    def history_start_us(self) -> int | None:
+        return self._history_start_us
+
+
+class MemoryReplayStore(StoreSettings):
     """In-memory :class:`ReplayStore`: no history before ``started_at_us``.
 
     Windows are kept in arrival order (an ``OrderedDict`` moved to the end on
@@ -211,7 +231,7 @@ class MemoryReplayStore:
 
     def __init__(self, started_at_us: int, config: ReplayConfig | None = None) -> None:
         self._config = config if config is not None else ReplayConfig()
-        self._started_at_us = started_at_us
+        self._history_start_us = started_at_us
         self._clock_us = started_at_us
         self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
         self._window_size = self._config.window_size
@@ -219,18 +239,6 @@ class MemoryReplayStore:
         self._full_mask = (1 << self._config.window_size) - 1
 
     # --- ReplayStore -------------------------------------------------------------------------
-
-    @property
-    def config(self) -> ReplayConfig:
-        return self._config
-
-    @property
-    def max_skew_us(self) -> int:
-        return self._config.max_skew_us
-
-    @property
-    def history_start_us(self) -> int | None:
-        return self._started_at_us
 
     def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
         return self._check(sender, session_id, msg_id, now_us, reserve=False)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ._dedup import ReplayConfig, Verdict, serial_diff
+from ._dedup import ReplayConfig, StoreSettings, Verdict, serial_diff
 from ._errors import ConfigError, ReplayStoreFull, StaleMessage, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ _SCHEMA = (
 _SCHEMA_VERSION = 1
 
 
-class SqliteReplayStore:
+class SqliteReplayStore(StoreSettings):
     """A :class:`~iac.ReplayStore` in one SQLite file (WAL): survives restarts, shareable by processes.
 
     Every call runs in one ``BEGIN IMMEDIATE`` transaction, which takes the
@@ -201,18 +201,6 @@ class SqliteReplayStore:
             raise
 
     # --- ReplayStore -------------------------------------------------------------------------
-
-    @property
-    def config(self) -> ReplayConfig:
-        return self._config
-
-    @property
-    def max_skew_us(self) -> int:
-        return self._config.max_skew_us
-
-    @property
-    def history_start_us(self) -> int | None:
-        return self._history_start_us
 
     def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
         _check_args(sender, session_id, msg_id)
@@ -596,7 +584,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-class RedisReplayStore:
+class RedisReplayStore(StoreSettings):
     """A :class:`~iac.ReplayStore` in Redis, shared by every node or gateway that uses the same prefix.
 
     Each call is one Lua script run with ``EVALSHA`` (atomic in Redis). Keys,
@@ -679,18 +667,6 @@ class RedisReplayStore:
             raise
 
     # --- ReplayStore -------------------------------------------------------------------------
-
-    @property
-    def config(self) -> ReplayConfig:
-        return self._config
-
-    @property
-    def max_skew_us(self) -> int:
-        return self._config.max_skew_us
-
-    @property
-    def history_start_us(self) -> int | None:
-        return self._history_start_us
 
     @property
     def key_prefix(self) -> str:
