@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with Python 3.11+ and make:
 #   make demo   create .venv, install, run the demo on loopback
-#   make test   create .venv, install dev extras, run ruff, mypy and the whole test suite
+#   make test   create .venv, install dev extras (and, when missing, the Debian packages and npm
+#               packages the tests use: tools/test-deps.sh), run ruff, mypy and the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -21,6 +22,7 @@ demo: $(VENV)/.installed
 	$(BIN)/python -m iac demo
 
 test: $(VENV)/.installed-dev
+	bash tools/test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
