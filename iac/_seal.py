@@ -51,7 +51,6 @@ SEAL_HEADER_SIZE = _HEADER.size
 SEAL_OVERHEAD = nacl.bindings.crypto_box_SEALBYTES
 
 
-# --- error class: to be moved to iac/_errors.py (under MessageRejected) -----------------------
 def _x25519_public(agent_id: str) -> bytes:
     """The X25519 public key of an AgentId (the birational map of its Ed25519 key)."""
     try:

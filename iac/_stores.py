@@ -57,7 +57,6 @@ MAX_STORE_WINDOW_SIZE = 1 << 16
 MAX_SENDER_LEN = 256
 
 
-# --- error class: to be moved to iac/_errors.py (under TransportError) ------------------------
 def _check_u64(name: str, value: int) -> None:
     if not 0 <= value <= _MASK64:
         raise ConfigError(f"{name} must be an unsigned 64-bit integer, got {value}")
