@@ -176,6 +176,21 @@ def test_dict_state_checks() -> None:
     assert DictState(cfg(), sent.append).push_frame(b.agent_id, Hello(agent_id=a.agent_id)) is None
 
 
+def test_reconnects_reuse_the_derived_and_installed_dictionaries() -> None:
+    a, b = Identity.generate(), Identity.generate()
+    hello = Hello(agent_id=a.agent_id, dict_ids=[BASE.dict_id])
+    first, second = DictState(cfg()), DictState(cfg())
+    f1, f2 = first.push_frame(b.agent_id, hello), second.push_frame(b.agent_id, hello)
+    assert f1 == f2 and first.pushed is second.pushed  # derived and compressed once
+    assert DictState(cfg()).push_frame(a.agent_id, Hello(agent_id=b.agent_id, dict_ids=[BASE.dict_id])) != f1
+    d = derive_dictionary(BASE, b"reuse" * 20)
+    r1, r2 = DictState(cfg()), DictState(cfg())
+    r1.on_dict(push_body(d))
+    r2.on_dict(push_body(d))
+    assert r1.decode.get(d.dict_id) is r2.decode.get(d.dict_id)  # loaded once, by its SHA-256
+    assert r1.installed == r2.installed == [r1.decode.get(d.dict_id)]  # still counted per connection
+
+
 # --- real connections ---------------------------------------------------------------------------
 
 

@@ -22,10 +22,11 @@ import ipaddress
 import logging
 import secrets
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
 import zstandard
@@ -434,6 +435,28 @@ def goaway_frame(code: int, reason: str = "") -> bytes:
 MAX_PUSHED_DICTS = 2
 
 
+#: Derived dictionaries and DICT frames made for recent peers, and dictionaries recently
+#: installed from pushes (by SHA-256): a reconnect to the same peer reuses them instead of
+#: deriving, compressing and loading 64 KiB again. Bounded; each entry holds zstd contexts.
+_DICT_CACHE_SIZE = 32
+_push_cache: OrderedDict[tuple[bytes, bytes, int], tuple[Dictionary, bytes]] = OrderedDict()
+_install_cache: OrderedDict[bytes, Dictionary] = OrderedDict()
+
+
+def _cache_get(cache: OrderedDict[Any, Any], key: Any) -> Any:
+    value = cache.get(key)
+    if value is not None:
+        cache.move_to_end(key)
+    return value
+
+
+def _cache_put(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _DICT_CACHE_SIZE:
+        cache.popitem(last=False)
+
+
 class DictState:
     """One connection's pushed dictionaries (sans-IO apart from the ``acked`` event).
 
@@ -463,16 +486,21 @@ class DictState:
             return None
         peer = peer_hello.agent_id
         tail = message_prefix(peer, local_agent_id) + message_prefix(local_agent_id, peer)
-        try:
-            derived = derive_dictionary(base, tail)
-            body = Dict(dict_id=derived.dict_id, sha256=derived.sha256, content=derived.content)
-            limit = min(self.config.max_frame_size, peer_hello.max_frame_size or 1 << 30)
-            frame = encode_frame(
-                FrameType.DICT, body.SerializeToString(), compress_with=base, max_frame_size=limit
-            )
-        except IacError:  # too large for the peer (FrameTooLarge) or for a dictionary (ConfigError)
-            return None
-        self.pushed = derived
+        limit = min(self.config.max_frame_size, peer_hello.max_frame_size or 1 << 30)
+        key = (base.sha256, tail, limit)
+        cached: tuple[Dictionary, bytes] | None = _cache_get(_push_cache, key)
+        if cached is None:
+            try:
+                derived = derive_dictionary(base, tail)
+                body = Dict(dict_id=derived.dict_id, sha256=derived.sha256, content=derived.content)
+                frame = encode_frame(
+                    FrameType.DICT, body.SerializeToString(), compress_with=base, max_frame_size=limit
+                )
+            except IacError:  # too large for the peer (FrameTooLarge) or for a dictionary (ConfigError)
+                return None
+            cached = (derived, frame)
+            _cache_put(_push_cache, key, cached)
+        self.pushed, frame = cached
         return frame
 
     def on_dict(self, body: bytes) -> None:
@@ -492,10 +520,13 @@ class DictState:
         if known is None or known.sha256 != msg.sha256:
             if len(self.installed) >= MAX_PUSHED_DICTS:
                 raise BadDictionary(f"more than {MAX_PUSHED_DICTS} dictionaries pushed on one connection")
-            try:
-                d = Dictionary(content)
-            except (ConfigError, zstandard.ZstdError) as exc:
-                raise BadDictionary(f"pushed dictionary refused: {exc}") from None
+            d: Dictionary | None = _cache_get(_install_cache, msg.sha256)
+            if d is None:
+                try:
+                    d = Dictionary(content)
+                except (ConfigError, zstandard.ZstdError) as exc:
+                    raise BadDictionary(f"pushed dictionary refused: {exc}") from None
+                _cache_put(_install_cache, msg.sha256, d)
             if d.dict_id != msg.dict_id:
                 raise BadDictionary(f"DICT names id {msg.dict_id}, its content has id {d.dict_id}")
             try:
