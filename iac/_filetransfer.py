@@ -106,7 +106,7 @@ from ._frames import DEFAULT_MAX_FRAME_SIZE
 DEFAULT_CHUNK_SIZE = 256 * 1024
 #: Smallest ``chunk_size`` accepted: bounds the number of chunks, and the receiver's bitmap, per byte.
 MIN_CHUNK_SIZE = 1024
-DEFAULT_WINDOW = 16
+DEFAULT_WINDOW = 8
 MAX_WINDOW = 1024
 #: Room a FILE_TRANSFER message needs besides the chunk bytes: ids, signature, the JSON header, and a
 #: FORWARD wrapper with a path of up to 64 AgentIds when the chunk is relayed.
