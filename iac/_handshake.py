@@ -234,6 +234,14 @@ class _Base:
     def done(self) -> bool:
         return self.peer_hello is not None and self.sent_bytes is not None
 
+    def _open_checked(self, data: bytes, now_us: int, sender: Role) -> Hello:
+        """The peer's HELLO, once: signature in ``sender``'s domain and the checks both sides share."""
+        if self.peer_hello is not None:
+            raise UnexpectedHello("a second HELLO on this connection")
+        hello = _open(data, sender)
+        _check_common(hello, now_us=now_us, max_skew_us=self.max_skew_us, binding=self.binding, sender=sender)
+        return hello
+
 
 @dataclass
 class ClientHandshake(_Base):
@@ -266,16 +274,7 @@ class ClientHandshake(_Base):
         return self.sent_bytes
 
     def receive(self, data: bytes, now_us: int) -> bytes | None:
-        if self.peer_hello is not None:
-            raise UnexpectedHello("a second HELLO on this connection")
-        hello = _open(data, Role.SERVER)
-        _check_common(
-            hello,
-            now_us=now_us,
-            max_skew_us=self.max_skew_us,
-            binding=self.binding,
-            sender=Role.SERVER,
-        )
+        hello = self._open_checked(data, now_us, Role.SERVER)
         if self.expect is not None and hello.agent_id != self.expect:
             raise WrongPeer(f"dialed {self.expect[:16]}…, but the peer is {hello.agent_id[:16]}…")
         if self.order is HelloOrder.CLIENT_FIRST:
@@ -315,16 +314,7 @@ class ServerHandshake(_Base):
         return self.sent_bytes
 
     def receive(self, data: bytes, now_us: int) -> bytes | None:
-        if self.peer_hello is not None:
-            raise UnexpectedHello("a second HELLO on this connection")
-        hello = _open(data, Role.CLIENT)
-        _check_common(
-            hello,
-            now_us=now_us,
-            max_skew_us=self.max_skew_us,
-            binding=self.binding,
-            sender=Role.CLIENT,
-        )
+        hello = self._open_checked(data, now_us, Role.CLIENT)
         me = self.identity.agent_id
         if self.order is HelloOrder.SERVER_FIRST:
             if hello.peer_agent_id != me:
