@@ -59,10 +59,6 @@ class Impairment:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
 
-    @property
-    def is_clean(self) -> bool:
-        return not (self.delay or self.jitter or self.loss or self.reorder or self.duplicate)
-
 
 @dataclass
 class RelayStats:

@@ -379,10 +379,6 @@ class StreamConnection(Connection):
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
-    @property
-    def queued_bytes(self) -> int:
-        return self._sendq.nbytes
-
     # --- reading (called by the protocol) -------------------------------------------------------
 
     def _on_data(self, data: bytes) -> None:
