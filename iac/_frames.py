@@ -226,19 +226,25 @@ def _parse_header(
 _EMPTY = DictionarySet()
 
 
-def decode_frame_body(
-    data: bytes, dictionaries: DictionarySet, max_frame_size: int
-) -> tuple[FrameType, bytes]:
-    """Decode exactly one frame that fills ``data``; return its type and (decompressed) body."""
+def _whole_frame(data: bytes, max_frame_size: int) -> tuple[FrameType, int, int]:
+    """Check that ``data`` is exactly one frame; return ``(type, flags, header_size)``."""
     parsed = _parse_header(data, max_frame_size)
     if parsed is None:
         raise TruncatedFrame("input ends inside a frame header")
     ftype, flags, length, hend = parsed
     end = hend + length
-    if end != len(data):
-        if end > len(data):
-            raise TruncatedFrame("input ends inside a frame body")
+    if end > len(data):
+        raise TruncatedFrame("input ends inside a frame body")
+    if end < len(data):
         raise FrameError(f"{len(data) - end} bytes follow the frame")
+    return ftype, flags, hend
+
+
+def decode_frame_body(
+    data: bytes, dictionaries: DictionarySet, max_frame_size: int
+) -> tuple[FrameType, bytes]:
+    """Decode exactly one frame that fills ``data``; return its type and (decompressed) body."""
+    ftype, flags, hend = _whole_frame(data, max_frame_size)
     body = data[hend:]
     if flags & FLAG_ZSTD:
         body = decompress_body(body, dictionaries, max_frame_size)[0]
@@ -252,16 +258,8 @@ def decode_frame(
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
 ) -> Frame:
     """Decode exactly one frame that fills ``data``."""
-    parsed = _parse_header(data, max_frame_size)
-    if parsed is None:
-        raise TruncatedFrame("input ends inside a frame header")
-    ftype, flags, length, hend = parsed
-    end = hend + length
-    if end > len(data):
-        raise TruncatedFrame("input ends inside a frame body")
-    if end < len(data):
-        raise FrameError(f"{len(data) - end} bytes follow the frame")
-    return _finish(ftype, flags, data[hend:end], dictionaries, max_frame_size, end)
+    ftype, flags, hend = _whole_frame(data, max_frame_size)
+    return _finish(ftype, flags, data[hend:], dictionaries, max_frame_size, len(data))
 
 
 class FrameDecoder:
