@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -908,6 +908,10 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Plot data: (label, x values, y values) per line.
+Lines = Iterable[tuple[str, Sequence[float], Sequence[float]]]
+
+
 def plots(doc: dict[str, Any], out: Path) -> list[str]:
     """PNG plots when matplotlib is installed; the file names written."""
     try:
@@ -920,15 +924,22 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
     made: list[str] = []
     by = {s["name"]: s for s in doc["scenarios"] if s["status"] == "ok"}
 
-    def cdf(series: dict[str, list[float]], xlabel: str, title: str, fname: str, log: bool) -> None:
+    def figure(
+        fname: str,
+        title: str,
+        xlabel: str,
+        ylabel: str,
+        lines: Lines,
+        xscale: dict[str, Any] | None = None,
+        marker: str | None = "o",
+    ) -> None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, xs in series.items():
-            ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            ax.plot(sorted(xs), ys, label=name)
-        if log:
-            ax.set_xscale("log")
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, marker=marker, label=label)
+        if xscale:
+            ax.set_xscale(**xscale)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("fraction of requests")
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
@@ -937,67 +948,62 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         made.append(fname)
 
+    def cdf(series: dict[str, list[float]]) -> Lines:
+        for name, xs in series.items():
+            yield name, sorted(xs), [(i + 1) / len(xs) for i in range(len(xs))]
+
+    def by_int_x(series: dict[str, dict[str, float]]) -> Lines:
+        for name, pts in series.items():
+            xs = sorted(int(k) for k in pts)
+            yield name, xs, [pts[str(x)] for x in xs]
+
     req = by.get("requests")
     if req and req["series"].get("latency_cdf_us"):
-        cdf(
-            req["series"]["latency_cdf_us"],
-            "RTT (µs), 1 in flight, loopback",
-            "Latency CDF",
+        figure(
             "latency_cdf.png",
-            True,
+            "Latency CDF",
+            "RTT (µs), 1 in flight, loopback",
+            "fraction of requests",
+            cdf(req["series"]["latency_cdf_us"]),
+            {"value": "log"},
+            marker=None,
         )
     if req and req["series"].get("rps_vs_in_flight"):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, pts in req["series"]["rps_vs_in_flight"].items():
-            xs = sorted(int(k) for k in pts)
-            ax.plot(xs, [pts[str(x)] for x in xs], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("requests in flight")
-        ax.set_ylabel("requests/s")
-        ax.set_title("Requests/s vs in-flight (loopback)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "rps_vs_in_flight.png", dpi=110)
-        plt.close(fig)
-        made.append("rps_vs_in_flight.png")
+        figure(
+            "rps_vs_in_flight.png",
+            "Requests/s vs in-flight (loopback)",
+            "requests in flight",
+            "requests/s",
+            by_int_x(req["series"]["rps_vs_in_flight"]),
+            {"value": "log", "base": 2},
+        )
     bc = by.get("broadcast")
     if bc and bc["series"].get("completion_vs_agents_ms"):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, pts in bc["series"]["completion_vs_agents_ms"].items():
-            xs = sorted(int(k) for k in pts)
-            ax.plot(xs, [pts[str(x)] for x in xs], marker="o", label=name)
-        ax.set_xlabel("agents")
-        ax.set_ylabel("completion (ms), last agent reached")
-        ax.set_title("Broadcast completion vs agents (one process, UNIX sockets)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "broadcast_completion.png", dpi=110)
-        plt.close(fig)
-        made.append("broadcast_completion.png")
+        figure(
+            "broadcast_completion.png",
+            "Broadcast completion vs agents (one process, UNIX sockets)",
+            "agents",
+            "completion (ms), last agent reached",
+            by_int_x(bc["series"]["completion_vs_agents_ms"]),
+        )
     lo = by.get("loss")
     if lo and lo["series"].get("p99_vs_loss_ms"):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, pts in lo["series"]["p99_vs_loss_ms"].items():
-            xs = list(pts)
-            ax.plot([float(x.rstrip("%")) for x in xs], [pts[x] for x in xs], marker="o", label=name)
-        ax.set_xlabel("packet loss per direction (%)")
-        ax.set_ylabel("p99 latency (ms)")
-        ax.set_title("p99 vs loss, 64 concurrent requests, 20 ms RTT")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "p99_vs_loss.png", dpi=110)
-        plt.close(fig)
-        made.append("p99_vs_loss.png")
+        loss = lo["series"]["p99_vs_loss_ms"]
+        figure(
+            "p99_vs_loss.png",
+            "p99 vs loss, 64 concurrent requests, 20 ms RTT",
+            "packet loss per direction (%)",
+            "p99 latency (ms)",
+            ((name, [float(x.rstrip("%")) for x in pts], list(pts.values())) for name, pts in loss.items()),
+        )
     if lo and lo["series"].get("latency_cdf_ms_at_max_loss"):
-        cdf(
-            lo["series"]["latency_cdf_ms_at_max_loss"],
-            "latency (ms)",
-            "Latency CDF at the highest loss",
+        figure(
             "loss_latency_cdf.png",
-            False,
+            "Latency CDF at the highest loss",
+            "latency (ms)",
+            "fraction of requests",
+            cdf(lo["series"]["latency_cdf_ms_at_max_loss"]),
+            marker=None,
         )
     return made
 
