@@ -29,16 +29,16 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
 	$(BIN)/pytest -q
 
-# Regenerate iac/_pb from proto/iac.proto (grpcio-tools is pinned in the dev extras,
+# Regenerate iac/wire/_pb from proto/iac.proto (grpcio-tools is pinned in the dev extras,
 # so the output is byte-identical to what is committed).
 proto: $(VENV)/.installed-dev
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=iac/_pb --pyi_out=iac/_pb proto/iac.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=iac/wire/_pb --pyi_out=iac/wire/_pb proto/iac.proto
 
 # Rewrite proto/testvectors/v1.json (deterministic; existing zstd frames are kept while they decode).
 vectors: $(VENV)/.installed-dev
 	$(BIN)/python tools/make_testvectors.py
-	$(BIN)/python tools/make_payload_vectors.py
-	$(BIN)/python -c 'import pathlib, iac._records as r; pathlib.Path("proto/testvectors/records-v1.json").write_text(r.dump_vectors())'
+	$(BIN)/python -m tools.make_payload_vectors
+	$(BIN)/python -c 'import pathlib, iac.protocol.records as r; pathlib.Path("proto/testvectors/records-v1.json").write_text(r.dump_vectors())'
 
 # Retrain the shipped dictionary on the training split of the corpus.
 dict: $(VENV)/.installed-dev

@@ -36,7 +36,7 @@ Byte counting (headers included, counted at the socket, in a separate untimed pa
 * :class:`CountingProxy` — a TCP or UNIX stream relay that counts the bytes it reads from
   each side: TLS records, HTTP/1.1 and HTTP/2 headers, IAC frames. TCP/IP headers and pure
   ACK segments are not counted (the kernel does not hand them to a socket).
-* :class:`CountingUdpRelay` — ``iac._relay.UdpRelay`` with no impairment that also sums the
+* :class:`CountingUdpRelay` — ``iac.testing.relay.UdpRelay`` with no impairment that also sums the
   UDP payload bytes it forwards: every QUIC packet, ACK-only packets included (so QUIC pays
   for its ACKs and TCP does not — a slight bias against QUIC). UDP/IP headers not counted.
 """
@@ -190,7 +190,7 @@ async def start_http(name: str, workdir: Path) -> Server:
 
 
 def _server_tls() -> ssl.SSLContext:
-    from iac._certs import generate_self_signed
+    from iac.transport.certs import generate_self_signed
 
     cert = generate_self_signed("bench.localhost")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -464,8 +464,8 @@ class CountingProxy:
 
 
 def counting_udp_relay(target: tuple[str, int]) -> Any:
-    """An ``iac._relay.UdpRelay`` with no impairment that sums the UDP payload bytes it forwards."""
-    from iac._relay import UdpRelay
+    """An ``iac.testing.relay.UdpRelay`` with no impairment that sums the UDP payload bytes it forwards."""
+    from iac.testing.relay import UdpRelay
 
     class CountingUdpRelay(UdpRelay):
         up = 0

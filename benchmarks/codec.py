@@ -58,10 +58,10 @@ from iac import (
     encode_frame,
     encode_message_frame,
 )
-from iac._dicts import DEFAULT_LEVEL
-from iac._frames import FrameType
-from iac._identity import Domain, signing_input
-from iac._message import unsigned_bytes
+from iac.wire.dicts import DEFAULT_LEVEL
+from iac.wire.frames import FrameType
+from iac.wire.identity import Domain, signing_input
+from iac.wire.message import unsigned_bytes
 
 HERE = Path(__file__).resolve().parent
 TEST = HERE / "corpus" / "test.jsonl"

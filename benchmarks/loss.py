@@ -164,9 +164,9 @@ class IacServer(Server):
         self.transport = transport
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
-        from iac._node import Context, Node
-        from iac._node_config import NodeConfig
-        from iac._pb.iac_pb2 import MessageType
+        from iac.node.config import NodeConfig
+        from iac.node.node import Context, Node
+        from iac.wire._pb.iac_pb2 import MessageType
 
         url = f"unix://{directory}/b.sock" if self.transport == "unix" else f"{self.transport}://{host}:0"
         cfg = NodeConfig(sync_in_thread=False, max_in_flight=64, max_handlers=64)
@@ -187,7 +187,7 @@ class IacServer(Server):
 def _tls_server_context() -> Any:
     import ssl
 
-    from iac._certs import generate_self_signed
+    from iac.transport.certs import generate_self_signed
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -313,9 +313,9 @@ class Client:
 
 class IacClient(Client):
     async def start(self, target: dict[str, Any], depth: int) -> None:
-        from iac._node import Node
-        from iac._node_config import NodeConfig
-        from iac._pb.iac_pb2 import MessageType
+        from iac.node.config import NodeConfig
+        from iac.node.node import Node
+        from iac.wire._pb.iac_pb2 import MessageType
 
         self.run_type = MessageType.RUN
         cfg = NodeConfig(sync_in_thread=False, max_in_flight=max(64, depth), max_handlers=64)
@@ -600,7 +600,7 @@ def run_loss(
     """The loss scenario. Returns ``{"status": "ok"|"skipped", "reason", "levels": [...]}``."""
     import netem
 
-    from iac._relay import Impairment
+    from iac.testing.relay import Impairment
 
     reason = netem.unavailable()
     if reason:

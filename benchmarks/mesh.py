@@ -42,10 +42,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from iac._node import Context, Node  # noqa: E402
-from iac._node_config import NodeConfig  # noqa: E402
-from iac._pb.iac_pb2 import Intent, MessageType, TaskState  # noqa: E402
-from iac._routing import RelayPolicy  # noqa: E402
+from iac.node.config import NodeConfig  # noqa: E402
+from iac.node.node import Context, Node  # noqa: E402
+from iac.protocol.routing import RelayPolicy  # noqa: E402
+from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState  # noqa: E402
 
 BROADCAST_PAYLOAD = {"event": "price-update", "symbol": "ACME", "price": 101.25, "source": "feed-7"}
 #: Broadcast contenders: label -> method of :class:`BroadcastBench`.
@@ -329,7 +329,7 @@ def make_file(path: Path, mib: int, seed: int = 1) -> Path:
 def quic_backend(name: str | None) -> Iterator[None]:
     """Listeners and dials started inside use QUIC backend ``name`` (when IAC has the switch)."""
     try:
-        from iac._transport._quic_backend import set_backend
+        from iac.transport.quic.backend import set_backend
     except ImportError:
         yield
         return
@@ -384,7 +384,7 @@ async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic") ->
     QuicConfiguration = importlib.import_module(f"{lib}.quic.configuration").QuicConfiguration
     StreamDataReceived = importlib.import_module(f"{lib}.quic.events").StreamDataReceived
 
-    from iac._certs import generate_self_signed
+    from iac.transport.certs import generate_self_signed
 
     cert = generate_self_signed("bench")
     (workdir / "c.pem").write_bytes(cert.cert_pem)

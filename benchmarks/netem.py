@@ -29,7 +29,7 @@ namespaces, which removes the TUN devices.
 
 The forwarder reads JSON commands, one per line, on its stdin and answers each with one
 JSON line: ``{"cmd": "set", "impairment": {...}}`` (fields of
-:class:`iac._relay.Impairment`), ``{"cmd": "stats"}``; end of input stops it.
+:class:`iac.testing.relay.Impairment`), ``{"cmd": "stats"}``; end of input stops it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from typing import IO, Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from iac._relay import Impairment  # noqa: E402  (same fields as the UDP relay's impairment)
+from iac.testing.relay import Impairment  # noqa: E402  (same fields as the UDP relay's impairment)
 
 ADDR_A = "10.200.0.1"
 ADDR_B = "10.200.0.2"
@@ -92,7 +92,7 @@ class Impairer:
 
     :meth:`schedule` returns the departure times of the packet's copies: ``[]`` when it
     is lost, two times when it is duplicated. A reordered copy is held ``reorder_delay``
-    longer so that later packets overtake it. Same rules as :class:`iac._relay.UdpRelay`.
+    longer so that later packets overtake it. Same rules as :class:`iac.testing.relay.UdpRelay`.
     """
 
     def __init__(self, impairment: Impairment, seed: int) -> None:

@@ -14,7 +14,7 @@ Contenders (one run, all side by side):
   dictionary, frame; on receipt decompress, verify, freshness and replay/dedup checks,
   dispatch to the handler (inline, ``sync_in_thread=False``), and the same for the signed
   REPLY. QUIC runs on aioquic, and as ``iac-quic-qh3`` on qh3 when it is installed (the
-  accelerated backend of ``iac._transport._quic_backend``; selected with ``set_backend`` in
+  accelerated backend of ``iac.transport.quic.backend``; selected with ``set_backend`` in
   the server's process and for the client's dial).
 * the baselines of ``benchmarks/baselines.py``: ``http-sha256`` (Agent Zero style),
   ``http-ed25519`` (equal security; the issue's reference), ``http-ed25519-tls`` and
@@ -38,7 +38,7 @@ Method:
 * Bytes on the wire, in a separate untimed pass after the timed ones: a fresh client connects
   through a counting relay — TCP/UNIX: ``baselines.CountingProxy`` (bytes each side writes
   to its stream socket: TLS records, HTTP headers, HTTP/2 and IAC frames; not TCP/IP
-  headers or pure ACKs); QUIC: ``iac._relay.UdpRelay`` with no impairment, also summing
+  headers or pure ACKs); QUIC: ``iac.testing.relay.UdpRelay`` with no impairment, also summing
   UDP payloads (every QUIC packet, ACK-only ones included). ``setup`` = bytes until the
   first reply arrived (connection, TLS, HELLO, first request); per request = the mean over
   ``min(count, 200)`` sequential requests after 20 more warm-up requests. For IAC the
@@ -84,7 +84,7 @@ from baselines import Client, CountingProxy, ServerProcess  # noqa: E402
 
 TEST = HERE / "corpus" / "test.jsonl"
 IAC = ("iac-quic", "iac-tls", "iac-unix")
-if importlib.util.find_spec("qh3") and importlib.util.find_spec("iac._transport._quic_backend"):
+if importlib.util.find_spec("qh3") and importlib.util.find_spec("iac.transport.quic.backend"):
     IAC = ("iac-quic", "iac-quic-qh3", "iac-tls", "iac-unix")  # the accelerated QUIC backend
 QUIC_BACKEND = {"iac-quic": "aioquic", "iac-quic-qh3": "qh3"}
 CONTENDERS = (*IAC, *baselines.BASELINES)
@@ -100,9 +100,9 @@ BYTES_MAX = 200
 
 
 async def start_iac(name: str, workdir: Path) -> baselines.Server:
-    from iac._node import Context, Node
-    from iac._node_config import NodeConfig
-    from iac._pb.iac_pb2 import MessageType
+    from iac.node.config import NodeConfig
+    from iac.node.node import Context, Node
+    from iac.wire._pb.iac_pb2 import MessageType
 
     transport = name.split("-")[1]
     if name in QUIC_BACKEND:  # this process serves one contender: select its backend for good
@@ -120,7 +120,7 @@ async def start_iac(name: str, workdir: Path) -> baselines.Server:
 
 def _set_quic_backend(name: str | None) -> None:
     with contextlib.suppress(ImportError):
-        from iac._transport._quic_backend import set_backend
+        from iac.transport.quic.backend import set_backend
 
         set_backend(name)
 
@@ -134,8 +134,8 @@ class IacClient(Client):
         self.node: Any = None
 
     async def start(self) -> None:
-        from iac._node import Node
-        from iac._pb.iac_pb2 import MessageType
+        from iac.node.node import Node
+        from iac.wire._pb.iac_pb2 import MessageType
 
         self.run_type = MessageType.RUN
         self.node = Node()

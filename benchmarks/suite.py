@@ -215,10 +215,10 @@ class Context:
 
 def quic_backends() -> list[str]:
     """QUIC backends to run the QUIC scenarios on: aioquic always; an accelerated backend
-    (qh3) when IAC's backend switch (``iac._transport._quic_backend.available()``) lists it.
+    (qh3) when IAC's backend switch (``iac.transport.quic.backend.available()``) lists it.
     The name reaches the endpoints as ``IAC_QUIC_BACKEND``."""
     try:  # the backend switch of the QUIC adapter, when this IAC has one
-        from iac._transport import _quic_backend
+        from iac.transport import _quic_backend
 
         found = [b for b in _quic_backend.available() if b in _quic_backend.BACKENDS]
         return ["aioquic", *[b for b in found if b != "aioquic"]]
@@ -227,7 +227,7 @@ def quic_backends() -> list[str]:
     out = ["aioquic"]
     if importlib.util.find_spec("qh3") is not None:
         try:
-            from iac._transport import quic
+            from iac.transport import quic
 
             if "qh3" in getattr(quic, "BACKENDS", ()):
                 out.append("qh3")
@@ -523,7 +523,7 @@ class BroadcastPlan:
 def sc_broadcast(ctx: Context, res: Result) -> None:
     import mesh
 
-    from iac._node import Node
+    from iac.node.node import Node
 
     if not hasattr(Node, "broadcast"):
         res.status = "unavailable"
@@ -603,7 +603,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
 def sc_filetransfer(ctx: Context, res: Result) -> None:
     import mesh
 
-    from iac._node import Node
+    from iac.node.node import Node
 
     if not hasattr(Node, "send_file"):
         res.status = "unavailable"

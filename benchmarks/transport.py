@@ -25,7 +25,7 @@ reports the median over rounds with [min .. max] of the per-round figures.
   ``recv()`` returning the first message (sent right after ``dial`` returned): QUIC
   1-RTT, QUIC 0-RTT (``dial_quic(tickets=...)`` with a ``ClientTicketStore`` filled by
   the previous connection; single-use server tickets), TLS/TCP and UNIX. On loopback
-  and at 20 ms RTT: QUIC through ``iac._relay.UdpRelay`` (10 ms each way); TLS through
+  and at 20 ms RTT: QUIC through ``iac.testing.relay.UdpRelay`` (10 ms each way); TLS through
   :class:`TcpDelayProxy`, which delays every chunk by 10 ms each way and, because the
   client's TCP handshake completes locally at the proxy, holds the client's first bytes
   one extra round trip (the SYN / SYN-ACK a real 20 ms path costs). UNIX has no 20 ms
@@ -72,19 +72,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import codec  # benchmarks/codec.py: payloads and the decode pass
 
-from iac._certs import generate_self_signed
-from iac._dedup import MemoryReplayStore, ReplayGuard, require_new
-from iac._dicts import DictionarySet, default_dictionary
-from iac._frames import FrameType, encode_frame
-from iac._identity import Identity
-from iac._message import Session, build_message, decode_message_frame, sender_of, sign_message
-from iac._pb.iac_pb2 import Message, MessageType
-from iac._relay import Impairment, UdpRelay
-from iac._transport import dial, listen
-from iac._transport._tickets import ClientTicketStore, ServerTicketStore
-from iac._transport.base import Connection, Listener, TransportConfig
-from iac._transport.quic import dial_quic, listen_quic
-from iac._transport.tls import client_context, server_context
+from iac.protocol.replay import MemoryReplayStore, ReplayGuard, require_new
+from iac.testing.relay import Impairment, UdpRelay
+from iac.transport import dial, listen
+from iac.transport.base import Connection, Listener, TransportConfig
+from iac.transport.certs import generate_self_signed
+from iac.transport.quic.connection import dial_quic, listen_quic
+from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
+from iac.transport.tls import client_context, server_context
+from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire.dicts import DictionarySet, default_dictionary
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, decode_message_frame, sender_of, sign_message
 
 PAYLOAD = json.dumps({"name": "summarize", "args": ["q3 report for the european market"], "k": 3})
 REPLY = '{"ok": true}'

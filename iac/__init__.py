@@ -4,17 +4,7 @@ Signed (Ed25519), dictionary-compressed (zstd) protobuf messages between AI
 agents, peer to peer over QUIC, TLS/TCP and UNIX sockets.
 """
 
-from ._dedup import (
-    MemoryReplayStore,
-    ReplayConfig,
-    ReplayGuard,
-    ReplayStore,
-    Verdict,
-    check_freshness,
-    serial_diff,
-)
-from ._dicts import Dictionary, DictionarySet, default_dictionary, train
-from ._errors import (
+from iac.errors import (
     AdmissionDenied,
     AliasTaken,
     BadChunkLength,
@@ -96,11 +86,7 @@ from ._errors import (
     UnsafeFileName,
     WrongPeer,
 )
-from ._filetransfer import AckPayload, AckStatus, FileReceiver, FileSender, TransferProgress
-from ._frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType, decode_frame, encode_frame
-from ._guards import prompt_injection_guard
-from ._identity import Domain, Identity, check_agent_id, is_agent_id, verify
-from ._mesh import (
+from iac.mesh.service import (
     KeyBook,
     MeshClient,
     RegistryAddr,
@@ -110,22 +96,7 @@ from ._mesh import (
     registry_admission,
     serve_registry,
 )
-from ._message import (
-    FLAG_ACK_REQUESTED,
-    FLAG_ORDERED,
-    Session,
-    build_message,
-    decode_message_frame,
-    encode_message_frame,
-    open_hello,
-    open_message,
-    sender_of,
-    sign_hello,
-    sign_message,
-    unsigned_bytes,
-)
-from ._node import Node
-from ._node_config import (
+from iac.node.config import (
     ERROR_CODES,
     ErrorCode,
     HandlerError,
@@ -135,9 +106,11 @@ from ._node_config import (
     Refusal,
     Topology,
 )
-from ._node_types import Context, FileSent, ReceivedFile, Reply, Sent
-from ._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Intent, Message, MessageType, TaskState
-from ._records import (
+from iac.node.node import Node
+from iac.node.types import Context, FileSent, ReceivedFile, Reply, Sent
+from iac.protocol.files import AckPayload, AckStatus, FileReceiver, FileSender, TransferProgress
+from iac.protocol.guards import prompt_injection_guard
+from iac.protocol.records import (
     AgentRecord,
     Revocation,
     RotationStatement,
@@ -153,7 +126,7 @@ from ._records import (
     sign_revocation,
     sign_rotation,
 )
-from ._registry import (
+from iac.protocol.registry import (
     KeyInfo,
     KeyStatus,
     MemoryRecordStore,
@@ -166,7 +139,7 @@ from ._registry import (
     open_record_store,
     verify_entry,
 )
-from ._reorder import (
+from iac.protocol.reorder import (
     Delivered,
     Duplicate,
     GapReason,
@@ -176,12 +149,39 @@ from ._reorder import (
     ReorderConfig,
     ReorderEvent,
 )
-from ._routing import RelayPolicy, RouteDecision, Router, RouteRefusal, open_forward, wrap_forward
-from ._seal import open_sealed, seal_payload
-from ._stores import RedisReplayStore, SqliteReplayStore
-from ._transport import dial, listen
-from ._transport.base import Connection, Incoming, Listener, PeerInfo, TransportConfig
-from ._transport.dialer import Attempt, Dialer, DialError, DialPolicy
+from iac.protocol.replay import (
+    MemoryReplayStore,
+    ReplayConfig,
+    ReplayGuard,
+    ReplayStore,
+    Verdict,
+    check_freshness,
+    serial_diff,
+)
+from iac.protocol.routing import RelayPolicy, RouteDecision, Router, RouteRefusal, open_forward, wrap_forward
+from iac.stores.replay import RedisReplayStore, SqliteReplayStore
+from iac.transport import dial, listen
+from iac.transport.base import Connection, Incoming, Listener, PeerInfo, TransportConfig
+from iac.transport.dialer import Attempt, Dialer, DialError, DialPolicy
+from iac.wire._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Intent, Message, MessageType, TaskState
+from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary, train
+from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType, decode_frame, encode_frame
+from iac.wire.identity import Domain, Identity, check_agent_id, is_agent_id, verify
+from iac.wire.message import (
+    FLAG_ACK_REQUESTED,
+    FLAG_ORDERED,
+    Session,
+    build_message,
+    decode_message_frame,
+    encode_message_frame,
+    open_hello,
+    open_message,
+    sender_of,
+    sign_hello,
+    sign_message,
+    unsigned_bytes,
+)
+from iac.wire.seal import open_sealed, seal_payload
 
 __version__ = "0.1.0"
 

@@ -22,9 +22,9 @@ import sys
 from collections import Counter
 from typing import Any
 
-from iac._node import Context, Node
-from iac._node_config import NodeConfig, PeerEvent
-from iac._pb.iac_pb2 import MessageType
+from iac.node.config import NodeConfig, PeerEvent
+from iac.node.node import Context, Node
+from iac.wire._pb.iac_pb2 import MessageType
 
 
 def emit(obj: dict[str, Any]) -> None:

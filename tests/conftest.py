@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from redis_server import start_redis
 
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame
-from iac._pb.iac_pb2 import MessageType
-from iac._transport.base import Connection, Incoming
+from iac.transport.base import Connection, Incoming
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

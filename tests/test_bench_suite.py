@@ -18,8 +18,8 @@ sys.path.insert(0, str(BENCH))
 import netem  # noqa: E402
 import suite  # noqa: E402
 
-from iac import _bench  # noqa: E402
-from iac._relay import Impairment  # noqa: E402
+from iac.cli import bench as _bench  # noqa: E402
+from iac.testing.relay import Impairment  # noqa: E402
 
 ROW_FIELDS = {"contender", "metric", "unit", "better", "median", "min", "max", "n"} | {
     "baseline",
@@ -40,7 +40,7 @@ def _bench_argv(out: Path) -> list[str]:
 
 def test_iac_bench_quick_writes_json_and_markdown(tmp_path):
     out = tmp_path / "res"
-    from iac._cli import build_parser
+    from iac.cli.main import build_parser
 
     try:
         registered = build_parser().parse_args(_bench_argv(out)).verb == "bench"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORT_PARAMS, EchoNode, roundtrip, run
 
-from iac._certs import init_ca
-from iac._cli_net import percentile
-from iac._errors import TransportError
-from iac._identity import Identity
-from iac._transport import dial, listen
-from iac._transport.base import TransportConfig
+from iac.cli.net import percentile
+from iac.errors import TransportError
+from iac.transport import dial, listen
+from iac.transport.base import TransportConfig
+from iac.transport.certs import init_ca
+from iac.wire.identity import Identity
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, ping_frame, reply_frame, roundtrip, run
 
-from iac._certs import generate_self_signed
-from iac._errors import (
+from iac.errors import (
     AdmissionDenied,
     ChannelBindingMismatch,
     CloseCode,
@@ -28,11 +27,12 @@ from iac._errors import (
     TransportError,
     WrongPeer,
 )
-from iac._handshake import ALPN, HelloDraft
-from iac._identity import Identity
-from iac._message import Session, sign_hello
-from iac._transport import dial, listen
-from iac._transport.base import Connection, TransportConfig
+from iac.protocol.handshake import ALPN, HelloDraft
+from iac.transport import dial, listen
+from iac.transport.base import Connection, TransportConfig
+from iac.transport.certs import generate_self_signed
+from iac.wire.identity import Identity
+from iac.wire.message import Session, sign_hello
 
 transports = pytest.mark.parametrize("transport", TRANSPORT_PARAMS)
 
@@ -318,7 +318,7 @@ def test_10000_messages_each_way(transport: str, sockdir: Path) -> None:
 
 @transports
 def test_oversized_frame_closes_only_that_connection(transport: str, sockdir: Path) -> None:
-    from iac._frames import FrameType, encode_frame
+    from iac.wire.frames import FrameType, encode_frame
 
     server, client = Identity.generate(), Identity.generate()
     small = cfg(max_frame_size=64 * 1024)
@@ -342,10 +342,10 @@ def test_oversized_frame_closes_only_that_connection(transport: str, sockdir: Pa
 
 NODE_SCRIPT = """
 import asyncio, sys
-from iac._identity import Identity
-from iac._message import Session
-from iac._transport import listen
-from iac._transport.base import TransportConfig
+from iac.wire.identity import Identity
+from iac.wire.message import Session
+from iac.transport import listen
+from iac.transport.base import TransportConfig
 sys.path.insert(0, sys.argv[3])
 from conftest import EchoNode
 
@@ -470,8 +470,8 @@ def test_reply_helper_roundtrip(transport: str, sockdir: Path) -> None:
 
 @transports
 def test_bad_message_signature_is_refused_connection_goes_on(transport: str, sockdir: Path) -> None:
-    from iac._errors import BadSignature
-    from iac._frames import FrameType, decode_frame, encode_frame
+    from iac.errors import BadSignature
+    from iac.wire.frames import FrameType, decode_frame, encode_frame
 
     server, client = Identity.generate(), Identity.generate()
 
@@ -543,7 +543,7 @@ def test_send_waits_when_queue_is_full(transport: str, sockdir: Path) -> None:
 
 
 def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
-    from iac._errors import ConfigError
+    from iac.errors import ConfigError
 
     server, client = Identity.generate(), Identity.generate()
 
@@ -567,13 +567,13 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
 
 
 def test_session_logic_and_connection_table() -> None:
-    from iac._errors import Impersonation, UnexpectedHello
-    from iac._frames import Frame, FrameType
-    from iac._transport.base import ConnectionTable, EarlyFrames, PeerGoaway, SessionLogic
+    from iac.errors import Impersonation, UnexpectedHello
+    from iac.transport.base import ConnectionTable, EarlyFrames, PeerGoaway, SessionLogic
+    from iac.wire.frames import Frame, FrameType
 
     a, b = Identity.generate(), Identity.generate()
     logic = SessionLogic(a.agent_id)
-    from iac._frames import decode_frame
+    from iac.wire.frames import decode_frame
 
     ok = logic.on_frame(decode_frame(ping_frame(a, b.agent_id, Session())))
     assert ok is not None and not isinstance(ok, PeerGoaway) and ok.message is not None
@@ -585,15 +585,15 @@ def test_session_logic_and_connection_table() -> None:
     early = EarlyFrames(2)
     early.hold(Frame(FrameType.MESSAGE, b""))
     early.hold(Frame(FrameType.MESSAGE, b""))
-    from iac._errors import BufferExceeded
+    from iac.errors import BufferExceeded
 
     with pytest.raises(BufferExceeded):
         early.hold(Frame(FrameType.MESSAGE, b""))
 
     class Fake:
         def __init__(self, peer: str, dialed: bool) -> None:
-            from iac._pb.iac_pb2 import Hello
-            from iac._transport.base import PeerInfo
+            from iac.transport.base import PeerInfo
+            from iac.wire._pb.iac_pb2 import Hello
 
             self.peer = PeerInfo(peer, "tls", "tls://x:1", Hello(), dialed=dialed)
             self.closed = False

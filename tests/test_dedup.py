@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iac._dedup import (
+from iac.errors import ConfigError, MessageRejected, ReplayedMessage, StaleMessage
+from iac.protocol.replay import (
     MemoryReplayStore,
     ReplayConfig,
     ReplayGuard,
@@ -18,7 +19,6 @@ from iac._dedup import (
     serial_add,
     serial_diff,
 )
-from iac._errors import ConfigError, MessageRejected, ReplayedMessage, StaleMessage
 
 T0 = 1_700_000_000_000_000  # a fixed "now" in microseconds
 SKEW = 60_000_000

@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator
 import pytest
 from conftest import run
 
-from iac._errors import RemoteError
-from iac._identity import Identity
-from iac._node import Context, Node, Sent
-from iac._node_config import DeliveryError, NodeConfig
-from iac._pb.iac_pb2 import MessageType
-from iac._relay import Impairment, UdpRelay
+from iac.errors import RemoteError
+from iac.node.config import DeliveryError, NodeConfig
+from iac.node.node import Context, Node, Sent
+from iac.testing.relay import Impairment, UdpRelay
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity
 
 SLOW = os.environ.get("IAC_SLOW") == "1"
 N_FULL = 5000

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from iac import _demo
+from iac.demo import driver as _demo
 
 ROLES = ("registry", "planner", "researcher", "writer", "checker")
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, roundtrip, run
 
-from iac._errors import ConfigError, TransportError, WrongPeer
-from iac._identity import Identity
-from iac._transport import dial, listen
-from iac._transport.base import Address, Connection, TransportConfig
-from iac._transport.dialer import Backoff, Dialer, DialError, DialPolicy, reconnect
+from iac.errors import ConfigError, TransportError, WrongPeer
+from iac.transport import dial, listen
+from iac.transport.base import Address, Connection, TransportConfig
+from iac.transport.dialer import Backoff, Dialer, DialError, DialPolicy, reconnect
+from iac.wire.identity import Identity
 
 FAST = TransportConfig(handshake_timeout=3.0, linger_timeout=0.3)
 HAVE_QUIC = "quic" in TRANSPORT_PARAMS

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORT_PARAMS, listen_url, run
 
-from iac._dicts import (
+from iac.errors import BadDictionary, CloseCode, ConnectionClosed
+from iac.node.config import NodeConfig
+from iac.node.node import Node
+from iac.transport import dial, listen
+from iac.transport.base import MAX_PUSHED_DICTS, Connection, DictState, Incoming, TransportConfig
+from iac.wire._pb.iac_pb2 import Dict, Hello, MessageType
+from iac.wire.dicts import (
     DERIVED_ID_MAX,
     DERIVED_ID_MIN,
     MAX_DICT_SIZE,
@@ -22,15 +28,9 @@ from iac._dicts import (
     derive_dictionary,
     message_prefix,
 )
-from iac._errors import BadDictionary, CloseCode, ConnectionClosed
-from iac._frames import FrameType, encode_frame
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame
-from iac._node import Node
-from iac._node_config import NodeConfig
-from iac._pb.iac_pb2 import Dict, Hello, MessageType
-from iac._transport import dial, listen
-from iac._transport.base import MAX_PUSHED_DICTS, Connection, DictState, Incoming, TransportConfig
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame
 
 transports = pytest.mark.parametrize("transport", TRANSPORT_PARAMS)
 BASE = default_dictionary()
@@ -53,7 +53,7 @@ def payloads(n: int) -> list[str]:
 
 
 def message(sender: Identity, to: str, session: Session, payload: str, msg_type: int) -> bytes:
-    from iac._message import sign_message
+    from iac.wire.message import sign_message
 
     msg = build_message(
         sender=sender.agent_id,
@@ -72,7 +72,7 @@ def oversized_body() -> bytes:
 
 
 def push_body(d: object) -> bytes:
-    from iac._dicts import Dictionary
+    from iac.wire.dicts import Dictionary
 
     assert isinstance(d, Dictionary)
     return Dict(dict_id=d.dict_id, sha256=d.sha256, content=d.content).SerializeToString()

@@ -27,8 +27,8 @@ from iac import (
     encode_message_frame,
     train,
 )
-from iac._dicts import DEFAULT_LEVEL, DICT_ID_MAX, DICT_ID_MIN, MAX_DICT_SIZE, NO_DICTIONARY
-from iac._pb.iac_pb2 import MessageType
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.dicts import DEFAULT_LEVEL, DICT_ID_MAX, DICT_ID_MIN, MAX_DICT_SIZE, NO_DICTIONARY
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "benchmarks" / "corpus"

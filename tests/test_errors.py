@@ -1,5 +1,5 @@
 import iac
-from iac._errors import all_error_classes
+from iac.errors import all_error_classes
 
 
 def test_every_error_is_rooted_at_iac_error_and_has_a_unique_name():

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from iac._errors import ConfigError, MessageRejected
-from iac._filetransfer import (
+from iac.errors import ConfigError, MessageRejected
+from iac.protocol.files import (
     MIN_CHUNK_SIZE,
     PART_PREFIX,
     AckPayload,

@@ -10,10 +10,10 @@ import os
 import pytest
 from conftest import run
 
-from iac._errors import RemoteError
-from iac._node import Context, Node
-from iac._node_config import NodeConfig
-from iac._pb.iac_pb2 import Message, MessageType
+from iac.errors import RemoteError
+from iac.node.config import NodeConfig
+from iac.node.node import Context, Node
+from iac.wire._pb.iac_pb2 import Message, MessageType
 
 SLOW = os.environ.get("IAC_SLOW") == "1"
 N_FULL = 100_000

@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 
 import iac
 from iac import FrameDecoder, FrameType, decode_frame, encode_frame
-from iac._frames import MAX_HEADER_SIZE, zstd_frame_info
-from iac._wire import encode_varint
+from iac.wire.frames import MAX_HEADER_SIZE, zstd_frame_info
+from iac.wire.scan import encode_varint
 
 TEXT = b'{"jsonrpc":"2.0","method":"tasks/send","params":{"task":"summarize the quarter"}}' * 4
 

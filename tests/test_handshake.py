@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from iac._clock import ManualClock
-from iac._errors import (
+from iac.errors import (
     AdmissionDenied,
     ChannelBindingMismatch,
     CloseCode,
@@ -17,7 +16,8 @@ from iac._errors import (
     UnexpectedHello,
     WrongPeer,
 )
-from iac._handshake import (
+from iac.protocol.clock import ManualClock
+from iac.protocol.handshake import (
     NONCE_SIZE,
     ClientHandshake,
     HelloDraft,
@@ -29,8 +29,8 @@ from iac._handshake import (
     encode_goaway,
     error_from_close,
 )
-from iac._identity import Identity
-from iac._message import sign_hello
+from iac.wire.identity import Identity
+from iac.wire.message import sign_hello
 
 CLIENT = Identity.from_seed(bytes(range(32)))
 SERVER = Identity.from_seed(bytes(range(1, 33)))
@@ -145,7 +145,7 @@ def test_reflected_hello_fails() -> None:
 
 def test_wrong_domain_fails() -> None:
     def as_server(d: HelloDraft) -> None:
-        from iac._identity import Domain
+        from iac.wire.identity import Domain
 
         d.domain = Domain.HELLO_SERVER
 

@@ -19,7 +19,7 @@ import pytest
 
 import iac
 from iac import Dictionary, DictionarySet, Domain, Identity
-from iac._wire import excise_signature
+from iac.wire.scan import excise_signature
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "interop" / "js"

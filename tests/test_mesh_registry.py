@@ -1,4 +1,4 @@
-"""The registry role and the discovery client over real loopback sockets (iac._mesh)."""
+"""The registry role and the discovery client over real loopback sockets (iac.mesh.service)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run
 
-from iac._clock import ManualClock, now_us
-from iac._errors import (
+from iac.errors import (
     AdmissionDenied,
     AliasTaken,
     BadRecord,
@@ -24,8 +23,7 @@ from iac._errors import (
     UncommittedSuccessor,
     UnknownAgent,
 )
-from iac._identity import Identity
-from iac._mesh import (
+from iac.mesh.service import (
     KeyBook,
     MeshClient,
     RegistryService,
@@ -36,14 +34,16 @@ from iac._mesh import (
     registry_admission,
     serve_registry,
 )
-from iac._message import Session, build_message
-from iac._node import Context, Node
-from iac._node_config import NodeConfig
-from iac._pb.iac_pb2 import Intent, MessageType, TaskState
-from iac._records import AgentRecord, SignedRecord, key_digest, sign_record
-from iac._registry import KeyStatus, RegistryConfig, RegistryState, verify_entry
-from iac._transport import dial
-from iac._transport.dialer import DialError
+from iac.node.config import NodeConfig
+from iac.node.node import Context, Node
+from iac.protocol.clock import ManualClock, now_us
+from iac.protocol.records import AgentRecord, SignedRecord, key_digest, sign_record
+from iac.protocol.registry import KeyStatus, RegistryConfig, RegistryState, verify_entry
+from iac.transport import dial
+from iac.transport.dialer import DialError
+from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message
 
 TLS = "tls://127.0.0.1:0"
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import iac
 from iac import Identity, MessageType, Session
-from iac._wire import encode_varint
+from iac.wire.scan import encode_varint
 
 ALICE = Identity.from_seed(b"\x01" * 32)
 BOB = Identity.from_seed(b"\x02" * 32)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import run
 
-from iac._errors import ConfigError, RemoteError, TransportError
-from iac._identity import Identity
-from iac._node import Context, Node
-from iac._node_config import HandlerError, NodeConfig, PeerEvent, RequestTimeout, Topology
-from iac._pb.iac_pb2 import Intent, MessageType, TaskState
+from iac.errors import ConfigError, RemoteError, TransportError
+from iac.node.config import HandlerError, NodeConfig, PeerEvent, RequestTimeout, Topology
+from iac.node.node import Context, Node
+from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
+from iac.wire.identity import Identity
 
 HERE = Path(__file__).resolve().parent
 
@@ -450,7 +450,7 @@ def test_config_validation() -> None:
 
 
 def test_send_before_start_is_a_local_error() -> None:
-    from iac._errors import LocalError
+    from iac.errors import LocalError
 
     async def main() -> None:
         node = Node()

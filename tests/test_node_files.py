@@ -25,16 +25,16 @@ from typing import Any
 import pytest
 from conftest import run
 
-from iac._errors import ConfigError, RemoteError, TransferRefused
-from iac._filetransfer import ChunkHeader, TransferProgress, chunk_count, new_transfer_id
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame
-from iac._node import Node, ReceivedFile
-from iac._node_config import NodeConfig
-from iac._pb.iac_pb2 import Message, MessageType
-from iac._routing import RelayPolicy
-from iac._transport import dial
-from iac._transport.base import Connection
+from iac.errors import ConfigError, RemoteError, TransferRefused
+from iac.node.config import NodeConfig
+from iac.node.node import Node, ReceivedFile
+from iac.protocol.files import ChunkHeader, TransferProgress, chunk_count, new_transfer_id
+from iac.protocol.routing import RelayPolicy
+from iac.transport import dial
+from iac.transport.base import Connection
+from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame
 
 SLOW = os.environ.get("IAC_SLOW") == "1"
 BIG = (200 if SLOW else 24) * 1024 * 1024
@@ -339,7 +339,7 @@ def test_tampered_chunks_and_unsafe_names_from_a_raw_sender_are_refused() -> Non
 
 INBOX_NODE = (
     "import argparse, asyncio, sys\n"
-    "from iac._cli_files import run_inbox_node\n"
+    "from iac.cli.files import run_inbox_node\n"
     "ns = argparse.Namespace(key=sys.argv[1], listen=[sys.argv[2]], inbox=sys.argv[3], max_file_size=None,\n"
     "                        ca=None, cert=None, cert_key=None)\n"
     "sys.exit(asyncio.run(run_inbox_node(ns)))\n"
@@ -347,7 +347,7 @@ INBOX_NODE = (
 
 
 def send_file_args(argv: list[str]) -> argparse.Namespace:
-    from iac._cli_files import register
+    from iac.cli.files import register
 
     parser = argparse.ArgumentParser(prog="iac")
     register(parser.add_subparsers(dest="verb", required=True))
@@ -403,7 +403,7 @@ def test_cli_send_file_errors_are_config_errors(tmp_path: Path) -> None:
 def test_progress_bar_draws_on_a_stream() -> None:
     import io
 
-    from iac._cli_files import ProgressBar
+    from iac.cli.files import ProgressBar
 
     buf = io.StringIO()
     bar = ProgressBar(buf, "f.bin", enabled=True)

@@ -25,16 +25,16 @@ from typing import Any
 import pytest
 from conftest import run
 
-from iac._errors import ConfigError, IacError
-from iac._frames import FrameType, encode_frame
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame, sign_message
-from iac._node import Context, Node
-from iac._node_config import NodeConfig, NodeStats
-from iac._pb.iac_pb2 import Forward, MessageType
-from iac._routing import RelayPolicy, parse_forward, wrap_forward
-from iac._transport import dial, listen
-from iac._transport.base import Connection
+from iac.errors import ConfigError, IacError
+from iac.node.config import NodeConfig, NodeStats
+from iac.node.node import Context, Node
+from iac.protocol.routing import RelayPolicy, parse_forward, wrap_forward
+from iac.transport import dial, listen
+from iac.transport.base import Connection
+from iac.wire._pb.iac_pb2 import Forward, MessageType
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame, sign_message
 
 RELAY = RelayPolicy(relay_unicast=True)
 

@@ -12,11 +12,11 @@ from conftest import run
 from redis_server import start_redis
 from test_pipeline import RawPeer
 
-from iac._identity import Identity
-from iac._message import encode_message_frame
-from iac._node import Context, Node
-from iac._pb.iac_pb2 import MessageType
-from iac._stores import RedisReplayStore, SqliteReplayStore
+from iac.node.node import Context, Node
+from iac.stores.replay import RedisReplayStore, SqliteReplayStore
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import encode_message_frame
 
 
 @pytest.fixture(scope="module")

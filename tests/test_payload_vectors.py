@@ -1,5 +1,5 @@
 """proto/testvectors/payloads-v1.json: the payloads the node writes (COMMAND, REPLY, ERROR, ACK,
-CANCEL, REGISTER_KEY), their schemas (iac._payloads.SCHEMAS), and two real nodes writing them."""
+CANCEL, REGISTER_KEY), their schemas (tools.payloads.SCHEMAS), and two real nodes writing them."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 from conftest import run
 
-from iac._errors import RemoteError
-from iac._identity import Identity
-from iac._mesh import MeshClient, serve_registry
-from iac._message import FLAG_ACK_REQUESTED
-from iac._node import Node
-from iac._node_config import ERROR_CODES, ErrorCode
-from iac._payloads import (
+from iac.errors import RemoteError
+from iac.mesh.service import MeshClient, serve_registry
+from iac.node.config import ERROR_CODES, ErrorCode
+from iac.node.node import Node
+from iac.protocol.records import key_digest
+from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import FLAG_ACK_REQUESTED
+from tools.payloads import (
     KIND_ACK,
     KIND_CANCEL,
     KIND_COMMAND,
@@ -38,8 +40,6 @@ from iac._payloads import (
     schema_name,
     schema_table,
 )
-from iac._pb.iac_pb2 import Message, MessageType
-from iac._records import key_digest
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "payloads-v1.json"

@@ -23,14 +23,19 @@ from typing import Any
 import pytest
 from conftest import run
 
-from iac._certs import generate_self_signed
-from iac._dedup import MemoryReplayStore, ReplayConfig
-from iac._errors import ChannelBindingMismatch, ConnectionClosed, IacError, KeyFileError, TransportError
-from iac._frames import FrameType, encode_frame
-from iac._guards import prompt_injection_guard
-from iac._handshake import ALPN
-from iac._identity import Identity
-from iac._message import (
+from iac.errors import ChannelBindingMismatch, ConnectionClosed, IacError, KeyFileError, TransportError
+from iac.node.config import NodeConfig, Topology
+from iac.node.node import Context, Node
+from iac.protocol.guards import prompt_injection_guard
+from iac.protocol.handshake import ALPN
+from iac.protocol.replay import MemoryReplayStore, ReplayConfig
+from iac.transport import dial
+from iac.transport.base import Connection
+from iac.transport.certs import generate_self_signed
+from iac.wire._pb.iac_pb2 import Forward, Intent, Message, MessageType, TaskState
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity
+from iac.wire.message import (
     FLAG_ACK_REQUESTED,
     FLAG_ORDERED,
     Session,
@@ -39,12 +44,7 @@ from iac._message import (
     sender_of,
     sign_message,
 )
-from iac._node import Context, Node
-from iac._node_config import NodeConfig, Topology
-from iac._pb.iac_pb2 import Forward, Intent, Message, MessageType, TaskState
-from iac._seal import open_sealed, seal_payload
-from iac._transport import dial
-from iac._transport.base import Connection
+from iac.wire.seal import open_sealed, seal_payload
 
 SKEW_US = 60_000_000
 

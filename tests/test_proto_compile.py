@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from iac import _protoc
-from iac._errors import ConfigError, IacError
+from iac.cli import proto as _protoc
+from iac.errors import ConfigError, IacError
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_DIR = ROOT / "tests" / "interop" / "js"
@@ -65,7 +65,7 @@ def test_python_output_is_the_committed_code(tmp_path):
     assert p.protoc is not None and "grpcio-tools" in p.protoc.description  # the pinned dev extra
     _protoc.compile_schema("python", tmp_path)
     for name in ("iac_pb2.py", "iac_pb2.pyi"):
-        assert (tmp_path / name).read_bytes() == (ROOT / "iac" / "_pb" / name).read_bytes()
+        assert (tmp_path / name).read_bytes() == (ROOT / "iac" / "wire" / "_pb" / name).read_bytes()
 
 
 def test_go_output_or_the_install_hint(tmp_path):

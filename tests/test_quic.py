@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from iac._errors import ChannelBindingMismatch, CloseCode, ConnectionClosed, IacError, TransportError
-from iac._frames import FrameType, encode_frame
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame, sender_of
-from iac._pb.iac_pb2 import MessageType
-from iac._relay import Impairment, UdpRelay
-from iac._transport.base import Connection, TransportConfig
-from iac._transport.quic import SHARE_LIMIT, QuicConn, QuicListener, dial_quic, listen_quic
+from iac.errors import ChannelBindingMismatch, CloseCode, ConnectionClosed, IacError, TransportError
+from iac.testing.relay import Impairment, UdpRelay
+from iac.transport.base import Connection, TransportConfig
+from iac.transport.quic.connection import SHARE_LIMIT, QuicConn, QuicListener, dial_quic, listen_quic
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame, sender_of
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "quic://127.0.0.1:0"
@@ -258,8 +258,8 @@ def test_oversized_frame_closes_only_that_connection() -> None:
 
 SERVER_SCRIPT = """
 import asyncio, sys
-from iac._identity import Identity
-from iac._transport.quic import listen_quic
+from iac.wire.identity import Identity
+from iac.transport.quic.connection import listen_quic
 
 async def main():
     async def on_connection(conn):
@@ -384,9 +384,9 @@ def test_man_in_the_middle_with_its_own_certificate_is_refused() -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
-    from iac._certs import generate_self_signed
-    from iac._errors import HandshakeError
-    from iac._handshake import ALPN
+    from iac.errors import HandshakeError
+    from iac.protocol.handshake import ALPN
+    from iac.transport.certs import generate_self_signed
 
     async def main() -> None:
         server = Server()

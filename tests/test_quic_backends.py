@@ -15,13 +15,10 @@ from typing import Any
 
 import pytest
 
-from iac._errors import CloseCode, ConfigError, ConnectionClosed, IacError
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame
-from iac._pb.iac_pb2 import MessageType
-from iac._transport import _quic_backend
-from iac._transport.base import Connection, TransportConfig
-from iac._transport.quic import (
+from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError
+from iac.transport.base import Connection, TransportConfig
+from iac.transport.quic import backend as _quic_backend
+from iac.transport.quic.connection import (
     ClientTicketStore,
     QuicConn,
     ServerTicketStore,
@@ -29,6 +26,9 @@ from iac._transport.quic import (
     listen_quic,
     set_backend,
 )
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame
 
 LOOPBACK = "quic://127.0.0.1:0"
 INSTALLED = _quic_backend.available()

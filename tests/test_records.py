@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from iac import BadSignature, ConfigError, Domain, Identity, InvalidAgentId
-from iac._errors import (
+from iac.errors import (
     BadRecord,
     RecordExpired,
     UncommittedSuccessor,
     all_error_classes,
 )
-from iac._records import (
+from iac.protocol.records import (
     MAX_SAFE_INT,
     AgentRecord,
     Revocation,
@@ -361,7 +361,7 @@ DOC: dict[str, Any] = json.loads(VECTORS.read_text(encoding="utf-8"))
 def test_committed_vectors_match_a_fresh_generation() -> None:
     assert make_vectors() == DOC
     assert VECTORS.read_text(encoding="utf-8") == dump_vectors(), (
-        "regenerate with iac._records.dump_vectors()"
+        "regenerate with iac.protocol.records.dump_vectors()"
     )
 
 

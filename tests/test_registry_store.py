@@ -18,7 +18,7 @@ import pytest
 from redis_server import free_port
 
 from iac import BadSignature, ConfigError, Domain, Identity
-from iac._errors import (
+from iac.errors import (
     AliasTaken,
     BadRecord,
     CommitmentChanged,
@@ -32,7 +32,7 @@ from iac._errors import (
     UncommittedSuccessor,
     UnknownAgent,
 )
-from iac._records import (
+from iac.protocol.records import (
     AgentRecord,
     SignedRecord,
     SignedRotation,
@@ -41,7 +41,7 @@ from iac._records import (
     sign_revocation,
     sign_rotation,
 )
-from iac._registry import (
+from iac.protocol.registry import (
     AgentRow,
     KeyStatus,
     MemoryRecordStore,
@@ -555,8 +555,8 @@ def test_unwritable_sqlite_path_is_a_store_error(tmp_path: Path) -> None:
 _CHILD = """
 import sys
 from iac import Identity
-from iac._records import AgentRecord, sign_record
-from iac._registry import RegistryState, SqliteRecordStore
+from iac.protocol.records import AgentRecord, sign_record
+from iac.protocol.registry import RegistryState, SqliteRecordStore
 
 path, now = sys.argv[1], int(sys.argv[2])
 reg = RegistryState(SqliteRecordStore(path))

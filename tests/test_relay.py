@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from iac._errors import ConfigError
-from iac._relay import Impairment, UdpRelay
+from iac.errors import ConfigError
+from iac.testing.relay import Impairment, UdpRelay
 
 Addr = tuple[str, int]
 

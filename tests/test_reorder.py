@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iac._errors import ConfigError
-from iac._reorder import (
+from iac.errors import ConfigError
+from iac.protocol.reorder import (
     Delivered,
     Duplicate,
     GapReason,

@@ -11,11 +11,8 @@ from typing import Any
 
 import pytest
 
-from iac._errors import BadSignature, ConfigError, MessageFormatError
-from iac._identity import Identity
-from iac._message import Session, build_message, open_message, sender_of, sign_message
-from iac._pb.iac_pb2 import Forward, Message, MessageType
-from iac._routing import (
+from iac.errors import BadSignature, ConfigError, MessageFormatError
+from iac.protocol.routing import (
     DEFAULT_BROADCAST_HOP_LIMIT,
     BadForwardPath,
     HopLimitExhausted,
@@ -32,6 +29,9 @@ from iac._routing import (
     render_mesh_vectors,
     wrap_forward,
 )
+from iac.wire._pb.iac_pb2 import Forward, Message, MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, open_message, sender_of, sign_message
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "mesh-v1.json"
@@ -417,7 +417,7 @@ def test_learned_routes_expire_and_static_routes_win() -> None:
 
 def test_mesh_vector_file_is_up_to_date() -> None:
     assert VECTOR_FILE.read_text("utf-8") == render_mesh_vectors(), (
-        "proto/testvectors/mesh-v1.json is stale; rewrite it with iac._routing.write_mesh_vectors"
+        "proto/testvectors/mesh-v1.json is stale; rewrite it with iac.protocol.routing.write_mesh_vectors"
     )
 
 

@@ -9,9 +9,9 @@ import nacl.public
 import pytest
 
 from iac import Identity, MessageType, Session
-from iac._errors import BadSignature, ConfigError, InvalidAgentId, MessageRejected
-from iac._message import build_message, open_message, sender_of, sign_message
-from iac._seal import (
+from iac.errors import BadSignature, ConfigError, InvalidAgentId, MessageRejected
+from iac.wire.message import build_message, open_message, sender_of, sign_message
+from iac.wire.seal import (
     SEAL_HEADER_SIZE,
     SEAL_MAGIC,
     SEAL_OVERHEAD,

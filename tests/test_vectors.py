@@ -21,9 +21,9 @@ import pytest
 
 import iac
 from iac import Dictionary, DictionarySet, Domain, FrameType, Identity, Session, TaskState
-from iac._errors import all_error_classes
-from iac._pb.iac_pb2 import Hello
-from iac._wire import HELLO_SCHEMA, excise_signature
+from iac.errors import all_error_classes
+from iac.wire._pb.iac_pb2 import Hello
+from iac.wire.scan import HELLO_SCHEMA, excise_signature
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_DIR = ROOT / "proto" / "testvectors"
@@ -351,6 +351,6 @@ def test_generated_python_code_matches_the_proto(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     for name in ("iac_pb2.py", "iac_pb2.pyi"):
-        assert (tmp_path / name).read_bytes() == (ROOT / "iac" / "_pb" / name).read_bytes(), (
+        assert (tmp_path / name).read_bytes() == (ROOT / "iac" / "wire" / "_pb" / name).read_bytes(), (
             f"iac/_pb/{name} is stale: run `make proto`"
         )

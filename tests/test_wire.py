@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iac
-from iac._wire import (
+from iac.wire.scan import (
     HELLO_SCHEMA,
     MESSAGE_SCHEMA,
     decode_varint,
@@ -118,7 +118,7 @@ _PARTS = [
 
 
 def _full_scan(data):
-    from iac._wire import _scan
+    from iac.wire.scan import _scan
 
     try:
         return ("ok", _scan(data, 0, len(data), MESSAGE_SCHEMA))
@@ -127,7 +127,7 @@ def _full_scan(data):
 
 
 def _fast_agrees(data):
-    from iac._wire import _message_span_fast
+    from iac.wire.scan import _message_span_fast
 
     fast = _message_span_fast(data)
     if fast is not None:

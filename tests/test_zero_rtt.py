@@ -9,12 +9,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from iac._identity import Identity
-from iac._message import Session, build_message, encode_message_frame
-from iac._pb.iac_pb2 import MessageType
-from iac._relay import UdpRelay
-from iac._transport.base import Connection
-from iac._transport.quic import (
+from iac.testing.relay import UdpRelay
+from iac.transport.base import Connection
+from iac.transport.quic.connection import (
     ClientTicketStore,
     QuicConn,
     QuicListener,
@@ -22,6 +19,9 @@ from iac._transport.quic import (
     dial_quic,
     listen_quic,
 )
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import Session, build_message, encode_message_frame
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:

@@ -43,9 +43,9 @@ from iac import (
     Session,
     TaskState,
 )
-from iac._frames import DEFAULT_MAX_FRAME_SIZE
-from iac._pb.iac_pb2 import Hello, Message
-from iac._wire import encode_varint, excise_signature
+from iac.wire._pb.iac_pb2 import Hello, Message
+from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
+from iac.wire.scan import encode_varint, excise_signature
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "proto" / "testvectors"

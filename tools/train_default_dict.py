@@ -32,7 +32,7 @@ DICT_ID = 0x9AC0
 #: 64 KiB: 16 KiB saves 63.6 %, 64 KiB 64.2 %, 256 KiB 64.7 % on test.jsonl at level 3.
 DICT_SIZE = 64 * 1024
 #: The level the entropy tables are tuned for and the level senders compress at. Level 3
-#: is iac._dicts.DEFAULT_LEVEL; higher levels gain ~1-2 points for 2-25x the CPU.
+#: is iac.wire.dicts.DEFAULT_LEVEL; higher levels gain ~1-2 points for 2-25x the CPU.
 LEVEL = 3
 #: fastCover segment size and dmer size (found by zstd's optimizer, steps=64, then fixed).
 K = 482

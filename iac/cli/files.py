@@ -1,0 +1,190 @@
+"""File verbs of the ``iac`` command: ``send-file``, and the inbox side of ``iac node``.
+
+``iac send-file --key K --to AGENT_ID --addr URL [--addr URL ...] PATH [--name N]``
+sends a file to a node's inbox with :meth:`iac.Node.send_file` and prints one
+line when the receiver verified it::
+
+    sent report.pdf 20971520 bytes sha256=… to 3f1c…  in 0.41 s (51.2 MB/s), 0 chunks resent
+
+A progress bar goes to stderr while it runs (not when stderr is not a terminal,
+nor with ``--quiet``). ``--via RELAY_ID`` sends through a relay instead; ``--addr``
+then names the relay's addresses.
+
+``iac node --inbox DIR`` (see :func:`run_inbox_node`) runs a full node that takes
+files into ``DIR`` and prints ``received NAME SIZE sha256=… from ID`` for each.
+
+Errors are one line on stderr and a non-zero exit (``iac.cli.main.main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, TextIO
+
+from iac.errors import ConfigError, IacError
+
+_BAR = 30
+
+
+class ProgressBar:
+    """A one-line text progress bar (``[#####-----]  48%  12.0/24.0 MiB  35.2 MB/s``)."""
+
+    def __init__(self, stream: TextIO, name: str, *, enabled: bool) -> None:
+        self.stream = stream
+        self.name = name
+        self.enabled = enabled
+        self.start = time.monotonic()
+        self.shown = -1.0
+        self._drawn = False
+
+    def update(self, done: int, size: int, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        frac = 1.0 if size == 0 else done / size
+        now = time.monotonic()
+        if not force and now - self.shown < 0.1 and frac < 1.0:
+            return
+        self.shown = now
+        filled = int(frac * _BAR)
+        rate = done / max(now - self.start, 1e-6) / 1e6
+        self.stream.write(
+            f"\r{self.name[:24]:<24} [{'#' * filled}{'-' * (_BAR - filled)}] {frac * 100:5.1f}%  "
+            f"{done / 2**20:.1f}/{size / 2**20:.1f} MiB  {rate:.1f} MB/s "
+        )
+        self.stream.flush()
+        self._drawn = True
+
+    def finish(self) -> None:
+        if self.enabled and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def _run_send_file(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from iac.cli.net import _config
+    from iac.node.config import NodeConfig
+    from iac.node.node import Node
+    from iac.protocol.files import TransferProgress
+    from iac.wire.identity import Identity, check_agent_id
+
+    identity = Identity.load(args.key)
+    for flag, value in (("--to", args.to), ("--via", args.via)):
+        if value is None:
+            continue
+        try:
+            check_agent_id(value)
+        except IacError:
+            raise ConfigError(f"{flag} {value!r} is not an AgentId (64 lowercase hex characters)") from None
+    path = Path(args.path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a readable file")
+    if args.timeout <= 0:
+        raise ConfigError("--timeout must be positive")
+    name = args.name if args.name is not None else path.name
+    bar = ProgressBar(sys.stderr, name, enabled=not args.quiet and sys.stderr.isatty())
+
+    def on_progress(p: TransferProgress) -> None:
+        bar.update(p.bytes_done, p.size)
+
+    config = NodeConfig(transport=_config(args))
+    async with Node(identity, config=config) as node:
+        node.add_peer(args.via or args.to, *args.addr)
+        try:
+            res = await node.send_file(
+                args.to,
+                path,
+                name=args.name,
+                on_progress=on_progress,
+                timeout=args.timeout,
+                via=args.via,
+                window=args.window,
+            )
+        finally:
+            bar.finish()
+    rate = res.size / max(res.seconds, 1e-9) / 1e6
+    print(
+        f"sent {res.name} {res.size} bytes sha256={res.sha256} to {res.peer[:16]}… in {res.seconds:.2f} s "
+        f"({rate:.1f} MB/s), {res.chunks_resent} chunks resent, {res.resumed} resumes"
+    )
+    return 0
+
+
+def _cmd_send_file(args: argparse.Namespace) -> int:
+    return asyncio.run(_run_send_file(args))
+
+
+def inbox_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~iac.NodeConfig` settings of ``iac node --inbox DIR [--max-file-size N]``
+    (``NodeConfig(..., **inbox_options(args))``; empty without ``--inbox``)."""
+    inbox = getattr(args, "inbox", None)
+    if inbox is None:
+        return {}
+    out: dict[str, Any] = {"inbox_dir": inbox}
+    max_size = getattr(args, "max_file_size", None)
+    if max_size is not None:
+        if max_size < 0:
+            raise ConfigError("--max-file-size must not be negative")
+        out["max_file_size"] = max_size
+    return out
+
+
+async def run_inbox_node(args: argparse.Namespace) -> int:
+    """``iac node --inbox DIR``: a full :class:`~iac.Node` (answers PING, takes files into the inbox).
+
+    Reads ``args.key``, ``args.listen``, ``args.inbox``, ``args.max_file_size`` and the TLS options of
+    ``iac node``; prints the AgentId, the addresses, then one line per received file.
+    """
+    from iac.cli.net import _config, _serve_forever
+    from iac.node.config import NodeConfig
+    from iac.node.node import Node
+    from iac.node.types import ReceivedFile
+    from iac.wire.identity import Identity
+
+    identity = Identity.load(args.key)
+    config = NodeConfig(transport=_config(args, listen_addrs=tuple(args.listen)), **inbox_options(args))
+
+    def on_file(f: ReceivedFile) -> None:
+        print(f"received {f.name} {f.size} sha256={f.sha256} from {f.sender}", flush=True)
+
+    async with Node(identity, listen=args.listen, config=config) as node:
+        node.on_file(on_file)
+        print(f"node {identity.agent_id}", flush=True)
+        for addr in node.addresses:
+            print(f"listening {addr}", flush=True)
+        print(f"inbox {args.inbox}", flush=True)
+        await _serve_forever()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add ``send-file`` to the ``iac`` parser."""
+    from iac.cli.net import _add_tls_options
+
+    p = sub.add_parser("send-file", help="send a file to a node's inbox (with a progress bar)")
+    p.add_argument("path", metavar="PATH", help="the file to send")
+    p.add_argument("--key", required=True, help="agent key file")
+    p.add_argument("--to", required=True, metavar="AGENT_ID", help="the receiving node's AgentId")
+    p.add_argument(
+        "--addr",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="the node's address (repeatable); with --via, the relay's address",
+    )
+    p.add_argument("--via", default=None, metavar="AGENT_ID", help="send through this relay")
+    p.add_argument("--name", default=None, help="file name in the receiver's inbox (default: PATH's name)")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="give up after this many seconds without progress"
+    )
+    p.add_argument("--window", type=int, default=None, help="chunks in flight (default 16)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_tls_options(p)
+    p.set_defaults(func=_cmd_send_file)
+
+
+__all__ = ["ProgressBar", "inbox_options", "register", "run_inbox_node"]

@@ -1,0 +1,1 @@
+"""Optional integrations (imported only when used)."""

@@ -1,0 +1,357 @@
+"""The node's configuration, ERROR codes, refusal reasons, errors and small value types.
+
+Everything a :class:`~iac.Node` bounds is a field of :class:`NodeConfig`, with
+its default written next to it. The transport's own bounds stay in the embedded
+:class:`~iac.transport.base.TransportConfig` (``NodeConfig.transport``), which
+also carries the clock.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from iac.errors import ConfigError, DeliveryError, RequestTimeout
+from iac.protocol.files import DEFAULT_MAX_SIZE, DEFAULT_MAX_TRANSFERS, DEFAULT_WINDOW, MAX_WINDOW
+from iac.protocol.replay import MIN_WINDOW_SIZE
+from iac.protocol.routing import (
+    DEFAULT_BROADCAST_HOP_LIMIT,
+    DEFAULT_HOP_LIMIT,
+    DEFAULT_MAX_ROUTES,
+    DEFAULT_MAX_SEEN,
+    RelayPolicy,
+)
+from iac.transport.base import TransportConfig
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.dicts import DictionarySet, default_dictionary
+from iac.wire.identity import check_agent_id
+
+
+class ErrorCode(StrEnum):
+    """The closed list of ERROR codes (``{"code": ..., "message": ...}`` in ``payload_json``)."""
+
+    NO_HANDLER = "no_handler"  # no handler for this msg_type, or the remote call name is not exposed
+    TIMEOUT = "timeout"  # the request's deadline passed before it was started, or while it ran
+    UNAUTHORIZED = "unauthorized"  # the sender may not do this (delegation allow-list, sealed header)
+    BAD_SIGNATURE = "bad_signature"  # the signature (or the `from` AgentId) did not verify
+    POLICY_DENIED = (
+        "policy_denied"  # topology policy; a MESSAGE frame addressed elsewhere (relays take FORWARD)
+    )
+    CONTENT_BLOCKED = "content_blocked"  # a content guard refused the payload
+    BAD_REQUEST = "bad_request"  # schema: type, JSON, task envelope, call shape, stale timestamp
+    BUSY = "busy"  # a bound is hit (handler backlog, per-peer quota, replay store, draining)
+    CANCELLED = "cancelled"  # the caller sent CANCEL
+    INTERNAL = "internal"  # the handler raised something else
+
+
+ERROR_CODES: frozenset[str] = frozenset(c.value for c in ErrorCode)
+
+
+class Refusal(StrEnum):
+    """Why the receive pipeline refused a message: the keys of ``NodeStats.refused``.
+
+    In pipeline order. ``code`` is the ERROR code answered, or None where
+    nothing is answered (replays, duplicates, refused ERROR/ACK/REPLY).
+    """
+
+    BAD_SIGNATURE = "bad_signature"
+    STALE = "stale"
+    REPLAYED = "replayed"  # older than the replay window
+    DUPLICATE = "duplicate"  # already handled (re-answered) or being handled
+    REPLAY_STORE_FULL = "replay_store_full"
+    NOT_ADDRESSED = "not_addressed"
+    #: a unicast FORWARD that crossed no relay (origin = neighbour, ``to`` = this node): such a
+    #: message travels in a MESSAGE frame, where the impersonation check applies
+    FORWARD_NOT_RELAYED = "forward_not_relayed"
+    POLICY_DENIED = "policy_denied"
+    UNSEAL_FAILED = "unseal_failed"
+    SEALED_HEADER = "sealed_header"
+    BAD_TYPE = "bad_type"
+    BAD_PAYLOAD = "bad_payload"
+    BAD_TASK = "bad_task"
+    DELEGATION_DENIED = "delegation_denied"
+    DEADLINE_PASSED = "deadline_passed"
+    CONTENT_BLOCKED = "content_blocked"
+    NO_HANDLER = "no_handler"
+    BAD_CALL = "bad_call"
+    BUSY = "busy"
+    #: a FILE_TRANSFER chunk or query refused by the receiver (details in ``NodeStats.file_refused``)
+    FILE_TRANSFER = "file_transfer"
+    UNMATCHED_RESPONSE = "unmatched_response"
+
+    @property
+    def code(self) -> ErrorCode | None:
+        return _REFUSAL_CODES.get(self)
+
+
+_REFUSAL_CODES: dict[Refusal, ErrorCode] = {
+    Refusal.BAD_SIGNATURE: ErrorCode.BAD_SIGNATURE,
+    Refusal.STALE: ErrorCode.BAD_REQUEST,
+    Refusal.REPLAY_STORE_FULL: ErrorCode.BUSY,
+    Refusal.NOT_ADDRESSED: ErrorCode.POLICY_DENIED,
+    Refusal.POLICY_DENIED: ErrorCode.POLICY_DENIED,
+    Refusal.UNSEAL_FAILED: ErrorCode.BAD_REQUEST,
+    Refusal.SEALED_HEADER: ErrorCode.UNAUTHORIZED,
+    Refusal.BAD_TYPE: ErrorCode.BAD_REQUEST,
+    Refusal.BAD_PAYLOAD: ErrorCode.BAD_REQUEST,
+    Refusal.BAD_TASK: ErrorCode.BAD_REQUEST,
+    Refusal.DELEGATION_DENIED: ErrorCode.UNAUTHORIZED,
+    Refusal.DEADLINE_PASSED: ErrorCode.TIMEOUT,
+    Refusal.CONTENT_BLOCKED: ErrorCode.CONTENT_BLOCKED,
+    Refusal.NO_HANDLER: ErrorCode.NO_HANDLER,
+    Refusal.BAD_CALL: ErrorCode.BAD_REQUEST,
+    Refusal.BUSY: ErrorCode.BUSY,
+    Refusal.FILE_TRANSFER: ErrorCode.BAD_REQUEST,
+}
+
+
+# --- errors (to move into iac/_errors.py) ---------------------------------------------------------
+
+
+class HandlerError(Exception):
+    """Raise in a handler to answer with a chosen ERROR code from the closed list.
+
+    Any other exception a handler raises is answered with ``internal`` (its text
+    is not sent: it may hold secrets).
+    """
+
+    def __init__(self, code: str | ErrorCode, message: str = "") -> None:
+        code = code.value if isinstance(code, ErrorCode) else code
+        if code not in ERROR_CODES:
+            raise ConfigError(f"{code!r} is not an ERROR code; use one of {sorted(ERROR_CODES)}")
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+
+
+# --- policy ---------------------------------------------------------------------------------------
+
+
+class Topology:
+    """A directed sender → receiver allow-list (SPEC section 5).
+
+    Once a node is given one, a pair that is not listed is refused with
+    ``policy_denied``; a node without one is open (any authenticated peer).
+    ``"*"`` on either side of a pair matches any AgentId.
+    """
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
+        self._pairs: set[tuple[str, str]] = set()
+        for src, dst in pairs:
+            self.allow(src, dst)
+
+    def allow(self, sender: str, receiver: str) -> None:
+        for aid in (sender, receiver):
+            if aid != "*":
+                check_agent_id(aid)
+        self._pairs.add((sender, receiver))
+
+    def allows(self, sender: str, receiver: str) -> bool:
+        p = self._pairs
+        return (sender, receiver) in p or (sender, "*") in p or ("*", receiver) in p or ("*", "*") in p
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __repr__(self) -> str:
+        return f"Topology({len(self._pairs)} pairs)"
+
+
+#: A content guard: ``(message, decoded payload) -> None`` to pass, or a reason string to refuse.
+ContentGuard = Callable[[Message, Any], "str | None"]
+
+
+def _default_transport() -> TransportConfig:
+    return TransportConfig(dictionaries=DictionarySet([default_dictionary()]))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Settings of a :class:`~iac.Node`. Every bound is here; times are seconds.
+
+    The transport settings (frame size, queues, timeouts, dictionaries,
+    ``max_skew_us`` and the clock) are in ``transport``.
+    """
+
+    #: Transport bounds and the clock; by default the shipped dictionary is announced.
+    transport: TransportConfig = field(default_factory=_default_transport)
+    #: Replay window per session (``N``, at least 1024); a sender keeps fewer than N unacknowledged.
+    replay_window: int = 1024
+    #: Most sender sessions tracked by the in-memory replay store.
+    max_sessions: int = 100_000
+    #: ``request``/``call``/``delegate`` timeout when none is given.
+    request_timeout: float = 30.0
+    #: Per peer: requests plus ACK_REQUESTED messages waiting for their answer; ``send``/``request``
+    #: wait while this many are out. Must be below ``replay_window``.
+    max_in_flight: int = 64
+    #: Handlers running at once (the whole node).
+    max_handlers: int = 64
+    #: Accepted messages waiting for a handler slot; beyond it a message is refused with ``busy``.
+    max_backlog: int = 1024
+    #: Per-peer quota: one peer's messages running or waiting; beyond it ``busy``.
+    max_per_peer: int = 512
+    #: First retransmission of an unacknowledged message; doubles up to ``retransmit_max``.
+    retransmit_initial: float = 0.25
+    retransmit_max: float = 2.0
+    #: An ACK_REQUESTED message not acknowledged by then fails with DeliveryError (<= max_skew).
+    delivery_timeout: float = 30.0
+    #: Answers (REPLY/ERROR) kept to re-answer a retransmitted request instead of handling it twice.
+    answer_cache: int = 4096
+    #: Signature checks per second per peer (token bucket) and the burst; a bad signature costs
+    #: ``bad_signature_cost`` tokens. When a peer's bucket is empty the node stops reading from it.
+    verify_rate: float = 50_000.0
+    verify_burst: float = 10_000.0
+    bad_signature_cost: float = 100.0
+    #: Directed sender → receiver allow-list; None = open (SPEC default).
+    topology: Topology | None = None
+    #: Who may send DELEGATE_TASK; None = any sender the topology allows.
+    delegators: frozenset[str] | None = None
+    #: Content guards run in order after the schema check (none by default).
+    guards: tuple[ContentGuard, ...] = ()
+    #: Message types accepted (None = every known type but UNKNOWN).
+    allowed_types: frozenset[int] | None = None
+    #: Run sync handlers and exposed functions in a worker thread (else inline on the loop).
+    sync_in_thread: bool = True
+    #: Cancel a handler whose request's deadline passes (ERROR ``timeout``).
+    enforce_deadline: bool = True
+    #: On close: how long in-flight handlers and unacknowledged messages get to finish.
+    drain_timeout: float = 5.0
+    #: Reorder buffer: most entries held per ordered session.
+    reorder_max_buffered: int = 1024
+    #: Peer events kept for ``peer_events()`` readers that fall behind (oldest dropped, counted).
+    event_queue: int = 1024
+
+    # --- relays and broadcast (docs/PROTOCOL.md section 11) ---
+    #: What this node relays for others. Default: re-flood broadcasts, relay no unicast.
+    relay_policy: RelayPolicy = field(default_factory=RelayPolicy)
+    #: Hop limit this node puts on its own broadcasts / relayed unicast messages.
+    broadcast_hop_limit: int = DEFAULT_BROADCAST_HOP_LIMIT
+    unicast_hop_limit: int = DEFAULT_HOP_LIMIT
+    #: Seen-cache of broadcasts and relayed messages (kept 2 × max_skew); full = new ones refused.
+    max_seen: int = DEFAULT_MAX_SEEN
+    #: Learned reverse routes and relayed requests kept.
+    max_routes: int = DEFAULT_MAX_ROUTES
+
+    # --- file transfer (docs/PROTOCOL.md section 11.5) ---
+    #: Where received files land. None: this node takes no files (a chunk is refused with ERROR
+    #: ``no_handler``, which ends the sender's transfer).
+    inbox_dir: str | os.PathLike[str] | None = None
+    #: Largest file accepted, and transfers received at once.
+    max_file_size: int = DEFAULT_MAX_SIZE
+    max_transfers: int = DEFAULT_MAX_TRANSFERS
+    #: Replace a file of the same name in the inbox (else the transfer fails with ``file_exists``).
+    overwrite_files: bool = False
+    #: fsync a received file before it is renamed into the inbox.
+    durable_files: bool = True
+    #: A partial incoming transfer idle this long closes its file (it can still resume later).
+    file_idle_timeout: float = 300.0
+    #: Sender: chunks in flight, chunk size (None: 256 KiB), and when an unacknowledged chunk is resent.
+    file_window: int = DEFAULT_WINDOW
+    file_chunk_size: int | None = None
+    file_retransmit_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.replay_window < MIN_WINDOW_SIZE:
+            raise ConfigError(f"replay_window must be at least {MIN_WINDOW_SIZE}")
+        if not 1 <= self.max_in_flight < self.replay_window:
+            raise ConfigError("max_in_flight must be in 1 .. replay_window - 1 (SPEC section 6)")
+        for name in ("max_handlers", "max_backlog", "max_per_peer", "answer_cache", "max_sessions"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.delivery_timeout * 1_000_000 > self.transport.max_skew_us:
+            raise ConfigError("delivery_timeout must not exceed max_skew (SPEC section 6)")
+        if not 0 < self.retransmit_initial <= self.retransmit_max:
+            raise ConfigError("need 0 < retransmit_initial <= retransmit_max")
+        if self.verify_rate <= 0 or self.verify_burst < 1:
+            raise ConfigError("verify_rate and verify_burst must be positive")
+        if self.request_timeout <= 0 or self.drain_timeout < 0:
+            raise ConfigError("request_timeout must be positive and drain_timeout not negative")
+        for name in ("broadcast_hop_limit", "unicast_hop_limit", "max_seen", "max_routes", "max_transfers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.max_file_size < 0:
+            raise ConfigError("max_file_size must not be negative")
+        if not 1 <= self.file_window <= MAX_WINDOW:
+            raise ConfigError(f"file_window must be in [1, {MAX_WINDOW}]")
+        if self.file_retransmit_timeout <= 0 or self.file_idle_timeout <= 0:
+            raise ConfigError("file_retransmit_timeout and file_idle_timeout must be positive")
+
+
+# --- values handed to users -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerEvent:
+    """A peer came up (its first connection verified) or went down (its last one closed)."""
+
+    agent_id: str
+    up: bool
+    transport: str
+    address: str
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """A snapshot of a node's counters and queue depths (``node.stats()``)."""
+
+    sent: int
+    received: int
+    bytes_sent: int
+    bytes_received: int
+    handled: int
+    replies_sent: int
+    acks_sent: int
+    acks_received: int
+    retransmits: int
+    delivery_failures: int
+    throttled: int
+    gaps: int
+    late: int
+    cancelled: int
+    peer_events_dropped: int
+    #: Refusals by :class:`Refusal` value.
+    refused: Mapping[str, int]
+    #: ERRORs this node sent / received, by code.
+    errors_sent: Mapping[str, int]
+    errors_received: Mapping[str, int]
+    #: Queue depths now, and the highest seen.
+    running: int
+    backlog: int
+    backlog_peak: int
+    running_peak: int
+    ordered_queued: int
+    reorder_held: int
+    pending_requests: int
+    unacked: int
+    answer_cache: int
+    connections: int
+    #: Routing (FORWARD): ``delivered``, ``forwarded`` (Forwards sent, own and relayed),
+    #: ``originated``, ``relayed`` (sent on for others), ``duplicates`` (copies dropped), ``flood_ends``.
+    routing: Mapping[str, int] = field(default_factory=dict)
+    #: FORWARD refusals by :class:`~iac.protocol.routing.RouteRefusal` value (``duplicate`` not included).
+    route_refused: Mapping[str, int] = field(default_factory=dict)
+    #: Files: ``sent``, ``received``, ``chunks_received``, ``chunk_duplicates``, ``resumed``, ``failed``.
+    files: Mapping[str, int] = field(default_factory=dict)
+    #: Refused FILE_TRANSFER chunks and queries, by error name (``chunk_hash_mismatch``, …).
+    file_refused: Mapping[str, int] = field(default_factory=dict)
+
+
+__all__ = [
+    "ERROR_CODES",
+    "ContentGuard",
+    "DeliveryError",
+    "ErrorCode",
+    "HandlerError",
+    "NodeConfig",
+    "NodeStats",
+    "PeerEvent",
+    "Refusal",
+    "RelayPolicy",
+    "RequestTimeout",
+    "Topology",
+]

@@ -1,0 +1,413 @@
+"""Anti-replay: freshness and a per-session sliding window of msg_ids. Sans-IO.
+
+Nothing here reads a clock: every call takes ``now_us`` (microseconds since the
+Unix epoch, the receiver's clock) and the message's ``timestamp_us``.
+
+A message is accepted once per ``(from, session_id, msg_id)``:
+
+* **Freshness** (:func:`check_freshness`): ``|now - timestamp| <= max_skew``,
+  and a store without history (in-memory) also refuses a timestamp older than
+  its own start. Failing either raises :class:`~iac.StaleMessage`.
+* **Window** (:class:`MemoryReplayStore`): per session, the highest msg_id seen
+  and a bitmap of the ``window_size`` ids ending at it (bit ``i`` is id
+  ``highest - i``). An id ``window_size`` or more behind the highest is
+  :attr:`Verdict.TOO_OLD`; an id in the window that is already marked is
+  :attr:`Verdict.DUPLICATE`. Ids compare with RFC 1982 serial-number
+  arithmetic on 64 bits, so the counter may wrap.
+* **Expiry**: a session's window is kept for ``2 * max_skew`` after the arrival
+  (receiver clock) of its newest message. A replay arriving later carries a
+  timestamp at least ``max_skew`` old and is refused by freshness, so dropping
+  the window re-opens nothing. Memory is bounded by active senders, with a hard
+  cap (``max_sessions``): when it is reached and nothing has expired, a *new*
+  session is refused with :class:`ReplayStoreFull`; live windows are never
+  evicted, because evicting one would re-open its replays.
+
+Check-and-set is one atomic call, either single-phase (:meth:`~ReplayStore.check_and_mark`)
+or two-phase (:meth:`~ReplayStore.reserve`, then :meth:`~ReplayStore.commit` once the
+handler accepted the message, or :meth:`~ReplayStore.release` if it failed, so that a
+retransmission can be handled). While an id is reserved, a duplicate gets
+:attr:`Verdict.IN_PROGRESS`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+from iac.errors import ConfigError, ReplayedMessage, ReplayStoreFull, StaleMessage
+
+SERIAL_BITS = 64
+_MOD = 1 << SERIAL_BITS
+_HALF = 1 << (SERIAL_BITS - 1)
+_MASK64 = _MOD - 1
+
+#: Smallest window allowed (IPsec/DTLS anti-replay use at least this order).
+MIN_WINDOW_SIZE = 1024
+DEFAULT_WINDOW_SIZE = 1024
+DEFAULT_MAX_SKEW_US = 60_000_000
+DEFAULT_MAX_SESSIONS = 100_000
+
+
+def serial_diff(a: int, b: int) -> int:
+    """Signed distance ``a - b`` between two 64-bit serial numbers (RFC 1982).
+
+    The result is in ``[-2**63, 2**63)``. RFC 1982 leaves a distance of exactly
+    ``2**63`` undefined; this function calls it ``-2**63`` (``a`` is older), so
+    such an id is treated as too old rather than as new.
+    """
+    d = (a - b) & _MASK64
+    return d - _MOD if d >= _HALF else d
+
+
+def serial_add(a: int, n: int) -> int:
+    """``a + n`` modulo ``2**64``."""
+    return (a + n) & _MASK64
+
+
+def _check_u64(name: str, value: int) -> None:
+    if not 0 <= value <= _MASK64:
+        raise ConfigError(f"{name} must be an unsigned 64-bit integer, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """Limits for freshness and the replay window.
+
+    Attributes:
+        window_size: ``N``, how many ids below the highest are remembered per
+            session (default 1024, at least 1024). A sender must keep fewer than
+            ``N`` messages unacknowledged per session.
+        max_skew_us: how far a timestamp may be from the receiver's clock, either
+            way (default 60 s). Windows are kept ``2 * max_skew_us``.
+        max_sessions: hard cap on tracked ``(from, session_id)`` windows
+            (default 100 000). Each window costs roughly ``N / 8`` bytes plus
+            overhead (about 200 bytes at ``N = 1024``).
+    """
+
+    window_size: int = DEFAULT_WINDOW_SIZE
+    max_skew_us: int = DEFAULT_MAX_SKEW_US
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+
+    def __post_init__(self) -> None:
+        if self.window_size < MIN_WINDOW_SIZE:
+            raise ConfigError(f"window_size must be at least {MIN_WINDOW_SIZE}, got {self.window_size}")
+        if self.max_skew_us <= 0:
+            raise ConfigError(f"max_skew_us must be positive, got {self.max_skew_us}")
+        if self.max_sessions < 1:
+            raise ConfigError(f"max_sessions must be at least 1, got {self.max_sessions}")
+
+    @property
+    def retention_us(self) -> int:
+        """How long a session's window outlives its newest message: ``2 * max_skew_us``."""
+        return 2 * self.max_skew_us
+
+
+class Verdict(Enum):
+    """What a replay store says about one ``(from, session_id, msg_id)``."""
+
+    #: Not seen before; now marked (check_and_mark) or reserved (reserve).
+    NEW = "new"
+    #: Already accepted (committed): answer again (ACK / cached REPLY), do not handle twice.
+    DUPLICATE = "duplicate"
+    #: Reserved by a handler that has not finished: wait for it.
+    IN_PROGRESS = "in_progress"
+    #: At least ``window_size`` behind the session's highest id: cannot be told apart, refused.
+    TOO_OLD = "too_old"
+
+
+def check_freshness(
+    timestamp_us: int, now_us: int, max_skew_us: int, history_start_us: int | None = None
+) -> None:
+    """Raise :class:`StaleMessage` unless the timestamp is fresh.
+
+    Fresh means ``|now_us - timestamp_us| <= max_skew_us`` and, for a store
+    without history (``history_start_us`` is not None), ``timestamp_us >=
+    history_start_us``.
+    """
+    if timestamp_us < now_us - max_skew_us:
+        raise StaleMessage(
+            f"timestamp {timestamp_us} is {now_us - timestamp_us} us in the past (max_skew {max_skew_us} us)"
+        )
+    if timestamp_us > now_us + max_skew_us:
+        raise StaleMessage(
+            f"timestamp {timestamp_us} is {timestamp_us - now_us} us in the future "
+            f"(max_skew {max_skew_us} us)"
+        )
+    if history_start_us is not None and timestamp_us < history_start_us:
+        raise StaleMessage(
+            f"timestamp {timestamp_us} is before the replay store started ({history_start_us}); "
+            "it has no history to check it against"
+        )
+
+
+@runtime_checkable
+class ReplayStore(Protocol):
+    """Where replay windows live: in memory, SQLite (survives a restart) or Redis (shared).
+
+    Every method is one atomic step for its key ``(sender, session_id)``. The
+    store does not check timestamps (:class:`ReplayGuard` does); it expires a
+    window ``2 * max_skew_us`` after its newest arrival (``now_us``), e.g. a
+    Redis key with that TTL, refreshed on every call.
+    """
+
+    @property
+    def max_skew_us(self) -> int:
+        """The skew that freshness uses; the store keeps windows twice as long."""
+        ...
+
+    @property
+    def history_start_us(self) -> int | None:
+        """None if the store remembers everything still fresh; else when its memory begins."""
+        ...
+
+    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+        """Single phase: if the id is new, mark it done and return NEW."""
+        ...
+
+    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+        """Two phase, step one: if the id is new, reserve it and return NEW.
+
+        A duplicate of a reserved id gets IN_PROGRESS until :meth:`commit` or :meth:`release`.
+        """
+        ...
+
+    def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        """Mark a reserved id done: from now on it is a DUPLICATE."""
+        ...
+
+    def release(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        """Drop a reservation (the handler failed) so a retransmission is NEW again."""
+        ...
+
+    def expire(self, now_us: int) -> int:
+        """Drop windows whose retention has passed; return how many were dropped."""
+        ...
+
+
+@dataclass(slots=True)
+class _Window:
+    highest: int
+    bitmap: int  # bit i set: id (highest - i) is done
+    last_seen_us: int
+    pending: set[int] = field(default_factory=set)  # reserved, not yet committed
+
+
+class StoreSettings:
+    """The read-only settings every replay store exposes (``config``, ``max_skew_us``,
+    ``history_start_us``), from ``_config`` and ``_history_start_us``."""
+
+    _config: ReplayConfig
+    _history_start_us: int | None
+
+    @property
+    def config(self) -> ReplayConfig:
+        return self._config
+
+    @property
+    def max_skew_us(self) -> int:
+        return self._config.max_skew_us
+
+    @property
+    def history_start_us(self) -> int | None:
+        return self._history_start_us
+
+
+class MemoryReplayStore(StoreSettings):
+    """In-memory :class:`ReplayStore`: no history before ``started_at_us``.
+
+    Windows are kept in arrival order (an ``OrderedDict`` moved to the end on
+    every touch), so expiry pops from the front and costs amortized O(1) per
+    call. Expiry uses the highest ``now_us`` seen so far, so a clock stepping
+    back never expires a window early (it only keeps windows longer).
+
+    Reserved ids count only while inside the window; ids that left it are pruned
+    lazily (once a session holds more than ``2 * window_size``), so a session holds
+    at most that many and the common case costs nothing per message. The caller must :meth:`commit` or
+    :meth:`release` every reservation (``try``/``finally``); a commit or
+    release for a window that has since expired is a no-op.
+    """
+
+    def __init__(self, started_at_us: int, config: ReplayConfig | None = None) -> None:
+        self._config = config if config is not None else ReplayConfig()
+        self._history_start_us = started_at_us
+        self._clock_us = started_at_us
+        self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
+        self._window_size = self._config.window_size
+        self._retention_us = self._config.retention_us
+        self._full_mask = (1 << self._config.window_size) - 1
+
+    # --- ReplayStore -------------------------------------------------------------------------
+
+    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+        return self._check(sender, session_id, msg_id, now_us, reserve=False)
+
+    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+        return self._check(sender, session_id, msg_id, now_us, reserve=True)
+
+    def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        _check_u64("msg_id", msg_id)
+        self._expire_due(now_us)
+        w = self._windows.get((sender, session_id))
+        if w is None:
+            return  # expired: any replay is now stale
+        w.pending.discard(msg_id)
+        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
+        if offset < 0:  # commit without reserve, ahead of the window: advance to it
+            self._advance(w, msg_id)
+            offset = 0
+        if offset < self._window_size:
+            w.bitmap |= 1 << offset
+
+    def release(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        _check_u64("msg_id", msg_id)
+        self._expire_due(now_us)
+        w = self._windows.get((sender, session_id))
+        if w is not None:
+            w.pending.discard(msg_id)
+
+    def expire(self, now_us: int) -> int:
+        return self._expire_due(now_us)
+
+    # --- introspection -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """How many sessions are tracked."""
+        return len(self._windows)
+
+    @property
+    def pending_count(self) -> int:
+        """How many ids are reserved but neither committed nor released (all sessions)."""
+        for w in self._windows.values():
+            self._prune(w)
+        return sum(len(w.pending) for w in self._windows.values())
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _expire_due(self, now_us: int) -> int:
+        if now_us > self._clock_us:
+            self._clock_us = now_us
+        limit = self._clock_us - self._retention_us
+        windows = self._windows
+        dropped = 0
+        while windows:
+            key = next(iter(windows))
+            if windows[key].last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
+                break
+            del windows[key]
+            dropped += 1
+        return dropped
+
+    def _advance(self, w: _Window, msg_id: int) -> None:
+        shift = serial_diff(msg_id, w.highest)
+        w.highest = msg_id
+        if shift < self._window_size:
+            w.bitmap = (w.bitmap << shift) & self._full_mask
+            # Reservations that left the window are harmless until pruned: lookups and
+            # commits only concern ids inside it, and it moves forward.
+            if len(w.pending) > 2 * self._window_size:
+                self._prune(w)
+        else:  # everything behind the old highest left the window
+            w.bitmap = 0
+            if w.pending:
+                w.pending = set()
+
+    def _prune(self, w: _Window) -> None:
+        """Drop reservations that left the window."""
+        if w.pending:
+            n, top = self._window_size, w.highest
+            w.pending = {p for p in w.pending if serial_diff(top, p) < n}
+
+    def _check(self, sender: str, session_id: int, msg_id: int, now_us: int, *, reserve: bool) -> Verdict:
+        _check_u64("msg_id", msg_id)
+        _check_u64("session_id", session_id)
+        self._expire_due(now_us)
+        key = (sender, session_id)
+        w = self._windows.get(key)
+        if w is None:
+            if len(self._windows) >= self._config.max_sessions:
+                raise ReplayStoreFull(
+                    f"replay store tracks {len(self._windows)} sessions (max_sessions); "
+                    "new session refused until one expires"
+                )
+            w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us)
+            self._windows[key] = w
+            self._mark(w, msg_id, 0, reserve)
+            return Verdict.NEW
+        w.last_seen_us = self._clock_us
+        self._windows.move_to_end(key)
+        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
+        if offset < 0:
+            self._advance(w, msg_id)
+            self._mark(w, msg_id, 0, reserve)
+            return Verdict.NEW
+        if offset >= self._window_size:
+            return Verdict.TOO_OLD
+        if w.bitmap >> offset & 1:
+            return Verdict.DUPLICATE
+        if msg_id in w.pending:
+            return Verdict.IN_PROGRESS
+        self._mark(w, msg_id, offset, reserve)
+        return Verdict.NEW
+
+    @staticmethod
+    def _mark(w: _Window, msg_id: int, offset: int, reserve: bool) -> None:
+        if reserve:
+            w.pending.add(msg_id)
+        else:
+            w.bitmap |= 1 << offset
+
+
+class ReplayGuard:
+    """Freshness plus a :class:`ReplayStore`: the receive pipeline's replay step.
+
+    Freshness is checked first (cheap, and a stale message never creates a
+    window); the skew and the history start come from the store, so the two
+    cannot disagree. Methods return the store's :class:`Verdict`; use
+    :func:`require_new` to turn a refusal into :class:`~iac.ReplayedMessage`.
+    """
+
+    def __init__(self, store: ReplayStore) -> None:
+        self._store = store
+
+    @property
+    def store(self) -> ReplayStore:
+        return self._store
+
+    def check_fresh(self, timestamp_us: int, now_us: int) -> None:
+        """Raise :class:`~iac.StaleMessage` unless ``timestamp_us`` is fresh for this store."""
+        check_freshness(timestamp_us, now_us, self._store.max_skew_us, self._store.history_start_us)
+
+    def check_and_mark(
+        self, sender: str, session_id: int, msg_id: int, timestamp_us: int, now_us: int
+    ) -> Verdict:
+        """Freshness, then single-phase check-and-set."""
+        self.check_fresh(timestamp_us, now_us)
+        return self._store.check_and_mark(sender, session_id, msg_id, now_us)
+
+    def reserve(self, sender: str, session_id: int, msg_id: int, timestamp_us: int, now_us: int) -> Verdict:
+        """Freshness, then reserve (two-phase); follow a NEW with :meth:`commit` or :meth:`release`."""
+        self.check_fresh(timestamp_us, now_us)
+        return self._store.reserve(sender, session_id, msg_id, now_us)
+
+    def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        self._store.commit(sender, session_id, msg_id, now_us)
+
+    def release(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        self._store.release(sender, session_id, msg_id, now_us)
+
+    def expire(self, now_us: int) -> int:
+        return self._store.expire(now_us)
+
+
+def require_new(verdict: Verdict, sender: str = "", session_id: int = 0, msg_id: int = 0) -> None:
+    """Raise :class:`~iac.ReplayedMessage` for any verdict but NEW."""
+    if verdict is Verdict.NEW:
+        return
+    what = {
+        Verdict.DUPLICATE: "already accepted",
+        Verdict.IN_PROGRESS: "already being handled",
+        Verdict.TOO_OLD: "older than the replay window",
+    }[verdict]
+    raise ReplayedMessage(f"message {sender}/{session_id}/{msg_id} {what}")

@@ -1,0 +1,290 @@
+"""The QUIC library under the QUIC adapter: aioquic (the required dependency) or qh3.
+
+The adapter (:mod:`iac.transport.quic.connection`) drives a sans-IO QUIC connection through
+a few private attributes that differ between the libraries; this module gathers
+them in one :class:`Backend` per library, so that the adapter holds no import of
+either and one process can run both (a listener keeps the backend it started
+with, a connection the one it dialed with).
+
+Choice, first match wins: :func:`set_backend` (code), the environment variable
+``IAC_QUIC_BACKEND`` (``aioquic`` or ``qh3``), else :data:`AUTO_ORDER` — the first
+installed library in it.
+
+qh3 (2.1, a compiled packet core behind aioquic's API) works with this adapter
+for the handshake, 0-RTT and the conformance cases, but is not offered (it is
+not in :data:`AUTO_ORDER`, only used when asked for, and no extra installs it):
+
+* its core raises from ``datagrams_to_send()`` under load — "packet builder
+  capacity exhausted" on a qh3 server fed by an aioquic client, "reserved stream
+  is missing" with qh3 on both sides (a flush is lost and recovered by
+  retransmission, the error surfaces in the event loop's handler);
+* it offers no control over the stream credit it grants (the MAX_STREAMS it
+  sends), so receive-side backpressure cannot withhold credit: a reader that
+  falls behind fills ``recv_budget_bytes`` and the connection closes with
+  BUFFER_EXCEEDED instead of slowing the sender (:attr:`Backend.credit_control`).
+
+``tests/test_quic_backends.py`` runs every client/server pair when qh3 is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from iac.errors import ConfigError
+
+#: The backends this module knows.
+BACKENDS = ("aioquic", "qh3")
+#: Environment variable that selects the backend.
+ENV_VAR = "IAC_QUIC_BACKEND"
+#: Automatic choice: the first of these that imports (qh3 only on request, see above).
+AUTO_ORDER: tuple[str, ...] = ("aioquic",)
+#: What installs each optional backend (no iac extra: qh3 is not offered, see above).
+INSTALL_HINTS = {"qh3": "pip install qh3"}
+
+#: A session ticket of either library (same fields: a dataclass in both).
+SessionTicketLike = Any
+
+_override: str | None = None
+_cache: dict[str, Backend] = {}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One QUIC library, and how the adapter reaches into it."""
+
+    name: str
+    version: str
+    QuicConnectionProtocol: type[Any]
+    QuicConnection: type[Any]
+    QuicConfiguration: type[Any]
+    serve: Callable[..., Any]
+    events: Any
+    SessionTicket: type[Any]
+    CipherSuite: type[Any]
+    #: Whether the granted stream credit can be held back (receive-side backpressure).
+    credit_control: bool
+    load_certificates: Callable[[bytes, bytes], tuple[Any, Any, list[Any]]]
+    peer_certificate_der: Callable[[Any], bytes | None]
+    remote_max_streams_uni: Callable[[Any], int]
+    blocked_streams_uni: Callable[[Any], int]
+    ack_now: Callable[[Any, float], None]
+    withhold_credit: Callable[[Any, bool, int], int]
+    uni_streams_finished: Callable[[Any, bool], bool]
+    is_closing: Callable[[Any], bool]
+    zero_rtt_ready: Callable[[Any], bool]
+
+
+# --- aioquic 1.7 ---------------------------------------------------------------------------------
+
+
+def _aioquic() -> Backend:
+    import aioquic
+    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.asyncio.server import serve
+    from aioquic.quic import events
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+    from aioquic.tls import CipherSuite, Epoch, SessionTicket
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    def load_certificates(chain_pem: bytes, key_pem: bytes) -> tuple[Any, Any, list[Any]]:
+        certs = x509.load_pem_x509_certificates(chain_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        return certs[0], key, list(certs[1:])
+
+    def peer_certificate_der(quic: Any) -> bytes | None:
+        cert = quic.tls._peer_certificate
+        return None if cert is None else bytes(cert.public_bytes(serialization.Encoding.DER))
+
+    def ack_now(quic: Any, now: float) -> None:
+        # Data leaves now: the pending ACK rides along (aioquic would hold it for its ack
+        # delay and then send it in a packet of its own).
+        space = quic._spaces.get(Epoch.ONE_RTT)
+        if space is not None and space.ack_at is not None:
+            space.ack_at = now
+
+    def withhold_credit(quic: Any, withhold: bool, withheld: int) -> int:
+        limit = quic._local_max_streams_uni
+        if withhold:
+            if limit.value > limit.sent:
+                withheld += limit.value - limit.sent
+                limit.value = limit.sent
+            return withheld
+        if withheld:
+            limit.value += withheld
+        return 0
+
+    def uni_streams_finished(quic: Any, client: bool) -> bool:
+        for sid, stream in quic._streams.items():
+            if sid & 2 and bool(sid & 1) != client and not stream.sender.is_finished:
+                return False
+        return True
+
+    return Backend(
+        name="aioquic",
+        version=str(aioquic.__version__),
+        QuicConnectionProtocol=QuicConnectionProtocol,
+        QuicConnection=QuicConnection,
+        QuicConfiguration=QuicConfiguration,
+        serve=serve,
+        events=events,
+        SessionTicket=SessionTicket,
+        CipherSuite=CipherSuite,
+        credit_control=True,
+        load_certificates=load_certificates,
+        peer_certificate_der=peer_certificate_der,
+        remote_max_streams_uni=lambda quic: int(quic._remote_max_streams_uni),
+        blocked_streams_uni=lambda quic: len(quic._streams_blocked_uni),
+        ack_now=ack_now,
+        withhold_credit=withhold_credit,
+        uni_streams_finished=uni_streams_finished,
+        is_closing=lambda quic: quic._state.name in ("CLOSING", "DRAINING", "TERMINATED"),
+        zero_rtt_ready=lambda quic: bool(quic._cryptos[Epoch.ZERO_RTT].send.is_valid()),
+    )
+
+
+# --- qh3 2.x -------------------------------------------------------------------------------------
+
+
+def _qh3() -> Backend:
+    # Imported by name: qh3 is optional, so type checking must not depend on it.
+    qh3 = importlib.import_module("qh3")
+    protocol = importlib.import_module("qh3.asyncio.protocol")
+    server = importlib.import_module("qh3.asyncio.server")
+    events = importlib.import_module("qh3.quic.events")
+    configuration = importlib.import_module("qh3.quic.configuration")
+    connection = importlib.import_module("qh3.quic.connection")
+    tls = importlib.import_module("qh3.tls")
+    load_pem_x509_certificates = tls.load_pem_x509_certificates
+    load_pem_private_key = tls.load_pem_private_key
+
+    def load_certificates(chain_pem: bytes, key_pem: bytes) -> tuple[Any, Any, list[Any]]:
+        certs = load_pem_x509_certificates(chain_pem)
+        return certs[0], load_pem_private_key(key_pem), list(certs[1:])
+
+    def peer_certificate_der(quic: Any) -> bytes | None:
+        cert = quic.get_peercert()
+        return None if cert is None else bytes(cert.public_bytes())
+
+    def remote_max_streams_uni(quic: Any) -> int:
+        core = quic._core
+        return 0 if core is None else int(core.stream_limits[1])
+
+    def uni_streams_finished(quic: Any, client: bool) -> bool:
+        # Locally opened streams not yet terminal (every byte and the FIN acknowledged).
+        core = quic._core
+        return core is None or core.active_local_streams[1] == 0
+
+    def ack_now(quic: Any, now: float) -> None:
+        # The native packet builder puts a pending ACK in every packet it sends.
+        return None
+
+    def withhold_credit(quic: Any, withhold: bool, withheld: int) -> int:
+        # The native core grants MAX_STREAMS on its own; nothing to hold back.
+        return 0
+
+    return Backend(
+        name="qh3",
+        version=str(qh3.__version__),
+        QuicConnectionProtocol=protocol.QuicConnectionProtocol,
+        QuicConnection=connection.QuicConnection,
+        QuicConfiguration=configuration.QuicConfiguration,
+        serve=server.serve,
+        events=events,
+        SessionTicket=tls.SessionTicket,
+        CipherSuite=tls.CipherSuite,
+        credit_control=False,
+        load_certificates=load_certificates,
+        peer_certificate_der=peer_certificate_der,
+        remote_max_streams_uni=remote_max_streams_uni,
+        blocked_streams_uni=lambda quic: 0,  # the core refuses a stream beyond credit
+        ack_now=ack_now,
+        withhold_credit=withhold_credit,
+        uni_streams_finished=uni_streams_finished,
+        is_closing=lambda quic: quic._close_event is not None or quic._state.name == "TERMINATED",
+        zero_rtt_ready=lambda quic: bool(quic._early_data_attempted),
+    )
+
+
+_LOADERS: dict[str, Callable[[], Backend]] = {"aioquic": _aioquic, "qh3": _qh3}
+
+
+# --- choice --------------------------------------------------------------------------------------
+
+
+def installed(name: str) -> bool:
+    """Whether backend ``name`` imports."""
+    try:
+        load(name)
+    except ConfigError:
+        return False
+    return True
+
+
+def available() -> list[str]:
+    """The installed backends, in :data:`BACKENDS` order."""
+    return [name for name in BACKENDS if installed(name)]
+
+
+def set_backend(name: str | None) -> None:
+    """Use backend ``name`` for listeners and dials started from now on (``None``:
+    back to ``IAC_QUIC_BACKEND`` or the automatic choice). Raises ConfigError when
+    ``name`` is unknown or not installed."""
+    global _override
+    if name is not None:
+        load(name)
+    _override = name
+
+
+def selected_name() -> str:
+    """The name :func:`get_backend` would load now."""
+    if _override is not None:
+        return _override
+    env = os.environ.get(ENV_VAR, "").strip().lower()
+    if env:
+        return env
+    for name in AUTO_ORDER:
+        if installed(name):
+            return name
+    return AUTO_ORDER[0]
+
+
+def get_backend(name: str | None = None) -> Backend:
+    """Backend ``name``, else the selected one (see the module docstring)."""
+    return load(name if name is not None else selected_name())
+
+
+def load(name: str) -> Backend:
+    backend = _cache.get(name)
+    if backend is not None:
+        return backend
+    loader = _LOADERS.get(name)
+    if loader is None:
+        raise ConfigError(f"unknown QUIC backend {name!r} (choose one of {', '.join(BACKENDS)})")
+    try:
+        backend = loader()
+    except ImportError as exc:
+        hint = f" ({INSTALL_HINTS[name]})" if name in INSTALL_HINTS else ""
+        raise ConfigError(f"QUIC backend {name!r} is not installed{hint}: {exc}") from None
+    _cache[name] = backend
+    return backend
+
+
+__all__ = [
+    "AUTO_ORDER",
+    "BACKENDS",
+    "ENV_VAR",
+    "Backend",
+    "SessionTicketLike",
+    "available",
+    "get_backend",
+    "installed",
+    "load",
+    "selected_name",
+    "set_backend",
+]

@@ -1,0 +1,191 @@
+"""TLS 1.3 over TCP: ALPN ``iac/1``, frames back to back, the client's HELLO first.
+
+Default mode: each node presents a self-signed certificate (made at start) and
+the client does not verify it against any CA; the HELLO's channel binding —
+SHA-256 of the server certificate as each side saw it, signed by both agents —
+is what defeats a relay in the middle. The client reads the server certificate
+after the TLS handshake (``getpeercert(binary_form=True)``).
+
+CA mode (``config.ca_file`` plus ``cert_file``/``key_file``): both sides present
+CA-signed certificates and verify the peer's chain against the CA, in addition
+to the binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+from iac.errors import ConfigError, TransportError
+from iac.protocol.handshake import ALPN, HelloOrder, NonceCache, ServerHandshake, channel_binding
+from iac.transport.base import (
+    Address,
+    Connection,
+    Listener,
+    OnConnection,
+    TransportConfig,
+    client_handshake,
+    format_host,
+    server_handshake,
+)
+from iac.transport.certs import NodeCertificate, node_certificate
+from iac.transport.stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
+from iac.wire.identity import Identity
+
+
+def _base_context(purpose: int) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(purpose)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.set_alpn_protocols([ALPN])
+    return ctx
+
+
+def server_context(cert: NodeCertificate, config: TransportConfig) -> ssl.SSLContext:
+    ctx = _base_context(ssl.PROTOCOL_TLS_SERVER)
+    cert.load_into(ctx)
+    if config.ca_file:
+        try:
+            ctx.load_verify_locations(config.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"{config.ca_file}: cannot load CA: {exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(identity: Identity, config: TransportConfig) -> ssl.SSLContext:
+    ctx = _base_context(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    if config.ca_file:
+        try:
+            ctx.load_verify_locations(config.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"{config.ca_file}: cannot load CA: {exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        node_certificate(identity.agent_id, config.cert_file, config.key_file).load_into(ctx)
+    else:
+        ctx.verify_mode = ssl.CERT_NONE  # the channel binding secures the connection
+    return ctx
+
+
+def set_keepalive(sock: socket.socket | None, interval: float) -> None:
+    """TCP keep-alive probes after ``interval`` s of silence, 3 probes ``interval`` apart."""
+    if sock is None:
+        return
+    secs = max(1, int(interval))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, secs)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, secs)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    except OSError:
+        pass
+
+
+def _peer_url(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"tls://{format_host(str(peer[0]))}:{peer[1]}"
+    return "tls://?"
+
+
+async def dial_tls(
+    address: Address,
+    identity: Identity,
+    *,
+    expect: str | None = None,
+    config: TransportConfig,
+    session_id: int = 0,
+) -> Connection:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.handshake_timeout
+    ctx = client_context(identity, config)
+    url = address.url
+    try:
+        async with asyncio.timeout_at(deadline):
+            transport, proto = await loop.create_connection(
+                lambda: FrameProtocol(config),
+                address.host,
+                address.port,
+                ssl=ctx,
+                ssl_handshake_timeout=config.handshake_timeout,
+            )
+    except TimeoutError:
+        raise TransportError(f"{url}: no TLS connection within {config.handshake_timeout:g} s") from None
+    except ConnectionRefusedError:
+        raise TransportError(f"{url}: connection refused") from None
+    except ssl.SSLError as exc:
+        raise TransportError(f"{url}: TLS handshake failed: {exc.reason or exc}") from None
+    except NETWORK_ERRORS as exc:
+        raise TransportError(f"{url}: cannot connect: {exc}") from None
+    sslobj = transport.get_extra_info("ssl_object")
+    der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
+    if sslobj is None or sslobj.selected_alpn_protocol() != ALPN or not der:
+        await proto.close_transport(0.1)
+        raise TransportError(f"{url}: the peer does not speak {ALPN} (ALPN) or sent no certificate")
+    set_keepalive(transport.get_extra_info("socket"), config.keepalive_interval)
+    hs = client_handshake(
+        identity,
+        config,
+        order=HelloOrder.CLIENT_FIRST,
+        binding=channel_binding(der),
+        expect=expect,
+        session_id=session_id,
+    )
+    return await establish(proto, hs, config=config, transport="tls", address=url, deadline=deadline)
+
+
+async def listen_tls(
+    address: Address,
+    identity: Identity,
+    on_connection: OnConnection,
+    *,
+    config: TransportConfig,
+) -> Listener:
+    cert = node_certificate(identity.agent_id, config.cert_file, config.key_file)
+    ctx = server_context(cert, config)
+    binding = cert.binding
+    nonce_cache = config.nonce_cache or NonceCache(config.max_skew_us)
+
+    def make_handshake() -> ServerHandshake:
+        return server_handshake(
+            identity, config, order=HelloOrder.CLIENT_FIRST, binding=binding, nonce_cache=nonce_cache
+        )
+
+    listener = StreamListener(
+        config=config,
+        transport="tls",
+        on_connection=on_connection,
+        make_handshake=make_handshake,
+        describe_peer=_peer_url,
+    )
+
+    async def handle(proto: FrameProtocol) -> None:
+        transport = proto.transport
+        sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+        if transport is None or sslobj is None or sslobj.selected_alpn_protocol() != ALPN:
+            await proto.close_transport(0.1)
+            return
+        set_keepalive(transport.get_extra_info("socket"), config.keepalive_interval)
+        await listener.handle(proto)
+
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            listener.protocol_factory(handle),
+            address.host,
+            address.port,
+            ssl=ctx,
+            ssl_handshake_timeout=config.handshake_timeout,
+        )
+    except OSError as exc:
+        raise TransportError(f"{address.url}: cannot listen: {exc.strerror or exc}") from None
+    addrs = []
+    for sock in server.sockets:
+        host, port = sock.getsockname()[:2]
+        addrs.append(f"tls://{format_host(host)}:{port}")
+    listener.attach(server, addrs)
+    return listener
+
+
+__all__ = ["client_context", "dial_tls", "listen_tls", "server_context", "set_keepalive"]

@@ -1,0 +1,350 @@
+"""Frames: ``type:u8 | flags:u8 | length:varint | body[length]``.
+
+Sans-IO: :func:`encode_frame` returns bytes, :func:`decode_frame` reads exactly
+one frame, and :class:`FrameDecoder` accepts bytes in any chunking (TCP, UNIX
+sockets, QUIC streams) and returns whole frames. Limits are checked before any
+memory is committed: a declared length above ``max_frame_size`` is refused as
+soon as the varint is read, and a zstd body must declare a content size at most
+``max_frame_size`` in its header, with nothing after the zstd frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import zstandard
+
+from iac.errors import (
+    BadVarint,
+    CompressionError,
+    DecompressionBomb,
+    FrameError,
+    FrameTooLarge,
+    MissingContentSize,
+    TrailingData,
+    TruncatedFrame,
+    UnknownFrameFlag,
+    UnknownFrameType,
+)
+from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
+from iac.wire.scan import decode_varint, encode_varint
+
+DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
+#: type + flags + the longest varint
+MAX_HEADER_SIZE = 12
+FLAG_ZSTD = 0x01
+_KNOWN_FLAGS = FLAG_ZSTD
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_BLOCK_MAX = 128 * 1024
+
+
+class FrameType(IntEnum):
+    MESSAGE = 0x01
+    HELLO = 0x02
+    FORWARD = 0x03
+    DICT = 0x04
+    GOAWAY = 0x05
+    DICT_ACK = 0x06
+
+
+_FRAME_TYPES = frozenset(int(t) for t in FrameType)
+_TYPE_BY_CODE = {int(t): t for t in FrameType}
+_ZSTD_MAGIC_BYTES = _ZSTD_MAGIC.to_bytes(4, "little")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A decoded frame. ``body`` is already decompressed; ``wire_size`` counts header and body."""
+
+    type: FrameType
+    body: bytes
+    dict_id: int | None = None  # None: sent raw; 0: zstd without dictionary
+    wire_size: int = 0
+
+
+def encode_frame(
+    ftype: FrameType,
+    body: bytes,
+    *,
+    compress_with: Dictionary | None = None,
+    plain_zstd: bool = False,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+) -> bytes:
+    """Encode one frame, zstd-compressed when that makes it smaller.
+
+    ``compress_with`` picks a dictionary; ``plain_zstd`` compresses without
+    one; with neither the body goes raw.
+    """
+    if len(body) > max_frame_size:
+        raise FrameTooLarge(f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}")
+    flags = 0
+    if compress_with is not None or plain_zstd:
+        packed = (compress_with or NO_DICTIONARY).compress(body)
+        if len(packed) < len(body):
+            body = packed
+            flags = FLAG_ZSTD
+    n = len(body)
+    if n < 0x80:
+        return bytes((ftype, flags, n)) + body
+    return bytes((ftype, flags)) + encode_varint(n) + body
+
+
+def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
+    """Check a zstd frame's header and block layout; return ``(dict_id, content_size)``.
+
+    Raises a :class:`CompressionError` subclass when the body is not exactly one
+    zstd frame that declares its content size, at most ``max_size``.
+    """
+    n = len(body)
+    if n < 6 or body[0:4] != _ZSTD_MAGIC_BYTES:
+        raise CompressionError("compressed body is not a zstd frame")
+    fhd = body[4]
+    if fhd & 0x08:
+        raise CompressionError("zstd frame header has the reserved bit set")
+    fcs_flag = fhd >> 6
+    single_segment = (fhd >> 5) & 1
+    has_checksum = (fhd >> 2) & 1
+    did_size = (0, 1, 2, 4)[fhd & 3]
+    fcs_size = (single_segment, 2, 4, 8)[fcs_flag]
+    pos = 5 + (0 if single_segment else 1)
+    if pos + did_size + fcs_size > n:
+        raise CompressionError("zstd frame header is truncated")
+    dict_id = int.from_bytes(body[pos : pos + did_size], "little")
+    pos += did_size
+    if fcs_size == 0:
+        raise MissingContentSize("zstd frame does not declare its content size")
+    content_size = int.from_bytes(body[pos : pos + fcs_size], "little")
+    if fcs_size == 2:
+        content_size += 256
+    pos += fcs_size
+    if content_size > max_size:
+        raise DecompressionBomb(f"zstd frame declares {content_size} bytes, above max_frame_size {max_size}")
+    while True:
+        if pos + 3 > n:
+            raise CompressionError("zstd frame is truncated inside a block header")
+        header = int.from_bytes(body[pos : pos + 3], "little")
+        pos += 3
+        last = header & 1
+        btype = (header >> 1) & 3
+        bsize = header >> 3
+        if btype == 3:
+            raise CompressionError("zstd block of reserved type")
+        if bsize > _ZSTD_BLOCK_MAX:
+            raise CompressionError("zstd block larger than 128 KiB")
+        pos += 1 if btype == 1 else bsize
+        if pos > n:
+            raise CompressionError("zstd frame is truncated inside a block")
+        if last:
+            break
+    if has_checksum:
+        pos += 4
+        if pos > n:
+            raise CompressionError("zstd frame is truncated inside its checksum")
+    if pos != n:
+        raise TrailingData(f"{n - pos} bytes follow the zstd frame")
+    return dict_id, content_size
+
+
+def decompress_body(body: bytes, dictionaries: DictionarySet, max_frame_size: int) -> tuple[bytes, int]:
+    """Check and decompress a zstd frame body; return ``(plain, dict_id)``."""
+    dict_id, content_size = zstd_frame_info(body, max_frame_size)
+    dctx = dictionaries.require(dict_id)
+    try:
+        plain = dctx.decompress(body)
+    except zstandard.ZstdError as exc:
+        raise CompressionError(f"zstd frame does not decompress: {exc}") from None
+    if len(plain) != content_size:
+        raise CompressionError("zstd frame content differs from its declared size")
+    return plain, dict_id
+
+
+def _check_header(ftype: int, flags: int) -> FrameType:
+    if ftype not in _FRAME_TYPES:
+        raise UnknownFrameType(f"unknown frame type 0x{ftype:02x}")
+    if flags & ~_KNOWN_FLAGS:
+        raise UnknownFrameFlag(f"unknown frame flag bits 0x{flags & ~_KNOWN_FLAGS:02x}")
+    return FrameType(ftype)
+
+
+def _finish(
+    ftype: FrameType,
+    flags: int,
+    body: bytes,
+    dictionaries: DictionarySet,
+    max_frame_size: int,
+    wire: int,
+) -> Frame:
+    if flags & FLAG_ZSTD:
+        plain, dict_id = decompress_body(body, dictionaries, max_frame_size)
+        return Frame(ftype, plain, dict_id, wire)
+    return Frame(ftype, body, None, wire)
+
+
+def _parse_header(
+    hdr: bytes | bytearray | memoryview, max_frame_size: int
+) -> tuple[FrameType, int, int, int] | None:
+    """Parse a frame header from the start of ``hdr``: ``(type, flags, length, header_size)``.
+
+    Returns None when more bytes are needed; raises as soon as a fault is visible.
+    """
+    n = len(hdr)
+    if n >= 3 and hdr[2] < 0x80:  # fast path: known type, no flag beyond zstd, one-byte length
+        ftype = _TYPE_BY_CODE.get(hdr[0])
+        if ftype is not None and not hdr[1] & ~_KNOWN_FLAGS:
+            if hdr[2] > max_frame_size:
+                raise FrameTooLarge(f"frame declares {hdr[2]} bytes, above max_frame_size {max_frame_size}")
+            return ftype, hdr[1], hdr[2], 3
+    if n >= 4 and hdr[2] >= 0x80 and hdr[3] < 0x80:  # two-byte length (128 B .. 16 KiB)
+        ftype = _TYPE_BY_CODE.get(hdr[0])
+        if ftype is not None and not hdr[1] & ~_KNOWN_FLAGS:
+            length = (hdr[2] & 0x7F) | (hdr[3] << 7)
+            if length > max_frame_size:
+                raise FrameTooLarge(f"frame declares {length} bytes, above max_frame_size {max_frame_size}")
+            return ftype, hdr[1], length, 4
+    if n == 0:
+        return None
+    if hdr[0] not in _FRAME_TYPES:
+        raise UnknownFrameType(f"unknown frame type 0x{hdr[0]:02x}")
+    if n == 1:
+        return None
+    flags = hdr[1]
+    if flags & ~_KNOWN_FLAGS:
+        raise UnknownFrameFlag(f"unknown frame flag bits 0x{flags & ~_KNOWN_FLAGS:02x}")
+    end = min(n, MAX_HEADER_SIZE)
+    try:
+        length, hend = decode_varint(hdr, 2, end)
+    except TruncatedFrame:
+        if end == MAX_HEADER_SIZE:
+            raise BadVarint("frame length varint longer than 10 bytes") from None
+        return None
+    if length > max_frame_size:
+        raise FrameTooLarge(f"frame declares {length} bytes, above max_frame_size {max_frame_size}")
+    return _TYPE_BY_CODE[hdr[0]], flags, length, hend
+
+
+_EMPTY = DictionarySet()
+
+
+def _whole_frame(data: bytes, max_frame_size: int) -> tuple[FrameType, int, int]:
+    """Check that ``data`` is exactly one frame; return ``(type, flags, header_size)``."""
+    parsed = _parse_header(data, max_frame_size)
+    if parsed is None:
+        raise TruncatedFrame("input ends inside a frame header")
+    ftype, flags, length, hend = parsed
+    end = hend + length
+    if end > len(data):
+        raise TruncatedFrame("input ends inside a frame body")
+    if end < len(data):
+        raise FrameError(f"{len(data) - end} bytes follow the frame")
+    return ftype, flags, hend
+
+
+def decode_frame_body(
+    data: bytes, dictionaries: DictionarySet, max_frame_size: int
+) -> tuple[FrameType, bytes]:
+    """Decode exactly one frame that fills ``data``; return its type and (decompressed) body."""
+    ftype, flags, hend = _whole_frame(data, max_frame_size)
+    body = data[hend:]
+    if flags & FLAG_ZSTD:
+        body = decompress_body(body, dictionaries, max_frame_size)[0]
+    return ftype, body
+
+
+def decode_frame(
+    data: bytes,
+    *,
+    dictionaries: DictionarySet = _EMPTY,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+) -> Frame:
+    """Decode exactly one frame that fills ``data``."""
+    ftype, flags, hend = _whole_frame(data, max_frame_size)
+    return _finish(ftype, flags, data[hend:], dictionaries, max_frame_size, len(data))
+
+
+class FrameDecoder:
+    """Incremental frame reader for one byte stream.
+
+    ``feed`` takes any chunk and returns the frames it completed. The bytes kept
+    between calls never exceed :data:`MAX_HEADER_SIZE` or ``max_frame_size``,
+    whichever phase the decoder is in. After an error the decoder refuses
+    further input (close the connection).
+    """
+
+    def __init__(
+        self,
+        *,
+        dictionaries: DictionarySet = _EMPTY,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        self.dictionaries = dictionaries
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._header: tuple[FrameType, int, int, int] | None = None
+        self._failed = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame not yet complete."""
+        return len(self._buf)
+
+    @property
+    def idle(self) -> bool:
+        """True when no partial frame is held (a clean place for the stream to end)."""
+        return self._header is None and not self._buf
+
+    def feed(self, data: bytes | bytearray | memoryview, *, final: bool = False) -> list[Frame]:
+        """Add bytes; return the frames they completed. ``final=True``: the stream ended here."""
+        if self._failed:
+            raise FrameError("frame decoder used after an error")
+        try:
+            out = self._feed(memoryview(data))
+            if final and not self.idle:
+                raise TruncatedFrame("stream ends inside a frame")
+            return out
+        except BaseException:
+            self._failed = True
+            self._buf = bytearray()
+            raise
+
+    def _feed(self, mv: memoryview) -> list[Frame]:
+        out: list[Frame] = []
+        pos = 0
+        n = len(mv)
+        buf = self._buf
+        max_size = self.max_frame_size
+        while True:
+            if self._header is None:
+                if buf:
+                    take = mv[pos : pos + MAX_HEADER_SIZE - len(buf)]
+                    before = len(buf)
+                    buf += take
+                    parsed = _parse_header(buf, max_size)
+                    if parsed is None:
+                        pos += len(take)
+                        return out
+                    pos += parsed[3] - before
+                    buf.clear()
+                else:
+                    if pos >= n:
+                        return out
+                    parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
+                    if parsed is None:
+                        buf += mv[pos:]
+                        return out
+                    pos += parsed[3]
+                self._header = parsed
+            ftype, flags, length, hend = self._header
+            if not buf and n - pos >= length:
+                body = bytes(mv[pos : pos + length])
+                pos += length
+            else:
+                take = mv[pos : pos + length - len(buf)]
+                buf += take
+                pos += len(take)
+                if len(buf) < length:
+                    return out
+                body = bytes(buf)
+                buf.clear()
+            self._header = None
+            out.append(_finish(ftype, flags, body, self.dictionaries, max_size, hend + length))

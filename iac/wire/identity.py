@@ -1,0 +1,180 @@
+"""Agent identity: an Ed25519 key pair whose public key, in hex, is the AgentId.
+
+Every signature is domain-separated (``DOMAIN || 0x00 || data``) so that a
+signature made for one role can never be accepted in another.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+
+import nacl.bindings
+import nacl.exceptions
+import nacl.signing
+
+from iac.errors import BadSignature, InvalidAgentId, KeyFileError
+
+_AGENT_ID_RE = re.compile(r"[0-9a-f]{64}")
+_KEY_FILE_TAG = "iac-ed25519-seed-v1"
+
+
+class Domain(bytes, Enum):
+    """Signature domains (SPEC section 1). Each role signs under its own tag."""
+
+    MESSAGE = b"iac-msg-v1"
+    HELLO_CLIENT = b"iac-hello-client-v1"
+    HELLO_SERVER = b"iac-hello-server-v1"
+    RECORD = b"iac-record-v1"
+    ROTATE = b"iac-rotate-v1"
+    REVOKE = b"iac-revoke-v1"
+
+
+def signing_input(domain: Domain, data: bytes) -> bytes:
+    """The exact bytes that are signed: ``DOMAIN || 0x00 || data``."""
+    return domain.value + b"\x00" + data
+
+
+def is_agent_id(value: str) -> bool:
+    """True when ``value`` is 64 lowercase hex characters."""
+    return isinstance(value, str) and _AGENT_ID_RE.fullmatch(value) is not None
+
+
+def check_agent_id(value: str) -> str:
+    """Return ``value`` if it is a well-formed AgentId, else raise :class:`InvalidAgentId`."""
+    if not is_agent_id(value):
+        shown = value[:80] if isinstance(value, str) else type(value).__name__
+        raise InvalidAgentId(f"not an AgentId (64 lowercase hex characters): {shown!r}")
+    return value
+
+
+@lru_cache(maxsize=4096)
+def check_agent_id_cached(value: str) -> str:
+    """:func:`check_agent_id` for ids that repeat (the cache keeps only valid ids: a failure raises)."""
+    return check_agent_id(value)
+
+
+@lru_cache(maxsize=4096)
+def _public_key(agent_id: str) -> bytes:
+    """The 32-byte key of a well-formed AgentId (cached: ids repeat on every message)."""
+    return bytes.fromhex(check_agent_id(agent_id))
+
+
+def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None:
+    """Check ``signature`` by ``agent_id`` over ``data`` in ``domain``.
+
+    Raises :class:`InvalidAgentId` for a malformed id and :class:`BadSignature`
+    for anything that libsodium refuses (wrong key, non-canonical signature,
+    small-order key).
+    """
+    key = _public_key(agent_id)
+    if len(signature) != 64:
+        raise BadSignature(f"signature must be 64 bytes, got {len(signature)}")
+    try:
+        nacl.bindings.crypto_sign_open(b"".join((signature, domain.value, b"\x00", data)), key)
+    except nacl.exceptions.BadSignatureError:
+        raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
+
+
+def verify_signed(agent_id: str, signed: bytes) -> None:
+    """Check ``signed`` = ``signature(64) || DOMAIN || 0x00 || data`` by ``agent_id`` (one buffer)."""
+    key = _public_key(agent_id)
+    try:
+        nacl.bindings.crypto_sign_open(signed, key)
+    except nacl.exceptions.BadSignatureError:
+        raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
+
+
+class Identity:
+    """An agent's secret key. Its repr shows the AgentId, never the secret."""
+
+    __slots__ = ("_agent_id", "_key", "_secret")
+
+    def __init__(self, signing_key: nacl.signing.SigningKey) -> None:
+        self._key = signing_key
+        self._secret: bytes = signing_key._signing_key  # seed || public key, for the fast path
+        self._agent_id = bytes(signing_key.verify_key).hex()
+
+    @classmethod
+    def generate(cls) -> Identity:
+        return cls(nacl.signing.SigningKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> Identity:
+        """Deterministic identity from a 32-byte seed (test vectors, derived keys)."""
+        if len(seed) != 32:
+            raise KeyFileError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
+        return cls(nacl.signing.SigningKey(seed))
+
+    @property
+    def agent_id(self) -> str:
+        return self._agent_id
+
+    @property
+    def public_key(self) -> bytes:
+        return bytes(self._key.verify_key)
+
+    def sign(self, domain: Domain, data: bytes) -> bytes:
+        """Sign ``DOMAIN || 0x00 || data`` and return the 64-byte signature."""
+        signed: bytes = nacl.bindings.crypto_sign(b"".join((domain.value, b"\x00", data)), self._secret)
+        return signed[:64]
+
+    def seed(self) -> bytes:
+        """The 32-byte secret seed. Handle with care."""
+        return bytes(self._key)
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+        """Write the key to ``path`` with mode 0600 (refuses to replace a file unless asked)."""
+        p = Path(path)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        try:
+            fd = os.open(p, flags, 0o600)
+        except FileExistsError:
+            raise KeyFileError(f"{p}: already exists (refusing to overwrite a key)") from None
+        except OSError as exc:
+            raise KeyFileError(f"{p}: cannot write key file: {exc.strerror}") from None
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(f"# IAC agent key. AgentId {self.agent_id}. Keep this file private.\n")
+            f.write(f"{_KEY_FILE_TAG} {self.seed().hex()}\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Identity:
+        """Load a key file; refuses one that group or others can read."""
+        p = Path(path)
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            raise KeyFileError(f"{p}: no such key file (create one with `iac keygen --out {p}`)") from None
+        except OSError as exc:
+            raise KeyFileError(f"{p}: cannot read key file: {exc.strerror}") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise KeyFileError(
+                f"{p}: key file is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"fix with `chmod 600 {p}`"
+            )
+        try:
+            text = p.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeyFileError(f"{p}: cannot read key file: {exc}") from None
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == _KEY_FILE_TAG:
+                try:
+                    seed = bytes.fromhex(parts[1])
+                except ValueError:
+                    break
+                if len(seed) == 32:
+                    return cls.from_seed(seed)
+                break
+        raise KeyFileError(f"{p}: not an IAC key file (expected a line '{_KEY_FILE_TAG} <64 hex>')")
+
+    def __repr__(self) -> str:
+        return f"Identity(agent_id={self._agent_id!r})"
+
+    def __reduce__(self) -> str | tuple[object, ...]:
+        raise TypeError("Identity cannot be pickled (it holds a secret key)")
