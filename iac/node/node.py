@@ -428,9 +428,21 @@ class Node:
         chosen = func_or_name if isinstance(func_or_name, str) else name
         return lambda func: register(func, chosen)
 
-    def on_peer(self, callback: Callable[[PeerEvent], Any]) -> None:
-        """Call ``callback(PeerEvent)`` when a peer comes up or goes down (sync or async)."""
+    def on_peer(self, callback: Callable[[PeerEvent], Any]) -> Callable[[], None]:
+        """Call ``callback(PeerEvent)`` when a peer comes up or goes down (sync or async).
+
+        Returns a function that removes the callback again."""
         self._peer_callbacks.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._peer_callbacks.remove(callback)
+
+        return remove
+
+    def handler(self, msg_type: int) -> Handler | None:
+        """The handler registered for ``msg_type`` (:meth:`on`), or None."""
+        return self._handlers.get(int(msg_type))
 
     def on_error(self, callback: Callable[[str, Message, str, str], Any]) -> None:
         """Call ``callback(peer, message, code, text)`` for an ERROR that answers no pending request
