@@ -1,4 +1,6 @@
-"""The HELLO exchange (SPEC section 4), sans-IO: bytes and time in, bytes and errors out.
+"""The HELLO exchange, sans-IO: bytes and time in, bytes and errors out.
+
+The rules are in docs/PROTOCOL.md, "Sessions and the handshake".
 
 Two orders exist:
 

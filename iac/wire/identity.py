@@ -24,7 +24,7 @@ _KEY_FILE_TAG = "iac-ed25519-seed-v1"
 
 
 class Domain(bytes, Enum):
-    """Signature domains (SPEC section 1). Each role signs under its own tag."""
+    """Signature domains (docs/PROTOCOL.md, "Identity"). Each role signs under its own tag."""
 
     MESSAGE = b"iac-msg-v1"
     HELLO_CLIENT = b"iac-hello-client-v1"
