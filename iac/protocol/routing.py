@@ -657,6 +657,7 @@ _VECTOR_TIME_US = 1_700_000_000_000_000
 def mesh_test_vectors() -> dict[str, Any]:
     """The deterministic content of ``proto/testvectors/mesh-v1.json`` (see docs/PROTOCOL.md)."""
     from iac.protocol import files as ft
+    from iac.protocol.files.payloads import dumps_compact
     from iac.wire.identity import Identity
     from iac.wire.message import Session, build_message, sign_message
 
@@ -723,7 +724,7 @@ def mesh_test_vectors() -> dict[str, Any]:
             del obj[drop]
         return {
             "name": name,
-            "payload_json": ft._dumps(obj),
+            "payload_json": dumps_compact(obj),
             "extra_data_hex": data.hex(),
             "max_size": 1 << 20,
             "error": error,

@@ -1,0 +1,368 @@
+"""The FILE_TRANSFER payloads: chunk headers, acknowledgements and state queries.
+
+Payloads (``payload_json`` of FILE_TRANSFER messages; keys may come in any
+order, unknown keys are ignored)::
+
+    chunk  (sender → receiver, chunk bytes in extra_data)
+      {"transfer_id": "7f3a…", "name": "report.pdf", "index": 0, "total": 80,
+       "size": 20971520, "chunk_size": 262144, "sha256": "<64 hex, whole file>",
+       "chunk_sha256": "<64 hex, this chunk>"}
+    ack    (receiver → sender)
+      {"transfer_id": "7f3a…", "ack": [[0, 41], [43, 44]], "status": "partial"}
+      {"transfer_id": "7f3a…", "ack": [[0, 80]], "status": "complete"}
+      {"transfer_id": "7f3a…", "ack": [], "status": "failed",
+       "error": "file_hash_mismatch", "message": "…"}
+    query  (sender → receiver, after a reconnect: "what do you hold?")
+      {"transfer_id": "7f3a…", "query": true}
+
+* ``transfer_id``: 1–64 characters of ``[A-Za-z0-9._~-]``, chosen by the sender
+  (:func:`new_transfer_id`: 32 hex digits). The receiver keys a transfer by
+  ``(origin AgentId, transfer_id)``, so two senders never share one.
+* ``index`` counts from 0; ``total`` is ``max(1, ceil(size / chunk_size))`` (an
+  empty file is one empty chunk); chunk ``i`` covers bytes
+  ``[i * chunk_size, min(size, (i + 1) * chunk_size))``. ``chunk_size`` is an
+  addition to the fields of the design input: without it a receiver could not
+  place a chunk that arrives before chunk 0.
+* ``sha256`` (whole file) and ``chunk_sha256`` are lowercase hex. ``chunk_sha256``
+  is optional; when present the receiver checks it before writing, so a
+  tampered chunk is refused at once and sent again, instead of failing the
+  whole file at the end. The whole-file hash is always checked.
+* ``ack`` lists the chunks the receiver holds as sorted, disjoint, half-open
+  ranges ``[start, end)`` (at most :data:`MAX_ACK_RANGES`; with more, the
+  lowest ranges are sent and ``"truncated": true`` is added). Every ack states
+  the receiver's full state, so a lost ack costs nothing. ``status`` is
+  ``partial``, ``complete`` (the file was verified and renamed into the inbox),
+  ``failed`` (with an error ``name`` from the list below; the transfer is over)
+  or ``unknown`` (the answer to a query about a transfer the receiver does not
+  hold: start from chunk 0).
+
+Acknowledgements are FILE_TRANSFER messages rather than ACK messages because
+an ACK acknowledges one message of one session, while a transfer outlives
+sessions and connections: the transfer state (ranges, verdict) must be
+answerable by ``transfer_id`` after a reconnect.
+
+File names: a name is one path component. Refused (:class:`UnsafeFileName`):
+empty, ``.``/``..``, any ``/`` or ``\\``, NUL or another control character,
+more than 255 bytes of UTF-8, and names starting with ``.`` (hidden files, and
+the receiver's own ``.iac-part-*`` temporaries). The target's resolved parent
+must be the inbox itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from iac.errors import (
+    BadChunkLength,
+    BadTransferPayload,
+    ChunkHashMismatch,
+    ChunkOutOfRange,
+    FileExistsInInbox,
+    FileHashMismatch,
+    FileTooLarge,
+    FileTransferError,
+    TooManyTransfers,
+    TransferMismatch,
+    UnsafeFileName,
+)
+
+#: Smallest ``chunk_size`` accepted: bounds the number of chunks, and the receiver's bitmap, per byte.
+MIN_CHUNK_SIZE = 1024
+#: Room a FILE_TRANSFER message needs besides the chunk bytes: ids, signature, the JSON header, and a
+#: FORWARD wrapper with a path of up to 64 AgentIds when the chunk is relayed.
+MESSAGE_OVERHEAD = 8192
+MAX_ACK_RANGES = 256
+MAX_NAME_BYTES = 255
+MAX_PAYLOAD_JSON = 4096
+#: Integers in the payloads stay below 2**53 so that every JSON implementation reads them exactly.
+MAX_JSON_INT = (1 << 53) - 1
+_TRANSFER_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}")
+HEX64_RE = re.compile(r"[0-9a-f]{64}")
+
+
+#: Error classes by name, for turning a ``failed`` ack back into a typed error.
+_ERRORS_BY_NAME: dict[str, type[FileTransferError]] = {
+    cls.name: cls
+    for cls in (
+        FileTransferError,
+        BadTransferPayload,
+        UnsafeFileName,
+        FileTooLarge,
+        TransferMismatch,
+        ChunkOutOfRange,
+        BadChunkLength,
+        ChunkHashMismatch,
+        FileHashMismatch,
+        TooManyTransfers,
+        FileExistsInInbox,
+    )
+}
+
+
+class AckStatus(StrEnum):
+    PARTIAL = "partial"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+Range = tuple[int, int]
+
+
+def dumps_compact(obj: Mapping[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def new_transfer_id() -> str:
+    """A fresh random transfer id (32 hex digits)."""
+    return secrets.token_hex(16)
+
+
+def check_transfer_id(value: object) -> str:
+    if not isinstance(value, str) or _TRANSFER_ID_RE.fullmatch(value) is None:
+        raise BadTransferPayload(f"transfer_id must be 1-64 characters of [A-Za-z0-9._~-], got {value!r:.80}")
+    return value
+
+
+def check_file_name(name: object) -> str:
+    """Return ``name`` if it is a safe single file name for the inbox, else raise :class:`UnsafeFileName`."""
+    if not isinstance(name, str):
+        raise UnsafeFileName(f"file name must be a string, got {type(name).__name__}")
+    if not name:
+        raise UnsafeFileName("file name is empty")
+    if name in (".", ".."):
+        raise UnsafeFileName(f"file name {name!r} names a directory")
+    if "/" in name or "\\" in name:
+        raise UnsafeFileName(f"file name {name[:80]!r} contains a path separator")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise UnsafeFileName(f"file name {name[:80]!r} contains NUL or a control character")
+    if name.startswith("."):
+        raise UnsafeFileName(f"file name {name[:80]!r} is hidden (starts with '.')")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafeFileName(f"file name {name[:80]!r} is not valid Unicode") from None
+    if len(encoded) > MAX_NAME_BYTES:
+        raise UnsafeFileName(f"file name is {len(encoded)} bytes of UTF-8, above {MAX_NAME_BYTES}")
+    return name
+
+
+def chunk_count(size: int, chunk_size: int) -> int:
+    """``total`` for a file of ``size`` bytes: ``max(1, ceil(size / chunk_size))``."""
+    return max(1, -(-size // chunk_size))
+
+
+def chunk_length(index: int, size: int, chunk_size: int) -> int:
+    """How many bytes chunk ``index`` holds."""
+    return max(0, min(chunk_size, size - index * chunk_size))
+
+
+def max_chunk_size_for(max_frame_size: int) -> int:
+    """The largest chunk that fits a FILE_TRANSFER message in a frame of ``max_frame_size``."""
+    return max_frame_size - MESSAGE_OVERHEAD
+
+
+def _int_field(obj: Mapping[str, Any], key: str, transfer_id: str, minimum: int = 0) -> int:
+    value = obj.get(key)
+    if type(value) is not int or not minimum <= value <= MAX_JSON_INT:
+        raise BadTransferPayload(
+            f"{key} must be an integer in [{minimum}, 2**53 - 1], got {value!r:.40}", transfer_id
+        )
+    return value
+
+
+def _hex64_field(obj: Mapping[str, Any], key: str, transfer_id: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or HEX64_RE.fullmatch(value) is None:
+        raise BadTransferPayload(f"{key} must be 64 lowercase hex digits", transfer_id)
+    return value
+
+
+def load_payload_json(payload_json: str) -> dict[str, Any]:
+    if len(payload_json) > MAX_PAYLOAD_JSON:
+        raise BadTransferPayload(f"payload_json is {len(payload_json)} characters, above {MAX_PAYLOAD_JSON}")
+    try:
+        obj = json.loads(payload_json)
+    except (ValueError, RecursionError):
+        raise BadTransferPayload("payload_json is not JSON") from None
+    if not isinstance(obj, dict):
+        raise BadTransferPayload("payload_json is not a JSON object")
+    return obj
+
+
+# --- payloads -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
+    """The JSON header of one chunk."""
+
+    transfer_id: str
+    name: str
+    index: int
+    total: int
+    size: int
+    chunk_size: int
+    sha256: str
+    chunk_sha256: str | None = None
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {
+            "transfer_id": self.transfer_id,
+            "name": self.name,
+            "index": self.index,
+            "total": self.total,
+            "size": self.size,
+            "chunk_size": self.chunk_size,
+            "sha256": self.sha256,
+        }
+        if self.chunk_sha256 is not None:
+            obj["chunk_sha256"] = self.chunk_sha256
+        return dumps_compact(obj)
+
+    @classmethod
+    def from_obj(cls, obj: Mapping[str, Any]) -> ChunkHeader:
+        """Check types and ranges (not the receiver's limits) and build a header."""
+        tid = check_transfer_id(obj.get("transfer_id"))
+        name = obj.get("name")
+        if not isinstance(name, str):
+            raise BadTransferPayload("name must be a string", tid)
+        index = _int_field(obj, "index", tid)
+        total = _int_field(obj, "total", tid, 1)
+        size = _int_field(obj, "size", tid)
+        chunk_size = _int_field(obj, "chunk_size", tid, 1)
+        sha = _hex64_field(obj, "sha256", tid)
+        chunk_sha = _hex64_field(obj, "chunk_sha256", tid) if "chunk_sha256" in obj else None
+        return cls(tid, name, index, total, size, chunk_size, sha, chunk_sha)
+
+    def same_file(self, other: ChunkHeader) -> bool:
+        return (self.name, self.size, self.total, self.chunk_size, self.sha256) == (
+            other.name,
+            other.size,
+            other.total,
+            other.chunk_size,
+            other.sha256,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AckPayload:
+    """What a receiver holds of one transfer (the JSON of an acknowledgement)."""
+
+    transfer_id: str
+    ranges: tuple[Range, ...] = ()
+    status: AckStatus = AckStatus.PARTIAL
+    error: str = ""
+    message: str = ""
+    truncated: bool = False
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {
+            "transfer_id": self.transfer_id,
+            "ack": [[a, b] for a, b in self.ranges],
+            "status": self.status.value,
+        }
+        if self.truncated:
+            obj["truncated"] = True
+        if self.status is AckStatus.FAILED:
+            obj["error"] = self.error
+            obj["message"] = self.message
+        return dumps_compact(obj)
+
+    @classmethod
+    def from_obj(cls, obj: Mapping[str, Any]) -> AckPayload:
+        tid = check_transfer_id(obj.get("transfer_id"))
+        raw = obj.get("ack")
+        if not isinstance(raw, list) or len(raw) > MAX_ACK_RANGES:
+            raise BadTransferPayload(f"ack must be a list of at most {MAX_ACK_RANGES} ranges", tid)
+        ranges: list[Range] = []
+        prev_end = -1
+        for item in raw:
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or any(type(x) is not int or not 0 <= x <= MAX_JSON_INT for x in item)
+                or not item[0] < item[1]
+                or item[0] <= prev_end
+            ):
+                raise BadTransferPayload(
+                    "ack ranges must be sorted, disjoint, non-adjacent [start, end) pairs", tid
+                )
+            ranges.append((item[0], item[1]))
+            prev_end = item[1]
+        try:
+            status = AckStatus(str(obj.get("status")))
+        except ValueError:
+            raise BadTransferPayload(f"unknown ack status {obj.get('status')!r:.40}", tid) from None
+        truncated = obj.get("truncated", False)
+        if not isinstance(truncated, bool):
+            raise BadTransferPayload("truncated must be a boolean", tid)
+        error = obj.get("error", "")
+        message = obj.get("message", "")
+        if not isinstance(error, str) or not isinstance(message, str):
+            raise BadTransferPayload("error and message must be strings", tid)
+        if status is AckStatus.FAILED and not error:
+            raise BadTransferPayload("a failed ack names its error", tid)
+        return cls(tid, tuple(ranges), status, error[:100], message[:500], truncated)
+
+    @property
+    def count(self) -> int:
+        """How many chunks the ranges cover."""
+        return sum(b - a for a, b in self.ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class StateQuery:
+    """A sender asking, after a reconnect, what the receiver holds of a transfer."""
+
+    transfer_id: str
+
+    def to_json(self) -> str:
+        return dumps_compact({"transfer_id": self.transfer_id, "query": True})
+
+
+def parse_payload(payload_json: str) -> ChunkHeader | AckPayload | StateQuery:
+    """Classify and check a FILE_TRANSFER payload: a chunk header, an ack or a state query.
+
+    A payload with ``"ack"`` is an ack, with ``"query": true`` a query, else a chunk header.
+    """
+    obj = load_payload_json(payload_json)
+    if "ack" in obj:
+        return AckPayload.from_obj(obj)
+    if obj.get("query") is True:
+        return StateQuery(check_transfer_id(obj.get("transfer_id")))
+    return ChunkHeader.from_obj(obj)
+
+
+def failure_ack(error: FileTransferError, transfer_id: str = "") -> AckPayload:
+    """The ``failed`` ack that answers a fatal :class:`FileTransferError`."""
+    tid = error.transfer_id or transfer_id
+    return AckPayload(check_transfer_id(tid), (), AckStatus.FAILED, error.name, str(error)[:500])
+
+
+def ranges_of(held: bytearray, limit: int = MAX_ACK_RANGES) -> tuple[tuple[Range, ...], bool]:
+    """Half-open ranges of the set bytes in ``held``; True when more than ``limit`` exist."""
+    out: list[Range] = []
+    n = len(held)
+    i = held.find(1)
+    while i != -1:
+        j = held.find(0, i)
+        if j == -1:
+            j = n
+        if len(out) == limit:
+            return tuple(out), True
+        out.append((i, j))
+        i = held.find(1, j) if j < n else -1
+    return tuple(out), False
+
+
+def error_for(ack: AckPayload) -> FileTransferError:
+    """The typed error a ``failed`` ack names (``file_transfer_error`` for a name not known here)."""
+    cls = _ERRORS_BY_NAME.get(ack.error, FileTransferError)
+    return cls(ack.message or ack.error, ack.transfer_id)
