@@ -1,94 +1,15 @@
-"""One error tree for the whole library, split by whose fault it is.
+"""Peer faults: the other side sent something wrong.
 
-::
-
-    IacError
-    ├── LocalError              you misused the API or the configuration is wrong
-    │   ├── ConfigError
-    │   └── KeyFileError
-    ├── PeerError               the other side sent something wrong
-    │   ├── ProtocolError       malformed input: closes that connection (has close_code)
-    │   │   ├── FrameError ...  framing, limits, compression
-    │   │   ├── MessageFormatError ...  the field-8 scan and the protobuf parse
-    │   │   └── HandshakeError ...      HELLO checks
-    │   └── MessageRejected     a well-formed message that failed a check: refused,
-    │       ├── BadSignature    counted, the connection goes on
-    │       ├── InvalidAgentId
-    │       ├── StaleMessage
-    │       ├── ReplayedMessage, ReplayStoreFull
-    │       ├── SealError → SealHeaderMismatch
-    │       └── BadRecord, StaleSeq, AliasTaken, KeyEnded → KeyRotated, KeyRevoked, ...
-    ├── TransportError          the network failed (connect, reset, timeout)
-    │   ├── ConnectionClosed, DialError, DeliveryError, RequestTimeout
-    │   └── StoreUnavailable
-    └── RemoteError             the peer answered a request with ERROR
-
-Every class has a stable snake_case ``name`` that test vectors and logs use, so
-another implementation can match errors without knowing Python class names.
+A :class:`ProtocolError` is malformed input and closes the connection it came
+on with its ``close_code``; a :class:`MessageRejected` is a well-formed message
+that failed a check: it is refused and counted, and the connection goes on.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import ClassVar
 
-
-class CloseCode(IntEnum):
-    """Connection close codes (QUIC application error codes; GOAWAY codes on TCP/UNIX)."""
-
-    NO_ERROR = 0x00
-    PROTOCOL_ERROR = 0x01
-    FRAME_TOO_LARGE = 0x02
-    UNKNOWN_FRAME_TYPE = 0x03
-    UNKNOWN_FRAME_FLAG = 0x04
-    TRUNCATED_FRAME = 0x05
-    BAD_COMPRESSION = 0x06
-    UNKNOWN_DICTIONARY = 0x07
-    MALFORMED_MESSAGE = 0x08
-    BUFFER_EXCEEDED = 0x09
-    BAD_DICTIONARY = 0x0A
-    HANDSHAKE_FAILED = 0x10
-    BAD_HELLO_SIGNATURE = 0x11
-    WRONG_PEER = 0x12
-    STALE_HELLO = 0x13
-    REPLAYED_HELLO = 0x14
-    CHANNEL_BINDING = 0x15
-    ADMISSION_DENIED = 0x16
-    UNEXPECTED_HELLO = 0x17
-    IMPERSONATION = 0x18
-    IDLE_TIMEOUT = 0x20
-    GOING_AWAY = 0x21
-    INTERNAL_ERROR = 0x7F
-
-
-class IacError(Exception):
-    """Root of every error this library raises."""
-
-    name: ClassVar[str] = "iac_error"
-
-
-# --- local misuse ---------------------------------------------------------------------------
-
-
-class LocalError(IacError):
-    """The caller misused the API or gave a bad configuration."""
-
-    name = "local_error"
-
-
-class ConfigError(LocalError):
-    """A configuration value or argument is invalid."""
-
-    name = "config_error"
-
-
-class KeyFileError(LocalError):
-    """A key file is missing, malformed or has unsafe permissions."""
-
-    name = "key_file_error"
-
-
-# --- remote misbehaviour --------------------------------------------------------------------
+from iac.errors.base import CloseCode, IacError
 
 
 class PeerError(IacError):
@@ -402,62 +323,6 @@ class RegistryFull(MessageRejected):
     name = "registry_full"
 
 
-# --- transport ------------------------------------------------------------------------------
-
-
-class TransportError(IacError):
-    """The network failed: connect refused, reset, timeout, closed."""
-
-    name = "transport_error"
-
-
-class ConnectionClosed(TransportError):
-    """The connection closed; ``code`` and ``reason`` say why when the peer told us."""
-
-    name = "connection_closed"
-
-    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-
-
-class StoreUnavailable(TransportError):
-    """The replay store cannot be used: Redis is unreachable or timed out, or the SQLite file fails.
-
-    The message being checked is neither accepted nor refused; handle it as a
-    transport failure (the sender retransmits).
-    """
-
-    name = "store_unavailable"
-
-
-class DeliveryError(TransportError):
-    """An ACK_REQUESTED message was not acknowledged before its delivery deadline."""
-
-    name = "delivery_error"
-
-
-class RequestTimeout(TransportError, TimeoutError):
-    """No REPLY or ERROR came before the request's timeout (a CANCEL was sent)."""
-
-    name = "request_timeout"
-
-
-# --- the peer answered with ERROR -----------------------------------------------------------
-
-
-class RemoteError(IacError):
-    """The peer answered a request with an ERROR message."""
-
-    name = "remote_error"
-
-    def __init__(self, code: str, message: str = "") -> None:
-        super().__init__(f"{code}: {message}" if message else code)
-        self.code = code
-        self.message = message
-
-
 # File transfer (iac.protocol.files) and relayed routing (iac.protocol.routing).
 
 
@@ -543,18 +408,6 @@ class FileExistsInInbox(FileTransferError):
     fatal = True
 
 
-class SourceChanged(LocalError):
-    """The file being sent changed size while it was sent."""
-
-    name = "source_changed"
-
-
-class TransferRefused(RemoteError):
-    """The receiver answered with a ``failed`` ack; ``code`` is its error name."""
-
-    name = "transfer_refused"
-
-
 class RoutingError(MessageRejected):
     """A FORWARD frame was refused by the routing checks or the relay policy."""
 
@@ -595,15 +448,3 @@ class SeenCacheFull(RoutingError):
     """The broadcast seen-cache is full of unexpired keys; a new broadcast is refused."""
 
     name = "seen_cache_full"
-
-
-def all_error_classes() -> list[type[IacError]]:
-    """Every error class, root first (for docs and the test-vector name table)."""
-    out: list[type[IacError]] = []
-    todo: list[type[IacError]] = [IacError]
-    while todo:
-        cls = todo.pop(0)
-        if cls not in out:
-            out.append(cls)
-            todo.extend(cls.__subclasses__())
-    return out

@@ -1,0 +1,29 @@
+"""Local faults: the caller misused the API or gave a bad configuration."""
+
+from __future__ import annotations
+
+from iac.errors.base import IacError
+
+
+class LocalError(IacError):
+    """The caller misused the API or gave a bad configuration."""
+
+    name = "local_error"
+
+
+class ConfigError(LocalError):
+    """A configuration value or argument is invalid."""
+
+    name = "config_error"
+
+
+class KeyFileError(LocalError):
+    """A key file is missing, malformed or has unsafe permissions."""
+
+    name = "key_file_error"
+
+
+class SourceChanged(LocalError):
+    """The file being sent changed size while it was sent."""
+
+    name = "source_changed"

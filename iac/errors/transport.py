@@ -1,0 +1,44 @@
+"""Transport faults: the network (or a shared store) failed; nobody broke the protocol."""
+
+from __future__ import annotations
+
+from iac.errors.base import IacError
+
+
+class TransportError(IacError):
+    """The network failed: connect refused, reset, timeout, closed."""
+
+    name = "transport_error"
+
+
+class ConnectionClosed(TransportError):
+    """The connection closed; ``code`` and ``reason`` say why when the peer told us."""
+
+    name = "connection_closed"
+
+    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class StoreUnavailable(TransportError):
+    """The replay store cannot be used: Redis is unreachable or timed out, or the SQLite file fails.
+
+    The message being checked is neither accepted nor refused; handle it as a
+    transport failure (the sender retransmits).
+    """
+
+    name = "store_unavailable"
+
+
+class DeliveryError(TransportError):
+    """An ACK_REQUESTED message was not acknowledged before its delivery deadline."""
+
+    name = "delivery_error"
+
+
+class RequestTimeout(TransportError, TimeoutError):
+    """No REPLY or ERROR came before the request's timeout (a CANCEL was sent)."""
+
+    name = "request_timeout"
