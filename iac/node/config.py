@@ -9,9 +9,8 @@ also carries the clock.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from iac.errors import (
     ERROR_CODES,  # re-exported for importers not yet updated
@@ -23,6 +22,7 @@ from iac.errors import (
     RequestTimeout,
 )
 from iac.protocol.files import DEFAULT_MAX_SIZE, DEFAULT_MAX_TRANSFERS, DEFAULT_WINDOW, MAX_WINDOW
+from iac.protocol.guards import ContentGuard
 from iac.protocol.replay import MIN_WINDOW_SIZE
 from iac.protocol.routing import (
     DEFAULT_BROADCAST_HOP_LIMIT,
@@ -32,7 +32,6 @@ from iac.protocol.routing import (
     RelayPolicy,
 )
 from iac.transport.base import TransportConfig
-from iac.wire._pb.iac_pb2 import Message
 from iac.wire.dicts import DictionarySet, default_dictionary
 from iac.wire.identity import check_agent_id
 
@@ -69,10 +68,6 @@ class Topology:
 
     def __repr__(self) -> str:
         return f"Topology({len(self._pairs)} pairs)"
-
-
-#: A content guard: ``(message, decoded payload) -> None`` to pass, or a reason string to refuse.
-ContentGuard = Callable[[Message, Any], "str | None"]
 
 
 def _default_transport() -> TransportConfig:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from iac.node.config import ContentGuard, Refusal
+from iac.errors import Refusal
 from iac.wire._pb.iac_pb2 import Intent, Message, MessageType
 
 # MessageType values as plain ints (a protobuf enum attribute lookup costs a Python call).
@@ -24,6 +24,9 @@ KNOWN_INTENTS = frozenset(v for v in Intent.values() if v != Intent.INTENT_UNSPE
 MAX_JSON_DEPTH = 64
 
 Check = tuple[Refusal, str] | None
+
+#: A content guard: ``(message, decoded payload) -> None`` to pass, or a reason string to refuse.
+ContentGuard = Callable[[Message, Any], "str | None"]
 
 
 def decode_payload(payload_json: str) -> tuple[Any, Check]:
@@ -185,6 +188,7 @@ __all__ = [
     "KNOWN_INTENTS",
     "KNOWN_TYPES",
     "RESPONSE_TYPES",
+    "ContentGuard",
     "TokenBucket",
     "check_call",
     "check_deadline",
