@@ -26,12 +26,12 @@ from iac.protocol.routing import (
     Send,
     open_forward,
     parse_forward,
-    render_mesh_vectors,
     wrap_forward,
 )
 from iac.wire._pb.iac_pb2 import Forward, Message, MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, open_message, sender_of, sign_message
+from tools.vectors.mesh import render_mesh_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "mesh-v1.json"
@@ -417,7 +417,7 @@ def test_learned_routes_expire_and_static_routes_win() -> None:
 
 def test_mesh_vector_file_is_up_to_date() -> None:
     assert VECTOR_FILE.read_text("utf-8") == render_mesh_vectors(), (
-        "proto/testvectors/mesh-v1.json is stale; rewrite it with iac.protocol.routing.write_mesh_vectors"
+        "proto/testvectors/mesh-v1.json is stale; rewrite it with `python -m tools.vectors.mesh`"
     )
 
 

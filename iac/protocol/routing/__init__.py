@@ -1,0 +1,69 @@
+"""Broadcast flooding and relayed routing of FORWARD frames, sans-IO: time and peers are arguments.
+
+* :mod:`iac.protocol.routing.forward`: the FORWARD frame (the origin's signed
+  message inside a hop limit and a path) and its checks;
+* :mod:`iac.protocol.routing.decisions`: the relay policy, and what the router
+  decides about one Forward (deliver, send on, refuse and why);
+* :mod:`iac.protocol.routing.router`: :class:`Router`, which floods broadcasts,
+  relays unicast and routes replies back the way the request came.
+"""
+
+from iac.errors import (
+    BadForwardPath,
+    HopLimitExhausted,
+    NoRoute,
+    RelayDenied,
+    RoutingError,
+    RoutingLoop,
+    SeenCacheFull,
+)
+from iac.protocol.routing.decisions import (
+    MAX_HOP_LIMIT,
+    RelayPolicy,
+    RouteDecision,
+    RouteRefusal,
+    RouterStats,
+    Send,
+)
+from iac.protocol.routing.forward import (
+    FORWARD_SCHEMA,
+    MAX_PATH,
+    ForwardEnvelope,
+    open_forward,
+    parse_forward,
+    wrap_forward,
+)
+from iac.protocol.routing.router import (
+    DEFAULT_BROADCAST_HOP_LIMIT,
+    DEFAULT_HOP_LIMIT,
+    DEFAULT_MAX_ROUTES,
+    DEFAULT_MAX_SEEN,
+    Router,
+)
+
+__all__ = [
+    "DEFAULT_BROADCAST_HOP_LIMIT",
+    "DEFAULT_HOP_LIMIT",
+    "DEFAULT_MAX_ROUTES",
+    "DEFAULT_MAX_SEEN",
+    "FORWARD_SCHEMA",
+    "MAX_HOP_LIMIT",
+    "MAX_PATH",
+    "BadForwardPath",
+    "ForwardEnvelope",
+    "HopLimitExhausted",
+    "NoRoute",
+    "RelayDenied",
+    "RelayPolicy",
+    "RouteDecision",
+    "RouteRefusal",
+    "Router",
+    "RouterStats",
+    "RoutingError",
+    "RoutingLoop",
+    "SeenCacheFull",
+    "Send",
+    "open_forward",
+    "parse_forward",
+    "wrap_forward",
+]

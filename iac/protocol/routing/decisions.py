@@ -1,0 +1,139 @@
+"""What a router may relay (its policy) and what it decides about one Forward."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from iac.errors import ConfigError, IacError
+from iac.protocol.routing.forward import U32, require_agent_id
+from iac.wire._pb.iac_pb2 import Message
+
+#: The largest hop limit a node sends on (larger ones are clamped).
+MAX_HOP_LIMIT = 64
+
+
+class RouteRefusal(StrEnum):
+    """Why :meth:`Router.on_forward` refused (a key of ``RouterStats.refused``).
+
+    ``code`` is the ERROR code to answer with when the refusing node is the
+    message's ``to`` and the message is a unicast that is not itself a REPLY,
+    ERROR or ACK. A relay only counts its refusals: an ERROR signed by the relay
+    would not match at the origin, which accepts answers only from the ``to``
+    of its request (the request times out instead). Broadcasts and duplicates
+    are never answered.
+    """
+
+    MALFORMED = "malformed"
+    BAD_SIGNATURE = "bad_signature"
+    STALE = "stale"
+    HOP_LIMIT_EXHAUSTED = "hop_limit_exhausted"
+    LOOP = "loop"
+    BAD_PATH = "bad_path"
+    RELAY_DENIED = "relay_denied"
+    NO_ROUTE = "no_route"
+    SEEN_CACHE_FULL = "seen_cache_full"
+    DUPLICATE = "duplicate"
+
+    @property
+    def code(self) -> str | None:
+        return _REFUSAL_CODES.get(self)
+
+
+_REFUSAL_CODES: dict[RouteRefusal, str] = {
+    RouteRefusal.BAD_SIGNATURE: "bad_signature",
+    RouteRefusal.STALE: "bad_request",
+    RouteRefusal.HOP_LIMIT_EXHAUSTED: "bad_request",
+    RouteRefusal.LOOP: "bad_request",
+    RouteRefusal.BAD_PATH: "bad_request",
+    RouteRefusal.RELAY_DENIED: "policy_denied",
+    RouteRefusal.NO_ROUTE: "bad_request",
+    RouteRefusal.SEEN_CACHE_FULL: "busy",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RelayPolicy:
+    """What a node relays for others.
+
+    Attributes:
+        relay_broadcasts: flood broadcasts on (default True). A node always
+            delivers a broadcast to its own handler; this only decides the re-flood.
+        relay_unicast: relay unicast Forwards addressed to another node
+            (default False: a node is not a relay unless configured as one).
+        origins: relay only messages from these AgentIds (None: any).
+        destinations: relay unicast only to these AgentIds (None: any).
+        relay_replies: relay a REPLY, ERROR or ACK that answers a request this
+            node relayed, whatever ``relay_unicast``/``origins``/``destinations`` say.
+        max_hop_limit: clamp on the hop limit this node sends on.
+    """
+
+    relay_broadcasts: bool = True
+    relay_unicast: bool = False
+    origins: frozenset[str] | None = None
+    destinations: frozenset[str] | None = None
+    relay_replies: bool = True
+    max_hop_limit: int = MAX_HOP_LIMIT
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_hop_limit <= U32:
+            raise ConfigError("max_hop_limit must be at least 1")
+        for ids in (self.origins, self.destinations):
+            for agent in ids or ():
+                require_agent_id(agent, "origins and destinations")
+
+    def allows_broadcast(self, origin: str) -> bool:
+        return self.relay_broadcasts and (self.origins is None or origin in self.origins)
+
+    def allows_unicast(self, origin: str, to: str) -> bool:
+        return (
+            self.relay_unicast
+            and (self.origins is None or origin in self.origins)
+            and (self.destinations is None or to in self.destinations)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A FORWARD frame body to send to the connected peer ``peer``."""
+
+    peer: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """What to do with one received Forward.
+
+    ``message`` (verified) is set when the node delivers it to its own handler
+    (its ``to`` is this node, or it is a broadcast); ``message_bytes`` are the
+    origin's bytes. ``sends`` are Forwards to pass on. ``refusal`` says why it
+    was (partly) refused: for a broadcast that is delivered but not re-flooded
+    (policy), ``message`` and ``refusal`` are both set. ``error`` is the typed
+    error for a refusal (None for a duplicate).
+    """
+
+    message: Message | None = None
+    message_bytes: bytes = b""
+    sends: tuple[Send, ...] = ()
+    refusal: RouteRefusal | None = None
+    error: IacError | None = None
+    origin: str = ""
+    hop_limit: int = 0
+    path: tuple[str, ...] = ()
+
+    @property
+    def deliver(self) -> bool:
+        return self.message is not None
+
+
+@dataclass(slots=True)
+class RouterStats:
+    delivered: int = 0
+    forwarded: int = 0
+    originated: int = 0
+    duplicates: int = 0
+    #: broadcasts delivered here whose hop limit ended the flood at this node
+    flood_ends: int = 0
+    refused: Counter[str] = field(default_factory=Counter)

@@ -1,0 +1,1 @@
+"""Developer tools: test-vector generators and the dictionary trainer (not installed with iac)."""
