@@ -34,11 +34,13 @@ test: $(VENV)/.installed-dev
 proto: $(VENV)/.installed-dev
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=iac/wire/_pb --pyi_out=iac/wire/_pb proto/iac.proto
 
-# Rewrite proto/testvectors/v1.json (deterministic; existing zstd frames are kept while they decode).
+# Rewrite the files in proto/testvectors/ (deterministic; existing zstd frames in v1.json are kept
+# while they decode).
 vectors: $(VENV)/.installed-dev
 	$(BIN)/python tools/make_testvectors.py
 	$(BIN)/python -m tools.make_payload_vectors
-	$(BIN)/python -c 'import pathlib, iac.protocol.records as r; pathlib.Path("proto/testvectors/records-v1.json").write_text(r.dump_vectors())'
+	$(BIN)/python -m tools.vectors.records
+	$(BIN)/python -m tools.vectors.mesh
 
 # Retrain the shipped dictionary on the training split of the corpus.
 dict: $(VENV)/.installed-dev

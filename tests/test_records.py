@@ -1,4 +1,5 @@
-"""Signed records, rotation and revocation statements (iac/_records.py), and their test vectors."""
+"""Signed records, rotation and revocation statements (iac.protocol.records, iac.protocol.statements),
+and their test vectors."""
 
 from __future__ import annotations
 
@@ -17,30 +18,29 @@ from iac.errors import (
     UncommittedSuccessor,
     all_error_classes,
 )
+from iac.protocol.canonical import MAX_SAFE_INT, canonical_json
 from iac.protocol.records import (
-    MAX_SAFE_INT,
     AgentRecord,
-    Revocation,
-    RotationStatement,
     SignedRecord,
-    SignedRevocation,
-    SignedRotation,
-    canonical_json,
-    check_negative_vector,
     decode_record,
-    dump_vectors,
     is_address,
     is_alias,
     is_capability,
-    key_digest,
-    make_vectors,
     open_record,
+    sign_record,
+)
+from iac.protocol.statements import (
+    Revocation,
+    RotationStatement,
+    SignedRevocation,
+    SignedRotation,
+    key_digest,
     open_revocation,
     open_rotation,
-    sign_record,
     sign_revocation,
     sign_rotation,
 )
+from tools.vectors.records import check_negative_vector, dump_vectors, make_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = ROOT / "proto" / "testvectors" / "records-v1.json"
@@ -361,7 +361,7 @@ DOC: dict[str, Any] = json.loads(VECTORS.read_text(encoding="utf-8"))
 def test_committed_vectors_match_a_fresh_generation() -> None:
     assert make_vectors() == DOC
     assert VECTORS.read_text(encoding="utf-8") == dump_vectors(), (
-        "regenerate with iac.protocol.records.dump_vectors()"
+        "regenerate with `python -m tools.vectors.records`"
     )
 
 

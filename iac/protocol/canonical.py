@@ -1,0 +1,153 @@
+"""Canonical JSON: the signed payloads of records and of rotation and revocation statements.
+
+Every payload is one JSON object encoded as RFC 8785 (JCS) would encode it:
+keys sorted, no whitespace, UTF-8. The schemas keep to a subset on which every
+JSON library agrees: every string is printable ASCII (0x20–0x7E, where only
+``"`` and ``\\`` are escaped, as ``\\"`` and ``\\\\``), every number is an
+integer in ``[0, 2**53 - 1]`` written as plain digits (no strings for u64, no
+floats, no exponents), absent optional fields are left out (never ``null``),
+and sets (aliases, capabilities) are sorted arrays without repeats. On that
+subset ``json.dumps(obj, sort_keys=True, separators=(",", ":"))`` is JCS. The
+signature covers those exact bytes; a verifier parses them, re-encodes and
+refuses the payload unless it gets the same bytes back, so duplicate keys,
+whitespace, unsorted keys or another spelling of a number never verify.
+
+Besides the encoding and its strict parser, this module holds the schema checks the
+payloads share and the JSON envelope that carries payload bytes with their signatures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from iac.errors import BadRecord
+
+#: Largest integer in any payload (2**53 - 1: exact in every JSON implementation).
+MAX_SAFE_INT = (1 << 53) - 1
+
+PRINTABLE_RE = re.compile(r"[\x20-\x7e]*")
+_SIG_HEX_RE = re.compile(r"[0-9a-f]{128}")
+
+
+def check_int(name: str, value: object, exc: type[Exception]) -> int:
+    """``value`` if it is an integer in ``[0, MAX_SAFE_INT]``, else raise ``exc`` naming ``name``."""
+    if type(value) is not int or not 0 <= value <= MAX_SAFE_INT:
+        raise exc(f"{name} must be an integer in [0, 2**53 - 1], got {value!r:.40}")
+    return value
+
+
+def canonical_json(obj: dict[str, Any]) -> bytes:
+    """The canonical bytes of a payload object (see the module docstring)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode(
+        "ascii"
+    )
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise BadRecord(f"duplicate key {key!r:.40}")
+        out[key] = value
+    return out
+
+
+def _reject_constant(value: str) -> Any:
+    raise BadRecord(f"{value} is not allowed")
+
+
+def _reject_float(value: str) -> Any:
+    raise BadRecord(f"only integers are allowed, got {value!r:.40}")
+
+
+def parse_canonical(data: bytes, max_size: int) -> dict[str, Any]:
+    """Parse a payload and insist that it is exactly its own canonical encoding.
+
+    Raises :class:`BadRecord` for anything else: too large, not UTF-8 ASCII JSON,
+    not an object, duplicate keys, floats, NaN, non-ASCII or control characters,
+    whitespace, unsorted keys.
+    """
+    if len(data) > max_size:
+        raise BadRecord(f"payload is {len(data)} bytes, over the limit of {max_size}")
+    try:
+        text = bytes(data).decode("ascii")
+        obj = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_reject_float,
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, BadRecord):
+            raise
+        raise BadRecord(f"payload is not ASCII JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadRecord("payload is not a JSON object")
+    if not _strings_printable(obj):
+        raise BadRecord("payload strings must be printable ASCII (0x20-0x7E)")
+    if canonical_json(obj) != bytes(data):
+        raise BadRecord("payload is not in canonical form (sorted keys, no whitespace, minimal escapes)")
+    return obj
+
+
+def _strings_printable(value: object, depth: int = 0) -> bool:
+    if depth > 4:
+        return False
+    if isinstance(value, str):
+        return PRINTABLE_RE.fullmatch(value) is not None
+    if isinstance(value, dict):
+        return all(
+            _strings_printable(k, depth + 1) and _strings_printable(v, depth + 1) for k, v in value.items()
+        )
+    if isinstance(value, list):
+        return all(_strings_printable(v, depth + 1) for v in value)
+    return True
+
+
+def check_fields(obj: dict[str, Any], required: frozenset[str], optional: frozenset[str], what: str) -> None:
+    """Raise :class:`BadRecord` when ``obj`` lacks a required key or has one not in either set."""
+    keys = set(obj)
+    missing = required - keys
+    if missing:
+        raise BadRecord(f"{what} is missing {sorted(missing)}")
+    unknown = keys - required - optional
+    if unknown:
+        raise BadRecord(f"{what} has unknown fields {sorted(unknown)[:4]}")
+
+
+def str_field(obj: dict[str, Any], key: str) -> str:
+    """``obj[key]``, which must be a string."""
+    value = obj[key]
+    if not isinstance(value, str):
+        raise BadRecord(f"{key} must be a string")
+    return value
+
+
+def signature_bytes(signature: bytes, what: str) -> bytes:
+    """A 64-byte Ed25519 signature as ``bytes`` (:class:`BadRecord` for anything else)."""
+    if not isinstance(signature, bytes | bytearray) or len(signature) != 64:
+        raise BadRecord(f"{what} must be 64 bytes")
+    return bytes(signature)
+
+
+def as_bad_record(exc: Exception) -> BadRecord:
+    """A local validation error met while decoding received bytes: the peer's fault."""
+    return BadRecord(str(exc))
+
+
+def read_envelope(obj: object, body_key: str, sig_keys: tuple[str, ...]) -> tuple[bytes, list[bytes]]:
+    """Read ``{body_key: "<payload>", <sig_key>: "<128 hex>", ...}``: the payload bytes and signatures."""
+    if not isinstance(obj, dict) or set(obj) != {body_key, *sig_keys}:
+        raise BadRecord(f"envelope must have exactly the keys {sorted({body_key, *sig_keys})}")
+    body = obj[body_key]
+    if not isinstance(body, str) or not body.isascii():
+        raise BadRecord(f"envelope {body_key} must be an ASCII string")
+    sigs: list[bytes] = []
+    for key in sig_keys:
+        value = obj[key]
+        if not isinstance(value, str) or _SIG_HEX_RE.fullmatch(value) is None:
+            raise BadRecord(f"envelope {key} must be 128 lowercase hex characters")
+        sigs.append(bytes.fromhex(value))
+    return body.encode("ascii"), sigs
