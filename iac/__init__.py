@@ -86,7 +86,7 @@ from iac.errors import (
     UnsafeFileName,
     WrongPeer,
 )
-from iac.mesh.service import (
+from iac.mesh import (
     KeyBook,
     MeshClient,
     RegistryAddr,

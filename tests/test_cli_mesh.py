@@ -20,7 +20,7 @@ IAC = [sys.executable, "-m", "iac"]
 TARGET = """
 import asyncio, signal, sys
 from iac import Identity, MessageType, Node
-from iac.mesh.service import MeshClient, parse_registry
+from iac.mesh import MeshClient, parse_registry
 
 async def main() -> None:
     key, alias, *registries = sys.argv[1:]

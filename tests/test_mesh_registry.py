@@ -1,4 +1,4 @@
-"""The registry role and the discovery client over real loopback sockets (iac.mesh.service)."""
+"""The registry role and the discovery client over real loopback sockets (iac.mesh)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from iac.errors import (
     UncommittedSuccessor,
     UnknownAgent,
 )
-from iac.mesh.service import (
+from iac.mesh import (
     KeyBook,
     MeshClient,
     RegistryService,

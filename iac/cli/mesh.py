@@ -71,7 +71,7 @@ def _node_config(args: argparse.Namespace) -> Any:
 
 
 async def _run_registry(args: argparse.Namespace) -> int:
-    from iac.mesh.service import serve_registry
+    from iac.mesh import serve_registry
     from iac.node.node import Node
     from iac.protocol.registry import RegistryConfig, RegistryState, open_record_store
     from iac.wire.identity import Identity
@@ -111,7 +111,7 @@ def _cmd_registry(args: argparse.Namespace) -> int:
 async def run_mesh_node(args: argparse.Namespace) -> int:
     """``iac node --registry ID@URL``: a :class:`~iac.Node` that publishes itself (aliases,
     capabilities, its listen addresses) and keeps its record fresh; answers PING requests."""
-    from iac.mesh.service import MeshClient, parse_registry
+    from iac.mesh import MeshClient, parse_registry
     from iac.node.node import Node
     from iac.wire.identity import Identity
 
@@ -138,7 +138,7 @@ async def run_mesh_node(args: argparse.Namespace) -> int:
 
 @contextlib.asynccontextmanager
 async def _client(args: argparse.Namespace) -> Any:
-    from iac.mesh.service import MeshClient, parse_registry
+    from iac.mesh import MeshClient, parse_registry
     from iac.node.node import Node
     from iac.protocol.records import is_alias
     from iac.wire.identity import Identity, is_agent_id

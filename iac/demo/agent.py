@@ -48,7 +48,7 @@ from iac.demo.driver import (
     task_json,
 )
 from iac.errors import IacError
-from iac.mesh.service import MeshClient, parse_registry, serve_registry
+from iac.mesh import MeshClient, parse_registry, serve_registry
 from iac.node.config import ErrorCode, HandlerError, NodeConfig, PeerEvent
 from iac.node.node import Node
 from iac.node.types import Context, Reply

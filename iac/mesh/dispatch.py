@@ -1,0 +1,108 @@
+"""The REGISTER_KEY handler of one node, shared by the mesh roles composed with it.
+
+A node has one handler per message type, and several mesh roles read REGISTER_KEY: the
+registry role (:class:`~iac.RegistryService`) answers requests, and each discovery client
+(:class:`~iac.MeshClient`) takes note of the rotations and revocations its peers announce.
+:meth:`RegisterKeyDispatcher.of` finds the dispatcher a node holds (it is the node's handler
+itself, so the node keeps no mesh state anywhere else) or installs one; each role attaches on
+creation and detaches when closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Protocol
+
+from iac.errors import ConfigError
+from iac.mesh.wire import OP_REVOKE, OP_ROTATE, OPS
+from iac.node.config import ErrorCode, HandlerError
+from iac.node.node import Node
+from iac.node.types import Context
+from iac.wire._pb.iac_pb2 import MessageType
+
+
+class RegistryRole(Protocol):
+    """What answers registry requests (:class:`~iac.RegistryService`)."""
+
+    async def handle(self, sender: str, payload: dict[str, Any]) -> Any: ...
+
+
+class StatementListener(Protocol):
+    """What takes note of announced rotations and revocations (:class:`~iac.MeshClient`)."""
+
+    def note_statement(self, payload: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class RegisterKeyDispatcher:
+    """The REGISTER_KEY handler of one node: the registry role (if any), then the clients.
+
+    The node's registered handler is the bound coroutine method :meth:`handle` (the node runs a
+    handler on its event loop when it is a coroutine function).
+    """
+
+    def __init__(self) -> None:
+        self.registry: RegistryRole | None = None
+        self.clients: list[StatementListener] = []
+
+    @classmethod
+    def of(cls, node: Node) -> RegisterKeyDispatcher:
+        """The dispatcher ``node`` holds, installed as its REGISTER_KEY handler on first use.
+
+        Raises :class:`ConfigError` when some other handler holds REGISTER_KEY.
+        """
+        current = node.handler(MessageType.REGISTER_KEY)
+        if current is None:
+            dispatcher = cls()
+            node.on(MessageType.REGISTER_KEY)(dispatcher.handle)
+            return dispatcher
+        owner = getattr(current, "__self__", None)
+        if isinstance(owner, RegisterKeyDispatcher) and current == owner.handle:
+            return owner
+        raise ConfigError(
+            "another handler holds REGISTER_KEY on this node; the registry role and the mesh client "
+            "need it (register no REGISTER_KEY handler on a node the mesh uses)"
+        )
+
+    def attach_registry(self, registry: RegistryRole) -> None:
+        if self.registry is not None:
+            raise ConfigError("this node already serves a registry")
+        self.registry = registry
+
+    def detach_registry(self, registry: RegistryRole) -> None:
+        if self.registry is registry:
+            self.registry = None
+
+    def attach_client(self, client: StatementListener) -> None:
+        if client not in self.clients:
+            self.clients.append(client)
+
+    def detach_client(self, client: StatementListener) -> None:
+        if client in self.clients:
+            self.clients.remove(client)
+
+    async def handle(self, ctx: Context) -> Any:
+        """Answer one REGISTER_KEY message (raises :class:`HandlerError`)."""
+        payload = ctx.payload
+        if not isinstance(payload, dict) or payload.get("op") not in OPS:
+            raise HandlerError(
+                ErrorCode.BAD_REQUEST, f"bad_record: a registry message is {{op: {sorted(OPS)}}}"
+            )
+        op = payload["op"]
+        result: Any = None
+        if self.registry is not None:
+            result = await self.registry.handle(ctx.sender, payload)
+        elif op not in (OP_ROTATE, OP_REVOKE) or not self.clients:
+            raise HandlerError(ErrorCode.NO_HANDLER, "this node is not a registry")
+        if op in (OP_ROTATE, OP_REVOKE):
+            for client in list(self.clients):
+                if self.registry is not None:  # the registry decided; a client's view is secondary
+                    with contextlib.suppress(HandlerError):
+                        client.note_statement(payload)
+                    continue
+                noted = client.note_statement(payload)
+                if result is None:
+                    result = noted
+        return result
+
+
+__all__ = ["RegisterKeyDispatcher", "RegistryRole", "StatementListener"]
