@@ -1,5 +1,6 @@
 """proto/testvectors/payloads-v1.json: the payloads the node writes (COMMAND, REPLY, ERROR, ACK,
-CANCEL, REGISTER_KEY), their schemas (tools.payloads.SCHEMAS), and two real nodes writing them."""
+CANCEL, REGISTER_KEY), their schemas (tools.vectors.payload_schemas.SCHEMAS), and two real nodes
+writing them."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from iac.protocol.records import key_digest
 from iac.wire._pb.iac_pb2 import Message, MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import FLAG_ACK_REQUESTED
-from tools.payloads import (
+from tools.vectors.payload_schemas import (
     KIND_ACK,
     KIND_CANCEL,
     KIND_COMMAND,
@@ -36,10 +37,10 @@ from tools.payloads import (
     command_payload,
     dumps_payload,
     payload_problems,
-    render_payload_vectors,
     schema_name,
     schema_table,
 )
+from tools.vectors.payloads import render_payload_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "payloads-v1.json"
@@ -51,7 +52,7 @@ ANSWER_TYPES = {"REPLY", "ERROR", "ACK"}
 
 def test_vector_file_is_up_to_date() -> None:
     assert VECTOR_FILE.read_text("utf-8") == render_payload_vectors(), (
-        "proto/testvectors/payloads-v1.json is stale; rewrite it with `python tools/make_payload_vectors.py`"
+        "proto/testvectors/payloads-v1.json is stale; rewrite it with `python -m tools.make_payload_vectors`"
     )
 
 
