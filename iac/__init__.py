@@ -4,6 +4,8 @@ Signed (Ed25519), dictionary-compressed (zstd) protobuf messages between AI
 agents, peer to peer over QUIC, TLS/TCP and UNIX sockets.
 """
 
+import importlib.metadata
+
 from iac.errors import (
     AdmissionDenied,
     AliasTaken,
@@ -183,7 +185,10 @@ from iac.wire.message import (
 )
 from iac.wire.seal import open_sealed, seal_payload
 
-__version__ = "0.1.0"
+try:  # pyproject.toml is the one place the version is written
+    __version__ = importlib.metadata.version("iac")
+except importlib.metadata.PackageNotFoundError:  # a source checkout that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",

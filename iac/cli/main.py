@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from iac import __version__
 from iac.errors import IacError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iac", description="IAC: signed, compressed peer-to-peer messaging for AI agents."
     )
-    parser.add_argument("--version", action="version", version="iac 0.1.0")
+    parser.add_argument("--version", action="version", version=f"iac {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     p = sub.add_parser("keygen", help="create an agent key file (mode 0600) and print its AgentId")
