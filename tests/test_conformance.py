@@ -568,7 +568,8 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
 
 def test_session_logic_and_connection_table() -> None:
     from iac.errors import Impersonation, UnexpectedHello
-    from iac.transport.base import ConnectionTable, EarlyFrames, PeerGoaway, SessionLogic
+    from iac.transport.base import ConnectionTable
+    from iac.transport.session import EarlyFrames, PeerGoaway, SessionLogic
     from iac.wire.frames import Frame, FrameType
 
     a, b = Identity.generate(), Identity.generate()

@@ -16,7 +16,8 @@ from iac.errors import BadDictionary, CloseCode, ConnectionClosed
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.transport import dial, listen
-from iac.transport.base import MAX_PUSHED_DICTS, Connection, DictState, Incoming, TransportConfig
+from iac.transport.base import Connection, Incoming, TransportConfig
+from iac.transport.session import MAX_PUSHED_DICTS, DictState
 from iac.wire._pb.iac_pb2 import Dict, Hello, MessageType
 from iac.wire.dicts import (
     DERIVED_ID_MAX,

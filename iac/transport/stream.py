@@ -38,25 +38,20 @@ from typing import Any, cast
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
-from iac.transport.base import (
-    Connection,
+from iac.transport.base import Connection, Incoming, Listener, OnConnection, PeerInfo, TransportConfig
+from iac.transport.queues import RecvQueue, SendQueue
+from iac.transport.session import (
     DictState,
     HandshakeChannel,
-    Incoming,
-    Listener,
-    OnConnection,
     PeerGoaway,
-    PeerInfo,
-    RecvQueue,
-    SendQueue,
     SessionLogic,
-    TransportConfig,
     goaway_frame,
     local_protocol_error,
     peer_closed_error,
     perform_handshake,
 )
 from iac.wire._pb.iac_pb2 import Hello
+from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameDecoder
 
 log = logging.getLogger("iac.transport")
@@ -344,6 +339,10 @@ class StreamConnection(Connection):
             self._on_lost(proto.lost_exc)
 
     # --- public ---------------------------------------------------------------------------------
+
+    @property
+    def send_dictionary(self) -> Dictionary | None:
+        return self.dicts.send_dictionary
 
     @property
     def closed(self) -> bool:

@@ -25,11 +25,10 @@ from iac.transport.base import (
     Listener,
     OnConnection,
     TransportConfig,
-    client_handshake,
     format_host,
-    server_handshake,
 )
 from iac.transport.certs import NodeCertificate, node_certificate
+from iac.transport.session import client_handshake, server_handshake
 from iac.transport.stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
 from iac.wire.identity import Identity
 

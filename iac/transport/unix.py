@@ -30,9 +30,8 @@ from iac.transport.base import (
     Listener,
     OnConnection,
     TransportConfig,
-    client_handshake,
-    server_handshake,
 )
+from iac.transport.session import client_handshake, server_handshake
 from iac.transport.stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
 from iac.wire.identity import Identity
 

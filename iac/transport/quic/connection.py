@@ -78,26 +78,29 @@ from iac.protocol.handshake import (
 from iac.transport.base import (
     Address,
     Connection,
-    DictState,
-    EarlyFrames,
-    HandshakeChannel,
     Incoming,
     Listener,
     OnConnection,
-    PeerGoaway,
     PeerInfo,
-    SessionLogic,
     TransportConfig,
-    goaway_frame,
-    local_protocol_error,
     parse_address,
-    peer_closed_error,
-    perform_handshake,
 )
 from iac.transport.certs import node_certificate
 from iac.transport.quic.backend import Backend, SessionTicketLike, get_backend, set_backend
 from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
+from iac.transport.session import (
+    DictState,
+    EarlyFrames,
+    HandshakeChannel,
+    PeerGoaway,
+    SessionLogic,
+    goaway_frame,
+    local_protocol_error,
+    peer_closed_error,
+    perform_handshake,
+)
 from iac.wire._pb.iac_pb2 import Hello
+from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameDecoder, FrameType, encode_frame
 from iac.wire.identity import Identity
 
@@ -369,6 +372,10 @@ class QuicConn(Connection):
 
     async def wait_closed(self) -> None:
         await self._terminated.wait()
+
+    @property
+    def send_dictionary(self) -> Dictionary | None:
+        return self.dicts.send_dictionary
 
     @property
     def closed(self) -> bool:

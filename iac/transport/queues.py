@@ -1,0 +1,198 @@
+"""The bounded queues between the application and an adapter's I/O.
+
+:class:`SendQueue` holds encoded frames on their way out: ``send()`` waits while
+it is full, and an adapter takes out everything queued in one event-loop turn
+(one write) or, on QUIC, a few frames at a time as stream credit allows.
+:class:`RecvQueue` holds judged frames waiting for ``recv()``; an adapter checks
+for room before it queues and stops reading while there is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from iac.errors import ConnectionClosed, IacError
+from iac.transport.base import Incoming
+
+
+def _wake(waiters: deque[asyncio.Future[None]]) -> None:
+    while waiters:
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(None)
+
+
+class SendQueue:
+    """Frames waiting to be written. ``put`` waits while the queue is full (bytes or
+    frames); one frame larger than the byte bound still goes through an empty queue.
+    ``get_batch`` returns everything queued so far, so frames queued in one
+    event-loop turn leave in one write."""
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._items: deque[bytes] = deque()
+        self._bytes = 0
+        self._error: IacError | None = None
+        self._finished = False
+        self._finish_error: IacError | None = None
+        self._putters: deque[asyncio.Future[None]] = deque()
+        self._getter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def _full(self, size: int) -> bool:
+        return bool(self._items) and (
+            len(self._items) >= self.max_frames or self._bytes + size > self.max_bytes
+        )
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue ``frame`` if that needs no wait; False when full (or closing: ``put`` raises)."""
+        if self._error is not None or self._finished or self._full(len(frame)):
+            return False
+        self._items.append(frame)
+        self._bytes += len(frame)
+        return True
+
+    async def put(self, frame: bytes) -> None:
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._finished:
+                raise self._finish_error or ConnectionClosed("connection is closing")
+            if not self._full(len(frame)):
+                break
+            fut = asyncio.get_running_loop().create_future()
+            self._putters.append(fut)
+            await fut
+        self.put_nowait(frame)
+
+    def put_nowait(self, frame: bytes) -> None:
+        """Queue regardless of the bound (GOAWAY, internal control frames)."""
+        self._items.append(frame)
+        self._bytes += len(frame)
+        if self._getter is not None and not self._getter.done():
+            self._getter.set_result(None)
+
+    async def get_batch(self) -> list[bytes] | None:
+        """Everything queued (waits for at least one frame); None once finished and empty."""
+        while not self._items:
+            if self._finished or self._error is not None:
+                return None
+            self._getter = asyncio.get_running_loop().create_future()
+            await self._getter
+            self._getter = None
+        return self.take_all()
+
+    def take_all(self) -> list[bytes]:
+        """Everything queued now (maybe nothing), without waiting; wakes waiting ``put`` calls."""
+        out = list(self._items)
+        self._items.clear()
+        self._bytes = 0
+        if self._putters:
+            _wake(self._putters)
+        return out
+
+    @property
+    def done(self) -> bool:
+        """Finished or failed, and nothing left to write."""
+        return (self._finished or self._error is not None) and not self._items
+
+    def finish(self, error: IacError | None = None) -> None:
+        """No more frames: the writer drains what is queued, then stops. Later and
+        waiting ``put`` calls raise ``error``."""
+        self._finished = True
+        self._finish_error = error
+        _wake(self._putters)
+        if self._getter is not None and not self._getter.done():
+            self._getter.set_result(None)
+
+    def fail(self, error: IacError) -> None:
+        """Drop everything queued; waiting and later ``put`` calls raise ``error``."""
+        self._error = error
+        self._items.clear()
+        self._bytes = 0
+        _wake(self._putters)
+        if self._getter is not None and not self._getter.done():
+            self._getter.set_result(None)
+
+
+class RecvQueue:
+    """Frames waiting for ``recv()``. ``put`` waits while full (the adapter stops
+    reading, which pushes back on the peer). After ``fail`` the queued frames are
+    still handed out, then ``get`` raises the error."""
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._items: deque[Incoming] = deque()
+        self._bytes = 0
+        self._error: IacError | None = None
+        self._putters: deque[asyncio.Future[None]] = deque()
+        self._getters: deque[asyncio.Future[None]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def has_room(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes fits now (an empty queue takes any frame)."""
+        return not self._items or (
+            len(self._items) < self.max_frames and self._bytes + size <= self.max_bytes
+        )
+
+    def put_nowait(self, item: Incoming) -> None:
+        """Queue regardless of the bound (the caller checked :meth:`has_room`); dropped after ``fail``."""
+        if self._error is not None:
+            return
+        self._items.append(item)
+        self._bytes += item.frame.wire_size or len(item.frame.body)
+        if self._getters:
+            _wake(self._getters)
+
+    async def put(self, item: Incoming) -> None:
+        size = item.frame.wire_size or len(item.frame.body)
+        while (
+            self._error is None
+            and self._items
+            and (len(self._items) >= self.max_frames or self._bytes + size > self.max_bytes)
+        ):
+            fut = asyncio.get_running_loop().create_future()
+            self._putters.append(fut)
+            await fut
+        if self._error is not None:
+            return
+        self._items.append(item)
+        self._bytes += size
+        _wake(self._getters)
+
+    async def get(self) -> Incoming:
+        while not self._items:
+            if self._error is not None:
+                raise self._error
+            fut = asyncio.get_running_loop().create_future()
+            self._getters.append(fut)
+            await fut
+        item = self._items.popleft()
+        self._bytes -= item.frame.wire_size or len(item.frame.body)
+        if self._putters:
+            _wake(self._putters)
+        return item
+
+    def fail(self, error: IacError) -> None:
+        if self._error is None:
+            self._error = error
+        _wake(self._putters)
+        _wake(self._getters)
+
+
+__all__ = ["RecvQueue", "SendQueue"]
