@@ -112,6 +112,7 @@ from iac.node.node import Node
 from iac.node.types import Context, FileSent, ReceivedFile, Reply, Sent
 from iac.protocol.files import AckPayload, AckStatus, FileReceiver, FileSender, TransferProgress
 from iac.protocol.guards import prompt_injection_guard
+from iac.protocol.record_store import MemoryRecordStore, RecordStore
 from iac.protocol.records import (
     AgentRecord,
     Revocation,
@@ -131,14 +132,9 @@ from iac.protocol.records import (
 from iac.protocol.registry import (
     KeyInfo,
     KeyStatus,
-    MemoryRecordStore,
-    RecordStore,
-    RedisRecordStore,
     RegistryConfig,
     RegistryEntry,
     RegistryState,
-    SqliteRecordStore,
-    open_record_store,
     verify_entry,
 )
 from iac.protocol.reorder import (
@@ -161,6 +157,9 @@ from iac.protocol.replay import (
     serial_diff,
 )
 from iac.protocol.routing import RelayPolicy, RouteDecision, Router, RouteRefusal, open_forward, wrap_forward
+from iac.stores.records import open_record_store
+from iac.stores.records_redis import RedisRecordStore
+from iac.stores.records_sqlite import SqliteRecordStore
 from iac.stores.replay import RedisReplayStore, SqliteReplayStore
 from iac.transport import dial, listen
 from iac.transport.base import Connection, Incoming, Listener, PeerInfo, TransportConfig

@@ -32,6 +32,7 @@ from iac.errors import (
     UncommittedSuccessor,
     UnknownAgent,
 )
+from iac.protocol.record_store import AgentRow, MemoryRecordStore, RecordStore, RecordStoreTx
 from iac.protocol.records import (
     AgentRecord,
     SignedRecord,
@@ -41,19 +42,10 @@ from iac.protocol.records import (
     sign_revocation,
     sign_rotation,
 )
-from iac.protocol.registry import (
-    AgentRow,
-    KeyStatus,
-    MemoryRecordStore,
-    RecordStore,
-    RecordStoreTx,
-    RedisRecordStore,
-    RegistryConfig,
-    RegistryState,
-    SqliteRecordStore,
-    open_record_store,
-    verify_entry,
-)
+from iac.protocol.registry import KeyStatus, RegistryConfig, RegistryState, verify_entry
+from iac.stores.records import open_record_store
+from iac.stores.records_redis import RedisRecordStore
+from iac.stores.records_sqlite import SqliteRecordStore
 
 NOW = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -556,7 +548,8 @@ _CHILD = """
 import sys
 from iac import Identity
 from iac.protocol.records import AgentRecord, sign_record
-from iac.protocol.registry import RegistryState, SqliteRecordStore
+from iac.protocol.registry import RegistryState
+from iac.stores.records_sqlite import SqliteRecordStore
 
 path, now = sys.argv[1], int(sys.argv[2])
 reg = RegistryState(SqliteRecordStore(path))

@@ -73,7 +73,8 @@ def _node_config(args: argparse.Namespace) -> Any:
 async def _run_registry(args: argparse.Namespace) -> int:
     from iac.mesh import serve_registry
     from iac.node.node import Node
-    from iac.protocol.registry import RegistryConfig, RegistryState, open_record_store
+    from iac.protocol.registry import RegistryConfig, RegistryState
+    from iac.stores.records import open_record_store
     from iac.wire.identity import Identity
 
     identity = Identity.load(args.key)

@@ -52,8 +52,9 @@ from iac.mesh import MeshClient, parse_registry, serve_registry
 from iac.node.config import ErrorCode, HandlerError, NodeConfig, PeerEvent
 from iac.node.node import Node
 from iac.node.types import Context, Reply
-from iac.protocol.registry import RegistryState, open_record_store
+from iac.protocol.registry import RegistryState
 from iac.protocol.routing import RelayPolicy
+from iac.stores.records import open_record_store
 from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
 from iac.wire.identity import Identity
 

@@ -32,6 +32,7 @@ from iac.mesh.wire import (
 )
 from iac.node.node import Node
 from iac.protocol.clock import Clock
+from iac.protocol.record_store import MemoryRecordStore
 from iac.protocol.records import (
     AgentRecord,
     Revocation,
@@ -41,7 +42,8 @@ from iac.protocol.records import (
     SignedRotation,
     decode_record,
 )
-from iac.protocol.registry import MemoryRecordStore, RegistryConfig, RegistryState, open_record_store
+from iac.protocol.registry import RegistryConfig, RegistryState
+from iac.stores.records import open_record_store
 from iac.wire.identity import check_agent_id, is_agent_id
 
 log = logging.getLogger("iac.mesh")

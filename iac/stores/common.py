@@ -1,0 +1,53 @@
+"""What several stores share: the replay stores' argument checks, and how record stores write
+an :class:`~iac.protocol.record_store.AgentRow`'s lists."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from iac.errors import ConfigError, StoreUnavailable
+from iac.protocol.replay import ReplayConfig
+
+_MASK64 = (1 << 64) - 1
+
+#: Largest ``window_size`` the SQLite and Redis replay stores accept (the bitmap is read and
+#: written on every call).
+MAX_STORE_WINDOW_SIZE = 1 << 16
+#: Longest sender string accepted (an AgentId is 64 characters).
+MAX_SENDER_LEN = 256
+
+
+def check_u64(name: str, value: int) -> None:
+    if not 0 <= value <= _MASK64:
+        raise ConfigError(f"{name} must be an unsigned 64-bit integer, got {value}")
+
+
+def check_args(sender: str, session_id: int, msg_id: int) -> None:
+    check_u64("msg_id", msg_id)
+    check_u64("session_id", session_id)
+    if not isinstance(sender, str) or not 0 < len(sender) <= MAX_SENDER_LEN:
+        raise ConfigError(f"sender must be a non-empty string of at most {MAX_SENDER_LEN} characters")
+
+
+def check_store_config(config: ReplayConfig, reservation_ttl_us: int | None) -> int:
+    """Check a config for a store with history; return the reservation lifetime."""
+    if config.window_size > MAX_STORE_WINDOW_SIZE:
+        raise ConfigError(
+            f"window_size {config.window_size} is above {MAX_STORE_WINDOW_SIZE}, the most a store keeps"
+        )
+    ttl = config.retention_us if reservation_ttl_us is None else reservation_ttl_us
+    if ttl <= 0:
+        raise ConfigError(f"reservation_ttl_us must be positive, got {ttl}")
+    return ttl
+
+
+def json_list(values: Iterable[str]) -> str:
+    return json.dumps(list(values), separators=(",", ":"))
+
+
+def str_tuple(text: str | bytes) -> tuple[str, ...]:
+    value = json.loads(text)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise StoreUnavailable("registry store holds a malformed row")
+    return tuple(value)
