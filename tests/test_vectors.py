@@ -24,6 +24,7 @@ from iac import Dictionary, DictionarySet, Domain, FrameType, Identity, Session,
 from iac.errors import all_error_classes
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.scan import HELLO_SCHEMA, excise_signature
+from tools.vectors.wire import common as wire_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_DIR = ROOT / "proto" / "testvectors"
@@ -321,7 +322,7 @@ def test_regenerating_keeps_compressed_frames_that_still_decode(tmp_path):
     doc = json.loads((tmp_path / "v1.json").read_text(encoding="utf-8"))
     v = doc["vectors"][0]
     signed = bytes.fromhex(v["signed_hex"])
-    other = tool.frame(FrameType.MESSAGE, 1, tool.zstd_raw(signed, v["dict_id"]))
+    other = wire_vectors.frame(FrameType.MESSAGE, 1, wire_vectors.zstd_raw(signed, v["dict_id"]))
     v["frame_zstd_hex"] = other.hex()
     doc["vectors"][1]["frame_zstd_hex"] = doc["vectors"][0]["frame_raw_hex"]  # stale: recompressed
     (tmp_path / "v1.json").write_text(tool.dumps(doc), encoding="utf-8")
