@@ -109,7 +109,8 @@ from iac.node.config import (
     Topology,
 )
 from iac.node.node import Node
-from iac.node.types import Context, FileSent, ReceivedFile, Reply, Sent
+from iac.node.node import Context
+from iac.node.types import FileSent, ReceivedFile, Reply, Sent
 from iac.protocol.files import AckPayload, AckStatus, FileReceiver, FileSender, TransferProgress
 from iac.protocol.guards import prompt_injection_guard
 from iac.protocol.record_store import MemoryRecordStore, RecordStore

@@ -163,7 +163,7 @@ def test_ack_requested_unordered_each_exactly_once_over_cut_unix(
                 first = [
                     await alice.send(bob.agent_id, MessageType.RUN, {"i": i}, ack=True) for i in range(100)
                 ]
-                conn = bob._table.get(alice.agent_id)
+                conn = bob.connection(alice.agent_id)
                 assert conn is not None
                 await conn.close()  # a cut from the receiver's side
                 rest = [

@@ -326,7 +326,7 @@ def test_node_bytes_per_message_drop(transport: str, sockdir: Path) -> None:
                 return {"ok": True}
 
             await alice.connect(bob.agent_id)
-            conn = alice._table.get(bob.agent_id)
+            conn = alice.connection(bob.agent_id)
             assert conn is not None
             if push:
                 await wait_acked(conn)

@@ -192,7 +192,7 @@ def test_protocol_doc_has_the_schema_tables() -> None:
 
 def _record(node: Node, sent: list[Message]) -> None:
     """Keep a copy of every message ``node`` puts in a MESSAGE frame (after it is signed)."""
-    original = node._transmit_on
+    original = node._outbox.transmit_on
 
     async def transmit_on(conn: Any, msg: Message, *, compress: bool = True) -> None:
         await original(conn, msg, compress=compress)
@@ -200,7 +200,7 @@ def _record(node: Node, sent: list[Message]) -> None:
         copy.CopyFrom(msg)
         sent.append(copy)
 
-    node._transmit_on = transmit_on  # type: ignore[method-assign]
+    node._outbox.transmit_on = transmit_on  # type: ignore[method-assign]
 
 
 @contextlib.asynccontextmanager

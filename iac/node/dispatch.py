@@ -1,0 +1,378 @@
+"""Handlers: the registry of handlers and exposed functions, handler slots and quotas, running a
+handler (inline, in a thread, or in its own task) and answering with its outcome.
+
+A CANCEL or an expired deadline ends a running handler through the ``asyncio.timeout`` scope it
+runs in (rescheduled to now), so the task that runs it is never cancelled from outside."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
+
+from iac.errors import ConfigError
+from iac.node.answers import Answers
+from iac.node.config import ErrorCode, HandlerError, NodeConfig, Refusal
+from iac.node.pipeline import Item, ReceivePipeline
+from iac.node.stats import Counters
+from iac.node.tasks import TaskSet
+from iac.node.types import Key, dumps
+from iac.protocol.clock import Clock
+from iac.protocol.guards import RESPONSE_TYPES
+from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire.message import FLAG_ACK_REQUESTED
+
+log = logging.getLogger("iac.node")
+
+Handler: TypeAlias = Callable[[Any], Any]
+#: Builds what a handler is called with: ``(message, payload, expects_reply) -> Context``.
+ContextFactory: TypeAlias = Callable[[Message, Any, bool], Any]
+
+_REPLY = int(MessageType.REPLY)
+_CANCEL = int(MessageType.CANCEL)
+_COMMAND = int(MessageType.COMMAND)
+_FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
+
+
+class Slots:
+    """Handlers running at once: a counter with a queue of waiters (first come, first served)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.used < self.size and not self._waiters:
+            self.used += 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut  # the slot was handed over by give()
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.give()  # handed over as we were cancelled: pass it on
+            else:
+                self._waiters.remove(fut)
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot passes to this waiter
+                return
+        self.used -= 1
+
+
+class Dispatcher:
+    """Runs handlers for delivered messages and answers with their outcome."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        pipeline: ReceivePipeline,
+        answers: Answers,
+        counters: Counters,
+        tasks: TaskSet,
+        clock: Clock,
+        make_context: ContextFactory,
+    ) -> None:
+        self.config = config
+        self._answers = answers
+        self._c = counters
+        self._tasks = tasks
+        self._clock = clock
+        self._make_context = make_context
+        self._pipeline = pipeline
+        self.handlers: dict[int, Handler] = {int(MessageType.PING): lambda ctx: None}
+        self.exposed: dict[str, Callable[..., Any]] = {}
+        self._async_funcs: dict[Callable[..., Any], bool] = {}
+        self.slots = Slots(config.max_handlers)
+        self.per_peer: Counter[str] = Counter()
+        self.waiting = 0
+        #: Admitted requests by key (waiting or running), with the timeout scope of a running
+        #: handler that a CANCEL ends; keys a CANCEL named.
+        self._active: dict[Key, asyncio.Timeout | None] = {}
+        self._cancelled: set[Key] = set()
+        self.draining = False
+
+    # --- registration ---------------------------------------------------------------------------
+
+    def on(self, msg_type: int, func: Handler) -> None:
+        self.check_handled_type(msg_type)
+        self.handlers[int(msg_type)] = func
+
+    @staticmethod
+    def check_handled_type(msg_type: int) -> None:
+        """Refuse the message types the node handles itself."""
+        if msg_type in RESPONSE_TYPES or msg_type == _CANCEL:
+            raise ConfigError("REPLY, ERROR, ACK and CANCEL are handled by the node itself")
+        if msg_type == _COMMAND:
+            raise ConfigError("COMMAND carries remote calls: register functions with node.expose()")
+        if msg_type == _FILE_TRANSFER:
+            raise ConfigError("FILE_TRANSFER is handled by the node: use send_file(), inbox_dir, on_file()")
+
+    def expose(self, func: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+        call_name = name or getattr(func, "__name__", None)
+        if not isinstance(call_name, str) or not call_name:
+            raise ConfigError("an exposed function needs a name")
+        self.exposed[call_name] = func
+        return func
+
+    # --- admission ------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return self.slots.used
+
+    @property
+    def busy(self) -> bool:
+        """Handlers are running or waiting (what a draining node waits for)."""
+        return self.waiting > 0 or self.slots.used > 0
+
+    async def dispatch(self, item: Item) -> None:
+        """An unordered message: run its handler (right here when it is a plain function and a slot
+        is free), or refuse it with ``busy``."""
+        sender = item.key[0]
+        c = self.config
+        if self.draining or self.waiting >= c.max_backlog or self.per_peer[sender] >= c.max_per_peer:
+            why = (
+                "node is draining"
+                if self.draining
+                else ("handler backlog full" if self.waiting >= c.max_backlog else "per-peer quota reached")
+            )
+            self.release(item)
+            await self._answers.refuse(item.conn, item.msg, Refusal.BUSY, why)
+            return
+        self.admit(item)
+        if not c.sync_in_thread and not self._is_async(self._target(item)) and self.slots.try_take():
+            self.waiting -= 1
+            await self._handle(item, inline=True)
+        else:
+            self._tasks.spawn(self.run(item))
+
+    def admit(self, item: Item) -> None:
+        """Count a message as waiting for a slot (before its task starts, so bounds hold)."""
+        self.per_peer[item.key[0]] += 1
+        self.waiting += 1
+        self._c.backlog_peak = max(self._c.backlog_peak, self.waiting)
+        if not item.broadcast:
+            self._active[item.key] = None
+
+    async def run(self, item: Item) -> None:
+        """Wait for a slot, run the handler, answer. The item was :meth:`admit`-ted."""
+        try:
+            await self.slots.take()
+        except BaseException:
+            self.waiting -= 1
+            self._done(item)
+            self.release(item)
+            raise
+        self.waiting -= 1
+        await self._handle(item)
+
+    def cancel(self, sender: str, msg: Message) -> None:
+        """A CANCEL for a request this node is handling (or holds, waiting for a slot)."""
+        key: Key = (sender, msg.reply_session_id, msg.reply_to)
+        if key not in self._active:
+            self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+            return
+        self._cancelled.add(key)
+        scope = self._active[key]
+        if scope is not None:
+            scope.reschedule(asyncio.get_running_loop().time())
+
+    # --- running a handler ----------------------------------------------------------------------
+
+    def _target(self, item: Item) -> Callable[..., Any] | None:
+        if item.msg.msg_type == _COMMAND:
+            return self.exposed.get(item.payload["name"])
+        return self.handlers.get(item.msg.msg_type)
+
+    async def _handle(self, item: Item, *, inline: bool = False) -> None:
+        """Run the handler in the slot this item holds, answer, give the slot back. ``inline``: in
+        the connection's read loop, which an awaitable returned by a plain function must not hold
+        up: a task of its own takes the item over then."""
+        self._c.running_peak = max(self._c.running_peak, self.slots.used)
+        handed_over = False
+        try:
+            handed_over = await self._run_handler(item, inline)
+        except BaseException:
+            self.release(item)
+            raise
+        finally:
+            if not handed_over:
+                self._done(item)
+
+    async def _finish_later(self, item: Item, aw: Awaitable[Any]) -> None:
+        """The rest of :meth:`_run_handler` for an awaitable that a plain function returned."""
+        try:
+            try:
+                result = await self._scoped(item, aw)
+            except Exception as exc:
+                await self._failed(item, exc)
+                return
+            await self._complete(item, result)
+        except BaseException:
+            self.release(item)
+            raise
+        finally:
+            self._done(item)
+
+    def _done(self, item: Item) -> None:
+        sender = item.key[0]
+        self.per_peer[sender] -= 1
+        if self.per_peer[sender] <= 0:
+            del self.per_peer[sender]
+        self._ended(item)
+        if item.slot:
+            item.slot = False
+            self.slots.give()
+
+    async def _run_handler(self, item: Item, inline: bool) -> bool:
+        msg = item.msg
+        item.slot = True
+        if item.key in self._cancelled:  # cancelled while it waited for a slot
+            self._c.cancelled += 1
+            await self._outcome(item, ErrorCode.CANCELLED, "cancelled by the caller")
+            return False
+        if msg.deadline and msg.deadline <= self._clock.now_us():  # not started past its deadline
+            await self._refused(
+                item, Refusal.DEADLINE_PASSED, ErrorCode.TIMEOUT, "deadline passed before the handler started"
+            )
+            return False
+        func = self._target(item)
+        if func is None:
+            what = (
+                f"no exposed function {item.payload['name'][:100]!r}"
+                if msg.msg_type == _COMMAND
+                else (f"no handler for msg_type {msg.msg_type}")
+            )
+            await self._refused(item, Refusal.NO_HANDLER, ErrorCode.NO_HANDLER, what)
+            return False
+        if msg.msg_type == _COMMAND:
+            call = item.payload
+            args, kwargs = call.get("args", []), call.get("kwargs", {})
+            try:
+                inspect.signature(func).bind(*args, **kwargs)
+            except TypeError as exc:
+                await self._refused(item, Refusal.BAD_CALL, ErrorCode.BAD_REQUEST, f"bad arguments: {exc}")
+                return False
+            except ValueError:  # no signature (builtins): let the call decide
+                pass
+            invoke: Callable[[], Any] = functools.partial(func, *args, **kwargs)
+        else:
+            invoke = functools.partial(func, self._make_context(msg, item.payload, bool(msg.deadline)))
+        try:
+            if self._is_async(func):
+                result = await self._scoped(item, invoke())
+            elif self.config.sync_in_thread:
+                result = await self._scoped(item, asyncio.to_thread(contextvars.copy_context().run, invoke))
+            else:
+                result = contextvars.copy_context().run(invoke)
+                if inspect.isawaitable(result):
+                    if inline:  # its answer has to wait: go on in a task of its own
+                        self._tasks.spawn(self._finish_later(item, result))
+                        return True
+                    result = await self._scoped(item, result)
+        except Exception as exc:
+            await self._failed(item, exc)
+            return False
+        await self._complete(item, result)
+        return False
+
+    async def _scoped(self, item: Item, aw: Awaitable[Any]) -> Any:
+        """Await a handler in an ``asyncio.timeout`` scope that its deadline and a CANCEL end."""
+        msg = item.msg
+        when: float | None = None
+        loop = asyncio.get_running_loop()
+        if self.config.enforce_deadline and msg.deadline:
+            when = loop.time() + max(0.0, (msg.deadline - self._clock.now_us()) / 1e6)
+        key = item.key
+        if key in self._cancelled:
+            when = loop.time()
+        async with asyncio.timeout(when) as scope:
+            if key in self._active:
+                self._active[key] = scope
+            return await aw
+
+    async def _failed(self, item: Item, exc: Exception) -> None:
+        if isinstance(exc, HandlerError):
+            await self._outcome(item, exc.code, exc.message)
+        elif isinstance(exc, TimeoutError):
+            if item.key in self._cancelled:
+                self._c.cancelled += 1
+                await self._outcome(item, ErrorCode.CANCELLED, "cancelled by the caller")
+            else:
+                await self._outcome(item, ErrorCode.TIMEOUT, "deadline passed while the handler ran")
+        else:
+            log.exception("handler for msg_type %d failed", item.msg.msg_type, exc_info=exc)
+            await self._outcome(item, ErrorCode.INTERNAL, "the handler failed")
+
+    async def _complete(self, item: Item, result: Any) -> None:
+        self._ended(item)
+        self._c.handled += 1
+        self._commit(item)
+        msg = item.msg
+        if msg.deadline:
+            try:
+                text = dumps(result)
+            except (TypeError, ValueError):
+                await self._answers.error(item, ErrorCode.INTERNAL, "the handler's result is not JSON")
+                return
+            await self._answers.answer(item, _REPLY, text)
+        elif msg.flags & FLAG_ACK_REQUESTED:
+            await self._answers.ack(item.conn, msg)
+
+    def _ended(self, item: Item) -> None:
+        """The handler finished (or never ran): a CANCEL from now on is too late."""
+        self._active.pop(item.key, None)
+        self._cancelled.discard(item.key)
+
+    async def _refused(self, item: Item, reason: Refusal, code: ErrorCode, text: str) -> None:
+        self._ended(item)
+        self._c.refused[reason.value] += 1
+        self._commit(item)
+        await self._answers.error(item, code, text)
+
+    async def _outcome(self, item: Item, code: str, text: str) -> None:
+        self._ended(item)
+        self._c.handled += 1
+        self._commit(item)
+        await self._answers.error(item, code, text)
+
+    def _commit(self, item: Item) -> None:
+        self._pipeline.commit(item, self._clock.now_us())
+
+    def release(self, item: Item) -> None:
+        """The item was not handled (refused as busy, or cancelled by the node closing)."""
+        self._pipeline.release(item, self._clock.now_us())
+
+    def _is_async(self, func: Callable[..., Any] | None) -> bool:
+        if func is None:
+            return False
+        try:
+            return self._async_funcs[func]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable callable
+            return inspect.iscoroutinefunction(func)
+        is_async = self._async_funcs[func] = inspect.iscoroutinefunction(func)
+        if len(self._async_funcs) > 4096:
+            self._async_funcs.clear()
+        return is_async
+
+
+__all__ = ["ContextFactory", "Dispatcher", "Handler", "Slots"]

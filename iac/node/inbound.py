@@ -1,0 +1,252 @@
+"""The receiving side of a node: a read loop per connection, the per-peer verify budget, FORWARD
+frames through the Router, and acting on the receive pipeline's decisions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from iac.errors import IacError, MessageRejected, ProtocolError, RemoteError
+from iac.node.answers import Answers
+from iac.node.config import ErrorCode, NodeConfig, Refusal
+from iac.node.dispatch import Dispatcher
+from iac.node.files import Files
+from iac.node.ordered import OrderedDelivery
+from iac.node.outbox import Outbox
+from iac.node.peers import Peers
+from iac.node.pending import Pending
+from iac.node.pipeline import Deliver, Duplicate, ReceivePipeline, Refuse, Response
+from iac.node.stats import Counters
+from iac.node.tasks import TaskSet
+from iac.node.types import Reply, error_fields
+from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
+from iac.protocol.replay import Verdict
+from iac.protocol.routing import Router, RouteRefusal, parse_forward
+from iac.transport.base import Connection, Incoming
+from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire.frames import FrameType
+from iac.wire.message import FLAG_ORDERED
+
+log = logging.getLogger("iac.node")
+
+_ERROR = int(MessageType.ERROR)
+_ACK = int(MessageType.ACK)
+_CANCEL = int(MessageType.CANCEL)
+_FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
+_MESSAGE_FRAME = FrameType.MESSAGE
+_FORWARD_FRAME = FrameType.FORWARD
+
+ErrorCallback = Callable[[str, Message, str, str], Any]
+
+
+class Inbound:
+    """Reads every connection of a node and acts on what arrives."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        pipeline: ReceivePipeline,
+        router: Router,
+        peers: Peers,
+        outbox: Outbox,
+        answers: Answers,
+        pending: Pending,
+        dispatcher: Dispatcher,
+        ordered: OrderedDelivery,
+        files: Files,
+        counters: Counters,
+        tasks: TaskSet,
+    ) -> None:
+        self.config = config
+        self._pipeline = pipeline
+        self._router = router
+        self._peers = peers
+        self._outbox = outbox
+        self._answers = answers
+        self._pending = pending
+        self._dispatcher = dispatcher
+        self._ordered = ordered
+        self._files = files
+        self._c = counters
+        self._tasks = tasks
+        self._clock = config.transport.clock
+        self._buckets: dict[str, TokenBucket] = {}
+        self._relay_dials: set[str] = set()
+        self.error_callbacks: list[ErrorCallback] = []
+
+    async def read_loop(self, conn: Connection) -> None:
+        peer = conn.peer.agent_id
+        try:
+            while True:
+                inc = await conn.recv()
+                await self._throttle(peer, 1.0)
+                await self.on_incoming(conn, inc)
+        except (IacError, OSError):
+            pass
+        finally:
+            self._peers.unregister(conn)
+
+    async def _throttle(self, peer: str, cost: float) -> None:
+        bucket = self._buckets.get(peer)
+        now = self._clock.monotonic()
+        if bucket is None:
+            bucket = self._buckets[peer] = TokenBucket(self.config.verify_rate, self.config.verify_burst, now)
+        wait = bucket.take(cost, now)
+        if wait > 0:
+            self._c.throttled += 1
+            await asyncio.sleep(wait)
+
+    async def on_incoming(self, conn: Connection, inc: Incoming) -> None:
+        self._c.received += 1
+        frame = inc.frame
+        self._c.bytes_received += frame.wire_size or len(frame.body)
+        if frame.type == _FORWARD_FRAME:
+            await self._on_forward(conn, frame.body)
+            return
+        if frame.type != _MESSAGE_FRAME:
+            return
+        msg = inc.message
+        if msg is None:
+            try:
+                if inc.rejected is not None:
+                    raise inc.rejected
+                msg = self._pipeline.open(frame.body, conn.peer.agent_id)
+            except MessageRejected:  # 1. signature: refused, the connection goes on
+                await self._on_bad_signature(conn, frame.body)
+                return
+            except ProtocolError as exc:  # malformed, or an impersonation: close this connection
+                log.info("closing the connection from %s…: %s: %s", conn.peer.agent_id[:16], exc.name, exc)
+                await conn.close(exc.close_code, str(exc)[:200])
+                raise
+        await self.on_message(conn, msg)
+
+    async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
+        now = self._clock.now_us()
+        decision = self._pipeline.judge(conn, msg, now, forwarded=forwarded)
+        if isinstance(decision, Deliver):
+            item = decision.item
+            try:
+                mt = item.msg.msg_type
+                if mt == _FILE_TRANSFER and not item.broadcast:
+                    await self._files.on_message(item)
+                elif mt == _CANCEL:
+                    self._pipeline.commit(item, now)
+                    self._dispatcher.cancel(item.key[0], item.msg)
+                elif item.msg.flags & FLAG_ORDERED:
+                    self._ordered.push(item, now)
+                else:
+                    await self._dispatcher.dispatch(item)
+            except BaseException:
+                self._pipeline.release(item, self._clock.now_us())
+                raise
+        elif isinstance(decision, Response):
+            self._on_response(decision)
+        elif isinstance(decision, Refuse):
+            if decision.skip_ordered:
+                self._ordered.skip(msg, now)
+            await self._answers.refuse(conn, msg, decision.reason, decision.detail, answer=decision.answer)
+        else:
+            await self._on_duplicate(conn, msg, decision)
+
+    async def _on_duplicate(self, conn: Connection, msg: Message, dup: Duplicate) -> None:
+        if dup.verdict is Verdict.TOO_OLD:
+            self._c.refused[Refusal.REPLAYED.value] += 1
+            return
+        self._c.refused[Refusal.DUPLICATE.value] += 1
+        if dup.verdict is Verdict.IN_PROGRESS or not dup.answer:
+            return  # the first copy's answer is on its way
+        await self._answers.again(conn, msg)
+
+    def _on_response(self, r: Response) -> None:
+        mt = r.msg.msg_type
+        if mt == _ERROR:
+            code, text = error_fields(r.payload)
+            self._c.errors_received[code] += 1
+            err = RemoteError(code, text)
+            if self._pending.on_error(r.key, err) or self._files.on_error(r.key, err):
+                return
+            for cb in self.error_callbacks:
+                with contextlib.suppress(Exception):
+                    cb(r.key[0], r.msg, code, text)
+            return
+        if mt == _ACK:
+            self._c.acks_received += 1
+            self._pending.on_ack(r.key)
+            return
+        if not self._pending.on_reply(r.key, Reply(r.msg, r.payload)):
+            self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+
+    async def _on_bad_signature(self, conn: Connection, body: bytes) -> None:
+        self._c.refused[Refusal.BAD_SIGNATURE.value] += 1
+        await self._throttle(conn.peer.agent_id, self.config.bad_signature_cost)
+        try:
+            claimed = Message.FromString(body)
+        except DecodeError:
+            return
+        if claimed.msg_type in RESPONSE_TYPES:
+            return
+        # The connection's HELLO proved who sent the frame: answer that peer.
+        await self._answers.send_error(
+            conn, conn.peer.agent_id, claimed, ErrorCode.BAD_SIGNATURE, "signature does not verify"
+        )
+
+    # --- relays and broadcast -------------------------------------------------------------------
+
+    async def _on_forward(self, conn: Connection, body: bytes, *, retry: bool = True) -> None:
+        """A FORWARD frame: the Router checks it (origin's signature, hop limit, loop, path, seen-cache,
+        policy); this node sends on what it says and runs a delivered message through the pipeline."""
+        from_peer = conn.peer.agent_id
+        conns = self._peers.by_id()
+        dec = self._router.on_forward(body, from_peer, conns, self._clock.now_us())
+        if dec.refusal is RouteRefusal.BAD_SIGNATURE:
+            await self._throttle(from_peer, self.config.bad_signature_cost)
+        elif dec.refusal is RouteRefusal.NO_ROUTE and retry:
+            self._relay_after_dial(conn, body)
+        if dec.refusal is not None and dec.refusal is not RouteRefusal.DUPLICATE:
+            log.debug("FORWARD from %s… refused: %s (%s)", from_peer[:16], dec.refusal.value, dec.error)
+        if dec.sends:
+            self._c.relayed += len(dec.sends)
+            await self._outbox.send_all(conns, dec.sends)
+        msg = dec.message
+        if msg is None:
+            return
+        if msg.to and dec.origin == from_peer and len(dec.path) == 1:
+            # Nothing was relayed: the neighbour's own message to this node belongs in a MESSAGE frame.
+            self._c.refused[Refusal.FORWARD_NOT_RELAYED.value] += 1
+            return
+        await self.on_message(conn, msg, forwarded=True)
+
+    def _relay_after_dial(self, conn: Connection, body: bytes) -> None:
+        """A unicast to relay toward a peer this node knows but is not connected to: dial it, then
+        decide again (the Router refused it before entering it in the seen-cache)."""
+        if not self.config.relay_policy.relay_unicast:
+            return
+        try:
+            inner = Message.FromString(parse_forward(body).message)
+        except (IacError, DecodeError):
+            return
+        to = inner.to
+        if not to or to not in self._peers.book or to in self._relay_dials or len(self._relay_dials) >= 64:
+            return
+        self._relay_dials.add(to)
+
+        async def dial_then_relay() -> None:
+            try:
+                await self._peers.connect(to)
+            except (IacError, OSError) as exc:
+                log.debug("relay: could not dial %s…: %s", to[:16], exc)
+                return
+            finally:
+                self._relay_dials.discard(to)
+            self._router.stats.refused[RouteRefusal.NO_ROUTE] -= 1  # counted again if it fails again
+            await self._on_forward(conn, body, retry=False)
+
+        self._tasks.spawn(dial_then_relay())
+
+
+__all__ = ["ErrorCallback", "Inbound"]

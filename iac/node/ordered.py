@@ -1,0 +1,161 @@
+"""Ordered delivery: a reorder buffer per sender session (ORDERED messages), and a worker per
+session that hands the released messages to their handlers one at a time, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from iac.node.answers import Answers
+from iac.node.config import NodeConfig, Refusal
+from iac.node.dispatch import Dispatcher
+from iac.node.pipeline import Item
+from iac.node.stats import Counters
+from iac.node.tasks import TaskSet
+from iac.protocol.clock import Clock
+from iac.protocol.reorder import Delivered, Duplicate, GapSkipped, Late, ReorderBuffer, ReorderConfig
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED, sender_of
+
+log = logging.getLogger("iac.node")
+
+
+class _Stream:
+    """Reorder state of one sender session: the buffer, and the queue its worker drains in order."""
+
+    __slots__ = ("buffer", "last_us", "queue", "timer", "timer_at", "worker")
+
+    def __init__(self, buffer: ReorderBuffer[Item], now_us: int) -> None:
+        self.buffer = buffer
+        self.queue: deque[Item] = deque()
+        self.worker: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at: int | None = None
+        self.last_us = now_us
+
+
+class OrderedDelivery:
+    """The ORDERED sessions of every sender."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        dispatcher: Dispatcher,
+        answers: Answers,
+        counters: Counters,
+        tasks: TaskSet,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self._dispatcher = dispatcher
+        self._answers = answers
+        self._c = counters
+        self._tasks = tasks
+        self._clock = clock
+        self._streams: dict[tuple[str, int], _Stream] = {}
+        self.queued = 0
+        self.draining = False
+        self.closed = False
+
+    def push(self, item: Item, now: int) -> None:
+        st = self._stream(item.msg, now)
+        self._apply(st, st.buffer.push(item.msg.msg_id, item, now, item.msg.timestamp))
+
+    def skip(self, msg: Message, now: int) -> None:
+        """A refused ORDERED message still advances its session's buffer."""
+        if msg.flags & FLAG_ORDERED:
+            st = self._stream(msg, now)
+            self._apply(st, st.buffer.skip(msg.msg_id, now))
+
+    @property
+    def held(self) -> int:
+        return sum(len(st.buffer) for st in self._streams.values())
+
+    def expire(self, now: int) -> None:
+        """Forget sessions idle for 2 × max_skew (a message older than that is stale anyway)."""
+        retention = 2 * self.config.transport.max_skew_us
+        for skey, st in list(self._streams.items()):
+            if not len(st.buffer) and not st.queue and st.worker is None and now - st.last_us > retention:
+                del self._streams[skey]
+
+    def close(self) -> None:
+        self.closed = True
+        for st in self._streams.values():
+            if st.timer is not None:
+                st.timer.cancel()
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _stream(self, msg: Message, now: int) -> _Stream:
+        skey = (sender_of(msg), msg.session_id)
+        st = self._streams.get(skey)
+        if st is None:
+            cfg = ReorderConfig(
+                max_buffered=self.config.reorder_max_buffered,
+                reliable=bool(msg.flags & FLAG_ACK_REQUESTED),
+                retransmit_deadline_us=int(self.config.delivery_timeout * 1e6),
+            )
+            # Sessions start at msg_id 1; a session first seen further on (this node restarted)
+            # starts where it is seen.
+            first = 1 if msg.msg_id < self.config.reorder_max_buffered else msg.msg_id
+            st = self._streams[skey] = _Stream(ReorderBuffer(cfg, first_id=first), now)
+        st.last_us = now
+        return st
+
+    def _apply(self, st: _Stream, events: list[Any]) -> None:
+        for ev in events:
+            if isinstance(ev, Delivered):
+                self._enqueue(st, ev.item)
+            elif isinstance(ev, GapSkipped):
+                self._c.gaps += 1
+                log.info("ordered session: gave up on %d message(s) (%s)", ev.count, ev.reason.value)
+            elif isinstance(ev, Late):
+                # Behind the delivery point (its gap was given up): handle it out of order, never drop.
+                self._c.late += 1
+                self._enqueue(st, ev.item)
+            elif isinstance(ev, Duplicate):  # pragma: no cover - the replay store stops these first
+                self._c.refused[Refusal.DUPLICATE.value] += 1
+                self._dispatcher.release(ev.item)
+        if st.queue and st.worker is None:
+            st.worker = self._tasks.spawn(self._worker(st))
+        self._arm(st)
+
+    def _enqueue(self, st: _Stream, item: Item) -> None:
+        if len(st.queue) >= self.config.max_backlog or self.draining:
+            self._dispatcher.release(item)
+            self._tasks.spawn(self._answers.refuse(item.conn, item.msg, Refusal.BUSY, "ordered queue full"))
+            return
+        st.queue.append(item)
+        self.queued += 1
+
+    def _arm(self, st: _Stream) -> None:
+        at = st.buffer.next_deadline()
+        if at is None or at == st.timer_at:
+            return
+        if st.timer is not None:
+            st.timer.cancel()
+        delay = max(0.0, (at - self._clock.now_us()) / 1e6)
+        st.timer_at = at
+        st.timer = asyncio.get_running_loop().call_later(delay, self._on_timer, st)
+
+    def _on_timer(self, st: _Stream) -> None:
+        st.timer = None
+        st.timer_at = None
+        self._apply(st, st.buffer.poll(self._clock.now_us()))
+
+    async def _worker(self, st: _Stream) -> None:
+        try:
+            while st.queue:
+                item = st.queue.popleft()
+                self.queued -= 1
+                self._dispatcher.admit(item)
+                await self._dispatcher.run(item)
+        finally:
+            st.worker = None
+            if st.queue and not self.closed:
+                st.worker = self._tasks.spawn(self._worker(st))
+
+
+__all__ = ["OrderedDelivery"]

@@ -1,0 +1,198 @@
+"""Sending: build a message in the right session, sign it (fresh timestamp), frame it with the
+connection's dictionary and put it on the connection that leads to its destination — directly, or
+inside FORWARD through a relay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from iac.errors import IacError
+from iac.node.config import NodeConfig
+from iac.node.peers import Peers
+from iac.node.stats import Counters
+from iac.node.types import Sent, Sessions, dumps
+from iac.protocol.routing import Router, Send
+from iac.transport.base import Connection
+from iac.wire._pb.iac_pb2 import Message, TaskState
+from iac.wire.dicts import Dictionary
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity, check_agent_id_cached
+from iac.wire.message import build_message, sign_message
+from iac.wire.seal import seal_payload
+
+#: Forward bodies larger than this are sent without trying zstd (file chunks do not compress).
+COMPRESS_LIMIT = 64 * 1024
+_MESSAGE_FRAME = FrameType.MESSAGE
+
+
+class Outbox:
+    """Builds, signs, frames and sends this node's messages (requests, one-way messages, answers,
+    broadcasts, Forwards)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: NodeConfig,
+        sessions: Sessions,
+        peers: Peers,
+        router: Router,
+        counters: Counters,
+    ) -> None:
+        self.identity = identity
+        self.agent_id = identity.agent_id
+        self.config = config
+        self.clock = config.transport.clock
+        self.sessions = sessions
+        self._peers = peers
+        self._router = router
+        self._c = counters
+
+    def build(
+        self,
+        peer: str,
+        msg_type: int,
+        payload: Any,
+        *,
+        kind: str = "main",
+        payload_json: str | None = None,
+        extra_data: bytes = b"",
+        flags: int = 0,
+        task: TaskState | None = None,
+        deadline_us: int = 0,
+        reply_to: int = 0,
+        reply_session_id: int = 0,
+        sealed: bool = False,
+    ) -> Message:
+        check_agent_id_cached(peer)
+        text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
+        msg = build_message(
+            sender=self.agent_id,
+            to=peer,
+            msg_type=msg_type,
+            session=self.sessions.session(peer, kind),
+            timestamp_us=self.clock.now_us(),
+            payload_json=text,
+            extra_data=extra_data,
+            flags=flags,
+            task=task,
+            deadline_us=deadline_us,
+            reply_to=reply_to,
+            reply_session_id=reply_session_id,
+        )
+        if sealed:
+            text, extra = msg.payload_json, msg.extra_data
+            msg.payload_json = ""
+            msg.extra_data = b""
+            seal_payload(self.identity, msg, msg.to, text, extra)
+        return msg
+
+    # --- toward a destination ---------------------------------------------------------------------
+
+    async def transmit(
+        self, peer: str, msg: Message, via: str | None = None, *, compress: bool = True
+    ) -> None:
+        """Sign (fresh timestamp) and send toward ``peer``: inside FORWARD through ``via`` when given;
+        else on the peer's connection; else through a route's next hop; else dial the peer."""
+        conn = await self._peers.first_hop(peer, via, self.clock.now_us())
+        await self.send_on(conn, msg, compress=compress)
+
+    async def send_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:
+        """A MESSAGE frame when ``conn`` leads to ``msg.to`` itself, else a FORWARD through it."""
+        if conn.peer.agent_id == msg.to:
+            await self.transmit_on(conn, msg, compress=compress)
+        else:
+            await self.forward_on(conn, msg)
+
+    async def send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
+        """Send an answer: on ``hint`` when it is the connection to ``to``, else the usual way."""
+        conn = self._peers.table.get(to)
+        if conn is None and hint is not None and hint.peer.agent_id == to and not hint.closed:
+            conn = hint
+        if conn is not None:
+            await self.transmit_on(conn, msg)
+        else:
+            await self.transmit(to, msg)
+
+    async def try_send_to(self, to: str, msg: Message, hint: Connection | None = None) -> bool:
+        """:meth:`send_to`, with transport errors swallowed (an answer nobody can take is lost)."""
+        with contextlib.suppress(IacError, OSError):
+            await self.send_to(to, msg, hint)
+            return True
+        return False
+
+    # --- on one connection ------------------------------------------------------------------------
+
+    def frame_params(self, conn: Connection) -> tuple[Dictionary | None, int]:
+        """The dictionary to compress with toward ``conn`` and the largest frame its peer takes."""
+        hello = conn.peer.hello
+        # The dictionary this side pushed once the peer acknowledged it, else the first one
+        # the peer listed in its HELLO.
+        dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
+        return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
+
+    async def transmit_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:
+        msg.timestamp = self.clock.now_us()
+        body = sign_message(self.identity, msg)
+        dictionary, limit = self.frame_params(conn)
+        frame = encode_frame(
+            _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
+        )
+        await conn.send(frame)
+        self._c.sent += 1
+        self._c.bytes_sent += len(frame)
+
+    async def forward_on(self, conn: Connection, msg: Message) -> None:
+        """Sign ``msg`` and send it inside a FORWARD to the relay at the other end of ``conn``."""
+        now = self.clock.now_us()
+        msg.timestamp = now
+        body = sign_message(self.identity, msg)
+        relay = conn.peer.agent_id
+        send = self._router.originate(body, (relay,), now, via=relay)
+        await self.send_forward(conn, send.data)
+        self._c.sent += 1
+
+    async def send_forward(self, conn: Connection, data: bytes) -> None:
+        dictionary, limit = self.frame_params(conn)
+        frame = encode_frame(
+            FrameType.FORWARD,
+            data,
+            compress_with=dictionary if len(data) <= COMPRESS_LIMIT else None,
+            max_frame_size=limit,
+        )
+        await conn.send(frame)
+        self._c.bytes_sent += len(frame)
+
+    async def send_all(self, conns: dict[str, Connection], sends: Sequence[Send]) -> None:
+        """Send Forwards to several peers at once (one slow peer does not hold up the others)."""
+        jobs = [self.send_forward(conns[s.peer], s.data) for s in sends if s.peer in conns]
+        if len(jobs) == 1:
+            with contextlib.suppress(IacError, OSError):
+                await jobs[0]
+            return
+        for res in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(res, BaseException) and not isinstance(res, (IacError, OSError)):
+                raise res
+
+    async def broadcast(self, msg_type: int, text: str, extra_data: bytes, hop_limit: int | None) -> Sent:
+        now = self.clock.now_us()
+        msg = build_message(
+            sender=self.agent_id,
+            to="",
+            msg_type=msg_type,
+            session=self.sessions.session("", "broadcast"),
+            timestamp_us=now,
+            payload_json=text,
+            extra_data=extra_data,
+        )
+        body = sign_message(self.identity, msg)
+        conns = self._peers.by_id()
+        sends = self._router.originate_broadcast(body, conns, now, hop_limit)
+        await self.send_all(conns, sends)
+        self._c.sent += 1
+        return Sent("", msg.session_id, msg.msg_id, None)
+
+
+__all__ = ["COMPRESS_LIMIT", "Outbox"]

@@ -1,0 +1,210 @@
+"""Who this node talks to: the peer book, static routes, one connection per peer, dialing, and
+peer up/down events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from iac.errors import CloseCode, ConfigError, ConnectionClosed, LocalError, TransportError
+from iac.node.config import NodeConfig, PeerEvent
+from iac.node.stats import Counters
+from iac.node.tasks import TaskSet
+from iac.node.types import Sessions
+from iac.protocol.routing import Router
+from iac.transport import dial as transport_dial
+from iac.transport.base import Address, Connection, ConnectionTable, TransportConfig, parse_address
+from iac.transport.dialer import Dialer
+from iac.wire.identity import Identity, check_agent_id
+
+log = logging.getLogger("iac.node")
+
+
+class Peers:
+    """The peer book (addresses per AgentId), static routes, the connection table and the dialer.
+
+    ``on_connection(conn, new)`` is called for every registered connection that this node keeps
+    (``new``: it replaced no live connection to that peer, so what is unacknowledged toward the
+    peer should be sent again at once)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: NodeConfig,
+        sessions: Sessions,
+        router: Router,
+        counters: Counters,
+        tasks: TaskSet,
+    ) -> None:
+        self.identity = identity
+        self.config = config
+        self._sessions = sessions
+        self._router = router
+        self._c = counters
+        self._tasks = tasks
+        self.book: dict[str, list[str]] = {}
+        self.static_routes: dict[str, str] = {}
+        self.table = ConnectionTable(identity.agent_id)
+        self._dial_locks: dict[str, asyncio.Lock] = {}
+        self._dialer: Dialer | None = None
+        self._live: set[str] = set()
+        self._callbacks: list[Callable[[PeerEvent], Any]] = []
+        self._queues: list[asyncio.Queue[PeerEvent | None]] = []
+        #: Set by the node: start reading a connection this side dialed; a kept connection came up.
+        self.start_reader: Callable[[Connection], None] = lambda conn: None
+        self.on_connection: Callable[[Connection, bool], None] = lambda conn, new: None
+        self.closed = False
+
+    def start(self, transport: TransportConfig) -> None:
+        self._dialer = Dialer(self.identity, transport, dial_fn=self._dial_one)
+
+    # --- the peer book and routes -----------------------------------------------------------------
+
+    def add(self, agent_id: str, *urls: str) -> None:
+        check_agent_id(agent_id)
+        for url in urls:
+            parse_address(url)
+        known = self.book.setdefault(agent_id, [])
+        known.extend(u for u in urls if u not in known)
+
+    def add_route(self, dest: str, via: str) -> None:
+        check_agent_id(dest)
+        check_agent_id(via)
+        if dest == via or dest == self.identity.agent_id:
+            raise ConfigError("a route leads to another node through a third one")
+        self.static_routes[dest] = via
+        self._router.add_route(dest, via)
+
+    def remove_route(self, dest: str) -> None:
+        self.static_routes.pop(dest, None)
+        self._router.remove_route(dest)
+
+    def connected_ids(self) -> set[str]:
+        return {c.peer.agent_id for c in self.table.connections()}
+
+    def by_id(self) -> dict[str, Connection]:
+        return {c.peer.agent_id: c for c in self.table.connections()}
+
+    def route_hop(self, dest: str, now_us: int) -> str | None:
+        """The relay toward ``dest`` when it is not connected: a connected next hop from the route
+        table (static or learned), else the static route's relay (to be dialed)."""
+        hop = self._router.next_hop(dest, self.connected_ids(), now_us)
+        if hop is not None and hop != dest:
+            return hop
+        return self.static_routes.get(dest)
+
+    async def first_hop(self, peer: str, via: str | None, now_us: int) -> Connection:
+        """The connection a message to ``peer`` leaves on (dialing the peer or the relay if needed)."""
+        if via is not None and via != peer:
+            return await self.connect(via)
+        conn = self.table.get(peer)
+        if conn is not None:
+            return conn
+        hop = self.route_hop(peer, now_us)
+        if hop is not None:
+            return await self.connect(hop)
+        return await self.connect(peer)
+
+    # --- connections ------------------------------------------------------------------------------
+
+    async def connect(self, peer: str) -> Connection:
+        conn = self.table.get(peer)
+        if conn is not None:
+            return conn
+        lock = self._dial_locks.setdefault(peer, asyncio.Lock())
+        async with lock:
+            conn = self.table.get(peer)
+            if conn is not None:
+                return conn
+            if self.closed:
+                raise ConnectionClosed("the node is closed")
+            urls = self.book.get(peer)
+            if not urls:
+                raise TransportError(f"no connection to {peer[:16]}… and no address for it in the peer book")
+            if self._dialer is None:
+                raise LocalError("the node is not started")
+            conn = await self._dialer.dial(urls, expect=peer)
+            self.start_reader(conn)
+            return self.register(conn)
+
+    async def _dial_one(
+        self, addr: Address, identity: Identity, expect: str | None, config: TransportConfig
+    ) -> Connection:
+        sid = self._sessions.session(expect).session_id if expect else 0
+        return await transport_dial(addr, identity, expect=expect, config=config, session_id=sid)
+
+    def register(self, conn: Connection) -> Connection:
+        """Enter ``conn`` in the table; return the connection kept for its peer."""
+        peer = conn.peer.agent_id
+        kept, to_close = self.table.add(conn)
+        if to_close is not None:
+            self._tasks.spawn(to_close.close(CloseCode.GOING_AWAY, "duplicate connection"))
+        if peer not in self._live:
+            self._live.add(peer)
+            self._emit(PeerEvent(peer, True, kept.peer.transport, kept.peer.address))
+        self.on_connection(conn, kept is conn)
+        return kept
+
+    def unregister(self, conn: Connection) -> None:
+        """``conn`` ended (its read loop stopped)."""
+        peer = conn.peer.agent_id
+        self.table.remove(conn)
+        if self.table.get(peer) is None and peer in self._live:
+            self._live.discard(peer)
+            self._emit(PeerEvent(peer, False, conn.peer.transport, conn.peer.address))
+
+    async def close_all(self) -> None:
+        await asyncio.gather(
+            *(conn.close(CloseCode.GOING_AWAY, "node shutting down") for conn in self.table.connections()),
+            return_exceptions=True,
+        )
+
+    # --- peer events ------------------------------------------------------------------------------
+
+    def on_peer(self, callback: Callable[[PeerEvent], Any]) -> Callable[[], None]:
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
+
+        return remove
+
+    async def events(self) -> AsyncIterator[PeerEvent]:
+        q: asyncio.Queue[PeerEvent | None] = asyncio.Queue(self.config.event_queue)
+        self._queues.append(q)
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    return
+                yield ev
+        finally:
+            self._queues.remove(q)
+
+    def end_events(self) -> None:
+        for q in self._queues:
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(None)
+
+    def _emit(self, event: PeerEvent) -> None:
+        for cb in list(self._callbacks):
+            try:
+                res = cb(event)
+                if inspect.isawaitable(res):
+                    self._tasks.spawn_logged(res, "peer event callback")
+            except Exception:
+                log.exception("peer event callback failed")
+        for q in self._queues:
+            if q.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    q.get_nowait()
+                self._c.peer_events_dropped += 1
+            q.put_nowait(event)
+
+
+__all__ = ["Peers"]

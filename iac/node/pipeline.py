@@ -1,0 +1,244 @@
+"""The receive pipeline, sans-IO: a received message in, a decision out.
+
+In the order of docs/PROTOCOL.md ("The receive pipeline"), each step cheaper than the next::
+
+    open (field-8 scan, parse, `from` valid, signature) → the HELLO peer sent it →
+    freshness and replay → addressed to me → topology policy → unseal and inner-header check →
+    schema (type, JSON, task envelope, deadline, call shape) → content guards
+
+then the node acts on the decision: :class:`Refuse` (count it; answer ERROR when ``answer``),
+:class:`Duplicate` (re-answer or drop), :class:`Response` (a REPLY, ERROR or ACK for what this node
+asked), :class:`Deliver` (reorder, then a handler). Nothing here does I/O or reads a clock: time is
+an argument, and the replay store is called synchronously (the node decides on which thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from iac.errors import IacError, Impersonation, LocalError, ReplayStoreFull, SealHeaderMismatch, StaleMessage
+from iac.node.config import NodeConfig, Refusal
+from iac.node.types import Key
+from iac.protocol.guards import (
+    RESPONSE_TYPES,
+    check_call,
+    check_deadline,
+    check_task,
+    check_type,
+    decode_payload,
+    run_guards,
+)
+from iac.protocol.replay import ReplayGuard, Verdict
+from iac.transport.base import Connection
+from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import open_message, sender_of
+from iac.wire.seal import open_sealed
+
+_COMMAND = int(MessageType.COMMAND)
+
+
+@dataclass(slots=True)
+class Item:
+    """A message that passed every check: what reorder and the handlers get."""
+
+    conn: Connection
+    msg: Message
+    payload: Any
+    key: Key
+    sealed: bool
+    #: arrived inside FORWARD with an empty ``to``: delivered, never answered
+    broadcast: bool = False
+    #: its replay-store reservation was committed or released
+    committed: bool = False
+    #: it holds a handler slot
+    slot: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Refused: count ``reason``; answer ERROR ``reason.code`` when ``answer``. ``skip_ordered``:
+    the id was consumed (an ORDERED message's refusal still advances its reorder buffer)."""
+
+    reason: Refusal
+    detail: str
+    answer: bool
+    skip_ordered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A copy of a message already seen: ``TOO_OLD`` (behind the window), ``IN_PROGRESS`` (its
+    first copy is being handled) or ``DONE`` (handled: answer again)."""
+
+    verdict: Verdict
+    answer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A REPLY, ERROR or ACK addressed to this node; ``key`` names the message it answers."""
+
+    msg: Message
+    payload: Any
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    item: Item
+
+
+Decision = Refuse | Duplicate | Response | Deliver
+
+
+class ReceivePipeline:
+    """The checks between a received message and a handler, for one node."""
+
+    def __init__(self, identity: Identity, config: NodeConfig) -> None:
+        self.identity = identity
+        self.agent_id = identity.agent_id
+        self.config = config
+        self._guard: ReplayGuard | None = None
+
+    def start(self, guard: ReplayGuard) -> None:
+        self._guard = guard
+
+    @property
+    def guard(self) -> ReplayGuard:
+        if self._guard is None:
+            raise LocalError("the node is not started")
+        return self._guard
+
+    @staticmethod
+    def open(body: bytes, peer: str) -> Message:
+        """A MESSAGE frame's body: the field-8 scan, parse, ``from`` and signature (raise
+        :class:`~iac.MessageRejected` for a well-formed message that fails them, another
+        :class:`~iac.ProtocolError` for a malformed one); then the sender must be the peer whose
+        HELLO proved this connection (:class:`~iac.Impersonation`: other origins travel inside
+        FORWARD)."""
+        msg = open_message(body)
+        sender = sender_of(msg)
+        if sender != peer:
+            raise Impersonation(
+                f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
+                f"{peer[:16]}… (other origins travel inside FORWARD)"
+            )
+        return msg
+
+    def judge(self, conn: Connection, msg: Message, now: int, *, forwarded: bool = False) -> Decision:
+        """Steps after the signature (checked by :meth:`open`, or by the Router for a Forward's
+        inner message, whose ``from`` is the origin rather than the neighbour)."""
+        sender = sender_of(msg)
+        broadcast = forwarded and not msg.to
+        answer = not broadcast
+        guard = self.guard
+        if msg.msg_type in RESPONSE_TYPES:
+            try:
+                verdict = guard.check_and_mark(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
+            except StaleMessage as exc:
+                return Refuse(Refusal.STALE, f"stale: {exc}", False)
+            except ReplayStoreFull as exc:
+                return Refuse(Refusal.REPLAY_STORE_FULL, str(exc), False)
+            if verdict is not Verdict.NEW:
+                return Duplicate(verdict, False)
+            return self._response(msg, sender)
+        try:
+            verdict = guard.reserve(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
+        except StaleMessage as exc:
+            return Refuse(Refusal.STALE, f"stale: {exc}", answer)
+        except ReplayStoreFull as exc:
+            return Refuse(Refusal.REPLAY_STORE_FULL, str(exc), answer)
+        if verdict is not Verdict.NEW:
+            return Duplicate(verdict, answer)
+        try:
+            refusal = self._check(msg, sender, broadcast)
+            payload: Any = None
+            sealed = bool(msg.sealed)
+            if refusal is None and sealed:
+                msg, refusal = self._unseal(msg)
+            if refusal is None:
+                payload, refusal = decode_payload(msg.payload_json)
+            if refusal is None:
+                refusal = self._check_late(msg, sender, payload, now)
+        except BaseException:
+            guard.release(sender, msg.session_id, msg.msg_id, now)
+            raise
+        if refusal is not None:
+            guard.commit(sender, msg.session_id, msg.msg_id, now)
+            return Refuse(refusal[0], refusal[1], answer, skip_ordered=True)
+        return Deliver(Item(conn, msg, payload, (sender, msg.session_id, msg.msg_id), sealed, broadcast))
+
+    def commit(self, item: Item, now: int) -> None:
+        """A delivered message was handled (or refused after delivery): its id is done."""
+        if not item.committed:
+            item.committed = True
+            self.guard.commit(item.key[0], item.key[1], item.key[2], now)
+
+    def release(self, item: Item, now: int) -> None:
+        """A delivered message was not handled (busy, closing): a retransmission may try again.
+        Nothing once committed."""
+        if not item.committed:
+            item.committed = True
+            self.guard.release(item.key[0], item.key[1], item.key[2], now)
+
+    # --- the steps --------------------------------------------------------------------------------
+
+    def _check(self, msg: Message, sender: str, broadcast: bool) -> tuple[Refusal, str] | None:
+        # addressed to me (or a broadcast that came inside FORWARD; relays take FORWARD frames only)
+        if msg.to != self.agent_id and not broadcast:
+            return (
+                Refusal.NOT_ADDRESSED,
+                "addressed to another agent (or broadcast) in a MESSAGE frame: relays take FORWARD",
+            )
+        if broadcast and msg.sealed:
+            return Refusal.UNSEAL_FAILED, "a broadcast cannot be sealed"
+        topo = self.config.topology
+        if topo is not None and not topo.allows(sender, self.agent_id):
+            return Refusal.POLICY_DENIED, "topology policy does not allow this sender to reach this node"
+        return None
+
+    def _unseal(self, msg: Message) -> tuple[Message, tuple[Refusal, str] | None]:
+        """Open a sealed payload and check its inner header; the opened copy carries the clear
+        ``payload_json`` and ``extra_data`` (``sealed`` emptied)."""
+        try:
+            text, extra = open_sealed(self.identity, msg)
+        except SealHeaderMismatch as exc:
+            return msg, (Refusal.SEALED_HEADER, str(exc))
+        except IacError as exc:
+            return msg, (Refusal.UNSEAL_FAILED, str(exc))
+        clear = Message()
+        clear.CopyFrom(msg)
+        clear.sealed = b""
+        clear.payload_json = text
+        clear.extra_data = extra
+        return clear, None
+
+    def _check_late(self, msg: Message, sender: str, payload: Any, now: int) -> tuple[Refusal, str] | None:
+        c = self.config
+        r = (
+            check_type(msg, c.allowed_types)
+            or check_task(msg, c.delegators, sender)
+            or check_deadline(msg, now)
+        )
+        if r is None and msg.msg_type == _COMMAND:
+            r = check_call(payload)
+        if r is None and c.guards:
+            r = run_guards(c.guards, msg, payload)
+        return r
+
+    def _response(self, msg: Message, sender: str) -> Decision:
+        if msg.to != self.agent_id:
+            return Refuse(Refusal.NOT_ADDRESSED, "a response addressed to another agent", False)
+        if msg.sealed:
+            msg, r = self._unseal(msg)
+            if r is not None:
+                return Refuse(r[0], r[1], False)
+        payload, r = decode_payload(msg.payload_json)
+        if r is not None:
+            return Refuse(r[0], r[1], False)
+        return Response(msg, payload, (sender, msg.reply_session_id, msg.reply_to))
+
+
+__all__ = ["Decision", "Deliver", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response"]

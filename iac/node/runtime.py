@@ -1,0 +1,262 @@
+"""The runtime under a :class:`~iac.Node`: identity, configuration and the collaborators, each with
+one job, wired together; start (replay store, listeners) and close (drain, GOAWAY); state and
+counters.
+
+* :class:`~iac.node.peers.Peers` — the peer book, routes, one connection per peer, peer events;
+* :class:`~iac.node.outbox.Outbox` — build, sign, frame and send (directly or inside FORWARD);
+* :class:`~iac.node.pending.Pending` — requests and ACK_REQUESTED messages until answered;
+* :class:`~iac.node.pipeline.ReceivePipeline` — the checks, sans-IO: refuse, duplicate or deliver;
+* :class:`~iac.node.inbound.Inbound` — read loops, the verify budget, FORWARD frames;
+* :class:`~iac.node.dispatch.Dispatcher` — handlers, slots and quotas, CANCEL and deadlines;
+* :class:`~iac.node.ordered.OrderedDelivery` — reorder buffers for ORDERED sessions;
+* :class:`~iac.node.files.Files` — file transfer, both ways;
+* :class:`~iac.node.answers.Answers` — REPLY, ERROR and ACK, and the cache that re-answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from iac.errors import CloseCode, ConfigError, ConnectionClosed, LocalError
+from iac.node.answers import Answers
+from iac.node.config import NodeConfig, NodeStats
+from iac.node.dispatch import Dispatcher
+from iac.node.files import Files
+from iac.node.inbound import Inbound
+from iac.node.ordered import OrderedDelivery
+from iac.node.outbox import Outbox
+from iac.node.peers import Peers
+from iac.node.pending import Pending
+from iac.node.pipeline import ReceivePipeline
+from iac.node.stats import Counters
+from iac.node.tasks import TaskSet
+from iac.node.types import Sessions
+from iac.protocol.clock import Clock
+from iac.protocol.replay import ReplayConfig, ReplayGuard, ReplayStore
+from iac.protocol.routing import Router, RouteRefusal
+from iac.stores.memory import MemoryReplayStore
+from iac.transport import listen as transport_listen
+from iac.transport.base import Connection, Listener
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.identity import Identity
+
+
+class NodeRuntime:
+    """What runs under a :class:`~iac.Node`: its identity, configuration and collaborators, start
+    and close, and its state. :class:`~iac.Node` adds what agent code calls."""
+
+    def __init__(
+        self,
+        identity: Identity | None = None,
+        *,
+        listen: Sequence[str] = (),
+        config: NodeConfig | None = None,
+        replay_store: ReplayStore | None = None,
+        clock: Clock | None = None,
+        peers: dict[str, Sequence[str]] | None = None,
+    ) -> None:
+        config = config if config is not None else NodeConfig()
+        if clock is not None:
+            config = dataclasses.replace(config, transport=dataclasses.replace(config.transport, clock=clock))
+        self.identity = identity if identity is not None else Identity.generate()
+        self.config = config
+        self.clock: Clock = config.transport.clock
+        self.addresses: list[str] = []
+        self._listen_urls = list(listen)
+        self._replay_store_arg = replay_store
+        self._listeners: list[Listener] = []
+        self._started = self._closing = self._closed = False
+        self._housekeeping: asyncio.Task[None] | None = None
+        c = self._c = Counters()
+        tasks = self._tasks = TaskSet()
+        self._conn_tasks = TaskSet()
+        self._sessions = Sessions()
+        self._router = Router(
+            self.identity.agent_id,
+            config.relay_policy,
+            max_skew_us=config.transport.max_skew_us,
+            max_seen=config.max_seen,
+            max_routes=config.max_routes,
+            broadcast_hop_limit=config.broadcast_hop_limit,
+            unicast_hop_limit=config.unicast_hop_limit,
+        )
+        self._peers = Peers(self.identity, config, self._sessions, self._router, c, tasks)
+        self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c)
+        self._pending = Pending(config, self._outbox, self._peers, c, tasks)
+        self._pipeline = ReceivePipeline(self.identity, config)
+        self._answers = Answers(config, self._outbox, c)
+        self._dispatch = Dispatcher(
+            config, self._pipeline, self._answers, c, tasks, self.clock, self._context
+        )
+        self._ordered = OrderedDelivery(config, self._dispatch, self._answers, c, tasks, self.clock)
+        self._files = Files(config, self._outbox, self._peers, self._pipeline, self._answers, c, tasks)
+        self._inbound = Inbound(
+            config,
+            self._pipeline,
+            self._router,
+            self._peers,
+            self._outbox,
+            self._answers,
+            self._pending,
+            self._dispatch,
+            self._ordered,
+            self._files,
+            c,
+            tasks,
+        )
+        self._peers.start_reader = self._start_reader
+        self._peers.on_connection = self._on_registered
+        for aid, urls in (peers or {}).items():
+            self._peers.add(aid, *urls)
+
+    def _start_reader(self, conn: Connection) -> None:
+        self._conn_tasks.spawn(self._inbound.read_loop(conn))
+
+    def _on_registered(self, conn: Connection, new: bool) -> None:
+        if new:  # a (re)connection: resend what is unacknowledged at once
+            self._pending.resend(conn.peer.agent_id)
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def agent_id(self) -> str:
+        return self.identity.agent_id
+
+    async def start(self) -> None:
+        """Open the replay store and the listeners."""
+        if self._started:
+            return
+        self._started = True
+        c = self.config
+        store = self._replay_store_arg
+        if store is None:
+            store = MemoryReplayStore(
+                self.clock.now_us(), ReplayConfig(c.replay_window, c.transport.max_skew_us, c.max_sessions)
+            )
+        if store.max_skew_us != c.transport.max_skew_us:
+            raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
+        self._pipeline.start(ReplayGuard(store))
+        self._files.start()
+        try:
+            for url in self._listen_urls:
+                lst = await transport_listen(url, self.identity, self._on_connection, config=c.transport)
+                self._listeners.append(lst)
+                self.addresses.extend(lst.addresses)
+        except BaseException:
+            await self.close()
+            raise
+        transport = c.transport
+        if self.addresses and not transport.listen_addrs:
+            transport = dataclasses.replace(transport, listen_addrs=tuple(self.addresses))
+        self._peers.start(transport)
+        self._housekeeping = self._tasks.spawn(self._housekeep())
+
+    async def close(self) -> None:
+        """Drain and close: stop accepting, let in-flight handlers and unacknowledged messages
+        finish (up to ``drain_timeout``), then GOAWAY every connection."""
+        if self._closing:
+            return
+        self._closing = True
+        self._dispatch.draining = self._ordered.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout
+        while loop.time() < deadline and (self._dispatch.busy or self._ordered.queued):
+            await asyncio.sleep(0.01)
+        while loop.time() < deadline and self._pending.waiting_for_acks():
+            await asyncio.sleep(0.01)
+        self._closed = self._peers.closed = True
+        tasks = self._tasks.cancel_all()
+        self._pending.fail_all(ConnectionClosed("node closed"))
+        self._ordered.close()
+        await self._peers.close_all()
+        await asyncio.gather(*(lst.close() for lst in self._listeners), return_exceptions=True)
+        conn_tasks = self._conn_tasks.cancel_all()
+        await asyncio.gather(*tasks, *conn_tasks, return_exceptions=True)
+        await self._files.close()
+        self._peers.end_events()
+
+    def _context(self, msg: Message, payload: Any, expects_reply: bool) -> Any:
+        """What a handler is called with (:class:`~iac.Context`, made by the Node)."""
+        return (msg, payload, expects_reply)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<Node {self.agent_id[:16]}… {self.addresses}>"
+
+    def _check_open(self) -> None:
+        if not self._started:
+            raise LocalError("the node is not started (use `async with node:` or `await node.start()`)")
+        if self._closed:
+            raise ConnectionClosed("the node is closed")
+
+    async def _on_connection(self, conn: Connection) -> None:
+        if self._closing:
+            await conn.close(CloseCode.GOING_AWAY, "node is draining")
+            return
+        self._peers.register(conn)
+        await self._inbound.read_loop(conn)
+
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = self.clock.now_us()
+            self._pipeline.guard.expire(now)
+            self._router.expire(now)
+            self._files.expire()
+            self._ordered.expire(now)
+
+    # --- state ------------------------------------------------------------------------------------
+
+    @property
+    def peers(self) -> dict[str, list[str]]:
+        """The peer book (a copy)."""
+        return {k: list(v) for k, v in self._peers.book.items()}
+
+    @property
+    def exposed(self) -> list[str]:
+        return sorted(self._dispatch.exposed)
+
+    def connected(self, peer: str) -> bool:
+        return self._peers.table.get(peer) is not None
+
+    def connection(self, peer: str) -> Connection | None:
+        """The live connection to ``peer``, or None."""
+        return self._peers.table.get(peer)
+
+    def stats(self) -> NodeStats:
+        rs = self._router.stats
+        pending, unacked = self._pending.counts()
+        files, file_refused = self._files.stats()
+        routing = {"delivered": rs.delivered, "forwarded": rs.forwarded, "originated": rs.originated}
+        routing |= {"relayed": self._c.relayed, "duplicates": rs.duplicates, "flood_ends": rs.flood_ends}
+        return self._c.snapshot(
+            running=self._dispatch.running,
+            backlog=self._dispatch.waiting,
+            ordered_queued=self._ordered.queued,
+            reorder_held=self._ordered.held,
+            pending_requests=pending,
+            unacked=unacked,
+            answer_cache=len(self._answers.cache),
+            connections=len(self._peers.table.connections()),
+            routing=routing,
+            route_refused={
+                str(k): v for k, v in rs.refused.items() if v and k != RouteRefusal.DUPLICATE.value
+            },
+            files=files,
+            file_refused=file_refused,
+        )
+
+
+__all__ = ["NodeRuntime"]
