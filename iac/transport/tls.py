@@ -29,7 +29,9 @@ from iac.transport.base import (
 )
 from iac.transport.certs import NodeCertificate, node_certificate
 from iac.transport.session import client_handshake, server_handshake
-from iac.transport.stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
+from iac.transport.stream.connection import establish
+from iac.transport.stream.listener import StreamListener
+from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol
 from iac.wire.identity import Identity
 
 

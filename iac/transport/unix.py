@@ -32,7 +32,9 @@ from iac.transport.base import (
     TransportConfig,
 )
 from iac.transport.session import client_handshake, server_handshake
-from iac.transport.stream import NETWORK_ERRORS, FrameProtocol, StreamListener, establish
+from iac.transport.stream.connection import establish
+from iac.transport.stream.listener import StreamListener
+from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol
 from iac.wire.identity import Identity
 
 

@@ -1,0 +1,347 @@
+"""A verified connection over one byte stream, and :func:`establish`, which makes one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+
+from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError, TruncatedFrame
+from iac.protocol.handshake import ClientHandshake, ServerHandshake
+from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
+from iac.transport.queues import RecvQueue, SendQueue
+from iac.transport.session import (
+    DictState,
+    PeerGoaway,
+    SessionLogic,
+    goaway_frame,
+    local_protocol_error,
+    peer_closed_error,
+    perform_handshake,
+)
+from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
+from iac.wire._pb.iac_pb2 import Hello
+from iac.wire.dicts import Dictionary
+from iac.wire.frames import Frame
+
+log = logging.getLogger("iac.transport")
+
+#: Frames judged and queued for ``recv()`` per event-loop turn. A read that brought more
+#: leaves the rest for the next turns, so the application answers the first requests
+#: (and their replies leave) while later ones wait, instead of the two peers taking
+#: turns at whole batches.
+FRAMES_PER_TURN = 16
+
+
+async def establish(
+    proto: FrameProtocol,
+    hs: ClientHandshake | ServerHandshake,
+    *,
+    config: TransportConfig,
+    transport: str,
+    address: str,
+    deadline: float,
+) -> StreamConnection:
+    """Run the HELLO exchange on a fresh stream; return the connection, or close the
+    stream and raise (the typed handshake error, :class:`ConnectionClosed`, or
+    :class:`TransportError` on timeout)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(deadline):
+            peer_hello = await perform_handshake(hs, proto, clock=config.clock)
+    except TimeoutError:
+        await proto.close_transport(0.1)
+        raise TransportError(f"{address}: handshake timed out after {config.handshake_timeout:g} s") from None
+    except ProtocolError:
+        if proto.goaway_sent:  # we refused: let the peer read our GOAWAY before we hang up
+            await proto.wait_eof(min(config.linger_timeout, max(0.0, deadline - loop.time())))
+        await proto.close_transport(0.1)
+        raise
+    except BaseException:
+        await proto.close_transport(0.1)
+        raise
+    try:
+        local_hello = Hello.FromString(hs.sent_bytes or b"")
+    except Exception:  # a test hook sent bytes that do not parse
+        local_hello = Hello()
+    peer = PeerInfo(
+        agent_id=peer_hello.agent_id,
+        transport=transport,
+        address=address,
+        hello=peer_hello,
+        dialed=isinstance(hs, ClientHandshake),
+    )
+    return StreamConnection(proto, peer, local_hello, config)
+
+
+class StreamConnection(Connection):
+    """A verified connection over one byte stream."""
+
+    def __init__(
+        self, proto: FrameProtocol, peer: PeerInfo, local_hello: Hello, config: TransportConfig
+    ) -> None:
+        self.peer = peer
+        self.local_hello = local_hello
+        self.config = config
+        self._proto = proto
+        if proto.transport is None:  # pragma: no cover - establish runs after connection_made
+            raise TransportError("stream connection without a transport")
+        self._transport: asyncio.Transport = proto.transport
+        self._decoder = proto.decoder
+        self.dicts: DictState = proto.dicts
+        self.dicts.send_control = self._send_control
+        self._logic = SessionLogic(peer.agent_id, self.dicts)
+        self._sendq = SendQueue(config.send_queue_frames, config.send_queue_bytes)
+        self._recvq = RecvQueue(config.recv_queue_frames, config.recv_budget_bytes)
+        self._backlog: deque[Frame] = deque()  # decoded, waiting for room in the receive queue
+        self._eof_pending = False  # the peer hung up behind the backlog
+        self._error: IacError | None = None
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._read_done = asyncio.Event()
+        self._write_done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._activity = loop.time()
+        self._idle_handle: asyncio.TimerHandle | None = None
+        self._flush_handle: asyncio.Handle | None = None
+        self._pump_handle: asyncio.Handle | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        if config.idle_timeout:
+            self._idle_handle = loop.call_later(config.idle_timeout, self._check_idle)
+        proto.attach(self)
+        # Our dictionary push goes first, ahead of any message.
+        push = self.dicts.push_frame(local_hello.agent_id, peer.hello)
+        if push is not None:
+            self._send_control(push)
+        # What arrived behind the HELLO, and what happened to the stream since.
+        self._backlog.extend(proto.pending)
+        proto.pending.clear()
+        self._pump()
+        if proto.read_error is not None:
+            self._protocol_fault(proto.read_error)
+        if proto.eof:
+            self._on_eof()
+        if proto.lost:
+            self._on_lost(proto.lost_exc)
+
+    # --- public ---------------------------------------------------------------------------------
+
+    @property
+    def send_dictionary(self) -> Dictionary | None:
+        return self.dicts.send_dictionary
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    @property
+    def close_error(self) -> IacError | None:
+        return self._error
+
+    async def send(self, frame: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        q = self._sendq
+        if not q.offer(frame):
+            await q.put(frame)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    async def recv(self) -> Incoming:
+        item = await self._recvq.get()
+        if self._proto.reading_paused and self._pump_handle is None:
+            self._pump()
+        return item
+
+    async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
+        if not self._closing:
+            err = ConnectionClosed(
+                f"connection closed by this side{': ' + reason if reason else ''}", int(code), reason
+            )
+            self._start_close(err, goaway=(int(code), reason), graceful=True)
+        await self.wait_closed()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    # --- reading (called by the protocol) -------------------------------------------------------
+
+    def _on_data(self, data: bytes) -> None:
+        if self._closing:
+            return  # lingering: discard until the peer hangs up
+        self._activity = self._loop.time()
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self._protocol_fault(exc)
+            return
+        if frames:
+            self._backlog.extend(frames)
+            if self._pump_handle is None:
+                self._pump()
+
+    def _pump(self) -> None:
+        """Judge backlog frames into the receive queue while it has room, at most
+        :data:`FRAMES_PER_TURN` per event-loop turn; stop reading while a backlog is left."""
+        self._pump_handle = None
+        backlog = self._backlog
+        recvq = self._recvq
+        logic = self._logic
+        budget = FRAMES_PER_TURN
+        try:
+            while backlog:
+                if self._closing:
+                    backlog.clear()
+                    return
+                frame = backlog[0]
+                if not recvq.has_room(frame.wire_size or len(frame.body)):
+                    self._proto.pause_reading()
+                    return
+                if budget == 0:  # let the application work on what it has; go on next turn
+                    self._proto.pause_reading()
+                    if self._pump_handle is None:
+                        self._pump_handle = self._loop.call_soon(self._pump)
+                    return
+                budget -= 1
+                backlog.popleft()
+                event = logic.on_frame(frame)
+                if event is None:
+                    continue
+                if type(event) is Incoming:
+                    recvq.put_nowait(event)
+                elif isinstance(event, PeerGoaway):
+                    backlog.clear()
+                    self._start_close(
+                        peer_closed_error(event.code, event.reason), goaway=None, graceful=False
+                    )
+                    return
+        except ProtocolError as exc:
+            backlog.clear()
+            self._protocol_fault(exc)
+            return
+        if self._eof_pending:
+            self._eof_pending = False
+            self._on_eof()
+        elif not self._closing:
+            self._proto.resume_reading()
+
+    def _on_eof(self) -> None:
+        if not self._closing:
+            if self._backlog:
+                self._eof_pending = True  # deliver what was read first
+                return
+            if not self._decoder.idle:
+                self._protocol_fault(decoder_truncated())
+            else:
+                self._start_close(
+                    ConnectionClosed("peer closed the connection without GOAWAY"), goaway=None, graceful=False
+                )
+        self._read_done.set()
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        if not self._closing:
+            if exc is None:
+                self._eof_pending = False
+                self._backlog.clear()
+                self._on_eof()
+            else:
+                self._start_close(
+                    ConnectionClosed(f"connection lost: {describe_error(exc)}"), goaway=None, graceful=False
+                )
+        self._read_done.set()
+        self._write_done.set()
+
+    def _protocol_fault(self, exc: ProtocolError) -> None:
+        log.info("closing connection to %s: %s: %s", self.peer.agent_id[:16], exc.name, exc)
+        self._start_close(local_protocol_error(exc), goaway=(exc.close_code, str(exc)), graceful=False)
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Write everything queued in this event-loop turn with one write (unless backpressured)."""
+        self._flush_handle = None
+        proto = self._proto
+        if proto.writing_paused or proto.lost:
+            return  # resume_writing flushes
+        batch = self._sendq.take_all()
+        if batch:
+            self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            self._activity = self._loop.time()
+        if self._sendq.done and not proto.writing_paused:
+            self._write_done.set()
+
+    def _send_control(self, frame: bytes) -> None:
+        """Queue a control frame (DICT, DICT_ACK) past the send bound; flush this turn."""
+        if self._closing:
+            return
+        self._sendq.put_nowait(frame)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _on_writable(self) -> None:
+        if self._flush_handle is None and (len(self._sendq) or self._sendq.done):
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    # --- closing --------------------------------------------------------------------------------
+
+    def _start_close(self, error: IacError, *, goaway: tuple[int, str] | None, graceful: bool) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._error = error
+        self._recvq.fail(error)
+        self._backlog.clear()
+        self._proto.resume_reading()  # lingering reads and discards until the peer hangs up
+        if self._idle_handle is not None:
+            self._idle_handle.cancel()
+        if goaway is not None and graceful:
+            self._sendq.put_nowait(goaway_frame(*goaway))
+            self._sendq.finish(error)
+        else:
+            self._sendq.fail(error)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+        self._close_task = self._loop.create_task(self._finish_close(goaway, graceful))
+
+    async def _finish_close(self, goaway: tuple[int, str] | None, graceful: bool) -> None:
+        linger = self.config.linger_timeout
+        proto = self._proto
+        try:
+            if goaway is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._write_done.wait(), linger)
+                if not graceful and not proto.lost:
+                    with contextlib.suppress(TimeoutError, *NETWORK_ERRORS, IacError):
+                        self._transport.write(goaway_frame(*goaway))
+                        await asyncio.wait_for(proto.drain(), linger)
+                # Let the peer read the GOAWAY and hang up before we close.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._read_done.wait(), linger)
+            await proto.close_transport(linger)
+        finally:
+            for handle in (self._flush_handle, self._pump_handle):
+                if handle is not None:
+                    handle.cancel()
+            self._flush_handle = self._pump_handle = None
+            self._closed.set()
+
+    def _check_idle(self) -> None:
+        self._idle_handle = None
+        if self._closing or not self.config.idle_timeout:
+            return
+        idle_for = self._loop.time() - self._activity
+        if idle_for >= self.config.idle_timeout:
+            reason = f"idle for {self.config.idle_timeout:g} s"
+            err = ConnectionClosed(f"connection closed: {reason}", CloseCode.IDLE_TIMEOUT, reason)
+            self._start_close(err, goaway=(CloseCode.IDLE_TIMEOUT, reason), graceful=True)
+        else:
+            self._idle_handle = self._loop.call_later(self.config.idle_timeout - idle_for, self._check_idle)
+
+
+def decoder_truncated() -> ProtocolError:
+    return TruncatedFrame("the peer hung up inside a frame")
+
+
+__all__ = ["FRAMES_PER_TURN", "StreamConnection", "decoder_truncated", "establish"]

@@ -1,0 +1,141 @@
+"""Accepting stream connections (TLS or UNIX): the HELLO exchange per socket, then the handler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from iac.errors import CloseCode, IacError, ProtocolError
+from iac.protocol.handshake import ServerHandshake
+from iac.transport.base import Connection, Listener, OnConnection, TransportConfig
+from iac.transport.session import goaway_frame
+from iac.transport.stream.connection import establish
+from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
+
+log = logging.getLogger("iac.transport")
+
+
+class StreamListener(Listener):
+    """Accepts stream connections (TLS or UNIX): optional pre-check of the socket
+    (UNIX peer uid), the HELLO exchange, then ``on_connection`` in the accepting task."""
+
+    def __init__(
+        self,
+        *,
+        config: TransportConfig,
+        transport: str,
+        on_connection: OnConnection,
+        make_handshake: Callable[[], ServerHandshake],
+        describe_peer: Callable[[asyncio.BaseTransport], str],
+        precheck: Callable[[asyncio.BaseTransport], ProtocolError | None] | None = None,
+    ) -> None:
+        self.addresses: list[str] = []
+        self.config = config
+        self.transport = transport
+        self._on_connection = on_connection
+        self._make_handshake = make_handshake
+        self._describe_peer = describe_peer
+        self._precheck = precheck
+        self._server: asyncio.Server | None = None
+        self._conns: set[Connection] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self.refused = 0  # handshakes refused (any reason)
+
+    def attach(self, server: asyncio.Server, addresses: list[str]) -> None:
+        self._server = server
+        self.addresses = addresses
+
+    def protocol_factory(
+        self, handler: Callable[[FrameProtocol], Coroutine[Any, Any, None]] | None = None
+    ) -> Callable[[], FrameProtocol]:
+        """For ``create_server``: each accepted socket runs ``handler`` (default :meth:`handle`) in a task."""
+        run = handler if handler is not None else self.handle
+
+        def connected(proto: FrameProtocol) -> None:
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(run(proto))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+
+        return lambda: FrameProtocol(self.config, connected)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s connection handler failed", self.transport, exc_info=task.exception())
+
+    async def handle(self, proto: FrameProtocol) -> None:
+        transport = proto.transport
+        if transport is None:  # pragma: no cover - called from connection_made
+            return
+        if self._closing:
+            transport.abort()
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.handshake_timeout
+        peer_url = self._describe_peer(transport)
+        try:
+            refusal = self._precheck(transport) if self._precheck is not None else None
+            if refusal is not None:
+                raise refusal
+            conn = await establish(
+                proto,
+                self._make_handshake(),
+                config=self.config,
+                transport=self.transport,
+                address=peer_url,
+                deadline=deadline,
+            )
+        except ProtocolError as exc:
+            self.refused += 1
+            log.info("refused %s connection from %s: %s: %s", self.transport, peer_url, exc.name, exc)
+            if not transport.is_closing():  # precheck refusal: nothing was sent yet
+                with contextlib.suppress(*NETWORK_ERRORS, IacError):
+                    await proto.send_frame(goaway_frame(exc.close_code, str(exc)))
+                await proto.wait_eof(self.config.linger_timeout)
+                await proto.close_transport(0.1)
+            return
+        except IacError as exc:
+            self.refused += 1
+            log.info("%s connection from %s failed: %s", self.transport, peer_url, exc)
+            return
+        except NETWORK_ERRORS as exc:
+            self.refused += 1
+            log.info("%s connection from %s failed: %s", self.transport, peer_url, describe_error(exc))
+            return
+        self._conns = {c for c in self._conns if not c.closed}
+        self._conns.add(conn)
+        try:
+            await self._on_connection(conn)
+        except asyncio.CancelledError:
+            await conn.close(CloseCode.GOING_AWAY, "node shutting down")
+            raise
+        except IacError as exc:
+            if not conn.closed:
+                log.warning("on_connection failed for %s: %s", conn.peer.agent_id[:16], exc)
+            await conn.close(CloseCode.INTERNAL_ERROR, "connection handler failed")
+        except Exception:
+            log.exception("on_connection failed for %s", conn.peer.agent_id[:16])
+            await conn.close(CloseCode.INTERNAL_ERROR, "connection handler failed")
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(
+            *(c.close(CloseCode.GOING_AWAY, "node shutting down") for c in list(self._conns)),
+            return_exceptions=True,
+        )
+        for t in list(self._tasks):
+            if t is not asyncio.current_task():
+                t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.config.linger_timeout)
+
+
+__all__ = ["StreamListener"]
