@@ -72,7 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import codec  # benchmarks/codec.py: payloads and the decode pass
 
-from iac.protocol.replay import MemoryReplayStore, ReplayGuard, require_new
+from iac.protocol.replay import ReplayGuard, require_new
+from iac.stores.memory import MemoryReplayStore
 from iac.testing.relay import Impairment, UdpRelay
 from iac.transport import dial, listen
 from iac.transport.base import Connection, Listener, TransportConfig

@@ -149,7 +149,6 @@ from iac.protocol.reorder import (
     ReorderEvent,
 )
 from iac.protocol.replay import (
-    MemoryReplayStore,
     ReplayConfig,
     ReplayGuard,
     ReplayStore,
@@ -158,10 +157,12 @@ from iac.protocol.replay import (
     serial_diff,
 )
 from iac.protocol.routing import RelayPolicy, RouteDecision, Router, RouteRefusal, open_forward, wrap_forward
+from iac.stores.memory import MemoryReplayStore
 from iac.stores.records import open_record_store
 from iac.stores.records_redis import RedisRecordStore
 from iac.stores.records_sqlite import SqliteRecordStore
-from iac.stores.replay import RedisReplayStore, SqliteReplayStore
+from iac.stores.redis import RedisReplayStore
+from iac.stores.sqlite import SqliteReplayStore
 from iac.transport import dial, listen
 from iac.transport.base import Connection, Incoming, Listener, PeerInfo, TransportConfig
 from iac.transport.dialer import Attempt, Dialer, DialError, DialPolicy

@@ -6,19 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iac.errors import ConfigError, MessageRejected, ReplayedMessage, StaleMessage
+from iac.errors import ConfigError, MessageRejected, ReplayedMessage, ReplayStoreFull, StaleMessage
 from iac.protocol.replay import (
-    MemoryReplayStore,
     ReplayConfig,
     ReplayGuard,
     ReplayStore,
-    ReplayStoreFull,
     Verdict,
     check_freshness,
     require_new,
     serial_add,
     serial_diff,
 )
+from iac.stores.memory import MemoryReplayStore
 
 T0 = 1_700_000_000_000_000  # a fixed "now" in microseconds
 SKEW = 60_000_000

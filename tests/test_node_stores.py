@@ -13,7 +13,8 @@ from redis_server import start_redis
 from test_pipeline import RawPeer
 
 from iac.node.node import Context, Node
-from iac.stores.replay import RedisReplayStore, SqliteReplayStore
+from iac.stores.redis import RedisReplayStore
+from iac.stores.sqlite import SqliteReplayStore
 from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import encode_message_frame

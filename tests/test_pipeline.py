@@ -28,7 +28,8 @@ from iac.node.config import NodeConfig, Topology
 from iac.node.node import Context, Node
 from iac.protocol.guards import prompt_injection_guard
 from iac.protocol.handshake import ALPN
-from iac.protocol.replay import MemoryReplayStore, ReplayConfig
+from iac.protocol.replay import ReplayConfig
+from iac.stores.memory import MemoryReplayStore
 from iac.transport import dial
 from iac.transport.base import Connection
 from iac.transport.certs import generate_self_signed

@@ -22,17 +22,25 @@ from hypothesis import strategies as st
 from redis_server import free_port as _free_port
 from redis_server import start_redis
 
-from iac.errors import ConfigError, MessageRejected, ReplayedMessage, StaleMessage, TransportError
+from iac.errors import (
+    ConfigError,
+    MessageRejected,
+    ReplayedMessage,
+    ReplayStoreFull,
+    StaleMessage,
+    StoreUnavailable,
+    TransportError,
+)
 from iac.protocol.replay import (
-    MemoryReplayStore,
     ReplayConfig,
     ReplayGuard,
     ReplayStore,
-    ReplayStoreFull,
     Verdict,
     require_new,
 )
-from iac.stores.replay import RedisReplayStore, SqliteReplayStore, StoreUnavailable
+from iac.stores.memory import MemoryReplayStore
+from iac.stores.redis import RedisReplayStore
+from iac.stores.sqlite import SqliteReplayStore
 
 T0 = 1_700_000_000_000_000
 SKEW = 60_000_000
@@ -472,7 +480,7 @@ def test_store_window_is_capped():
 _CHILD_SQLITE = textwrap.dedent(
     """
     import sys
-    from iac.stores.replay import SqliteReplayStore
+    from iac.stores.sqlite import SqliteReplayStore
     path, first, last, now = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     s = SqliteReplayStore(path, synchronous="NORMAL")
     print("ready", flush=True)
@@ -485,7 +493,7 @@ _CHILD_SQLITE = textwrap.dedent(
 _CHILD_REDIS = textwrap.dedent(
     """
     import sys
-    from iac.stores.replay import RedisReplayStore
+    from iac.stores.redis import RedisReplayStore
     url, prefix = sys.argv[1], sys.argv[2]
     first, last, now = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     s = RedisReplayStore(url, key_prefix=prefix, started_at_us=now)

@@ -1,0 +1,168 @@
+"""The in-memory replay store: the default, fastest, and without history before its start.
+
+The window rules (serial arithmetic, expiry, the session cap, two-phase
+reserve/commit/release) are described in :mod:`iac.protocol.replay`; the SQLite
+and Redis stores keep the same windows where other processes can share them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from iac.errors import ReplayStoreFull
+from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, serial_diff
+from iac.stores.common import check_u64
+
+
+@dataclass(slots=True)
+class _Window:
+    highest: int
+    bitmap: int  # bit i set: id (highest - i) is done
+    last_seen_us: int
+    pending: set[int] = field(default_factory=set)  # reserved, not yet committed
+
+
+class MemoryReplayStore(StoreSettings):
+    """In-memory :class:`ReplayStore`: no history before ``started_at_us``.
+
+    Windows are kept in arrival order (an ``OrderedDict`` moved to the end on
+    every touch), so expiry pops from the front and costs amortized O(1) per
+    call. Expiry uses the highest ``now_us`` seen so far, so a clock stepping
+    back never expires a window early (it only keeps windows longer).
+
+    Reserved ids count only while inside the window; ids that left it are pruned
+    lazily (once a session holds more than ``2 * window_size``), so a session holds
+    at most that many and the common case costs nothing per message. The caller must :meth:`commit` or
+    :meth:`release` every reservation (``try``/``finally``); a commit or
+    release for a window that has since expired is a no-op.
+    """
+
+    def __init__(self, started_at_us: int, config: ReplayConfig | None = None) -> None:
+        self._config = config if config is not None else ReplayConfig()
+        self._history_start_us = started_at_us
+        self._clock_us = started_at_us
+        self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
+        self._window_size = self._config.window_size
+        self._retention_us = self._config.retention_us
+        self._full_mask = (1 << self._config.window_size) - 1
+
+    # --- ReplayStore -------------------------------------------------------------------------
+
+    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+        return self._check(sender, session_id, msg_id, now_us, reserve=False)
+
+    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+        return self._check(sender, session_id, msg_id, now_us, reserve=True)
+
+    def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        check_u64("msg_id", msg_id)
+        self._expire_due(now_us)
+        w = self._windows.get((sender, session_id))
+        if w is None:
+            return  # expired: any replay is now stale
+        w.pending.discard(msg_id)
+        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
+        if offset < 0:  # commit without reserve, ahead of the window: advance to it
+            self._advance(w, msg_id)
+            offset = 0
+        if offset < self._window_size:
+            w.bitmap |= 1 << offset
+
+    def release(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
+        check_u64("msg_id", msg_id)
+        self._expire_due(now_us)
+        w = self._windows.get((sender, session_id))
+        if w is not None:
+            w.pending.discard(msg_id)
+
+    def expire(self, now_us: int) -> int:
+        return self._expire_due(now_us)
+
+    # --- introspection -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """How many sessions are tracked."""
+        return len(self._windows)
+
+    @property
+    def pending_count(self) -> int:
+        """How many ids are reserved but neither committed nor released (all sessions)."""
+        for w in self._windows.values():
+            self._prune(w)
+        return sum(len(w.pending) for w in self._windows.values())
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _expire_due(self, now_us: int) -> int:
+        if now_us > self._clock_us:
+            self._clock_us = now_us
+        limit = self._clock_us - self._retention_us
+        windows = self._windows
+        dropped = 0
+        while windows:
+            key = next(iter(windows))
+            if windows[key].last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
+                break
+            del windows[key]
+            dropped += 1
+        return dropped
+
+    def _advance(self, w: _Window, msg_id: int) -> None:
+        shift = serial_diff(msg_id, w.highest)
+        w.highest = msg_id
+        if shift < self._window_size:
+            w.bitmap = (w.bitmap << shift) & self._full_mask
+            # Reservations that left the window are harmless until pruned: lookups and
+            # commits only concern ids inside it, and it moves forward.
+            if len(w.pending) > 2 * self._window_size:
+                self._prune(w)
+        else:  # everything behind the old highest left the window
+            w.bitmap = 0
+            if w.pending:
+                w.pending = set()
+
+    def _prune(self, w: _Window) -> None:
+        """Drop reservations that left the window."""
+        if w.pending:
+            n, top = self._window_size, w.highest
+            w.pending = {p for p in w.pending if serial_diff(top, p) < n}
+
+    def _check(self, sender: str, session_id: int, msg_id: int, now_us: int, *, reserve: bool) -> Verdict:
+        check_u64("msg_id", msg_id)
+        check_u64("session_id", session_id)
+        self._expire_due(now_us)
+        key = (sender, session_id)
+        w = self._windows.get(key)
+        if w is None:
+            if len(self._windows) >= self._config.max_sessions:
+                raise ReplayStoreFull(
+                    f"replay store tracks {len(self._windows)} sessions (max_sessions); "
+                    "new session refused until one expires"
+                )
+            w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us)
+            self._windows[key] = w
+            self._mark(w, msg_id, 0, reserve)
+            return Verdict.NEW
+        w.last_seen_us = self._clock_us
+        self._windows.move_to_end(key)
+        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
+        if offset < 0:
+            self._advance(w, msg_id)
+            self._mark(w, msg_id, 0, reserve)
+            return Verdict.NEW
+        if offset >= self._window_size:
+            return Verdict.TOO_OLD
+        if w.bitmap >> offset & 1:
+            return Verdict.DUPLICATE
+        if msg_id in w.pending:
+            return Verdict.IN_PROGRESS
+        self._mark(w, msg_id, offset, reserve)
+        return Verdict.NEW
+
+    @staticmethod
+    def _mark(w: _Window, msg_id: int, offset: int, reserve: bool) -> None:
+        if reserve:
+            w.pending.add(msg_id)
+        else:
+            w.bitmap |= 1 << offset
