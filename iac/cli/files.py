@@ -22,9 +22,16 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
+from iac.cli.options import add_tls_options, serve_until_signal, transport_config
 from iac.errors import ConfigError, IacError
+from iac.node.config import NodeConfig
+from iac.node.node import Node
+from iac.node.types import ReceivedFile
+from iac.protocol.files import TransferProgress
+from iac.wire.identity import Identity, check_agent_id
 
 _BAR = 30
 
@@ -64,14 +71,6 @@ class ProgressBar:
 
 
 async def _run_send_file(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from iac.cli.net import _config
-    from iac.node.config import NodeConfig
-    from iac.node.node import Node
-    from iac.protocol.files import TransferProgress
-    from iac.wire.identity import Identity, check_agent_id
-
     identity = Identity.load(args.key)
     for flag, value in (("--to", args.to), ("--via", args.via)):
         if value is None:
@@ -91,7 +90,7 @@ async def _run_send_file(args: argparse.Namespace) -> int:
     def on_progress(p: TransferProgress) -> None:
         bar.update(p.bytes_done, p.size)
 
-    config = NodeConfig(transport=_config(args))
+    config = NodeConfig(transport=transport_config(args))
     async with Node(identity, config=config) as node:
         node.add_peer(args.via or args.to, *args.addr)
         try:
@@ -139,14 +138,10 @@ async def run_inbox_node(args: argparse.Namespace) -> int:
     Reads ``args.key``, ``args.listen``, ``args.inbox``, ``args.max_file_size`` and the TLS options of
     ``iac node``; prints the AgentId, the addresses, then one line per received file.
     """
-    from iac.cli.net import _config, _serve_forever
-    from iac.node.config import NodeConfig
-    from iac.node.node import Node
-    from iac.node.types import ReceivedFile
-    from iac.wire.identity import Identity
-
     identity = Identity.load(args.key)
-    config = NodeConfig(transport=_config(args, listen_addrs=tuple(args.listen)), **inbox_options(args))
+    config = NodeConfig(
+        transport=transport_config(args, listen_addrs=tuple(args.listen)), **inbox_options(args)
+    )
 
     def on_file(f: ReceivedFile) -> None:
         print(f"received {f.name} {f.size} sha256={f.sha256} from {f.sender}", flush=True)
@@ -157,14 +152,12 @@ async def run_inbox_node(args: argparse.Namespace) -> int:
         for addr in node.addresses:
             print(f"listening {addr}", flush=True)
         print(f"inbox {args.inbox}", flush=True)
-        await _serve_forever()
+        await serve_until_signal()
     return 0
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add ``send-file`` to the ``iac`` parser."""
-    from iac.cli.net import _add_tls_options
-
     p = sub.add_parser("send-file", help="send a file to a node's inbox (with a progress bar)")
     p.add_argument("path", metavar="PATH", help="the file to send")
     p.add_argument("--key", required=True, help="agent key file")
@@ -183,7 +176,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--window", type=int, default=None, help="chunks in flight (default 16)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_tls_options(p)
+    add_tls_options(p)
     p.set_defaults(func=_cmd_send_file)
 
 

@@ -24,30 +24,32 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from iac.cli.net import _add_listen_option, _add_tls_options, _config, _serve_forever
-from iac.errors import ConfigError, IacError
+from iac.cli.options import (
+    add_listen_option,
+    add_tls_options,
+    json_arg,
+    serve_until_signal,
+    transport_config,
+)
+from iac.errors import ConfigError, DeliveryError, IacError
+from iac.mesh import MeshClient, parse_registry, serve_registry
+from iac.node.config import NodeConfig
+from iac.node.node import Node
+from iac.protocol.records import is_alias
+from iac.protocol.registry import RegistryConfig, RegistryState
+from iac.stores.records import open_record_store
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity, is_agent_id
+from iac.wire.jsonutil import dumps_compact
 
 DEFAULT_STORE = "sqlite:./iac-registry.db"
 _NOT_SENDABLE = ("UNKNOWN", "REPLY", "ERROR", "ACK", "CANCEL", "COMMAND")
 
 
-def _json_arg(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{what} is not JSON: {exc}") from None
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
 def _msg_type(name: str) -> int:
-    from iac.wire._pb.iac_pb2 import MessageType
-
     key = name.strip().upper()
     if key.isdigit() and int(key) in MessageType.values():
         key = MessageType.Name(int(key))
@@ -58,11 +60,9 @@ def _msg_type(name: str) -> int:
     return int(MessageType.Value(key))
 
 
-def _node_config(args: argparse.Namespace) -> Any:
-    from iac.node.config import NodeConfig
-
+def _node_config(args: argparse.Namespace) -> NodeConfig:
     base = NodeConfig()
-    transport = _config(args)
+    transport = transport_config(args)
     timeout = getattr(args, "timeout", None) or base.request_timeout
     return dataclasses.replace(base, transport=transport, request_timeout=timeout)
 
@@ -71,12 +71,6 @@ def _node_config(args: argparse.Namespace) -> Any:
 
 
 async def _run_registry(args: argparse.Namespace) -> int:
-    from iac.mesh import serve_registry
-    from iac.node.node import Node
-    from iac.protocol.registry import RegistryConfig, RegistryState
-    from iac.stores.records import open_record_store
-    from iac.wire.identity import Identity
-
     identity = Identity.load(args.key)
     defaults = RegistryConfig()
     try:
@@ -96,7 +90,7 @@ async def _run_registry(args: argparse.Namespace) -> int:
             print(f"store {args.store}", flush=True)
             for addr in node.addresses:
                 print(f"listening {addr}", flush=True)
-            await _serve_forever()
+            await serve_until_signal()
     finally:
         store.close()
     return 0
@@ -106,16 +100,12 @@ def _cmd_registry(args: argparse.Namespace) -> int:
     return asyncio.run(_run_registry(args))
 
 
-# --- iac node --registry (called from iac/_cli_net.py) ------------------------------------------
+# --- iac node --registry (called from iac.cli.node) ----------------------------------------------
 
 
 async def run_mesh_node(args: argparse.Namespace) -> int:
     """``iac node --registry ID@URL``: a :class:`~iac.Node` that publishes itself (aliases,
     capabilities, its listen addresses) and keeps its record fresh; answers PING requests."""
-    from iac.mesh import MeshClient, parse_registry
-    from iac.node.node import Node
-    from iac.wire.identity import Identity
-
     identity = Identity.load(args.key)
     registries = parse_registry(args.registry or ())
     async with Node(identity, listen=args.listen, config=_node_config(args)) as node:
@@ -130,7 +120,7 @@ async def run_mesh_node(args: argparse.Namespace) -> int:
             print(f"node {identity.agent_id}", flush=True)
             for addr in node.addresses:
                 print(f"listening {addr}", flush=True)
-            await _serve_forever()
+            await serve_until_signal()
     return 0
 
 
@@ -138,12 +128,7 @@ async def run_mesh_node(args: argparse.Namespace) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _client(args: argparse.Namespace) -> Any:
-    from iac.mesh import MeshClient, parse_registry
-    from iac.node.node import Node
-    from iac.protocol.records import is_alias
-    from iac.wire.identity import Identity, is_agent_id
-
+async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
     identity = Identity.load(args.key)
     registries = parse_registry(args.registry or ())
     to = args.to
@@ -168,18 +153,14 @@ async def _client(args: argparse.Namespace) -> Any:
 
 async def _run_send(args: argparse.Namespace) -> int:
     msg_type = _msg_type(args.type)
-    payload = _json_arg(args.payload, "--payload") if args.payload is not None else None
+    payload = json_arg(args.payload, "--payload") if args.payload is not None else None
     async with _client(args) as mesh:
         sent = await mesh.send(args.to, msg_type, payload, ack=args.ack)
         if args.ack:
             try:
                 await asyncio.wait_for(sent.wait(), args.timeout)
             except TimeoutError:
-                from iac.errors import DeliveryError
-
                 raise DeliveryError(f"no ACK within {args.timeout:g} s") from None
-        from iac.wire._pb.iac_pb2 import MessageType
-
         print(
             f"sent {sent.peer} {MessageType.Name(msg_type)} session_id={sent.session_id:#x} "
             f"msg_id={sent.msg_id}" + (" acked" if args.ack else "")
@@ -189,25 +170,27 @@ async def _run_send(args: argparse.Namespace) -> int:
 
 async def _run_request(args: argparse.Namespace) -> int:
     msg_type = _msg_type(args.type)
-    payload = _json_arg(args.payload, "--payload") if args.payload is not None else None
+    payload = json_arg(args.payload, "--payload") if args.payload is not None else None
     async with _client(args) as mesh:
         reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout)
-        print(_dumps(reply.payload))
+        print(dumps_compact(reply.payload))
     return 0
 
 
 async def _run_call(args: argparse.Namespace) -> int:
-    call_args = [_json_arg(a, f"argument {i + 1}") for i, a in enumerate(args.args)]
-    kwargs = _json_arg(args.kwargs, "--kwargs") if args.kwargs is not None else {}
+    call_args = [json_arg(a, f"argument {i + 1}") for i, a in enumerate(args.args)]
+    kwargs = json_arg(args.kwargs, "--kwargs") if args.kwargs is not None else {}
     if not isinstance(kwargs, dict):
         raise ConfigError("--kwargs must be a JSON object")
     async with _client(args) as mesh:
         result = await mesh.invoke(args.to, args.name, call_args, kwargs, timeout=args.timeout)
-        print(_dumps(result))
+        print(dumps_compact(result))
     return 0
 
 
-def _sync(run: Any) -> Any:
+def _sync(
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
     def cmd(args: argparse.Namespace) -> int:
         if args.timeout <= 0:
             raise ConfigError("--timeout must be positive")
@@ -235,14 +218,14 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         help="registry to resolve through: AGENT_ID@ADDRESS (repeatable)",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
-    _add_tls_options(p)
+    add_tls_options(p)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the mesh verbs to the ``iac`` parser."""
     p = sub.add_parser("registry", help="run a registry node (signed records, aliases, capabilities)")
     p.add_argument("--key", required=True, help="agent key file")
-    _add_listen_option(p)
+    add_listen_option(p)
     p.add_argument(
         "--store",
         default=DEFAULT_STORE,
@@ -253,7 +236,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--grace", type=float, default=None, metavar="SECONDS", help="how long a rotated key stays valid"
     )
-    _add_tls_options(p)
+    add_tls_options(p)
     p.set_defaults(func=_cmd_registry)
 
     p = sub.add_parser("send", help="send one message to a peer (by AgentId or alias)")

@@ -177,7 +177,7 @@ def plan(lang: str, *, protoc: str | None = None, cwd: Path | None = None) -> Pl
         if chosen is None:
             return Plan(language, None, plugin, _PROTOC_HINT)
         return Plan(language, chosen, plugin, None)
-    # for Python, the pinned grpcio-tools makes exactly the code committed in iac/_pb
+    # for Python, the pinned grpcio-tools makes exactly the code committed in iac/wire/_pb
     chosen = (bundled or system) if lang == "python" else system
     if chosen is None:
         return Plan(language, None, None, _PROTOC_HINT)

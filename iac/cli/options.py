@@ -1,0 +1,74 @@
+"""What the verbs of the ``iac`` command share: the ``--listen`` and CA options, the transport
+config they make, serving until a signal, JSON arguments and the one error line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from typing import Any
+
+from iac.errors import ConfigError
+from iac.transport.base import TransportConfig
+
+
+def add_listen_option(p: argparse.ArgumentParser) -> None:
+    """``--listen URL`` (required, repeatable)."""
+    p.add_argument(
+        "--listen",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="quic://host:port, tls://host:port or unix:///path (repeatable; port 0 picks one)",
+    )
+
+
+def add_tls_options(p: argparse.ArgumentParser) -> None:
+    """``--ca``, ``--cert`` and ``--cert-key``: CA mode (see :func:`transport_config`)."""
+    p.add_argument("--ca", default=None, help="CA mode: CA certificate (PEM) that peers must chain to")
+    p.add_argument("--cert", default=None, help="CA mode: this node's certificate (PEM)")
+    p.add_argument("--cert-key", default=None, help="CA mode: this node's certificate key (PEM)")
+
+
+def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
+    """The transport config of the CA options (``--ca`` needs ``--cert`` and ``--cert-key``),
+    with ``extra`` settings."""
+    if args.ca and not (args.cert and args.cert_key):
+        raise ConfigError("--ca needs --cert and --cert-key (make them with `iac certs init`)")
+    return TransportConfig(ca_file=args.ca, cert_file=args.cert, key_file=args.cert_key, **extra)
+
+
+async def serve_until_signal() -> None:
+    """Wait until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def json_arg(text: str, what: str) -> Any:
+    """A command-line argument parsed as JSON; :class:`ConfigError` naming ``what`` otherwise."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not JSON: {exc}") from None
+
+
+def print_error(verb: str, exc: BaseException) -> None:
+    """The one line on stderr for a verb that failed: ``iac VERB: error: TEXT``."""
+    print(f"iac {verb}: error: {exc}", file=sys.stderr)
+
+
+__all__ = [
+    "add_listen_option",
+    "add_tls_options",
+    "json_arg",
+    "print_error",
+    "serve_until_signal",
+    "transport_config",
+]
