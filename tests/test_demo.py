@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from iac.demo import codec as _codec
 from iac.demo import driver as _demo
+from iac.demo import http as _http
 
 ROLES = ("registry", "planner", "researcher", "writer", "checker")
 
@@ -125,17 +127,17 @@ def test_codec_demo_on_the_corpus_and_without_it(
     assert _demo.run_demo(argparse.Namespace(codec=True, count=40)) == 0
     out = capsys.readouterr().out
     assert "signatures verified: 40/40" in out and "BadSignature (bad_signature)" in out
-    monkeypatch.setattr(_demo, "find_corpus", lambda: None)
-    assert _demo.run_codec_demo(argparse.Namespace(count=30)) == 0
+    monkeypatch.setattr(_codec, "find_corpus", lambda: None)
+    assert _codec.run_codec_demo(argparse.Namespace(count=30)) == 0
     assert "built-in samples" in capsys.readouterr().out
 
 
 def test_http_json_envelope_sizes() -> None:
     a, b = "a" * 64, "b" * 64
-    body = _demo.http_body(a, b, "RUN", '{"x":1}', timestamp_us=1, msg_id=2, session_id=3)
+    body = _http.http_body(a, b, "RUN", '{"x":1}', timestamp_us=1, msg_id=2, session_id=3)
     assert body.startswith(b'{"from":"' + a.encode()) and b'"payload":{"x":1},' in body
-    post = _demo.http_post(body)
+    post = _http.http_post(body)
     assert post.startswith(b"POST /iac/v1/messages HTTP/1.1\r\n") and post.endswith(b"\r\n\r\n" + body)
     assert f"Content-Length: {len(body)}\r\n".encode() in post
-    assert _demo.http_response(None) == b"HTTP/1.1 204 No Content\r\n\r\n"
-    assert _demo.http_file_bytes(a, b, "f.md", b"x" * 3000) > 4000  # base64 in JSON
+    assert _http.http_response(None) == b"HTTP/1.1 204 No Content\r\n\r\n"
+    assert _http.http_file_bytes(a, b, "f.md", b"x" * 3000) > 4000  # base64 in JSON

@@ -17,47 +17,31 @@ prints one line and exits 1; its child processes are always stopped (stdin close
 then SIGKILL), and the whole run has a global timeout (:data:`DEMO_TIMEOUT`).
 
 ``run_demo(args)`` with ``args.codec`` set runs the earlier codec demo instead
-(:func:`run_codec_demo`: a sample of the benchmark corpus signed, compressed and verified in one
-process).
+(:func:`iac.demo.codec.run_codec_demo`: a sample of the benchmark corpus signed, compressed and
+verified in one process). The HTTP+JSON byte counts come from :mod:`iac.demo.http`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import zstandard
-
+from iac.demo.codec import run_codec_demo
 from iac.errors import IacError
-from iac.wire._pb.iac_pb2 import Intent, Message, MessageType, TaskState
-from iac.wire.dicts import DEFAULT_LEVEL, DictionarySet, default_dictionary
-from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
-from iac.wire.message import (
-    Session,
-    build_message,
-    decode_message_frame,
-    encode_message_frame,
-    sender_of,
-    sign_message,
-)
 
 #: The module each agent process runs (``python -m MODULE ROLE --dir DIR``).
 AGENT_MODULE = "iac.demo.agent"
@@ -82,99 +66,6 @@ ROWS = (
 NEXT_TURN = {"step1": "researcher", "step2": "writer", "step3": "checker", "step4": "planner"}
 #: The draft file goes in chunks of this size (several chunks in flight).
 FILE_CHUNK_SIZE = 16 * 1024
-
-
-# --- the same messages as HTTP+JSON (the idea of benchmarks/codec.py: envelope_http) ------------------
-
-HTTP_HOST = "agent.example.net:8443"
-HTTP_PATH = "/iac/v1/messages"
-HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the hash stand-in of benchmarks/codec.py)
-
-
-def task_json(task: TaskState) -> dict[str, Any]:
-    """A task envelope as a JSON object (what an HTTP+JSON message would carry)."""
-    return {"task_id": task.task_id, "intent": Intent.Name(task.intent), "step": task.step,
-            "steps": task.steps, "state_ref": task.state_ref}  # fmt: skip
-
-
-def http_body(
-    sender: str, to: str, type_name: str, payload_json: str, *, timestamp_us: int, msg_id: int,
-    session_id: int, task: dict[str, Any] | None = None, reply_to: int = 0,
-) -> bytes:  # fmt: skip
-    """An IAC message as a compact JSON object: ``from``, ``to`` (64-hex AgentIds), ``type``, the
-    ``payload`` embedded as a JSON value, the ``task`` envelope, ``timestamp``, ``msg_id``,
-    ``session_id``, ``reply_to`` and ``hash`` = hex SHA-256 of payload+password (a stand-in for
-    the signature, 64 characters where IAC has a 64-byte Ed25519 signature)."""
-    payload = payload_json or "null"
-    digest = hashlib.sha256((payload + HTTP_PASSWORD).encode()).hexdigest()
-    head = f'{{"from":"{sender}","to":"{to}","type":"{type_name}","payload":'
-    extra = f',"task":{json.dumps(task, separators=(",", ":"))}' if task is not None else ""
-    tail = f',"timestamp":{timestamp_us},"msg_id":{msg_id},"session_id":{session_id}'
-    tail += f',"reply_to":{reply_to}' if reply_to else ""
-    return (head + payload + extra + tail + f',"hash":"{digest}"}}').encode()
-
-
-def http_post(body: bytes) -> bytes:
-    """An HTTP/1.1 POST of a JSON body: request line, ``Host``, ``Content-Type``, ``Content-Length``.
-    Not counted: TLS, TCP/IP and the headers real clients add, so this is a lower bound for HTTP."""
-    head = (
-        f"POST {HTTP_PATH} HTTP/1.1\r\nHost: {HTTP_HOST}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-def http_response(body: bytes | None) -> bytes:
-    """``200 OK`` with a JSON body, or ``204 No Content``."""
-    if body is None:
-        return b"HTTP/1.1 204 No Content\r\n\r\n"
-    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    return head.encode() + body
-
-
-def http_exchange_bytes(
-    sender: str,
-    to: str,
-    type_name: str,
-    payload_json: str,
-    reply: Message,
-    *,
-    task: dict[str, Any] | None = None,
-) -> int:
-    """A request and its REPLY as an HTTP POST and its ``200 OK`` (ids and times from the IAC reply)."""
-    request = http_body(sender, to, type_name, payload_json, timestamp_us=reply.timestamp,
-                        msg_id=reply.reply_to, session_id=reply.reply_session_id, task=task)  # fmt: skip
-    answer = http_body(sender_of(reply), sender, "REPLY", reply.payload_json, timestamp_us=reply.timestamp,
-                       msg_id=reply.msg_id, session_id=reply.session_id, reply_to=reply.reply_to)  # fmt: skip
-    return len(http_post(request)) + len(http_response(answer))
-
-
-def _example_ids() -> tuple[int, int, int]:
-    r = random.SystemRandom()
-    return time.time_ns() // 1000, r.randint(1, 1 << 20), r.getrandbits(64)
-
-
-def http_oneway_bytes(sender: str, to: str, type_name: str, payload_json: str) -> int:
-    """A one-way message as a POST and its ``204 No Content``."""
-    ts, msg_id, session_id = _example_ids()
-    body = http_body(
-        sender, to, type_name, payload_json, timestamp_us=ts, msg_id=msg_id, session_id=session_id
-    )
-    return len(http_post(body)) + len(http_response(None))
-
-
-def http_file_bytes(sender: str, to: str, name: str, data: bytes) -> int:
-    """A file as one POST (JSON cannot hold bytes: base64 in ``data``) and a ``200 OK`` naming it."""
-    ts, msg_id, session_id = _example_ids()
-    digest = hashlib.sha256(data).hexdigest()
-    meta = {"name": name, "size": len(data), "sha256": digest}
-    payload = json.dumps({**meta, "data": base64.b64encode(data).decode()}, separators=(",", ":"))
-    body = http_body(
-        sender, to, "FILE_TRANSFER", payload, timestamp_us=ts, msg_id=msg_id, session_id=session_id
-    )
-    answer = http_body(to, sender, "REPLY", json.dumps({**meta, "status": "stored"}, separators=(",", ":")),
-                       timestamp_us=ts, msg_id=1, session_id=session_id, reply_to=msg_id)  # fmt: skip
-    return len(http_post(body)) + len(http_response(answer))
 
 
 # --- the driver --------------------------------------------------------------------------------------
@@ -485,142 +376,15 @@ def run_demo(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-# --- the codec demo (``run_codec_demo``) --------------------------------------------------------------
-
-DEFAULT_COUNT = 500
-_CORPUS = Path("benchmarks") / "corpus" / "test.jsonl"
-VOCABULARY = (
-    "agent task plan step research summary draft review check deploy result error retry timeout context "
-    "memory tool call response request user report revenue forecast model dataset metric latency cluster "
-    "node service database query cache queue message stream file schema policy token key signature "
-    "the a of to in for on with by from is are was be has will should and or but not this that"
-)
-
-
-def find_corpus() -> Path | None:
-    """``benchmarks/corpus/test.jsonl`` at the root of the checkout this package lives in, if any."""
-    package = Path(__file__).resolve().parent.parent
-    for root in (package.parent, Path.cwd()):
-        path = root / _CORPUS
-        if path.is_file():
-            return path
-    return None
-
-
-def builtin_payloads(count: int, seed: int = 7) -> list[str]:
-    """A small deterministic set in the corpus' shapes (A2A messages, hand-offs, tool calls)."""
-    r = random.Random(seed)
-    words = VOCABULARY.split()
-
-    def text() -> str:
-        return " ".join(r.choice(words) for _ in range(r.randint(8, 30))).capitalize() + "."
-
-    def uid() -> str:
-        return str(uuid.UUID(int=r.getrandbits(128), version=4))
-
-    out: list[str] = []
-    for i in range(count):
-        kind = i % 3
-        obj: dict[str, object]
-        if kind == 0:
-            parts = [{"kind": "text", "text": text()}]
-            message = {"role": "user", "messageId": uid(), "contextId": uid(), "parts": parts}
-            obj = {"jsonrpc": "2.0", "id": r.randint(1, 10**6), "method": "message/send"}
-            obj["params"] = {"message": message}
-        elif kind == 1:
-            steps = r.randint(2, 9)
-            task = {"task_id": uid(), "step": r.randint(1, steps), "steps": steps}
-            task["state_ref"] = f"mem://researcher/{uid()}"
-            obj = {"sender": "planner", "receiver": "researcher", "intent": "ASSIGN_TASK"}
-            obj |= {"payload": text(), "task": task}
-        else:
-            call = {"name": "web_search", "arguments": {"query": text(), "max_results": r.randint(1, 20)}}
-            obj = {"jsonrpc": "2.0", "id": r.randint(1, 10**6), "method": "tools/call", "params": call}
-        out.append(json.dumps(obj, separators=(",", ":")))
-    return out
-
-
-def load_payloads(count: int) -> tuple[list[str], str]:
-    """Up to ``count`` payloads and where they came from."""
-    path = find_corpus()
-    if path is not None:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if lines:
-            return lines[:count], f"{_CORPUS.as_posix()} ({len(lines[:count])} of {len(lines)})"
-    return builtin_payloads(count), f"built-in samples ({count}; corpus not found)"
-
-
-def run_codec_demo(args: argparse.Namespace) -> int:
-    """The codec on agent payloads; print a short table; 0 when every frame decoded and verified."""
-    count = int(getattr(args, "count", None) or DEFAULT_COUNT)
-    payloads, source = load_payloads(count)
-    alice, bob = Identity.generate(), Identity.generate()
-    dictionary = default_dictionary()
-    receiver = DictionarySet([dictionary])
-    plain = zstandard.ZstdCompressor(level=DEFAULT_LEVEL, write_checksum=False, write_content_size=True)
-    session = Session()
-    now_us = time.time_ns() // 1000
-
-    raw = zstd = zstd_dict = frames_raw = frames_dict = verified = 0
-    t0 = time.perf_counter()
-    for p in payloads:
-        data = p.encode()
-        raw += len(data)
-        zstd += min(len(plain.compress(data)), len(data))
-        zstd_dict += min(len(dictionary.compress(data)), len(data))
-        msg = build_message(
-            sender=alice.agent_id,
-            to=bob.agent_id,
-            msg_type=MessageType.DELEGATE_TASK,
-            session=session,
-            timestamp_us=now_us,
-            payload_json=p,
-        )
-        frame = encode_message_frame(alice, msg, compress_with=dictionary)
-        frames_raw += len(encode_frame(FrameType.MESSAGE, msg.SerializeToString(deterministic=True)))
-        frames_dict += len(frame)
-        got = decode_message_frame(frame, dictionaries=receiver)
-        if got.payload_json == p and got.msg_id == msg.msg_id:
-            verified += 1
-    elapsed = time.perf_counter() - t0
-
-    # One tampered frame: a byte of the payload changed after signing, then compressed and framed.
-    msg = build_message(
-        sender=alice.agent_id,
-        to=bob.agent_id,
-        msg_type=MessageType.DELEGATE_TASK,
-        session=session,
-        timestamp_us=now_us,
-        payload_json=payloads[0],
-    )
-    signed = bytearray(sign_message(alice, msg))
-    at = signed.find(payloads[0].encode()[:16])
-    signed[at + 2] ^= 0x01
-    tampered = encode_frame(FrameType.MESSAGE, bytes(signed), compress_with=dictionary)
-    try:
-        decode_message_frame(tampered, dictionaries=receiver)
-        refused = "ACCEPTED (bug!)"
-        tamper_ok = False
-    except IacError as exc:
-        refused = f"refused: {type(exc).__name__} ({exc.name})"
-        tamper_ok = True
-
-    n = len(payloads)
-    print(f"IAC codec demo — {alice.agent_id[:12]}… → {bob.agent_id[:12]}…, payloads from {source}")
-    print(f"dictionary {dictionary.dict_id} ({len(dictionary.content)} bytes, zstd level {dictionary.level})")
-    print()
-    print(f"  {'':<38} {'bytes':>10} {'per msg':>9} {'vs raw':>8}")
-    rows = (
-        ("payload_json, raw", raw),
-        (f"payload_json, zstd {DEFAULT_LEVEL} (no dictionary)", zstd),
-        ("payload_json, zstd + dictionary", zstd_dict),
-        ("signed MESSAGE frames, raw", frames_raw),
-        ("signed MESSAGE frames, zstd + dict", frames_dict),
-    )
-    for label, value in rows:
-        print(f"  {label:<38} {value:>10} {value / n:9.1f} {value / raw:8.1%}")
-    print()
-    print(f"  messages: {n}; payload bytes saved by the dictionary: {1 - zstd_dict / raw:.1%}")
-    print(f"  signatures verified: {verified}/{n} (encode+decode {elapsed / n * 1e6:.0f} µs per message)")
-    print(f"  tampered frame: {refused}")
-    return 0 if verified == n and tamper_ok else 1
+__all__ = [
+    "AGENT_MODULE",
+    "DEMO_TIMEOUT",
+    "FILE_CHUNK_SIZE",
+    "NEXT_TURN",
+    "ROLES",
+    "ROWS",
+    "STOP_GRACE",
+    "DemoFailure",
+    "run_demo",
+    "run_mesh",
+]

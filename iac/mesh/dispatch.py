@@ -16,8 +16,7 @@ from typing import Any, Protocol
 from iac.errors import ConfigError
 from iac.mesh.wire import OP_REVOKE, OP_ROTATE, OPS
 from iac.node.config import ErrorCode, HandlerError
-from iac.node.node import Node
-from iac.node.types import Context
+from iac.node.node import Context, Node
 from iac.wire._pb.iac_pb2 import MessageType
 
 
