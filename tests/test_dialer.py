@@ -14,7 +14,7 @@ from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, roundtrip, run
 from iac.errors import ConfigError, TransportError, WrongPeer
 from iac.transport import dial, listen
 from iac.transport.base import Address, Connection, TransportConfig
-from iac.transport.dialer import Backoff, Dialer, DialError, DialPolicy, reconnect
+from iac.transport.dialer import Backoff, Dialer, DialError, DialPolicy
 from iac.wire.identity import Identity
 
 FAST = TransportConfig(handshake_timeout=3.0, linger_timeout=0.3)
@@ -178,32 +178,10 @@ def test_policy_validation() -> None:
         DialPolicy(attempt_timeout=0)
 
 
-def test_backoff_and_reconnect(sockdir: Path) -> None:
+def test_backoff() -> None:
     b = Backoff(initial=0.1, maximum=1.0, factor=2.0, jitter=0.0)
     assert [b.next_delay() for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
     b.reset()
     assert b.next_delay() == 0.1
     j = Backoff(initial=1.0, jitter=0.5, rng=random.Random(1))
     assert all(0.5 <= j.next_delay() / (2**i) <= 1.0 for i in range(5))
-
-    server, client = Identity.generate(), Identity.generate()
-
-    async def main() -> None:
-        url = listen_url("unix", sockdir)
-        slept: list[float] = []
-        started: list = []
-
-        async def fake_sleep(delay: float) -> None:
-            slept.append(delay)
-            if len(slept) == 2:  # the node comes up while the client backs off
-                started.append(await listen(url, server, EchoNode(server), config=FAST))
-
-        dialer = Dialer(client, config=FAST)
-        conn = await reconnect(dialer, [url], server.agent_id, backoff=Backoff(jitter=0.0), sleep=fake_sleep)
-        assert slept == [0.1, 0.2]
-        await conn.close()
-        await started[0].close()
-        with pytest.raises(DialError):
-            await reconnect(dialer, [url], server.agent_id, max_tries=2, sleep=fake_sleep)
-
-    run(main())

@@ -10,8 +10,8 @@ the others are cancelled, or closed if they also got through. A policy pins one
 transport or forbids some. When every attempt fails, one :class:`DialError`
 lists each attempt and why.
 
-:class:`Backoff` and :func:`reconnect` retry a whole dial with capped,
-jittered exponential backoff.
+:class:`Backoff` spaces out repeated dials (capped, jittered exponential
+backoff) for callers that retry a peer.
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ async def _cancel_losers(tasks: dict[asyncio.Task[Connection], tuple[Address, fl
 @dataclass
 class Backoff:
     """Capped exponential backoff with jitter: ``initial × factor**n``, at most
-    ``maximum``, each delay scaled by a random factor in ``[1 − jitter, 1]``."""
+    ``maximum``, each delay scaled by a random factor in ``[1 − jitter, 1]``.
+    Sleep ``next_delay()`` before each retry; ``reset()`` after a success."""
 
     initial: float = 0.1
     maximum: float = 30.0
@@ -213,30 +214,4 @@ class Backoff:
         self._n = 0
 
 
-async def reconnect(
-    dialer: Dialer,
-    addresses: Sequence[str],
-    expect: str | None = None,
-    *,
-    backoff: Backoff | None = None,
-    max_tries: int | None = None,
-    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-) -> Connection:
-    """Dial until it works (or ``max_tries`` dials failed), backing off between dials.
-    Raises the last :class:`DialError`."""
-    backoff = backoff or Backoff()
-    tries = 0
-    while True:
-        try:
-            conn = await dialer.dial(addresses, expect)
-        except DialError:
-            tries += 1
-            if max_tries is not None and tries >= max_tries:
-                raise
-            await sleep(backoff.next_delay())
-            continue
-        backoff.reset()
-        return conn
-
-
-__all__ = ["Attempt", "Backoff", "DialError", "DialFn", "DialPolicy", "Dialer", "reconnect"]
+__all__ = ["Attempt", "Backoff", "DialError", "DialFn", "DialPolicy", "Dialer"]
