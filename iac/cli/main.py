@@ -7,9 +7,9 @@ non-zero.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 from collections.abc import Callable, Sequence
 
-from iac import __version__
 from iac.cli import bench, demo, dicts, files, keys, mesh, net, node, proto
 from iac.cli.options import print_error
 from iac.errors import IacError
@@ -17,11 +17,20 @@ from iac.errors import IacError
 Handler = Callable[[argparse.Namespace], int]
 
 
+def version() -> str:
+    """The installed version, from pyproject.toml (as ``iac.__version__``, which the command line,
+    a layer below the package's public surface, does not import)."""
+    try:
+        return importlib.metadata.version("iac")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout that is not installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iac", description="IAC: signed, compressed peer-to-peer messaging for AI agents."
     )
-    parser.add_argument("--version", action="version", version=f"iac {__version__}")
+    parser.add_argument("--version", action="version", version=f"iac {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verbs in (keys, dicts, demo, node, net, files, mesh, bench, proto):
         verbs.register(sub)
