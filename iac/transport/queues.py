@@ -26,8 +26,8 @@ def _wake(waiters: deque[asyncio.Future[None]]) -> None:
 class SendQueue:
     """Frames waiting to be written. ``put`` waits while the queue is full (bytes or
     frames); one frame larger than the byte bound still goes through an empty queue.
-    ``get_batch`` returns everything queued so far, so frames queued in one
-    event-loop turn leave in one write."""
+    ``get_batch`` and ``take_all`` return everything queued so far, so frames queued
+    in one event-loop turn leave in one write; ``take_shared`` takes a few at a time."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         self.max_frames = max_frames
@@ -90,6 +90,23 @@ class SendQueue:
             self._getter = None
         return self.take_all()
 
+    def take_shared(self, limit: int) -> list[bytes]:
+        """The first queued frame (the queue must not be empty) and, while their total
+        stays within ``limit`` bytes, the frames behind it: small frames that share one
+        QUIC stream. Wakes waiting ``put`` calls."""
+        items = self._items
+        first = items.popleft()
+        out = [first]
+        size = len(first)
+        while items and size + len(items[0]) <= limit:
+            nxt = items.popleft()
+            out.append(nxt)
+            size += len(nxt)
+        self._bytes -= size
+        if self._putters:
+            _wake(self._putters)
+        return out
+
     def take_all(self) -> list[bytes]:
         """Everything queued now (maybe nothing), without waiting; wakes waiting ``put`` calls."""
         out = list(self._items)
@@ -151,9 +168,9 @@ class RecvQueue:
         )
 
     def put_nowait(self, item: Incoming) -> None:
-        """Queue regardless of the bound (the caller checked :meth:`has_room`); dropped after ``fail``."""
-        if self._error is not None:
-            return
+        """Queue regardless of the bound: the caller checked :meth:`has_room`, or bounds
+        the queue another way (QUIC withholds stream credit). Also after ``fail``: frames
+        the peer sent before it closed still reach ``get``."""
         self._items.append(item)
         self._bytes += item.frame.wire_size or len(item.frame.body)
         if self._getters:

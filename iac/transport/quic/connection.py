@@ -86,6 +86,7 @@ from iac.transport.base import (
     parse_address,
 )
 from iac.transport.certs import node_certificate
+from iac.transport.queues import RecvQueue, SendQueue
 from iac.transport.quic.backend import Backend, SessionTicketLike, get_backend, set_backend
 from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
 from iac.transport.session import (
@@ -267,16 +268,12 @@ class QuicConn(Connection):
         self.address = address
         self.stats = QuicStats()
         # send side
-        self._queue: deque[bytes] = deque()
-        self._queued_bytes = 0
-        self._putters: deque[asyncio.Future[None]] = deque()
+        self._queue = SendQueue(config.send_queue_frames, config.send_queue_bytes)
         self._drain_waiters: list[asyncio.Future[None]] = []
-        # receive side
+        # receive side: the queue is bounded by withholding stream credit (``_recv_full``)
         self._decoders: dict[int, FrameDecoder] = {}
         self._partial = 0  # bytes held by the decoders
-        self._ready: deque[Incoming] = deque()
-        self._ready_bytes = 0
-        self._getters: deque[asyncio.Future[None]] = deque()
+        self._ready = RecvQueue(config.recv_queue_frames, config.recv_budget_bytes)
         self._recv_full = False  # recv() is behind: new stream credit is withheld
         self._withheld = 0
         self._ctl_frames: deque[Frame] = deque()
@@ -305,44 +302,18 @@ class QuicConn(Connection):
     # -- Connection API -------------------------------------------------------------------------
 
     async def send(self, frame: bytes) -> None:
-        while True:
-            if self._error is not None:
-                raise self._error
-            if self._closing:
-                raise ConnectionClosed("connection is closing")
-            if not self._queue_full(len(frame)):
-                break
-            fut = self._loop.create_future()
-            self._putters.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():
-                    fut.cancel()
-        self._queue.append(frame)
-        self._queued_bytes += len(frame)
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise ConnectionClosed("connection is closing")
+        queue = self._queue
+        if not queue.offer(frame):
+            await queue.put(frame)  # waits for room; raises once the connection closes
         self._last_activity = self._loop.time()
         self._proto._transmit_soon()
 
-    def _queue_full(self, size: int) -> bool:
-        return bool(self._queue) and (
-            len(self._queue) >= self.config.send_queue_frames
-            or self._queued_bytes + size > self.config.send_queue_bytes
-        )
-
     async def recv(self) -> Incoming:
-        while not self._ready:
-            if self._error is not None:
-                raise self._error
-            fut = self._loop.create_future()
-            self._getters.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():
-                    fut.cancel()
-        item = self._ready.popleft()
-        self._ready_bytes -= item.frame.wire_size
+        item = await self._ready.get()
         if self._recv_full and len(self._ready) <= self.config.recv_queue_frames // 2:
             self._recv_full = False
             self._proto._transmit_soon()  # grant the withheld stream credit
@@ -353,6 +324,7 @@ class QuicConn(Connection):
             await self.wait_closed()
             return
         self._closing = True
+        self._queue.finish()  # no more frames: a waiting send() raises
         linger = self.config.linger_timeout
         if self._error is None and self.peer_hello_verified:
             # Flush: everything queued reaches the peer (bounded by linger_timeout).
@@ -391,40 +363,27 @@ class QuicConn(Connection):
         """Move queued frames into new uni streams while the peer's stream credit lasts;
         True if any moved."""
         queue = self._queue
-        if not queue:
+        if not len(queue):
             return False
         quic = self._quic
         if not self.peer_hello_verified and not self.early_data:
             return False
         sent = 0
         credit = self.backend.remote_max_streams_uni(quic)
-        while queue:
+        while len(queue):
             stream_id = quic._local_next_stream_id_uni
             if stream_id // 4 >= credit:
                 self.stats.credit_stalls += 1
                 break
-            first = queue.popleft()
-            size = len(first)
-            if size < SHARE_LIMIT and queue and size + len(queue[0]) <= SHARE_LIMIT:
-                parts = [first]
-                while queue and size + len(queue[0]) <= SHARE_LIMIT:
-                    nxt = queue.popleft()
-                    parts.append(nxt)
-                    size += len(nxt)
-                data = b"".join(parts)
-                sent += len(parts)
-            else:
-                data = first
-                sent += 1
+            parts = queue.take_shared(SHARE_LIMIT)  # wakes a send() waiting for room
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
             quic.send_stream_data(stream_id, data, end_stream=True)
-            self._queued_bytes -= size
+            sent += len(parts)
             self.stats.streams_opened += 1
         self.stats.frames_sent += sent
         blocked = self.backend.blocked_streams_uni(quic)
         if blocked > self.stats.max_blocked_streams:
             self.stats.max_blocked_streams = blocked
-        if sent:
-            _wake(self._putters)
         return sent > 0
 
     def _stream_credit(self) -> None:
@@ -442,7 +401,7 @@ class QuicConn(Connection):
                     fut.set_result(None)
 
     def _drained(self) -> bool:
-        if self._queue:
+        if len(self._queue):
             return False
         return self.backend.uni_streams_finished(self._quic, self.dialed)
 
@@ -497,7 +456,7 @@ class QuicConn(Connection):
         if event.end_stream:
             self._decoders.pop(sid, None)
             self._partial -= dec.buffered
-        if self._partial + self._ready_bytes > self.config.recv_budget_bytes:
+        if self._partial + self._ready.nbytes > self.config.recv_budget_bytes:
             raise BufferExceeded(
                 "partly received and unread frames exceed recv_budget_bytes "
                 f"({self.config.recv_budget_bytes})"
@@ -539,12 +498,9 @@ class QuicConn(Connection):
             self._closing = True
             self._wake_all()
             return
-        self._ready.append(result)
+        self._ready.put_nowait(result)  # wakes recv()
         if len(self._ready) >= self.config.recv_queue_frames:
             self._recv_full = True
-        self._ready_bytes += frame.wire_size
-        if self._getters:
-            _wake(self._getters)
 
     async def _read_control(self) -> Frame:
         while not self._ctl_frames:
@@ -572,7 +528,7 @@ class QuicConn(Connection):
         except ProtocolError as exc:
             self._protocol_error(exc)
         self._ctl_frames.clear()
-        if self._queue:
+        if len(self._queue):
             self._proto._transmit_soon()
 
     # -- TLS and termination --------------------------------------------------------------------
@@ -627,8 +583,12 @@ class QuicConn(Connection):
         self._wake_all()
 
     def _wake_all(self) -> None:
-        _wake(self._getters)
-        _wake(self._putters)
+        """The connection is closing: waiting ``send``/``recv`` calls raise the close error
+        (``recv`` once it handed out what arrived before)."""
+        error = self._error
+        if error is not None:
+            self._ready.fail(error)
+        self._queue.finish(error)
         if self._ctl_waiter is not None and not self._ctl_waiter.done():
             self._ctl_waiter.set_result(None)
         for fut in self._drain_waiters:
@@ -641,8 +601,7 @@ class QuicConn(Connection):
         if self._error is None:
             self._error = ConnectionClosed("connection closed")
         self._closing = True
-        self._queue.clear()
-        self._queued_bytes = 0
+        self._queue.fail(self._error)  # drop what was not sent
         self._decoders.clear()
         self._partial = 0
         if self._keepalive is not None:
@@ -760,13 +719,6 @@ class QuicConn(Connection):
             return
         self._ticket_store.put(self._ticket_key, self._ticket, self._cert_sha256, self.peer.agent_id)
         self._ticket = None
-
-
-def _wake(waiters: deque[asyncio.Future[None]]) -> None:
-    while waiters:
-        fut = waiters.popleft()
-        if not fut.done():
-            fut.set_result(None)
 
 
 # --- dialing ------------------------------------------------------------------------------------
