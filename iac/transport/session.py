@@ -82,17 +82,19 @@ async def perform_handshake(
     *,
     clock: Clock,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    initial_sent: bool = False,
 ) -> Hello:
     """Run the HELLO exchange; return the peer's verified HELLO.
 
     A check that fails here sends GOAWAY with the error's close code and reason
     and re-raises the error; a GOAWAY from the peer raises the typed error for
     its code (:func:`error_from_close`). The caller applies the timeout and
-    closes the transport on any exception.
+    closes the transport on any exception. ``initial_sent``: this side's first
+    HELLO already went (QUIC 0-RTT sends it before ``dial`` returns).
     """
     peer_error: IacError | None = None
     try:
-        out = hs.initial(clock.now_us())
+        out = None if initial_sent else hs.initial(clock.now_us())
         if out is not None:
             await chan.send_frame(encode_frame(FrameType.HELLO, out, max_frame_size=1 << 30))
         while hs.peer_hello is None:

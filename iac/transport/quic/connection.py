@@ -72,7 +72,6 @@ from iac.protocol.handshake import (
     NonceCache,
     ServerHandshake,
     channel_binding,
-    decode_goaway,
     error_from_close,
 )
 from iac.transport.base import (
@@ -278,6 +277,7 @@ class QuicConn(Connection):
         self._withheld = 0
         self._ctl_frames: deque[Frame] = deque()
         self._ctl_waiter: asyncio.Future[None] | None = None
+        self._control = _ControlChannel(self)  # the HELLO exchange's view of the control stream
         self._early = EarlyFrames(config.early_frames_limit)
         self._session: SessionLogic | None = None
         self.dicts: DictState = DictState(config, self._send_control_soon)  # this connection's dictionaries
@@ -513,8 +513,36 @@ class QuicConn(Connection):
             self._ctl_waiter = None
         return self._ctl_frames.popleft()
 
-    def _start_session(self, hello: Hello) -> None:
-        """The peer's HELLO verified: process what arrived early, open the send path."""
+    async def _exchange_hellos(
+        self, hs: ClientHandshake | ServerHandshake, deadline: float, *, initial_sent: bool = False
+    ) -> Hello:
+        """The HELLO exchange on the control stream, for both roles (``initial_sent``: the
+        client's HELLO already went as 0-RTT data); returns the peer's verified HELLO.
+        Raises what :func:`perform_handshake` raises, or TimeoutError at ``deadline``."""
+        async with asyncio.timeout_at(deadline):
+            return await perform_handshake(
+                hs,
+                self._control,
+                clock=self.config.clock,
+                max_frame_size=self.config.max_frame_size,
+                initial_sent=initial_sent,
+            )
+
+    def _hello_verified(
+        self, hs: ClientHandshake | ServerHandshake, hello: Hello, *, resumed: bool | None = None
+    ) -> None:
+        """The peer's HELLO verified (either role, 1-RTT or 0-RTT): record both HELLOs and
+        the peer, process what arrived early, open the send path. ``resumed``: None reads
+        it from the TLS session."""
+        self.local_hello = parse_hello(hs.sent_bytes)
+        self.peer = PeerInfo(
+            agent_id=hello.agent_id,
+            transport="quic",
+            address=self.address,
+            hello=hello,
+            resumed=bool(self._quic.tls.session_resumed) if resumed is None else resumed,
+            dialed=self.dialed,
+        )
         self._session = SessionLogic(hello.agent_id, self.dicts)
         self.peer_hello_verified = True
         push = self.dicts.push_frame(self.identity.agent_id, hello)
@@ -564,10 +592,10 @@ class QuicConn(Connection):
             self._terminated.set()
             self._finish()
 
-    def _protocol_error(self, exc: ProtocolError) -> None:
+    def _protocol_error(self, exc: ProtocolError, *, goaway: bool = True) -> None:
         if self._error is None:
             self._error = local_protocol_error(exc)
-        self._abort(int(exc.close_code), str(exc)[:200], goaway=True)
+        self._abort(int(exc.close_code), str(exc)[:200], goaway=goaway)
 
     def _abort(self, code: int, reason: str, *, goaway: bool) -> None:
         """Close the QUIC connection now with ``code`` (an IAC close code)."""
@@ -674,13 +702,7 @@ class QuicConn(Connection):
             admission=self.config.admission,
         )
         try:
-            async with asyncio.timeout(self.config.handshake_timeout):
-                hello = await perform_handshake(
-                    hs,
-                    _ControlChannel(self),
-                    clock=self.config.clock,
-                    max_frame_size=self.config.max_frame_size,
-                )
+            hello = await self._exchange_hellos(hs, self._loop.time() + self.config.handshake_timeout)
         except ProtocolError as exc:
             # perform_handshake sent GOAWAY; the QUIC close carries the code as well.
             listener.refused[exc.name] = listener.refused.get(exc.name, 0) + 1
@@ -693,22 +715,8 @@ class QuicConn(Connection):
         except IacError:
             self._abort(int(CloseCode.HANDSHAKE_FAILED), "handshake failed", goaway=False)
             return
-        self.local_hello = Hello.FromString(hs.sent_bytes or b"")
-        self.peer = PeerInfo(
-            agent_id=hello.agent_id,
-            transport="quic",
-            address=self.address,
-            hello=hello,
-            resumed=bool(self._quic.tls.session_resumed),
-            dialed=False,
-        )
-        self._start_session(hello)
+        self._hello_verified(hs, hello)
         listener._accepted(self)
-
-    async def _client_handshake(self, hs: ClientHandshake) -> Hello:
-        return await perform_handshake(
-            hs, _ControlChannel(self), clock=self.config.clock, max_frame_size=self.config.max_frame_size
-        )
 
     def _on_ticket(self, ticket: SessionTicketLike) -> None:
         self._ticket = ticket
@@ -719,6 +727,14 @@ class QuicConn(Connection):
             return
         self._ticket_store.put(self._ticket_key, self._ticket, self._cert_sha256, self.peer.agent_id)
         self._ticket = None
+
+
+def parse_hello(data: bytes | None) -> Hello:
+    """A HELLO this side sent, parsed (empty if a test hook sent bytes that do not parse)."""
+    try:
+        return Hello.FromString(data or b"")
+    except Exception:
+        return Hello()
 
 
 # --- dialing ------------------------------------------------------------------------------------
@@ -882,10 +898,7 @@ async def _dial_handshake(
         if first is None:  # pragma: no cover - CLIENT_FIRST always has a first HELLO
             raise HandshakeError("no client HELLO")
         conn._send_control(encode_frame(FrameType.HELLO, first, max_frame_size=1 << 30))
-        try:
-            conn.local_hello = Hello.FromString(first)
-        except Exception:  # a test hook sent bytes that do not parse
-            conn.local_hello = Hello()
+        conn.local_hello = parse_hello(first)
         conn.peer = PeerInfo(
             agent_id=expect or resumed_agent,
             transport="quic",
@@ -897,23 +910,13 @@ async def _dial_handshake(
         conn._handshake_task = loop.create_task(_finish_early(conn, hs, deadline))
         return conn
     try:
-        async with asyncio.timeout_at(deadline):
-            hello = await conn._client_handshake(hs)
+        hello = await conn._exchange_hellos(hs, deadline)
     except TimeoutError:
         raise TransportError(f"{conn.address}: HELLO exchange timed out") from None
     except ProtocolError as exc:
         conn._protocol_error(exc)
         raise
-    conn.local_hello = Hello.FromString(hs.sent_bytes or b"")
-    conn.peer = PeerInfo(
-        agent_id=hello.agent_id,
-        transport="quic",
-        address=conn.address,
-        hello=hello,
-        resumed=bool(conn._quic.tls.session_resumed),
-        dialed=True,
-    )
-    conn._start_session(hello)
+    conn._hello_verified(hs, hello)
     if conn._error is not None:  # a frame that came with the HELLO closed the connection
         raise conn._error
     conn._store_ticket()
@@ -923,17 +926,10 @@ async def _dial_handshake(
 async def _finish_early(conn: QuicConn, hs: ClientHandshake, deadline: float) -> None:
     """The rest of a 0-RTT handshake: read and check the server's HELLO."""
     try:
-        async with asyncio.timeout_at(deadline):
-            while hs.peer_hello is None:
-                frame = await conn._read_control()
-                if frame.type == FrameType.GOAWAY:
-                    code, reason = decode_goaway(frame.body)
-                    raise error_from_close(code, reason, during_handshake=True)
-                if frame.type != FrameType.HELLO:
-                    raise HandshakeError(f"expected HELLO, got a {frame.type.name} frame")
-                hs.receive(frame.body, conn.config.clock.now_us())
+        hello = await conn._exchange_hellos(hs, deadline, initial_sent=True)
     except ProtocolError as exc:
-        conn._protocol_error(exc)
+        # A refusal of ours went out as GOAWAY already; a refusal of the server's is answered.
+        conn._protocol_error(exc, goaway=not conn._control.goaway_sent)
         return
     except TimeoutError:
         conn._error = TransportError(f"{conn.address}: HELLO exchange timed out")
@@ -944,20 +940,10 @@ async def _finish_early(conn: QuicConn, hs: ClientHandshake, deadline: float) ->
             conn._error = exc
         conn._abort(int(CloseCode.HANDSHAKE_FAILED), str(exc)[:200], goaway=False)
         return
-    hello = hs.peer_hello
     if conn.peer.agent_id and hello.agent_id != conn.peer.agent_id:
-        exc2 = HandshakeError("resumed server is not the one that issued the ticket")
-        conn._protocol_error(exc2)
+        conn._protocol_error(HandshakeError("resumed server is not the one that issued the ticket"))
         return
-    conn.peer = PeerInfo(
-        agent_id=hello.agent_id,
-        transport="quic",
-        address=conn.address,
-        hello=hello,
-        resumed=True,
-        dialed=True,
-    )
-    conn._start_session(hello)
+    conn._hello_verified(hs, hello, resumed=True)
     conn._store_ticket()
 
 
