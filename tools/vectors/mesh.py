@@ -15,7 +15,6 @@ from typing import Any
 
 from iac.errors import BadForwardPath, BadSignature, HopLimitExhausted, RoutingLoop
 from iac.protocol import files as ft
-from iac.protocol.files.payloads import dumps_compact
 from iac.protocol.replay import DEFAULT_MAX_SKEW_US
 from iac.protocol.routing import (
     DEFAULT_BROADCAST_HOP_LIMIT,
@@ -25,6 +24,7 @@ from iac.protocol.routing import (
 )
 from iac.wire._pb.iac_pb2 import Forward, MessageType
 from iac.wire.identity import Identity
+from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, build_message, sign_message
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -71,6 +71,7 @@ from iac.errors import (
     TransferMismatch,
     UnsafeFileName,
 )
+from iac.wire.jsonutil import dumps_compact
 
 #: Smallest ``chunk_size`` accepted: bounds the number of chunks, and the receiver's bitmap, per byte.
 MIN_CHUNK_SIZE = 1024
@@ -113,10 +114,6 @@ class AckStatus(StrEnum):
 
 
 Range = tuple[int, int]
-
-
-def dumps_compact(obj: Mapping[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
 def new_transfer_id() -> str:

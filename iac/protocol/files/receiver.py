@@ -48,7 +48,6 @@ from iac.protocol.files.payloads import (
     check_transfer_id,
     chunk_count,
     chunk_length,
-    dumps_compact,
     failure_ack,
     load_payload_json,
     max_chunk_size_for,
@@ -56,6 +55,7 @@ from iac.protocol.files.payloads import (
     ranges_of,
 )
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
+from iac.wire.jsonutil import dumps_compact
 
 DEFAULT_MAX_SIZE = 1 << 30
 DEFAULT_MAX_TRANSFERS = 16
