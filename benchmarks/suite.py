@@ -218,7 +218,7 @@ def quic_backends() -> list[str]:
     (qh3) when IAC's backend switch (``iac.transport.quic.backend.available()``) lists it.
     The name reaches the endpoints as ``IAC_QUIC_BACKEND``."""
     try:  # the backend switch of the QUIC adapter, when this IAC has one
-        from iac.transport import _quic_backend
+        from iac.transport.quic import backend as _quic_backend
 
         found = [b for b in _quic_backend.available() if b in _quic_backend.BACKENDS]
         return ["aioquic", *[b for b in found if b != "aioquic"]]

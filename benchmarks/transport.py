@@ -78,7 +78,7 @@ from iac.testing.relay import Impairment, UdpRelay
 from iac.transport import dial, listen
 from iac.transport.base import Connection, Listener, TransportConfig
 from iac.transport.certs import generate_self_signed
-from iac.transport.quic.connection import dial_quic, listen_quic
+from iac.transport.quic import dial_quic, listen_quic
 from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
 from iac.transport.tls import client_context, server_context
 from iac.wire._pb.iac_pb2 import Message, MessageType

@@ -17,7 +17,7 @@ import pytest
 from iac.errors import ChannelBindingMismatch, CloseCode, ConnectionClosed, IacError, TransportError
 from iac.testing.relay import Impairment, UdpRelay
 from iac.transport.base import Connection, TransportConfig
-from iac.transport.quic.connection import SHARE_LIMIT, QuicConn, QuicListener, dial_quic, listen_quic
+from iac.transport.quic import SHARE_LIMIT, QuicConn, QuicListener, dial_quic, listen_quic
 from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
@@ -259,7 +259,7 @@ def test_oversized_frame_closes_only_that_connection() -> None:
 SERVER_SCRIPT = """
 import asyncio, sys
 from iac.wire.identity import Identity
-from iac.transport.quic.connection import listen_quic
+from iac.transport.quic import listen_quic
 
 async def main():
     async def on_connection(conn):

@@ -17,8 +17,7 @@ import pytest
 
 from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError
 from iac.transport.base import Connection, TransportConfig
-from iac.transport.quic import backend as _quic_backend
-from iac.transport.quic.connection import (
+from iac.transport.quic import (
     ClientTicketStore,
     QuicConn,
     ServerTicketStore,
@@ -26,6 +25,7 @@ from iac.transport.quic.connection import (
     listen_quic,
     set_backend,
 )
+from iac.transport.quic import backend as _quic_backend
 from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, encode_message_frame

@@ -11,7 +11,7 @@ from typing import Any
 
 from iac.testing.relay import UdpRelay
 from iac.transport.base import Connection
-from iac.transport.quic.connection import (
+from iac.transport.quic import (
     ClientTicketStore,
     QuicConn,
     QuicListener,

@@ -8,11 +8,19 @@ dispatches to by scheme::
     async def listen_<name>(address: Address, identity: Identity, on_connection: OnConnection,
                             *, config: TransportConfig) -> Listener
 
-``dial`` returns once the HELLO exchange verified (SPEC section 4); a refusal by
-either side raises the typed :class:`~iac.errors.HandshakeError`, a network
-failure a :class:`~iac.errors.TransportError`. ``listen`` calls
-``on_connection`` (in its own task) for every connection whose HELLO verified.
-The QUIC adapter is imported only when a ``quic://`` URL is used.
+``dial`` returns once the HELLO exchange verified (docs/PROTOCOL.md, "Sessions
+and the handshake"); a refusal by either side raises the typed
+:class:`~iac.errors.HandshakeError`, a network failure a
+:class:`~iac.errors.TransportError`. ``listen`` calls ``on_connection`` (in its
+own task) for every connection whose HELLO verified. The QUIC adapter is
+imported only when a ``quic://`` URL is used.
+
+Layout: :mod:`.base` (the interface: config, addresses, Connection, Listener,
+ConnectionTable), :mod:`.session` (the HELLO exchange and what each frame means,
+shared by every adapter), :mod:`.queues` (the bounded send and receive queues),
+the adapters :mod:`.quic` (a package), :mod:`.tls` and :mod:`.unix` (both over
+:mod:`.stream`, frames back to back on a byte stream), :mod:`.certs` (node
+certificates) and :mod:`.dialer` (fallback across a peer's addresses, backoff).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ DEFAULT_CONFIG = TransportConfig()
 
 def _quic() -> Any:
     """The QUIC adapter, imported on first use (it pulls in aioquic)."""
-    return importlib.import_module(".quic.connection", __package__)
+    return importlib.import_module(".quic", __package__)
 
 
 async def dial(

@@ -1,6 +1,6 @@
 """The QUIC library under the QUIC adapter: aioquic (the required dependency) or qh3.
 
-The adapter (:mod:`iac.transport.quic.connection`) drives a sans-IO QUIC connection through
+The adapter (:mod:`iac.transport.quic`) drives a sans-IO QUIC connection through
 a few private attributes that differ between the libraries; this module gathers
 them in one :class:`Backend` per library, so that the adapter holds no import of
 either and one process can run both (a listener keeps the backend it started

@@ -1,0 +1,104 @@
+"""The asyncio glue of the QUIC adapter: the library's protocol class, reduced to one job.
+
+Each backend's ``QuicConnectionProtocol`` gets :class:`QuicProtocol` mixed in on top
+(:func:`protocol_class`). It hands every raw QUIC event to the one connection it
+carries (no per-stream readers), flushes received datagrams at the end of the loop
+turn, and lets the connection move queued frames into streams right before each
+flush. The connection is reached through :class:`ConnectionEvents` only, so this
+module does not depend on :mod:`iac.transport.quic.connection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from iac.transport.quic.backend import Backend
+
+
+class ConnectionEvents(Protocol):
+    """What :class:`QuicProtocol` calls on the connection it carries."""
+
+    def _on_event(self, event: Any) -> None:
+        """One QUIC event (stream data, stream reset, handshake done, terminated)."""
+
+    def _before_transmit(self) -> None:
+        """Right before a flush: move queued frames into streams, adjust stream credit."""
+
+    def _after_transmit(self) -> None:
+        """Right after a flush: wake ``close()`` once everything queued went out."""
+
+    def _on_socket_error(self, exc: OSError) -> None:
+        """The UDP socket reported an error (an ICMP unreachable, say)."""
+
+
+class QuicProtocol(asyncio.DatagramProtocol):
+    """The library's asyncio protocol, reduced to raw events handed to one connection.
+    Mixed into each backend's ``QuicConnectionProtocol`` by :func:`protocol_class`."""
+
+    conn: ConnectionEvents | None = None
+    backend: Backend
+    _quic: Any
+    _loop: asyncio.AbstractEventLoop
+    _transmit_task: asyncio.Handle | None
+    _transport: asyncio.DatagramTransport | None
+
+    if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
+
+        def __init__(self, quic: Any) -> None: ...
+        def _process_events(self) -> None: ...
+        def _transmit_soon(self) -> None: ...
+        def connect(self, addr: Any) -> None: ...
+        async def wait_connected(self) -> None: ...
+
+    def quic_event_received(self, event: Any) -> None:
+        if self.conn is not None:
+            self.conn._on_event(event)
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        # As aioquic's, but the flush waits for the end of this loop turn: the tasks this
+        # datagram woke (a recv() waiter) run first, so a reply they send leaves in the same
+        # packet as the ACK instead of a packet of its own right after an ACK-less one.
+        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+        self._process_events()
+        self._transmit_soon()
+
+    def datagrams_received(self, data: list[bytes], addr: Any) -> None:
+        # qh3's batched receive path (its GRO transport; unused with asyncio's own), same rule.
+        self._quic.receive_many_datagrams(data, addr, now=self._loop.time())
+        self._process_events()
+        self._transmit_soon()
+
+    def transmit(self) -> None:
+        handle = self._transmit_task
+        if handle is not None:  # a direct flush makes the scheduled one redundant
+            handle.cancel()
+        conn = self.conn
+        if conn is not None:
+            conn._before_transmit()
+        super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        if conn is not None:
+            conn._after_transmit()
+
+    def error_received(self, exc: Exception) -> None:
+        if self.conn is not None and isinstance(exc, OSError):
+            self.conn._on_socket_error(exc)
+
+
+_protocol_classes: dict[str, type[QuicProtocol]] = {}
+
+
+def protocol_class(backend: Backend) -> type[QuicProtocol]:
+    """The backend's ``QuicConnectionProtocol`` with :class:`QuicProtocol` on top."""
+    cls = _protocol_classes.get(backend.name)
+    if cls is None:
+        cls = type(
+            f"_{backend.name}Protocol",
+            (QuicProtocol, backend.QuicConnectionProtocol),
+            {"backend": backend, "__module__": __name__},
+        )
+        _protocol_classes[backend.name] = cls
+    return cls
+
+
+__all__ = ["ConnectionEvents", "QuicProtocol", "protocol_class"]
