@@ -23,7 +23,8 @@ class ConnectionClosed(TransportError):
 
 
 class StoreUnavailable(TransportError):
-    """The replay store cannot be used: Redis is unreachable or timed out, or the SQLite file fails.
+    """A replay or record store cannot be used: Redis is unreachable or timed out, or the SQLite
+    file fails.
 
     The message being checked is neither accepted nor refused; handle it as a
     transport failure (the sender retransmits).
