@@ -108,8 +108,7 @@ from iac.node.config import (
     Refusal,
     Topology,
 )
-from iac.node.node import Node
-from iac.node.node import Context
+from iac.node.node import Context, Node
 from iac.node.types import FileSent, ReceivedFile, Reply, Sent
 from iac.protocol.files import AckPayload, AckStatus, FileReceiver, FileSender, TransferProgress
 from iac.protocol.guards import prompt_injection_guard

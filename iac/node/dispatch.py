@@ -303,7 +303,7 @@ class Dispatcher:
         key = item.key
         if key in self._cancelled:
             when = loop.time()
-        async with asyncio.timeout(when) as scope:
+        async with asyncio.timeout_at(when) as scope:
             if key in self._active:
                 self._active[key] = scope
             return await aw
