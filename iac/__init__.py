@@ -7,6 +7,7 @@ agents, peer to peer over QUIC, TLS/TCP and UNIX sockets.
 import importlib.metadata
 
 from iac.errors import (
+    ERROR_CODES,
     AdmissionDenied,
     AliasTaken,
     BadChunkLength,
@@ -27,6 +28,7 @@ from iac.errors import (
     ConnectionClosed,
     DecompressionBomb,
     DeliveryError,
+    ErrorCode,
     FieldRepeated,
     FileExistsInInbox,
     FileHashMismatch,
@@ -34,6 +36,7 @@ from iac.errors import (
     FileTransferError,
     FrameError,
     FrameTooLarge,
+    HandlerError,
     HandshakeError,
     HelloSignatureInvalid,
     HopLimitExhausted,
@@ -52,6 +55,7 @@ from iac.errors import (
     PeerError,
     ProtocolError,
     RecordExpired,
+    Refusal,
     RegistryFull,
     RelayDenied,
     RemoteError,
@@ -98,16 +102,7 @@ from iac.mesh import (
     registry_admission,
     serve_registry,
 )
-from iac.node.config import (
-    ERROR_CODES,
-    ErrorCode,
-    HandlerError,
-    NodeConfig,
-    NodeStats,
-    PeerEvent,
-    Refusal,
-    Topology,
-)
+from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
 from iac.node.node import Context, Node
 from iac.node.types import FileSent, ReceivedFile, Reply, Sent
 from iac.protocol.files import AckPayload, AckStatus, FileReceiver, FileSender, TransferProgress

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 import pytest
 from conftest import run
 
-from iac.errors import RemoteError
-from iac.node.config import DeliveryError, NodeConfig
+from iac.errors import DeliveryError, RemoteError
+from iac.node.config import NodeConfig
 from iac.node.node import Context, Node, Sent
 from iac.testing.relay import Impairment, UdpRelay
 from iac.wire._pb.iac_pb2 import MessageType

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import run
 
-from iac.errors import ConfigError, RemoteError, TransportError
-from iac.node.config import HandlerError, NodeConfig, PeerEvent, RequestTimeout, Topology
+from iac.errors import ConfigError, HandlerError, RemoteError, RequestTimeout, TransportError
+from iac.node.config import NodeConfig, PeerEvent, Topology
 from iac.node.node import Context, Node
 from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
 from iac.wire.identity import Identity

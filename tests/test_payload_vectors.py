@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 from conftest import run
 
-from iac.errors import RemoteError
+from iac.errors import ERROR_CODES, ErrorCode, RemoteError
 from iac.mesh.service import MeshClient, serve_registry
-from iac.node.config import ERROR_CODES, ErrorCode
 from iac.node.node import Node
 from iac.protocol.records import key_digest
 from iac.wire._pb.iac_pb2 import Message, MessageType

@@ -19,8 +19,9 @@ from iac.demo.codec import VOCABULARY
 from iac.demo.driver import FILE_CHUNK_SIZE
 from iac.demo.http import http_file_bytes, http_oneway_bytes
 from iac.demo.runtime import TIMEOUT, Agent, DemoError, DemoNode, Meter, emit
+from iac.errors import ErrorCode, HandlerError
 from iac.mesh import MeshClient, serve_registry
-from iac.node.config import ErrorCode, HandlerError, NodeConfig
+from iac.node.config import NodeConfig
 from iac.node.node import Context
 from iac.protocol.registry import RegistryState
 from iac.protocol.routing import RelayPolicy

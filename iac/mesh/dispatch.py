@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
-from iac.errors import ConfigError
+from iac.errors import ConfigError, ErrorCode, HandlerError
 from iac.mesh.wire import OP_REVOKE, OP_ROTATE, OPS
-from iac.node.config import ErrorCode, HandlerError
 from iac.node.node import Context, Node
 from iac.wire._pb.iac_pb2 import MessageType
 

@@ -24,12 +24,13 @@ from typing import Any, NoReturn
 from iac.errors import (
     BadRecord,
     ConfigError,
+    ErrorCode,
+    HandlerError,
     IacError,
     MessageRejected,
     RemoteError,
     StoreUnavailable,
 )
-from iac.node.config import ErrorCode, HandlerError
 from iac.protocol.records import (
     SignedRecord,
     SignedRevocation,

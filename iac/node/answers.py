@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from iac.node.config import ErrorCode, NodeConfig, Refusal
+from iac.errors import ErrorCode, Refusal
+from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
 from iac.node.pipeline import Item
 from iac.node.stats import Counters

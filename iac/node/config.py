@@ -1,4 +1,4 @@
-"""The node's configuration, ERROR codes, refusal reasons, errors and small value types.
+"""The node's configuration, its topology policy, and the values it reports (peer events, stats).
 
 Everything a :class:`~iac.Node` bounds is a field of :class:`NodeConfig`, with
 its default written next to it. The transport's own bounds stay in the embedded
@@ -12,15 +12,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from iac.errors import (
-    ERROR_CODES,  # re-exported for importers not yet updated
-    ConfigError,
-    DeliveryError,
-    ErrorCode,  # re-exported for importers not yet updated
-    HandlerError,  # re-exported for importers not yet updated
-    Refusal,  # re-exported for importers not yet updated
-    RequestTimeout,
-)
+from iac.errors import ConfigError
 from iac.protocol.files import DEFAULT_MAX_SIZE, DEFAULT_MAX_TRANSFERS, DEFAULT_WINDOW, MAX_WINDOW
 from iac.protocol.guards import ContentGuard
 from iac.protocol.replay import MIN_WINDOW_SIZE
@@ -39,7 +31,7 @@ from iac.wire.identity import check_agent_id
 
 
 class Topology:
-    """A directed sender → receiver allow-list (SPEC section 5).
+    """A directed sender → receiver allow-list (the topology step of the receive pipeline).
 
     Once a node is given one, a pair that is not listed is refused with
     ``policy_denied``; a node without one is open (any authenticated peer).
@@ -111,7 +103,7 @@ class NodeConfig:
     verify_rate: float = 50_000.0
     verify_burst: float = 10_000.0
     bad_signature_cost: float = 100.0
-    #: Directed sender → receiver allow-list; None = open (SPEC default).
+    #: Directed sender → receiver allow-list; None = open (the default policy).
     topology: Topology | None = None
     #: Who may send DELEGATE_TASK; None = any sender the topology allows.
     delegators: frozenset[str] | None = None
@@ -130,7 +122,7 @@ class NodeConfig:
     #: Peer events kept for ``peer_events()`` readers that fall behind (oldest dropped, counted).
     event_queue: int = 1024
 
-    # --- relays and broadcast (docs/PROTOCOL.md section 11) ---
+    # --- relays and broadcast (docs/PROTOCOL.md, "Relays and broadcast") ---
     #: What this node relays for others. Default: re-flood broadcasts, relay no unicast.
     relay_policy: RelayPolicy = field(default_factory=RelayPolicy)
     #: Hop limit this node puts on its own broadcasts / relayed unicast messages.
@@ -141,7 +133,7 @@ class NodeConfig:
     #: Learned reverse routes and relayed requests kept.
     max_routes: int = DEFAULT_MAX_ROUTES
 
-    # --- file transfer (docs/PROTOCOL.md section 11.5) ---
+    # --- file transfer (docs/PROTOCOL.md, "File transfer") ---
     #: Where received files land. None: this node takes no files (a chunk is refused with ERROR
     #: ``no_handler``, which ends the sender's transfer).
     inbox_dir: str | os.PathLike[str] | None = None
@@ -163,12 +155,16 @@ class NodeConfig:
         if self.replay_window < MIN_WINDOW_SIZE:
             raise ConfigError(f"replay_window must be at least {MIN_WINDOW_SIZE}")
         if not 1 <= self.max_in_flight < self.replay_window:
-            raise ConfigError("max_in_flight must be in 1 .. replay_window - 1 (SPEC section 6)")
+            raise ConfigError(
+                "max_in_flight must be in 1 .. replay_window - 1 (fewer unacknowledged than the window)"
+            )
         for name in ("max_handlers", "max_backlog", "max_per_peer", "answer_cache", "max_sessions"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
         if self.delivery_timeout * 1_000_000 > self.transport.max_skew_us:
-            raise ConfigError("delivery_timeout must not exceed max_skew (SPEC section 6)")
+            raise ConfigError(
+                "delivery_timeout must not exceed max_skew (a retransmission must still be fresh)"
+            )
         if not 0 < self.retransmit_initial <= self.retransmit_max:
             raise ConfigError("need 0 < retransmit_initial <= retransmit_max")
         if self.verify_rate <= 0 or self.verify_burst < 1:
@@ -245,17 +241,4 @@ class NodeStats:
     file_refused: Mapping[str, int] = field(default_factory=dict)
 
 
-__all__ = [
-    "ERROR_CODES",
-    "ContentGuard",
-    "DeliveryError",
-    "ErrorCode",
-    "HandlerError",
-    "NodeConfig",
-    "NodeStats",
-    "PeerEvent",
-    "Refusal",
-    "RelayPolicy",
-    "RequestTimeout",
-    "Topology",
-]
+__all__ = ["NodeConfig", "NodeStats", "PeerEvent", "Topology"]

@@ -15,9 +15,9 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
-from iac.errors import ConfigError
+from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
 from iac.node.answers import Answers
-from iac.node.config import ErrorCode, HandlerError, NodeConfig, Refusal
+from iac.node.config import NodeConfig
 from iac.node.pipeline import Item, ReceivePipeline
 from iac.node.stats import Counters
 from iac.node.tasks import TaskSet

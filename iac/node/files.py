@@ -18,13 +18,15 @@ from typing import Any
 from iac.errors import (
     ConfigError,
     ConnectionClosed,
+    ErrorCode,
     FileTransferError,
+    Refusal,
     RemoteError,
     RequestTimeout,
     TransportError,
 )
 from iac.node.answers import Answers
-from iac.node.config import ErrorCode, NodeConfig, Refusal
+from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
 from iac.node.peers import Peers
 from iac.node.pipeline import Item, ReceivePipeline

@@ -11,9 +11,9 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from iac.errors import IacError, MessageRejected, ProtocolError, RemoteError
+from iac.errors import ErrorCode, IacError, MessageRejected, ProtocolError, Refusal, RemoteError
 from iac.node.answers import Answers
-from iac.node.config import ErrorCode, NodeConfig, Refusal
+from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
 from iac.node.files import Files
 from iac.node.ordered import OrderedDelivery

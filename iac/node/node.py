@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from iac.errors import ConfigError, RemoteError, TransportError
-from iac.node.config import ErrorCode, PeerEvent
+from iac.errors import ConfigError, ErrorCode, RemoteError, TransportError
+from iac.node.config import PeerEvent
 from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime

@@ -8,8 +8,9 @@ import logging
 from collections import deque
 from typing import Any
 
+from iac.errors import Refusal
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig, Refusal
+from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
 from iac.node.pipeline import Item
 from iac.node.stats import Counters

@@ -17,8 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import IacError, Impersonation, LocalError, ReplayStoreFull, SealHeaderMismatch, StaleMessage
-from iac.node.config import NodeConfig, Refusal
+from iac.errors import (
+    IacError,
+    Impersonation,
+    LocalError,
+    Refusal,
+    ReplayStoreFull,
+    SealHeaderMismatch,
+    StaleMessage,
+)
+from iac.node.config import NodeConfig
 from iac.node.types import Key
 from iac.protocol.guards import (
     RESPONSE_TYPES,

@@ -4,12 +4,12 @@ and the ERROR payload helpers its collaborators share."""
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from iac.wire._pb.iac_pb2 import Message
+from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, sender_of
 
 Key: TypeAlias = tuple[str, int, int]  # (agent_id, session_id, msg_id)
@@ -93,8 +93,7 @@ class ReceivedFile:
     sha256: str
 
 
-#: ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)`` without building an encoder per call.
-dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+dumps = dumps_compact
 
 
 def error_payload(code: str, message: str) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from iac.node.config import ERROR_CODES
+from iac.errors import ERROR_CODES
 from iac.wire.identity import is_agent_id
 
 #: The longest ERROR message the node writes (longer texts are cut).

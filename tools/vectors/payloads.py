@@ -46,6 +46,7 @@ _HOUR_US = 3_600_000_000
 
 
 async def _generate() -> dict[str, Any]:
+    from iac.errors import HandlerError
     from iac.mesh.service import (
         lookup_request,
         publish_request,
@@ -53,7 +54,6 @@ async def _generate() -> dict[str, Any]:
         rotate_request,
         serve_registry,
     )
-    from iac.node.config import HandlerError
     from iac.protocol.records import AgentRecord, key_digest, sign_record, sign_revocation, sign_rotation
     from iac.wire._pb.iac_pb2 import MessageType
     from iac.wire.message import FLAG_ACK_REQUESTED
