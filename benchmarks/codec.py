@@ -96,7 +96,7 @@ def envelope_http(sender: str, to: str, payload_json: str, timestamp_us: int, ms
     for HTTP. The body is not compressed (request bodies rarely are).
     """
     digest = hashlib.sha256((payload_json + HTTP_PASSWORD).encode()).hexdigest()
-    head = (f'{{"from":"{sender}","to":"{to}","type":"{MessageType.Name(MSG_TYPE)}","payload":').encode()
+    head = (f'{{"from":"{sender}","to":"{to}","type":"{MSG_TYPE.name}","payload":').encode()
     tail = (
         f',"timestamp":{timestamp_us},"msg_id":{msg_id},"session_id":{SESSION_ID},"hash":"{digest}"}}'
     ).encode()

@@ -160,8 +160,9 @@ from iac.stores.sqlite import SqliteReplayStore
 from iac.transport import dial, listen
 from iac.transport.base import Connection, Incoming, Listener, PeerInfo, TransportConfig
 from iac.transport.dialer import Attempt, Dialer, DialError, DialPolicy
-from iac.wire._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Intent, Message, MessageType, TaskState
+from iac.wire._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Message, TaskState
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary, train
+from iac.wire.enums import Intent, MessageType
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType, decode_frame, encode_frame
 from iac.wire.identity import Domain, Identity, check_agent_id, is_agent_id, verify
 from iac.wire.message import (

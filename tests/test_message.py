@@ -112,7 +112,7 @@ u32 = st.integers(min_value=0, max_value=2**32 - 1)
 @settings(max_examples=200)
 @given(
     to=st.one_of(st.just(""), st.just(BOB.agent_id)),
-    msg_type=st.sampled_from(list(MessageType.values())),
+    msg_type=st.sampled_from(list(MessageType)),
     payload=st.text(max_size=300),
     ts=u64,
     msg_id=u64,
@@ -128,7 +128,7 @@ u32 = st.integers(min_value=0, max_value=2**32 - 1)
         st.builds(
             iac.TaskState,
             task_id=st.text(max_size=40),
-            intent=st.sampled_from(list(iac.Intent.values())),
+            intent=st.sampled_from(list(iac.Intent)),
             step=u32,
             steps=u32,
             state_ref=st.text(max_size=40),

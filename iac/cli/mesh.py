@@ -41,7 +41,7 @@ from iac.node.node import Node
 from iac.protocol.records import is_alias
 from iac.protocol.registry import RegistryConfig, RegistryState
 from iac.stores.records import open_record_store
-from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.enums import MessageType, type_name
 from iac.wire.identity import Identity, is_agent_id
 from iac.wire.jsonutil import dumps_compact
 
@@ -51,13 +51,13 @@ _NOT_SENDABLE = ("UNKNOWN", "REPLY", "ERROR", "ACK", "CANCEL", "COMMAND")
 
 def _msg_type(name: str) -> int:
     key = name.strip().upper()
-    if key.isdigit() and int(key) in MessageType.values():
-        key = MessageType.Name(int(key))
-    names = list(MessageType.keys())
+    if key.isdigit() and int(key) in set(MessageType):
+        key = MessageType(int(key)).name
+    names = [t.name for t in MessageType]
     if key not in names or key in _NOT_SENDABLE:
         allowed = ", ".join(k for k in names if k not in _NOT_SENDABLE)
         raise ConfigError(f"--type {name!r}: not a message type to send (one of {allowed})")
-    return int(MessageType.Value(key))
+    return int(MessageType[key])
 
 
 def _node_config(args: argparse.Namespace) -> NodeConfig:
@@ -162,7 +162,7 @@ async def _run_send(args: argparse.Namespace) -> int:
             except TimeoutError:
                 raise DeliveryError(f"no ACK within {args.timeout:g} s") from None
         print(
-            f"sent {sent.peer} {MessageType.Name(msg_type)} session_id={sent.session_id:#x} "
+            f"sent {sent.peer} {type_name(msg_type)} session_id={sent.session_id:#x} "
             f"msg_id={sent.msg_id}" + (" acked" if args.ack else "")
         )
     return 0

@@ -25,7 +25,7 @@ from iac.errors import ConfigError, IacError, TransportError
 from iac.protocol.clock import now_us
 from iac.transport.certs import init_ca
 from iac.transport.dialer import Dialer, DialPolicy
-from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.enums import MessageType
 from iac.wire.identity import Identity, check_agent_id
 from iac.wire.message import Session, build_message, encode_message_frame, sender_of
 
@@ -76,7 +76,7 @@ async def _run_ping(args: argparse.Namespace) -> int:
                         r = inc.message
                         if (
                             r is not None
-                            and r.msg_type == MessageType.REPLY
+                            and int(r.msg_type) == MessageType.REPLY
                             and r.reply_to == msg.msg_id
                             and r.reply_session_id == session.session_id
                             and sender_of(r) == target

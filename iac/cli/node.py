@@ -28,7 +28,7 @@ from iac.errors import IacError
 from iac.protocol.clock import now_us
 from iac.transport import listen
 from iac.transport.base import Connection
-from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, encode_message_frame, sender_of
 
@@ -39,7 +39,7 @@ async def _serve_connection(identity: Identity, conn: Connection) -> None:
         while True:
             inc = await conn.recv()
             msg = inc.message
-            if msg is None or msg.msg_type != MessageType.PING:
+            if msg is None or int(msg.msg_type) != MessageType.PING:
                 continue
             reply = build_message(
                 sender=identity.agent_id,

@@ -16,8 +16,8 @@ from pathlib import Path
 import zstandard
 
 from iac.errors import IacError
-from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.dicts import DEFAULT_LEVEL, DictionarySet, default_dictionary
+from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.jsonutil import dumps_compact

@@ -15,7 +15,8 @@ import random
 import time
 from typing import Any
 
-from iac.wire._pb.iac_pb2 import Intent, Message, TaskState
+from iac.wire._pb.iac_pb2 import Message, TaskState
+from iac.wire.enums import Intent
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import sender_of
 
@@ -26,7 +27,7 @@ HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the hash stand-in 
 
 def task_json(task: TaskState) -> dict[str, Any]:
     """A task envelope as a JSON object (what an HTTP+JSON message would carry)."""
-    return {"task_id": task.task_id, "intent": Intent.Name(task.intent), "step": task.step,
+    return {"task_id": task.task_id, "intent": Intent(task.intent).name, "step": task.step,
             "steps": task.steps, "state_ref": task.state_ref}  # fmt: skip
 
 

@@ -26,7 +26,8 @@ from iac.node.node import Context
 from iac.protocol.registry import RegistryState
 from iac.protocol.routing import RelayPolicy
 from iac.stores.records import open_record_store
-from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
+from iac.wire._pb.iac_pb2 import TaskState
+from iac.wire.enums import Intent, MessageType
 from iac.wire.jsonutil import dumps_compact
 
 _WORDS = tuple(VOCABULARY.split())
@@ -34,15 +35,17 @@ _WORDS = tuple(VOCABULARY.split())
 
 def _check_task(ctx: Context, step: int, intent: Intent) -> TaskState:
     task = ctx.task
-    if task is None or task.step != step or task.steps != 4 or task.intent != intent:
-        raise HandlerError(ErrorCode.BAD_REQUEST, f"expected step {step}/4 {Intent.Name(intent)}")
+    if task is None or task.step != step or task.steps != 4 or int(task.intent) != intent:
+        raise HandlerError(ErrorCode.BAD_REQUEST, f"expected step {step}/4 {intent.name}")
     return task
 
 
 def _next(task: TaskState, intent: Intent, ref: str) -> TaskState:
     """The task handed on: same id, the next step, a new intent and a pointer to the shared state."""
     ref = f"iac-demo://{task.task_id}/{ref}"
-    return TaskState(task_id=task.task_id, intent=intent, step=task.step + 1, steps=task.steps, state_ref=ref)
+    return TaskState(
+        task_id=task.task_id, intent=intent.name, step=task.step + 1, steps=task.steps, state_ref=ref
+    )
 
 
 async def run_registry(agent: Agent) -> None:
@@ -261,7 +264,7 @@ async def _plan(
     m.row("call", "remote call sources()", "researcher", detail="an exposed function, 3 results")
 
     task_id = f"t-{secrets.token_hex(4)}"
-    task = TaskState(task_id=task_id, intent=Intent.ASSIGN_TASK, step=1, steps=4,
+    task = TaskState(task_id=task_id, intent=Intent.ASSIGN_TASK.name, step=1, steps=4,
                      state_ref=f"iac-demo://{task_id}/brief")  # fmt: skip
     m = Meter(node)
     brief = {"goal": "A short report on agent messaging", "sources": found}

@@ -17,7 +17,8 @@ from iac.mesh import MeshClient, parse_registry
 from iac.node.config import NodeConfig, PeerEvent
 from iac.node.node import Context, Node
 from iac.node.types import Reply
-from iac.wire._pb.iac_pb2 import MessageType, TaskState
+from iac.wire._pb.iac_pb2 import TaskState
+from iac.wire.enums import MessageType, message_type, type_name
 from iac.wire.identity import Identity
 from iac.wire.jsonutil import dumps_compact
 
@@ -58,10 +59,12 @@ class DemoNode(Node):
         if ev.up:
             emit("link", peer=ev.agent_id, transport=ev.transport)
 
-    async def request(self, peer: str, msg_type: int, payload: Any = None, **kwargs: Any) -> Reply:
+    async def request(
+        self, peer: str, msg_type: MessageType | int | str, payload: Any = None, **kwargs: Any
+    ) -> Reply:
         reply = await super().request(peer, msg_type, payload, **kwargs)
         text = kwargs.get("payload_json") or ("" if payload is None else dumps_compact(payload))
-        self.exchanges.append(Exchange(peer, int(msg_type), text, kwargs.get("task"), reply))
+        self.exchanges.append(Exchange(peer, message_type(msg_type), text, kwargs.get("task"), reply))
         return reply
 
 
@@ -86,7 +89,7 @@ class Meter:
         me = self.node.agent_id
         for ex in self.node.exchanges[self.n0 :]:
             task = task_json(ex.task) if ex.task is not None else None
-            http += http_exchange_bytes(me, ex.peer, MessageType.Name(ex.msg_type), ex.payload_json,
+            http += http_exchange_bytes(me, ex.peer, type_name(ex.msg_type), ex.payload_json,
                                         ex.reply.message, task=task)  # fmt: skip
         emit("row", key=key, step=step, dst=dst, via=via, ms=round(ms, 2), iac=iac, http=http, detail=detail)
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from iac.errors import ConfigError, ErrorCode, HandlerError
 from iac.mesh.wire import OP_REVOKE, OP_ROTATE, OPS
 from iac.node.node import Context, Node
-from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.enums import MessageType
 
 
 class RegistryRole(Protocol):

@@ -16,7 +16,7 @@ from iac.errors import BadRecord, ConfigError, IacError, RemoteError, TransportE
 from iac.mesh.wire import raise_remote
 from iac.node.node import Node
 from iac.transport.base import parse_address
-from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.enums import MessageType
 from iac.wire.identity import check_agent_id, is_agent_id
 
 log = logging.getLogger("iac.mesh")

@@ -17,7 +17,7 @@ from iac.mesh.keybook import KeyBook, move_peer
 from iac.mesh.wire import OP_REVOKE, OP_ROTATE, handler_error, payload_field
 from iac.node.node import Node
 from iac.protocol.records import SignedRevocation, SignedRotation
-from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.enums import MessageType
 
 
 def note_statement(book: KeyBook, node: Node, payload: dict[str, Any], now_us: int) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from iac.node.stats import Counters
 from iac.node.types import Key, error_payload
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.transport.base import Connection
-from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.message import FLAG_ACK_REQUESTED, sender_of
 
 log = logging.getLogger("iac.node")

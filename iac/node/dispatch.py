@@ -24,7 +24,8 @@ from iac.node.tasks import TaskSet
 from iac.node.types import Key, dumps
 from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES
-from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType, type_name
 from iac.wire.message import FLAG_ACK_REQUESTED
 
 log = logging.getLogger("iac.node")
@@ -258,7 +259,7 @@ class Dispatcher:
             what = (
                 f"no exposed function {item.payload['name'][:100]!r}"
                 if msg.msg_type == _COMMAND
-                else (f"no handler for msg_type {msg.msg_type}")
+                else (f"no handler for {type_name(msg.msg_type)}")
             )
             await self._refused(item, Refusal.NO_HANDLER, ErrorCode.NO_HANDLER, what)
             return False
@@ -318,7 +319,7 @@ class Dispatcher:
             else:
                 await self._outcome(item, ErrorCode.TIMEOUT, "deadline passed while the handler ran")
         else:
-            log.exception("handler for msg_type %d failed", item.msg.msg_type, exc_info=exc)
+            log.exception("handler for %s failed", type_name(item.msg.msg_type), exc_info=exc)
             await self._outcome(item, ErrorCode.INTERNAL, "the handler failed")
 
     async def _complete(self, item: Item, result: Any) -> None:

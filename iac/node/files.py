@@ -46,7 +46,8 @@ from iac.protocol.files import (
 )
 from iac.transport.base import Connection
 from iac.transport.dialer import Backoff
-from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.identity import check_agent_id
 
 log = logging.getLogger("iac.node")

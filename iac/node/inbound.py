@@ -28,7 +28,8 @@ from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
 from iac.protocol.replay import Verdict
 from iac.protocol.routing import Router, RouteRefusal, parse_forward
 from iac.transport.base import Connection, Incoming
-from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType
 from iac.wire.message import FLAG_ORDERED
 

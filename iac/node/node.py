@@ -34,7 +34,8 @@ from iac.node.runtime import NodeRuntime
 from iac.node.types import FileSent, ReceivedFile, Reply, Sent, dumps
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
-from iac.wire._pb.iac_pb2 import Message, MessageType, TaskState
+from iac.wire._pb.iac_pb2 import Message, TaskState
+from iac.wire.enums import MessageType, message_type
 from iac.wire.message import FLAG_ORDERED, sender_of
 
 log = logging.getLogger("iac.node")
@@ -126,16 +127,18 @@ class Node(NodeRuntime):
         self._check_open()
         await self._peers.connect(peer)
 
-    def on(self, msg_type: int) -> Callable[[F], F]:
-        """Register the handler of a message type: ``@node.on(MessageType.DELEGATE_TASK)``.
+    def on(self, msg_type: MessageType | int | str) -> Callable[[F], F]:
+        """Register the handler of a message type: ``@node.on(MessageType.DELEGATE_TASK)`` or
+        ``@node.on("DELEGATE_TASK")``.
 
         The handler takes a :class:`Context` (sync or async); its return value (JSON) is the
         REPLY; :class:`~iac.HandlerError` becomes that ERROR code, any other exception ``internal``.
         """
-        self._dispatch.check_handled_type(msg_type)
+        mt = message_type(msg_type)
+        self._dispatch.check_handled_type(mt)
 
         def register(func: F) -> F:
-            self._dispatch.on(msg_type, func)
+            self._dispatch.on(mt, func)
             return func
 
         return register
@@ -148,9 +151,9 @@ class Node(NodeRuntime):
         chosen = func_or_name if isinstance(func_or_name, str) else name
         return lambda func: self._dispatch.expose(func, chosen)
 
-    def handler(self, msg_type: int) -> Handler | None:
+    def handler(self, msg_type: MessageType | int | str) -> Handler | None:
         """The handler registered for ``msg_type`` (:meth:`on`), or None."""
-        return self._dispatch.handlers.get(int(msg_type))
+        return self._dispatch.handlers.get(message_type(msg_type))
 
     def on_peer(self, callback: Callable[[PeerEvent], Any]) -> Callable[[], None]:
         """Call ``callback(PeerEvent)`` when a peer comes up or goes down (sync or async).
@@ -177,7 +180,7 @@ class Node(NodeRuntime):
     async def send(
         self,
         peer: str,
-        msg_type: int,
+        msg_type: MessageType | int | str,
         payload: Any = None,
         *,
         ack: bool = False,
@@ -197,21 +200,20 @@ class Node(NodeRuntime):
         a route of :meth:`add_route` or a learned reverse route, then the peer book).
         """
         self._check_open()
+        mt = message_type(msg_type)
         build: dict[str, Any] = {"payload_json": payload_json, "extra_data": extra_data, "task": task}
         build["sealed"] = sealed
         if ack:
-            return await self._pending.send_reliable(
-                peer, msg_type, payload, ordered=ordered, via=via, **build
-            )
+            return await self._pending.send_reliable(peer, mt, payload, ordered=ordered, via=via, **build)
         kind, flags = ("ordered", FLAG_ORDERED) if ordered else ("main", 0)
-        msg = self._outbox.build(peer, msg_type, payload, kind=kind, flags=flags, **build)
+        msg = self._outbox.build(peer, mt, payload, kind=kind, flags=flags, **build)
         await self._outbox.transmit(peer, msg, via)
         return Sent(peer, msg.session_id, msg.msg_id, None)
 
     async def request(
         self,
         peer: str,
-        msg_type: int,
+        msg_type: MessageType | int | str,
         payload: Any = None,
         *,
         timeout: float | None = None,
@@ -229,7 +231,7 @@ class Node(NodeRuntime):
         self._check_open()
         return await self._pending.request(
             peer,
-            msg_type,
+            message_type(msg_type),
             payload,
             timeout=self.config.request_timeout if timeout is None else timeout,
             ack=ack,
@@ -240,9 +242,12 @@ class Node(NodeRuntime):
             sealed=sealed,
         )
 
-    async def call(self, peer: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Call a function that ``peer`` exposed; return its result (JSON)."""
-        return await self.invoke(peer, name, args, kwargs)
+    async def call(
+        self, peer: str, name: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        """Call a function that ``peer`` exposed; return its result (JSON). ``timeout`` as for
+        :meth:`request` (a remote keyword argument named ``timeout`` goes through :meth:`invoke`)."""
+        return await self.invoke(peer, name, args, kwargs, timeout=timeout)
 
     async def invoke(
         self,
@@ -275,6 +280,11 @@ class Node(NodeRuntime):
     ) -> Reply:
         """Hand a task to ``peer`` (DELEGATE_TASK). If it does not answer in time (or cannot be
         reached, or is ``busy``), try the fallback agent(s) in order."""
+        if not isinstance(task, TaskState):
+            raise ConfigError(
+                "delegate() takes the task envelope as iac.TaskState(task_id=..., intent=..., step=..., "
+                f"steps=...), not {type(task).__name__}; the payload is the third argument"
+            )
         targets = [peer, *([fallback] if isinstance(fallback, str) else list(fallback or ()))]
         for i, target in enumerate(targets):
             last = i == len(targets) - 1
@@ -302,7 +312,7 @@ class Node(NodeRuntime):
 
     async def broadcast(
         self,
-        msg_type: int = MessageType.BROADCAST,
+        msg_type: MessageType | int | str = MessageType.BROADCAST,
         payload: Any = None,
         *,
         payload_json: str | None = None,
@@ -315,10 +325,11 @@ class Node(NodeRuntime):
         not deliver it to itself. Broadcasts are never answered. Returns the ids it went out with
         (``sent.peer`` is empty)."""
         self._check_open()
-        if msg_type in RESPONSE_TYPES or msg_type == _CANCEL:
+        mt = message_type(msg_type)
+        if mt in RESPONSE_TYPES or mt == _CANCEL:
             raise ConfigError("REPLY, ERROR, ACK and CANCEL cannot be broadcast")
         text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
-        return await self._outbox.broadcast(msg_type, text, extra_data, hop_limit)
+        return await self._outbox.broadcast(mt, text, extra_data, hop_limit)
 
     async def send_file(
         self,

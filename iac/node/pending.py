@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, IacError, RemoteError, RequestTimeout, TransportError
@@ -16,7 +17,8 @@ from iac.node.peers import Peers
 from iac.node.stats import Counters
 from iac.node.tasks import TaskSet
 from iac.node.types import Key, Reply, Sent
-from iac.wire._pb.iac_pb2 import Message, MessageType, TaskState
+from iac.wire._pb.iac_pb2 import Message, TaskState
+from iac.wire.enums import MessageType
 from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED
 
 log = logging.getLogger("iac.node")
@@ -122,8 +124,8 @@ class Pending:
         via: str | None,
         **build: Any,
     ) -> Reply:
-        if not timeout > 0:
-            raise ConfigError("timeout must be positive")
+        if not 0 < timeout < math.inf:
+            raise ConfigError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
         sem = self._sem(peer)
         loop = asyncio.get_running_loop()
         start = loop.time()

@@ -39,7 +39,8 @@ from iac.protocol.guards import (
 )
 from iac.protocol.replay import ReplayGuard, Verdict
 from iac.transport.base import Connection
-from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import open_message, sender_of
 from iac.wire.seal import open_sealed

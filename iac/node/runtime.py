@@ -53,7 +53,7 @@ class NodeRuntime:
         self,
         identity: Identity | None = None,
         *,
-        listen: Sequence[str] = (),
+        listen: str | Sequence[str] = (),
         config: NodeConfig | None = None,
         replay_store: ReplayStore | None = None,
         clock: Clock | None = None,
@@ -66,7 +66,7 @@ class NodeRuntime:
         self.config = config
         self.clock: Clock = config.transport.clock
         self.addresses: list[str] = []
-        self._listen_urls = list(listen)
+        self._listen_urls = [listen] if isinstance(listen, str) else list(listen)
         self._replay_store_arg = replay_store
         self._listeners: list[Listener] = []
         self._started = self._closing = self._closed = False

@@ -33,6 +33,10 @@ class Reply:
     def extra_data(self) -> bytes:
         return self.message.extra_data
 
+    def __repr__(self) -> str:
+        extra = f", extra_data=<{len(self.message.extra_data)} bytes>" if self.message.extra_data else ""
+        return f"Reply(sender={self.sender[:16]}…, payload={self.payload!r}{extra})"
+
 
 class Sent:
     """A message handed to the transport. With ``ack=True``, :meth:`wait` returns once the

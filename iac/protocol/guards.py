@@ -13,14 +13,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from iac.errors import Refusal
-from iac.wire._pb.iac_pb2 import Intent, Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import Intent, MessageType, type_name
 
 # MessageType values as plain ints (a protobuf enum attribute lookup costs a Python call).
 _DELEGATE_TASK: int = MessageType.DELEGATE_TASK
 
-RESPONSE_TYPES = frozenset({MessageType.REPLY, MessageType.ERROR, MessageType.ACK})
-KNOWN_TYPES = frozenset(v for v in MessageType.values() if v != MessageType.UNKNOWN)
-KNOWN_INTENTS = frozenset(v for v in Intent.values() if v != Intent.INTENT_UNSPECIFIED)
+RESPONSE_TYPES: frozenset[int] = frozenset({MessageType.REPLY, MessageType.ERROR, MessageType.ACK})
+KNOWN_TYPES: frozenset[int] = frozenset(int(v) for v in MessageType if v != MessageType.UNKNOWN)
+KNOWN_INTENTS: frozenset[int] = frozenset(int(v) for v in Intent if v != Intent.INTENT_UNSPECIFIED)
 MAX_JSON_DEPTH = 64
 
 Check = tuple[Refusal, str] | None
@@ -63,7 +64,7 @@ def _depth(value: Any) -> int:
 def check_type(msg: Message, allowed: frozenset[int] | None) -> Check:
     mt = int(msg.msg_type)
     if mt not in (allowed if allowed is not None else KNOWN_TYPES):
-        return Refusal.BAD_TYPE, f"msg_type {mt} is not accepted by this node"
+        return Refusal.BAD_TYPE, f"msg_type {type_name(mt)} is not accepted by this node"
     return None
 
 

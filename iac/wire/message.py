@@ -13,8 +13,9 @@ import secrets
 from google.protobuf.message import DecodeError
 
 from iac.errors import ConfigError, MessageFormatError
-from iac.wire._pb.iac_pb2 import Hello, Message, MessageType, TaskState
+from iac.wire._pb.iac_pb2 import Hello, Message, TaskState
 from iac.wire.dicts import Dictionary, DictionarySet
+from iac.wire.enums import MessageType
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameType, decode_frame_body, encode_frame
 from iac.wire.identity import Domain, Identity, check_agent_id, check_agent_id_cached, verify, verify_signed
 from iac.wire.scan import HELLO_SCHEMA, MESSAGE_SCHEMA, SIGNATURE_SIZE, excise_signature, signature_span

@@ -61,7 +61,8 @@ from iac.protocol.routing.forward import (
     require_agent_id,
     wrap_forward,
 )
-from iac.wire._pb.iac_pb2 import Message, MessageType
+from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.identity import Domain, verify
 from iac.wire.message import sender_of
 
@@ -71,7 +72,7 @@ DEFAULT_BROADCAST_HOP_LIMIT = 16
 DEFAULT_MAX_SEEN = 100_000
 DEFAULT_MAX_ROUTES = 10_000
 
-_RESPONSE_TYPES = frozenset({MessageType.REPLY, MessageType.ERROR, MessageType.ACK})
+_RESPONSE_TYPES: frozenset[int] = frozenset({MessageType.REPLY, MessageType.ERROR, MessageType.ACK})
 
 
 class _ExpiringSet:
