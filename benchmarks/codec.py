@@ -47,10 +47,9 @@ import zstandard
 from google.protobuf.internal import api_implementation
 
 import iac
-from iac import (
+from iac import Identity, MessageType
+from iac.wire import (
     DictionarySet,
-    Identity,
-    MessageType,
     Session,
     build_message,
     decode_message_frame,

@@ -20,7 +20,7 @@ def test_keygen_and_id(tmp_path):
     out = run("keygen", "--out", str(key))
     assert out.returncode == 0, out.stderr
     agent_id = out.stdout.strip()
-    assert iac.is_agent_id(agent_id)
+    assert iac.wire.is_agent_id(agent_id)
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     out = run("id", "--key", str(key))
     assert out.stdout.strip() == agent_id
@@ -37,7 +37,7 @@ def test_dict_train(tmp_path):
     samples = ROOT / "benchmarks" / "corpus" / "train.jsonl"
     out = run("dict", "train", str(samples), "--out", str(out_file), "--size", "8192", "--dict-id", "41000")
     assert out.returncode == 0, out.stderr
-    d = iac.Dictionary.load(out_file)
+    d = iac.wire.Dictionary.load(out_file)
     assert d.dict_id == 41000
     assert d.sha256.hex() in out.stdout
 

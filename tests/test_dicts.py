@@ -11,14 +11,13 @@ import pytest
 import zstandard
 
 import iac
-from iac import (
-    ConfigError,
+from iac import ConfigError, Identity
+from iac.errors import UnknownDictionary
+from iac.wire import (
     Dictionary,
     DictionarySet,
     FrameType,
-    Identity,
     Session,
-    UnknownDictionary,
     build_message,
     decode_frame,
     decode_message_frame,
@@ -253,4 +252,4 @@ def test_default_dictionary_beats_plain_zstd_on_small_messages():
 
 
 def test_package_exports():
-    assert iac.default_dictionary is default_dictionary and iac.train is train
+    assert iac.wire.default_dictionary is default_dictionary and iac.wire.train is train

@@ -4,19 +4,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iac
-from iac import FrameDecoder, FrameType, decode_frame, encode_frame
+from iac.wire import FrameDecoder, FrameType, decode_frame, encode_frame
 from iac.wire.frames import MAX_HEADER_SIZE, zstd_frame_info
 from iac.wire.scan import encode_varint
 
 TEXT = b'{"jsonrpc":"2.0","method":"tasks/send","params":{"task":"summarize the quarter"}}' * 4
 
 
-def _dictionary() -> iac.Dictionary:
+def _dictionary() -> iac.wire.Dictionary:
     samples = [
         b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"web_search"}}' % i
         for i in range(400)
     ]
-    return iac.train(samples, 4096, dict_id=40000)
+    return iac.wire.train(samples, 4096, dict_id=40000)
 
 
 def test_raw_frame_layout():
@@ -46,38 +46,38 @@ def test_dictionary_frames_name_their_dictionary():
     d = _dictionary()
     data = encode_frame(FrameType.MESSAGE, TEXT, compress_with=d)
     assert data[1] == 1
-    frame = decode_frame(data, dictionaries=iac.DictionarySet([d]))
+    frame = decode_frame(data, dictionaries=iac.wire.DictionarySet([d]))
     assert frame.body == TEXT and frame.dict_id == d.dict_id
-    with pytest.raises(iac.UnknownDictionary):
+    with pytest.raises(iac.errors.UnknownDictionary):
         decode_frame(data)
 
 
 def test_oversized_length_refused_before_the_body_arrives():
     header = bytes((1, 0)) + encode_varint(5 * 1024 * 1024)
     dec = FrameDecoder(max_frame_size=4 * 1024 * 1024)
-    with pytest.raises(iac.FrameTooLarge):
+    with pytest.raises(iac.errors.FrameTooLarge):
         dec.feed(header)  # nothing of the body was needed to refuse it
-    with pytest.raises(iac.FrameError):
+    with pytest.raises(iac.errors.FrameError):
         dec.feed(b"more")  # the decoder stays failed
 
 
 def test_encode_refuses_a_body_over_the_limit():
-    with pytest.raises(iac.FrameTooLarge):
+    with pytest.raises(iac.errors.FrameTooLarge):
         encode_frame(FrameType.MESSAGE, b"x" * 101, max_frame_size=100)
 
 
 def test_header_faults():
-    with pytest.raises(iac.UnknownFrameType):
+    with pytest.raises(iac.errors.UnknownFrameType):
         decode_frame(b"\x09\x00\x00")
-    with pytest.raises(iac.UnknownFrameFlag):
+    with pytest.raises(iac.errors.UnknownFrameFlag):
         decode_frame(b"\x01\x02\x00")
-    with pytest.raises(iac.TruncatedFrame):
+    with pytest.raises(iac.errors.TruncatedFrame):
         decode_frame(b"\x01\x00\x80")
-    with pytest.raises(iac.BadVarint):
+    with pytest.raises(iac.errors.BadVarint):
         decode_frame(b"\x01\x00" + b"\xff" * 10 + b"\x01")
-    with pytest.raises(iac.TruncatedFrame):
+    with pytest.raises(iac.errors.TruncatedFrame):
         decode_frame(b"\x01\x00\x05abc")
-    with pytest.raises(iac.FrameError):
+    with pytest.raises(iac.errors.FrameError):
         decode_frame(b"\x01\x00\x01ab")  # a byte after the frame
 
 
@@ -88,7 +88,7 @@ def _zstd_frame(data: bytes, **kw) -> bytes:
 def test_zstd_without_content_size_is_refused():
     cobj = zstandard.ZstdCompressor().compressobj()  # streaming: no content size
     body = cobj.compress(TEXT) + cobj.flush()
-    with pytest.raises(iac.MissingContentSize):
+    with pytest.raises(iac.errors.MissingContentSize):
         decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body)
 
 
@@ -96,18 +96,18 @@ def test_decompression_bomb_refused_from_the_header():
     bomb = _zstd_frame(b"\x00" * (2 * 1024 * 1024))
     assert len(bomb) < 1024
     frame = bytes((1, 1)) + encode_varint(len(bomb)) + bomb
-    with pytest.raises(iac.DecompressionBomb) as info:
+    with pytest.raises(iac.errors.DecompressionBomb) as info:
         decode_frame(frame, max_frame_size=1024 * 1024)
-    assert isinstance(info.value, iac.FrameTooLarge)
+    assert isinstance(info.value, iac.errors.FrameTooLarge)
     assert decode_frame(frame, max_frame_size=4 * 1024 * 1024).body == b"\x00" * (2 * 1024 * 1024)
 
 
 def test_trailing_data_after_zstd_frame_refused():
     body = _zstd_frame(TEXT) + b"junk"
-    with pytest.raises(iac.TrailingData):
+    with pytest.raises(iac.errors.TrailingData):
         decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body)
     body = _zstd_frame(TEXT) * 2
-    with pytest.raises(iac.TrailingData):
+    with pytest.raises(iac.errors.TrailingData):
         decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body)
 
 
@@ -119,7 +119,7 @@ def test_lying_content_size_is_refused():
     fhd = good[4]
     assert fhd >> 6 == 1
     lie = good[:6] + (len(TEXT) - 256 - 10).to_bytes(2, "little") + good[8:]
-    with pytest.raises(iac.CompressionError):
+    with pytest.raises(iac.errors.CompressionError):
         decode_frame(bytes((1, 1)) + encode_varint(len(lie)) + lie)
 
 
@@ -138,7 +138,7 @@ def test_streaming_decoder_any_chunking():
     ]
     stream = b"".join(frames)
     for size in (1, 2, 3, 7, 64, 1000, len(stream)):
-        dec = FrameDecoder(dictionaries=iac.DictionarySet([d]))
+        dec = FrameDecoder(dictionaries=iac.wire.DictionarySet([d]))
         out = []
         for i in range(0, len(stream), size):
             out += dec.feed(stream[i : i + size])
@@ -151,7 +151,7 @@ def test_stream_ending_inside_a_frame_is_truncated():
     data = encode_frame(FrameType.MESSAGE, b"x" * 10)
     dec = FrameDecoder()
     assert dec.feed(data[:5]) == []
-    with pytest.raises(iac.TruncatedFrame):
+    with pytest.raises(iac.errors.TruncatedFrame):
         dec.feed(b"", final=True)
 
 

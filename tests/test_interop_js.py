@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import iac
-from iac import Dictionary, DictionarySet, Domain, Identity
+from iac import Identity
+from iac.wire import Dictionary, DictionarySet, Domain
 from iac.wire.scan import excise_signature
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,18 +67,18 @@ def test_js_verifier_passes_every_vector_and_python_accepts_its_frame(node, tmp_
 
     made = json.loads(emit.read_text(encoding="utf-8"))
     data = bytes.fromhex(made["frame_hex"])
-    frame = iac.decode_frame(data, dictionaries=DICTS)
+    frame = iac.wire.decode_frame(data, dictionaries=DICTS)
     assert data[1] == 0x01 and frame.dict_id == made["dict_id"] in DICTS  # zstd with the dictionary
     assert len(data) < len(frame.body)  # it did compress
-    msg = iac.decode_message_frame(data, dictionaries=DICTS)
+    msg = iac.wire.decode_message_frame(data, dictionaries=DICTS)
     m = made["message"]
     # the same seed gives the same key and, Ed25519 being deterministic, the same signature
     ident = Identity.from_seed(bytes.fromhex(made["seed_hex"]))
-    assert iac.sender_of(msg) == ident.agent_id == made["agent_id"] == m["from"]
+    assert iac.wire.sender_of(msg) == ident.agent_id == made["agent_id"] == m["from"]
     unsigned, sig = excise_signature(frame.body)
     assert unsigned.hex() == made["unsigned_hex"] and frame.body.hex() == made["signed_hex"]
     assert ident.sign(Domain.MESSAGE, unsigned) == sig == msg.signature
-    assert iac.unsigned_bytes(msg) == unsigned  # protobuf-es and this library serialize alike
+    assert iac.wire.unsigned_bytes(msg) == unsigned  # protobuf-es and this library serialize alike
     assert msg.to == m["to"] and msg.msg_type == m["msg_type"] and msg.payload_json == m["payload_json"]
     assert (msg.timestamp, msg.msg_id, msg.session_id, msg.deadline) == (
         int(m["timestamp"]),

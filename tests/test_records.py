@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iac import BadSignature, ConfigError, Domain, Identity, InvalidAgentId
+from iac import ConfigError, Identity
 from iac.errors import (
     BadRecord,
+    BadSignature,
+    InvalidAgentId,
     RecordExpired,
     UncommittedSuccessor,
     all_error_classes,
@@ -40,6 +42,7 @@ from iac.protocol.statements import (
     sign_revocation,
     sign_rotation,
 )
+from iac.wire import Domain
 from tools.vectors.records import check_negative_vector, dump_vectors, make_vectors
 
 ROOT = Path(__file__).resolve().parent.parent

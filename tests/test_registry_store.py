@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from redis_server import free_port
 
-from iac import BadSignature, ConfigError, Domain, Identity
+from iac import ConfigError, Identity
 from iac.errors import (
     AliasTaken,
     BadRecord,
+    BadSignature,
     CommitmentChanged,
     KeyRevoked,
     KeyRotated,
@@ -46,6 +47,7 @@ from iac.protocol.registry import KeyStatus, RegistryConfig, RegistryState, veri
 from iac.stores.records import open_record_store
 from iac.stores.records_redis import RedisRecordStore
 from iac.stores.records_sqlite import SqliteRecordStore
+from iac.wire import Domain
 
 NOW = 1_700_000_000_000_000
 SEC = 1_000_000

@@ -8,8 +8,9 @@ import nacl.bindings
 import nacl.public
 import pytest
 
-from iac import Identity, MessageType, Session
+from iac import Identity, MessageType
 from iac.errors import BadSignature, ConfigError, InvalidAgentId, MessageRejected
+from iac.wire import Session
 from iac.wire.message import build_message, open_message, sender_of, sign_message
 from iac.wire.seal import (
     SEAL_HEADER_SIZE,

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 import iac
-from iac import Dictionary, DictionarySet, Domain, FrameType, Identity, Session, TaskState
+from iac import Identity, TaskState
 from iac.errors import all_error_classes
+from iac.wire import Dictionary, DictionarySet, Domain, FrameType, Session
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.scan import HELLO_SCHEMA, excise_signature
 from tools.vectors.wire import common as wire_vectors
@@ -37,7 +38,7 @@ def _ids(items: list[dict[str, Any]]) -> list[str]:
     return [v["name"] for v in items]
 
 
-def _rebuild(m: dict[str, Any]) -> iac.Message:
+def _rebuild(m: dict[str, Any]) -> iac.wire.Message:
     task = None
     if "task" in m:
         t = m["task"]
@@ -48,7 +49,7 @@ def _rebuild(m: dict[str, Any]) -> iac.Message:
             steps=t["steps"],
             state_ref=t["state_ref"],
         )
-    return iac.build_message(
+    return iac.wire.build_message(
         sender=m["from"],
         to=m["to"],
         msg_type=m["msg_type"],
@@ -66,8 +67,8 @@ def _rebuild(m: dict[str, Any]) -> iac.Message:
     )
 
 
-def _check_fields(msg: iac.Message, m: dict[str, Any]) -> None:
-    assert iac.sender_of(msg) == m["from"]
+def _check_fields(msg: iac.wire.Message, m: dict[str, Any]) -> None:
+    assert iac.wire.sender_of(msg) == m["from"]
     assert msg.to == m["to"]
     assert msg.msg_type == m["msg_type"]
     assert msg.payload_json == m["payload_json"]
@@ -150,7 +151,7 @@ def test_agent_id_from_seed(v):
 
 @pytest.mark.parametrize("v", DOC["vectors"], ids=_ids(DOC["vectors"]))
 def test_unsigned_bytes_rebuilt_from_fields(v):
-    assert iac.unsigned_bytes(_rebuild(v["message"])).hex() == v["unsigned_hex"]
+    assert iac.wire.unsigned_bytes(_rebuild(v["message"])).hex() == v["unsigned_hex"]
 
 
 @pytest.mark.parametrize("v", DOC["vectors"], ids=_ids(DOC["vectors"]))
@@ -159,44 +160,44 @@ def test_signature_and_signed_bytes(v):
     unsigned = bytes.fromhex(v["unsigned_hex"])
     sig = ident.sign(Domain.MESSAGE, unsigned)  # Ed25519 is deterministic
     assert sig.hex() == v["signature_hex"]
-    iac.verify(v["agent_id"], Domain.MESSAGE, unsigned, sig)
+    iac.wire.verify(v["agent_id"], Domain.MESSAGE, unsigned, sig)
     msg = _rebuild(v["message"])
-    assert iac.sign_message(ident, msg).hex() == v["signed_hex"]
+    assert iac.wire.sign_message(ident, msg).hex() == v["signed_hex"]
     assert excise_signature(bytes.fromhex(v["signed_hex"])) == (unsigned, sig)
 
 
 @pytest.mark.parametrize("v", DOC["vectors"], ids=_ids(DOC["vectors"]))
 def test_raw_frame(v):
     data = bytes.fromhex(v["frame_raw_hex"])
-    frame = iac.decode_frame(data)
+    frame = iac.wire.decode_frame(data)
     assert frame.type == FrameType.MESSAGE and frame.dict_id is None
     assert frame.body.hex() == v["signed_hex"]
-    assert iac.encode_frame(FrameType.MESSAGE, frame.body) == data
-    _check_fields(iac.decode_message_frame(data), v["message"])
+    assert iac.wire.encode_frame(FrameType.MESSAGE, frame.body) == data
+    _check_fields(iac.wire.decode_message_frame(data), v["message"])
 
 
 @pytest.mark.parametrize("v", DOC["vectors"], ids=_ids(DOC["vectors"]))
 def test_zstd_frame_decodes_with_the_dictionary(v):
     data = bytes.fromhex(v["frame_zstd_hex"])
     assert data[0] == FrameType.MESSAGE and data[1] == 0x01
-    frame = iac.decode_frame(data, dictionaries=DICTS)
+    frame = iac.wire.decode_frame(data, dictionaries=DICTS)
     assert frame.dict_id == v["dict_id"]
     assert frame.body.hex() == v["signed_hex"]
-    _check_fields(iac.decode_message_frame(data, dictionaries=DICTS), v["message"])
-    with pytest.raises(iac.UnknownDictionary):
-        iac.decode_frame(data)
+    _check_fields(iac.wire.decode_message_frame(data, dictionaries=DICTS), v["message"])
+    with pytest.raises(iac.errors.UnknownDictionary):
+        iac.wire.decode_frame(data)
 
 
 @pytest.mark.parametrize("v", DOC["accept"], ids=_ids(DOC["accept"]))
 def test_accept_vectors(v):
     data = bytes.fromhex(v["frame_hex"])
-    frame = iac.decode_frame(data, dictionaries=DICTS, max_frame_size=v["max_frame_size"])
+    frame = iac.wire.decode_frame(data, dictionaries=DICTS, max_frame_size=v["max_frame_size"])
     assert frame.body.hex() == v["signed_hex"]
     unsigned, sig = excise_signature(frame.body)
     assert unsigned.hex() == v["unsigned_hex"]
-    iac.verify(v["agent_id"], Domain.MESSAGE, unsigned, sig)
-    msg = iac.decode_message_frame(data, dictionaries=DICTS, max_frame_size=v["max_frame_size"])
-    assert iac.sender_of(msg) == v["agent_id"]
+    iac.wire.verify(v["agent_id"], Domain.MESSAGE, unsigned, sig)
+    msg = iac.wire.decode_message_frame(data, dictionaries=DICTS, max_frame_size=v["max_frame_size"])
+    assert iac.wire.sender_of(msg) == v["agent_id"]
 
 
 # --- HELLO ----------------------------------------------------------------------------------
@@ -223,23 +224,23 @@ def test_hello_vectors(v):
         peer_agent_id=h["peer_agent_id"],
     )
     assert hello.SerializeToString(deterministic=True).hex() == v["unsigned_hex"]
-    assert iac.sign_hello(ident, hello, domain).hex() == v["signed_hex"]
+    assert iac.wire.sign_hello(ident, hello, domain).hex() == v["signed_hex"]
     assert hello.signature.hex() == v["signature_hex"]
     signed = bytes.fromhex(v["signed_hex"])
     assert excise_signature(signed, HELLO_SCHEMA) == (bytes.fromhex(v["unsigned_hex"]), hello.signature)
-    frame = iac.decode_frame(bytes.fromhex(v["frame_raw_hex"]))
+    frame = iac.wire.decode_frame(bytes.fromhex(v["frame_raw_hex"]))
     assert frame.type == FrameType.HELLO and frame.body == signed
-    assert iac.open_hello(frame.body, domain).agent_id == v["agent_id"]
+    assert iac.wire.open_hello(frame.body, domain).agent_id == v["agent_id"]
     other = Domain.HELLO_SERVER if domain is Domain.HELLO_CLIENT else Domain.HELLO_CLIENT
-    with pytest.raises(iac.BadSignature):
-        iac.open_hello(signed, other)
+    with pytest.raises(iac.errors.BadSignature):
+        iac.wire.open_hello(signed, other)
 
 
 @pytest.mark.parametrize("v", DOC["hello_negative"], ids=_ids(DOC["hello_negative"]))
 def test_hello_negative(v):
-    frame = iac.decode_frame(bytes.fromhex(v["frame_hex"]))
+    frame = iac.wire.decode_frame(bytes.fromhex(v["frame_hex"]))
     with pytest.raises(iac.IacError) as info:
-        iac.open_hello(frame.body, Domain(v["domain"].encode()))
+        iac.wire.open_hello(frame.body, Domain(v["domain"].encode()))
     assert type(info.value).name == v["error"]
 
 
@@ -250,7 +251,7 @@ def test_hello_negative(v):
 def test_negative_vector_raises_the_named_error(v):
     data = bytes.fromhex(v["frame_hex"])
     with pytest.raises(iac.IacError) as info:
-        iac.decode_message_frame(data, dictionaries=DICTS, max_frame_size=v["max_frame_size"])
+        iac.wire.decode_message_frame(data, dictionaries=DICTS, max_frame_size=v["max_frame_size"])
     assert type(info.value).name == v["error"], str(info.value)
 
 
@@ -258,13 +259,13 @@ def test_negative_vector_raises_the_named_error(v):
 def test_negative_vector_fed_byte_by_byte(v):
     """The streaming decoder (TCP, UNIX sockets) refuses each vector for the same reason."""
     data = bytes.fromhex(v["frame_hex"])
-    dec = iac.FrameDecoder(dictionaries=DICTS, max_frame_size=v["max_frame_size"])
+    dec = iac.wire.FrameDecoder(dictionaries=DICTS, max_frame_size=v["max_frame_size"])
     with pytest.raises(iac.IacError) as info:
-        frames: list[iac.Frame] = []
+        frames: list[iac.wire.Frame] = []
         for i in range(len(data)):
             frames += dec.feed(data[i : i + 1], final=i == len(data) - 1)
         assert len(frames) == 1
-        iac.open_message(frames[0].body)
+        iac.wire.open_message(frames[0].body)
     assert type(info.value).name == v["error"], str(info.value)
 
 
@@ -307,7 +308,7 @@ def test_regenerating_gives_the_same_file(tmp_path):
         assert (tmp_path / name).read_bytes() == (VECTOR_DIR / name).read_bytes()
     # compressed bytes may differ between zstd versions: they must decode to the same message
     for where, frame_hex, signed_hex in _zstd_frames(new):
-        frame = iac.decode_frame(bytes.fromhex(frame_hex), dictionaries=DICTS)
+        frame = iac.wire.decode_frame(bytes.fromhex(frame_hex), dictionaries=DICTS)
         assert frame.body.hex() == signed_hex, where
     # the committed file is what the tool writes (same zstd version: byte for byte)
     assert tool.main(["--out", str(VECTOR_DIR), "--check"]) == 0

@@ -22,11 +22,11 @@ def test_varint_round_trip(value):
 
 
 def test_varint_faults():
-    with pytest.raises(iac.TruncatedFrame):
+    with pytest.raises(iac.errors.TruncatedFrame):
         decode_varint(b"\x80\x80", 0, 2)
-    with pytest.raises(iac.BadVarint):
+    with pytest.raises(iac.errors.BadVarint):
         decode_varint(b"\xff" * 11, 0, 11)
-    with pytest.raises(iac.BadVarint):  # 10 bytes but above 2**64
+    with pytest.raises(iac.errors.BadVarint):  # 10 bytes but above 2**64
         decode_varint(b"\xff" * 9 + b"\x7f", 0, 10)
 
 
@@ -59,22 +59,22 @@ def test_signature_may_stand_anywhere_and_unknown_fields_survive():
 @pytest.mark.parametrize(
     ("data", "error"),
     [
-        (_len_field(4, b"{}"), iac.SignatureFieldMissing),
-        (_len_field(8, SIG) + _len_field(8, SIG), iac.SignatureFieldRepeated),
-        (_len_field(8, SIG[:63]), iac.SignatureFieldInvalid),
-        (_len_field(8, SIG + b"x"), iac.SignatureFieldInvalid),
-        (_field(8, 0, b"\x01"), iac.SignatureFieldInvalid),
-        (_len_field(8, SIG) + _len_field(4, b"a") + _len_field(4, b"b"), iac.FieldRepeated),
-        (_len_field(8, SIG) + _field(6, 0, b"\x01") + _field(6, 0, b"\x02"), iac.FieldRepeated),
-        (_len_field(8, SIG) + _field(6, 2, b"\x01\x00"), iac.MessageFormatError),  # wrong wire type
-        (_len_field(8, SIG) + _field(4, 3, b""), iac.MessageFormatError),  # group
-        (_len_field(8, SIG) + _field(4, 7, b""), iac.MessageFormatError),  # invalid wire type
-        (_len_field(8, SIG) + b"\x22\x05ab", iac.MessageFormatError),  # runs past the end
-        (_len_field(8, SIG) + b"\x00\x00", iac.MessageFormatError),  # field number 0
+        (_len_field(4, b"{}"), iac.errors.SignatureFieldMissing),
+        (_len_field(8, SIG) + _len_field(8, SIG), iac.errors.SignatureFieldRepeated),
+        (_len_field(8, SIG[:63]), iac.errors.SignatureFieldInvalid),
+        (_len_field(8, SIG + b"x"), iac.errors.SignatureFieldInvalid),
+        (_field(8, 0, b"\x01"), iac.errors.SignatureFieldInvalid),
+        (_len_field(8, SIG) + _len_field(4, b"a") + _len_field(4, b"b"), iac.errors.FieldRepeated),
+        (_len_field(8, SIG) + _field(6, 0, b"\x01") + _field(6, 0, b"\x02"), iac.errors.FieldRepeated),
+        (_len_field(8, SIG) + _field(6, 2, b"\x01\x00"), iac.errors.MessageFormatError),  # wrong wire type
+        (_len_field(8, SIG) + _field(4, 3, b""), iac.errors.MessageFormatError),  # group
+        (_len_field(8, SIG) + _field(4, 7, b""), iac.errors.MessageFormatError),  # invalid wire type
+        (_len_field(8, SIG) + b"\x22\x05ab", iac.errors.MessageFormatError),  # runs past the end
+        (_len_field(8, SIG) + b"\x00\x00", iac.errors.MessageFormatError),  # field number 0
         # TaskState is checked too: step repeated inside field 11.
         (
             _len_field(8, SIG) + _len_field(11, _field(3, 0, b"\x01") + _field(3, 0, b"\x02")),
-            iac.FieldRepeated,
+            iac.errors.FieldRepeated,
         ),
     ],
 )
@@ -95,9 +95,9 @@ def test_hello_repeated_fields_are_allowed_and_field_15_is_the_signature():
     unsigned, sig = excise_signature(data, HELLO_SCHEMA)
     assert sig == SIG
     assert unsigned == data[: -len(_len_field(15, SIG))]
-    with pytest.raises(iac.SignatureFieldMissing):
+    with pytest.raises(iac.errors.SignatureFieldMissing):
         excise_signature(_len_field(2, b"y" * 64), HELLO_SCHEMA)
-    with pytest.raises(iac.MessageFormatError):  # field 8 of a Hello is a varint
+    with pytest.raises(iac.errors.MessageFormatError):  # field 8 of a Hello is a varint
         excise_signature(_len_field(8, SIG), HELLO_SCHEMA)
 
 
@@ -146,16 +146,16 @@ def test_fast_path_agrees_on_real_messages_and_their_mutations():
 
     a = iac.Identity.from_seed(b"a" * 32)
     b = iac.Identity.from_seed(b"b" * 32)
-    session = iac.Session(2**64 - 5)
+    session = iac.wire.Session(2**64 - 5)
     hits = 0
     for i in range(200):
-        msg = iac.build_message(
+        msg = iac.wire.build_message(
             sender=a.agent_id, to=b.agent_id if i % 3 else "", msg_type=i % 14, session=session,
             timestamp_us=i * 10**12, payload_json='{"k":"' + "v" * (i * 7) + '"}' if i % 5 else "",
             reply_to=i % 2 * 7, flags=i % 4, deadline_us=i * 999 * (i % 3),
             reply_session_id=(i % 2) * 2**63, extra_data=b"x" if i % 7 == 0 else b"",
         )  # fmt: skip
-        signed = iac.sign_message(a, msg)
+        signed = iac.wire.sign_message(a, msg)
         hits += _fast_agrees(signed)
         rnd = random.Random(i)
         for _ in range(20):

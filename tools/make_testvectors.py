@@ -30,7 +30,7 @@ if not __package__:  # run as a script: make `tools` importable from the checkou
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import iac
-from iac import DictionarySet, FrameType
+from iac.wire import DictionarySet, FrameType
 from iac.wire.scan import excise_signature
 from tools.vectors.wire.common import (
     DEFAULT_OUT,
@@ -63,11 +63,11 @@ def build(out_dir: Path, previous: dict[str, Any] | None) -> dict[str, Any]:
     vectors: list[dict[str, Any]] = []
     signed_of: dict[str, bytes] = {}
     for name, description, ident, msg in positive_messages():
-        unsigned = iac.unsigned_bytes(msg)
-        signed = iac.sign_message(ident, msg)
+        unsigned = iac.wire.unsigned_bytes(msg)
+        signed = iac.wire.sign_message(ident, msg)
         signature = bytes(msg.signature)
         assert excise_signature(signed) == (unsigned, signature)
-        iac.open_message(signed)
+        iac.wire.open_message(signed)
         signed_of[name] = signed
         zstd_hex = keep_if_same(
             prev_zstd.get("vector:" + name), decodes_to(dicts, signed), dict_frame(d, signed)

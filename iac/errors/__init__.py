@@ -125,8 +125,10 @@ from iac.errors.peer import (
     WrongPeer,
 )
 from iac.errors.transport import (
+    Attempt,
     ConnectionClosed,
     DeliveryError,
+    DialError,
     RequestTimeout,
     StoreUnavailable,
     TransportError,
@@ -149,6 +151,7 @@ __all__ = [
     "ERROR_CODES",
     "AdmissionDenied",
     "AliasTaken",
+    "Attempt",
     "BadChunkLength",
     "BadDictionary",
     "BadForwardPath",
@@ -167,6 +170,7 @@ __all__ = [
     "ConnectionClosed",
     "DecompressionBomb",
     "DeliveryError",
+    "DialError",
     "ErrorCode",
     "FieldRepeated",
     "FileExistsInInbox",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from iac.errors.base import IacError
 
 
@@ -43,3 +46,29 @@ class RequestTimeout(TransportError, TimeoutError):
     """No REPLY or ERROR came before the request's timeout (a CANCEL was sent)."""
 
     name = "request_timeout"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One dial attempt and how it ended."""
+
+    url: str
+    transport: str
+    outcome: str  # "ok", or the error's name ("timeout", "transport_error", "wrong_peer", ...)
+    detail: str = ""
+    elapsed: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.url}: {self.outcome}" + (f" ({self.detail})" if self.detail else "")
+
+
+class DialError(TransportError):
+    """Every address of a peer failed; ``attempts`` says how each one did."""
+
+    name = "dial_failed"
+
+    def __init__(self, target: str, attempts: Sequence[Attempt], note: str = "") -> None:
+        self.target = target
+        self.attempts = list(attempts)
+        parts = "; ".join(str(a) for a in attempts) or note or "no address to try"
+        super().__init__(f"cannot reach {target}: {parts}".replace("\n", " "))

@@ -1,1 +1,23 @@
-"""node"""
+"""The node layer: :class:`Node`, what it is configured with and what it hands to agent code.
+
+:mod:`~iac.node.node` is the facade agent code calls; :mod:`~iac.node.runtime` wires the
+collaborators, each with one job (peers, outbox, pending, pipeline, inbound, dispatch, ordered,
+files, answers).
+"""
+
+from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
+from iac.node.node import Context, Node
+from iac.node.types import FileSent, ReceivedFile, Reply, Sent
+
+__all__ = [
+    "Context",
+    "FileSent",
+    "Node",
+    "NodeConfig",
+    "NodeStats",
+    "PeerEvent",
+    "ReceivedFile",
+    "Reply",
+    "Sent",
+    "Topology",
+]

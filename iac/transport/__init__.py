@@ -23,11 +23,6 @@ the adapters :mod:`.quic` (a package), :mod:`.tls` and :mod:`.unix` (both over
 certificates) and :mod:`.dialer` (fallback across a peer's addresses, backoff).
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
 from iac.transport.base import (
     TRANSPORTS,
     Address,
@@ -40,67 +35,19 @@ from iac.transport.base import (
     TransportConfig,
     parse_address,
 )
-from iac.wire.identity import Identity
-
-DEFAULT_CONFIG = TransportConfig()
-
-
-def _quic() -> Any:
-    """The QUIC adapter, imported on first use (it pulls in aioquic)."""
-    return importlib.import_module(".quic", __package__)
-
-
-async def dial(
-    url: str | Address,
-    identity: Identity,
-    *,
-    expect: str | None = None,
-    config: TransportConfig = DEFAULT_CONFIG,
-    session_id: int = 0,
-) -> Connection:
-    """Connect to ``url`` and run the HELLO exchange. ``expect``: the AgentId dialed."""
-    addr = url if isinstance(url, Address) else parse_address(url)
-    if addr.scheme == "quic":
-        conn: Connection = await _quic().dial_quic(
-            addr, identity, expect=expect, config=config, session_id=session_id
-        )
-        return conn
-    if addr.scheme == "tls":
-        from iac.transport.tls import dial_tls
-
-        return await dial_tls(addr, identity, expect=expect, config=config, session_id=session_id)
-    from iac.transport.unix import dial_unix
-
-    return await dial_unix(addr, identity, expect=expect, config=config, session_id=session_id)
-
-
-async def listen(
-    url: str | Address,
-    identity: Identity,
-    on_connection: OnConnection,
-    *,
-    config: TransportConfig = DEFAULT_CONFIG,
-) -> Listener:
-    """Accept connections on ``url``; ``on_connection`` runs for each verified peer."""
-    addr = url if isinstance(url, Address) else parse_address(url)
-    if addr.scheme == "quic":
-        listener: Listener = await _quic().listen_quic(addr, identity, on_connection, config=config)
-        return listener
-    if addr.scheme == "tls":
-        from iac.transport.tls import listen_tls
-
-        return await listen_tls(addr, identity, on_connection, config=config)
-    from iac.transport.unix import listen_unix
-
-    return await listen_unix(addr, identity, on_connection, config=config)
-
+from iac.transport.dialer import Attempt, Dialer, DialError, DialPolicy
+from iac.transport.endpoints import DEFAULT_CONFIG, dial, listen
 
 __all__ = [
     "DEFAULT_CONFIG",
     "TRANSPORTS",
     "Address",
+    "Attempt",
     "Connection",
     "ConnectionTable",
+    "DialError",
+    "DialPolicy",
+    "Dialer",
     "Incoming",
     "Listener",
     "OnConnection",

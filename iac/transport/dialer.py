@@ -23,36 +23,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from iac.errors import CloseCode, ConfigError, IacError, TransportError
-from iac.transport import DEFAULT_CONFIG, dial
+from iac.errors import Attempt, CloseCode, ConfigError, DialError, IacError
 from iac.transport.base import TRANSPORTS, Address, Connection, TransportConfig, parse_address
+from iac.transport.endpoints import DEFAULT_CONFIG, dial
 from iac.wire.identity import Identity
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One dial attempt and how it ended."""
-
-    url: str
-    transport: str
-    outcome: str  # "ok", or the error's name ("timeout", "transport_error", "wrong_peer", ...)
-    detail: str = ""
-    elapsed: float = 0.0
-
-    def __str__(self) -> str:
-        return f"{self.url}: {self.outcome}" + (f" ({self.detail})" if self.detail else "")
-
-
-class DialError(TransportError):
-    """Every address of a peer failed; ``attempts`` says how each one did."""
-
-    name = "dial_failed"
-
-    def __init__(self, target: str, attempts: Sequence[Attempt], note: str = "") -> None:
-        self.target = target
-        self.attempts = list(attempts)
-        parts = "; ".join(str(a) for a in attempts) or note or "no address to try"
-        super().__init__(f"cannot reach {target}: {parts}".replace("\n", " "))
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import iac
-from iac import (
-    Dictionary,
-    DictionarySet,
-    Domain,
-    FrameType,
-    Identity,
-    Session,
-    TaskState,
-)
+from iac import Identity, TaskState
+from iac.wire import Dictionary, DictionarySet, Domain, FrameType, Session
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from iac.wire.scan import encode_varint
@@ -90,7 +83,7 @@ def load_or_train_dictionary(out_dir: Path) -> Dictionary:
         if committed.exists() and committed.resolve() != target.resolve():
             shutil.copyfile(committed, target)
         else:
-            trained = iac.train(dictionary_samples(), DICT_SIZE, dict_id=DICT_ID)
+            trained = iac.wire.train(dictionary_samples(), DICT_SIZE, dict_id=DICT_ID)
             target.write_bytes(trained.content)
     d = Dictionary.load(target)
     if d.dict_id != DICT_ID:
@@ -160,7 +153,7 @@ def zstd_rle_bomb(size: int) -> bytes:
 def message_json(msg: Message) -> dict[str, Any]:
     """The vector's ``message`` object (the design input's field names, plus the later ones)."""
     out: dict[str, Any] = {
-        "from": iac.sender_of(msg),
+        "from": iac.wire.sender_of(msg),
         "to": msg.to,
         "msg_type": int(msg.msg_type),
         "payload_json": msg.payload_json,
@@ -198,7 +191,7 @@ def message_from_json(m: dict[str, Any]) -> Message:
             steps=t["steps"],
             state_ref=t["state_ref"],
         )
-    return iac.build_message(
+    return iac.wire.build_message(
         sender=m["from"],
         to=m["to"],
         msg_type=m["msg_type"],
@@ -242,7 +235,7 @@ def decodes_to(
     dicts: DictionarySet, body: bytes, max_size: int = DEFAULT_MAX_FRAME_SIZE
 ) -> Callable[[bytes], bool]:
     def check(data: bytes) -> bool:
-        f = iac.decode_frame(data, dictionaries=dicts, max_frame_size=max_size)
+        f = iac.wire.decode_frame(data, dictionaries=dicts, max_frame_size=max_size)
         return f.type == FrameType.MESSAGE and f.body == body and f.dict_id is not None
 
     return check

@@ -7,12 +7,8 @@ from typing import Any
 import nacl.signing
 
 import iac
-from iac import (
-    Dictionary,
-    Domain,
-    FrameType,
-    MessageType,
-)
+from iac import MessageType
+from iac.wire import Dictionary, Domain, FrameType
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from iac.wire.scan import encode_varint
@@ -38,7 +34,7 @@ from tools.vectors.wire.positive import positive_messages
 def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[str, Any]]:
     """Frames every receiver must refuse, each with the error name it must map to."""
     ping = positive_messages()[0][3]
-    unsigned = iac.unsigned_bytes(ping)
+    unsigned = iac.wire.unsigned_bytes(ping)
     signed = signed_of["ping_minimal"]
     good_sig = signed[-64:]
     cmd = signed_of["command"]
@@ -146,7 +142,7 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
         _, rep = sign_raw(ALICE, unsigned + extra)
         add(name, description, msg_frame(rep), "field_repeated")
     dt = positive_messages()[2][3]
-    dt_unsigned = iac.unsigned_bytes(dt)
+    dt_unsigned = iac.wire.unsigned_bytes(dt)
     task_bytes = dt.task.SerializeToString(deterministic=True)
     task_field = field(11, 2, task_bytes)
     assert task_field in dt_unsigned

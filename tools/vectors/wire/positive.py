@@ -8,17 +8,8 @@ from typing import Any
 import zstandard
 
 import iac
-from iac import (
-    Dictionary,
-    DictionarySet,
-    Domain,
-    FrameType,
-    Identity,
-    Intent,
-    MessageType,
-    Session,
-    TaskState,
-)
+from iac import Identity, Intent, MessageType, TaskState
+from iac.wire import Dictionary, DictionarySet, Domain, FrameType, Session
 from iac.wire._pb.iac_pb2 import Hello, Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from tools.vectors.wire.common import (
@@ -46,7 +37,7 @@ def _msg(ident: Identity, **kw: Any) -> Message:
         "msg_id": 1,
     }
     args.update(kw)
-    return iac.build_message(**args)
+    return iac.wire.build_message(**args)
 
 
 def positive_messages() -> list[tuple[str, str, Identity, Message]]:
@@ -77,7 +68,7 @@ def positive_messages() -> list[tuple[str, str, Identity, Message]]:
                 msg_type=MessageType.COMMAND,
                 msg_id=7,
                 payload_json='{"args":[1,2],"name":"add"}',
-                flags=iac.FLAG_ACK_REQUESTED,
+                flags=iac.wire.FLAG_ACK_REQUESTED,
             ),
         ),
         (
@@ -96,7 +87,7 @@ def positive_messages() -> list[tuple[str, str, Identity, Message]]:
                     steps=3,
                     state_ref="redis://state/task-0007",
                 ),
-                flags=iac.FLAG_ACK_REQUESTED | iac.FLAG_ORDERED,
+                flags=iac.wire.FLAG_ACK_REQUESTED | iac.wire.FLAG_ORDERED,
                 deadline_us=T0 + 30_000_000,
             ),
         ),
@@ -254,9 +245,9 @@ def hello_vectors() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         ("hello_server", BOB, server, Domain.HELLO_SERVER),
     ):
         unsigned = h.SerializeToString(deterministic=True)
-        signed = iac.sign_hello(ident, h, domain)
+        signed = iac.wire.sign_hello(ident, h, domain)
         assert signed == unsigned + field(15, 2, h.signature)
-        iac.open_hello(signed, domain)
+        iac.wire.open_hello(signed, domain)
         signed_by_name[name] = signed
         unsigned_by_name[name] = unsigned
         out.append(
@@ -295,11 +286,11 @@ def accept_vectors(
     d: Dictionary, dicts: DictionarySet, signed_of: dict[str, bytes], prev: dict[str, str]
 ) -> list[dict[str, Any]]:
     """Frames a receiver must accept although a canonical serializer would never produce them."""
-    ping_unsigned = bytes.fromhex(iac.unsigned_bytes(positive_messages()[0][3]).hex())
+    ping_unsigned = bytes.fromhex(iac.wire.unsigned_bytes(positive_messages()[0][3]).hex())
     out: list[dict[str, Any]] = []
 
     def add(name: str, description: str, ident: Identity, unsigned: bytes, signed: bytes, fr: bytes) -> None:
-        iac.open_message(signed)
+        iac.wire.open_message(signed)
         out.append(
             {
                 "name": name,
@@ -365,14 +356,14 @@ def accept_vectors(
         "zstd_raw_block",
         "zstd frame of one raw block naming the dictionary",
         ALICE,
-        bytes.fromhex(iac.unsigned_bytes(positive_messages()[1][3]).hex()),
+        bytes.fromhex(iac.wire.unsigned_bytes(positive_messages()[1][3]).hex()),
         signed,
         frame(FrameType.MESSAGE, 1, zstd_raw(signed, DICT_ID)),
     )
 
     # zstd without a dictionary (dict id 0), and with a checksum
     signed = signed_of["delegate_task"]
-    unsigned_dt = iac.unsigned_bytes(positive_messages()[2][3])
+    unsigned_dt = iac.wire.unsigned_bytes(positive_messages()[2][3])
     plain = zstandard.ZstdCompressor(level=3, write_content_size=True, write_dict_id=False).compress(signed)
     fr_hex = keep_if_same(
         prev.get("accept:zstd_no_dictionary"), decodes_to(dicts, signed), frame(FrameType.MESSAGE, 1, plain)
