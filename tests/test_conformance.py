@@ -14,7 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, ping_frame, reply_frame, roundtrip, run
+from conftest import (
+    TRANSPORT_PARAMS,
+    EchoNode,
+    listen_url,
+    message_of,
+    ping_frame,
+    reply_frame,
+    roundtrip,
+    run,
+    settle,
+)
 
 from iac.errors import (
     AdmissionDenied,
@@ -185,21 +195,32 @@ def test_reflected_hello(transport: str, sockdir: Path) -> None:
 
 @transports
 def test_message_from_other_than_hello_peer(transport: str, sockdir: Path) -> None:
+    """A transport delivers MESSAGE frames unopened; the node's receive pipeline closes a
+    connection on which the peer sends a message signed by someone else."""
+    from iac.node import Node, NodeConfig
+    from iac.protocol.clock import now_us
+    from iac.wire import MessageType, build_message, encode_message_frame
+
     server, client, mallory = Identity.generate(), Identity.generate(), Identity.generate()
 
     async def main() -> None:
-        _node, listener = await start(transport, sockdir, server)
-        async with listener:
-            conn = await dial_and_use(listener.addresses[0], client, server.agent_id)
+        config = NodeConfig(transport=FAST)
+        async with (
+            Node(server, listen=[listen_url(transport, sockdir)], config=config) as node,
+            Node(config=config) as honest,
+        ):
+            conn = await dial(node.addresses[0], client, expect=server.agent_id, config=FAST)
             # correctly signed, but by someone other than the peer the HELLO proved
-            await conn.send(ping_frame(mallory, server.agent_id, Session()))
+            msg = build_message(sender=mallory.agent_id, to=server.agent_id, msg_type=MessageType.PING,
+                                session=Session(), timestamp_us=now_us())  # fmt: skip
+            await conn.send(encode_message_frame(mallory, msg))
             with pytest.raises(ConnectionClosed) as info:
                 await conn.recv()
             assert info.value.code == CloseCode.IMPERSONATION
             await conn.wait_closed()
             # the node goes on serving others
-            other = await dial_and_use(listener.addresses[0], client, server.agent_id)
-            await other.close()
+            honest.add_peer(server.agent_id, *node.addresses)
+            assert (await honest.request(server.agent_id, MessageType.PING, timeout=5)).payload is None
 
     run(main())
 
@@ -288,8 +309,8 @@ def test_10000_messages_each_way(transport: str, sockdir: Path) -> None:
             got = []
             while len(got) < n:
                 inc = await conn.recv()
-                assert inc.message is not None and inc.rejected is None
-                got.append(inc.message.msg_id)
+                assert message_of(inc) is not None
+                got.append(message_of(inc).msg_id)
             return got
 
         _, got = await asyncio.gather(sender(), receiver())
@@ -298,7 +319,7 @@ def test_10000_messages_each_way(transport: str, sockdir: Path) -> None:
     server_got: asyncio.Future[list[int]]
 
     async def on_conn(conn: Connection) -> None:
-        server_got.set_result(await exchange(conn, server))
+        await settle(server_got, exchange(conn, server))
         await conn.wait_closed()
 
     async def main() -> None:
@@ -417,17 +438,19 @@ def test_frames_in_one_turn_and_close_flushes(transport: str, sockdir: Path) -> 
     """Frames queued before close() are all delivered before the GOAWAY."""
     server, client = Identity.generate(), Identity.generate()
     got: list[int] = []
-    done: asyncio.Future[None]
+    done: asyncio.Future[int]
 
-    async def on_conn(conn: Connection) -> None:
+    async def receive_until_closed(conn: Connection) -> int:
         try:
             while True:
                 inc = await conn.recv()
-                assert inc.message is not None
-                got.append(inc.message.msg_id)
+                assert message_of(inc) is not None
+                got.append(message_of(inc).msg_id)
         except ConnectionClosed as exc:
-            assert exc.code == CloseCode.NO_ERROR
-            done.set_result(None)
+            return exc.code
+
+    async def on_conn(conn: Connection) -> None:
+        await settle(done, receive_until_closed(conn))
 
     async def main() -> None:
         nonlocal done
@@ -439,7 +462,7 @@ def test_frames_in_one_turn_and_close_flushes(transport: str, sockdir: Path) -> 
             for _ in range(50):
                 await conn.send(ping_frame(client, server.agent_id, session))
             await conn.close()
-            await done
+            assert await done == CloseCode.NO_ERROR
         # QUIC carries each message on its own stream: all arrive, order is not promised
         assert sorted(got) == list(range(1, 51))
         if transport != "quic":
@@ -460,8 +483,8 @@ def test_reply_helper_roundtrip(transport: str, sockdir: Path) -> None:
             session = Session()
             await conn.send(ping_frame(client, server.agent_id, session))
             inc = await conn.recv()
-            assert inc.message is not None and inc.message.reply_to == 1
-            assert inc.message.reply_session_id == session.session_id
+            assert message_of(inc) is not None and message_of(inc).reply_to == 1
+            assert message_of(inc).reply_session_id == session.session_id
             await conn.close()
 
     assert reply_frame  # imported for the node script's sake
@@ -568,6 +591,7 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
 
 def test_session_logic_and_connection_table() -> None:
     from iac.errors import Impersonation, UnexpectedHello
+    from iac.node.pipeline import ReceivePipeline
     from iac.transport.base import ConnectionTable
     from iac.transport.session import EarlyFrames, PeerGoaway, SessionLogic
     from iac.wire.frames import Frame, FrameType
@@ -577,9 +601,12 @@ def test_session_logic_and_connection_table() -> None:
     from iac.wire.frames import decode_frame
 
     ok = logic.on_frame(decode_frame(ping_frame(a, b.agent_id, Session())))
-    assert ok is not None and not isinstance(ok, PeerGoaway) and ok.message is not None
+    assert ok is not None and not isinstance(ok, PeerGoaway) and message_of(ok).to == b.agent_id
+    # The transport delivers a MESSAGE of another origin unopened: proving it is the node's job.
+    other = logic.on_frame(decode_frame(ping_frame(b, a.agent_id, Session())))
+    assert other is not None and not isinstance(other, PeerGoaway)
     with pytest.raises(Impersonation):
-        logic.on_frame(decode_frame(ping_frame(b, a.agent_id, Session())))
+        ReceivePipeline.open(other.frame.body, a.agent_id)
     with pytest.raises(UnexpectedHello):
         logic.on_frame(Frame(FrameType.HELLO, b""))
     assert logic.on_frame(Frame(FrameType.DICT_ACK, b"")) is None

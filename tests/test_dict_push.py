@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from conftest import TRANSPORT_PARAMS, listen_url, run
+from conftest import TRANSPORT_PARAMS, listen_url, message_of, run
 
 from iac.errors import BadDictionary, CloseCode, ConnectionClosed
 from iac.node.config import NodeConfig
@@ -102,18 +102,18 @@ class DictEcho:
             while True:
                 inc: Incoming = await conn.recv()
                 self.dict_ids.append(inc.frame.dict_id)
-                if inc.message is None:
+                if inc.frame.type != FrameType.MESSAGE:
                     continue
                 use = conn.send_dictionary or BASE
                 msg = build_message(
                     sender=self.identity.agent_id,
-                    to=getattr(inc.message, "from"),
+                    to=getattr(message_of(inc), "from"),
                     msg_type=MessageType.REPLY,
                     session=session,
                     timestamp_us=0,
-                    reply_to=inc.message.msg_id,
-                    reply_session_id=inc.message.session_id,
-                    payload_json=inc.message.payload_json,
+                    reply_to=message_of(inc).msg_id,
+                    reply_session_id=message_of(inc).session_id,
+                    payload_json=message_of(inc).payload_json,
                 )
                 await conn.send(encode_message_frame(self.identity, msg, compress_with=use))
         except Exception:
@@ -223,7 +223,7 @@ def test_both_sides_switch_to_the_derived_dictionary(transport: str, sockdir: Pa
                 after.append(len(frame))
                 await conn.send(frame)
                 inc = await conn.recv()
-                assert inc.message is not None and inc.message.payload_json == text
+                assert message_of(inc) is not None and message_of(inc).payload_json == text
                 assert inc.frame.dict_id == theirs.dict_id
             assert set(echo.dict_ids) == {mine.dict_id}
             assert statistics.mean(after) < statistics.mean(before) - 40
@@ -278,7 +278,7 @@ def test_bad_push_closes_only_that_connection(transport: str, fault: str, sockdi
                     )
                 )
                 inc = await good.recv()
-                assert inc.message is not None and inc.message.payload_json == text
+                assert message_of(inc) is not None and message_of(inc).payload_json == text
             await good.close()
 
     run(main())
@@ -299,7 +299,7 @@ def test_push_disabled_uses_the_hello_dictionary(transport: str, sockdir: Path) 
                 body = message(client, server.agent_id, session, text, MessageType.PING)
                 await conn.send(encode_frame(FrameType.MESSAGE, body, compress_with=BASE))
                 inc = await conn.recv()
-                assert inc.message is not None and inc.frame.dict_id == BASE.dict_id
+                assert message_of(inc) is not None and inc.frame.dict_id == BASE.dict_id
             sconn = echo.connections[0]
             # the server pushed, but this side never acknowledged: nobody switched
             assert sconn.dicts is not None and sconn.dicts.pushed is not None

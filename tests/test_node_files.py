@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run
+from conftest import message_of, run
 
 from iac.errors import ConfigError, RemoteError, TransferRefused
 from iac.node.config import NodeConfig
 from iac.node.node import Node, ReceivedFile
 from iac.protocol.files import ChunkHeader, TransferProgress, chunk_count, new_transfer_id
 from iac.protocol.routing import RelayPolicy
+from iac.testing import node_pair
 from iac.transport import dial
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, MessageType
@@ -66,14 +67,9 @@ def make_file(path: Path, size: int) -> str:
     return h.hexdigest()
 
 
-@contextlib.asynccontextmanager
-async def pair(
-    d: Path, receiver_config: NodeConfig | None = None, url: str = "tls://127.0.0.1:0"
-) -> AsyncIterator[tuple[Node, Node]]:
-    cfg = receiver_config if receiver_config is not None else NodeConfig(inbox_dir=d / "inbox")
-    async with Node(listen=[url], config=cfg) as rx, Node() as tx:
-        tx.add_peer(rx.agent_id, *rx.addresses)
-        yield tx, rx
+def inbox(d: Path) -> NodeConfig:
+    """A receiver with an inbox in ``d``."""
+    return NodeConfig(inbox_dir=d / "inbox")
 
 
 class TcpProxy:
@@ -120,7 +116,7 @@ class TcpProxy:
 @pytest.mark.slow  # 24 MiB by default; IAC_SLOW=1 sends 200 MiB
 def test_large_file_survives_a_killed_connection_and_resumes() -> None:
     async def main() -> None:
-        async with tmpdir() as d, pair(d) as (_tx, rx):
+        async with tmpdir() as d, node_pair("tls", server_config=inbox(d)) as (_tx, rx):
             src = d / "big.bin"
             digest = make_file(src, BIG)
             port = int(rx.addresses[0].rsplit(":", 1)[1])
@@ -166,7 +162,7 @@ def test_large_file_survives_a_killed_connection_and_resumes() -> None:
 
 def test_send_file_progress_result_and_on_file() -> None:
     async def main() -> None:
-        async with tmpdir() as d, pair(d) as (tx, rx):
+        async with tmpdir() as d, node_pair("tls", server_config=inbox(d)) as (tx, rx):
             src = d / "notes.txt"
             digest = make_file(src, 300_003)
             got: list[ReceivedFile] = []
@@ -205,13 +201,15 @@ def test_refusals_no_inbox_size_limit_and_local_name_check() -> None:
         async with tmpdir() as d:
             src = d / "f.bin"
             make_file(src, 5000)
-            async with pair(d, NodeConfig()) as (tx, rx):  # no inbox: files are refused
+            # no inbox: files are refused
+            async with node_pair("tls", server_config=NodeConfig()) as (tx, rx):
                 with pytest.raises(RemoteError) as e:
                     await tx.send_file(rx.agent_id, src, timeout=5)
                 assert e.value.code == "no_handler"
                 assert rx.stats().refused == {"no_handler": 1}
                 assert tx.stats().files["failed"] == 1
-            async with pair(d, NodeConfig(inbox_dir=d / "small", max_file_size=4096)) as (tx, rx):
+            small = NodeConfig(inbox_dir=d / "small", max_file_size=4096)
+            async with node_pair("tls", server_config=small) as (tx, rx):
                 with pytest.raises(TransferRefused) as e2:
                     await tx.send_file(rx.agent_id, src, timeout=5)
                 assert e2.value.code == "file_too_large"
@@ -268,8 +266,8 @@ class RawSender:
         )
         await self.conn.send(encode_message_frame(self.identity, msg))
         inc = await asyncio.wait_for(self.conn.recv(), 5)
-        assert inc.message is not None
-        return inc.message
+        assert message_of(inc) is not None
+        return message_of(inc)
 
 
 def answer(m: Message) -> tuple[int, Any]:
@@ -278,7 +276,7 @@ def answer(m: Message) -> tuple[int, Any]:
 
 def test_tampered_chunks_and_unsafe_names_from_a_raw_sender_are_refused() -> None:
     async def main() -> None:
-        async with tmpdir() as d, pair(d) as (_tx, rx):
+        async with tmpdir() as d, node_pair("tls", server_config=inbox(d)) as (_tx, rx):
             me = Identity.generate()
             conn = await dial(rx.addresses[0], me, expect=rx.agent_id)
             raw = RawSender(me, conn, rx)

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run
+from conftest import message_of, run
 
 from iac.errors import ConfigError, IacError
 from iac.node.config import NodeConfig, NodeStats
 from iac.node.node import Context, Node
 from iac.protocol.routing import RelayPolicy, parse_forward, wrap_forward
+from iac.testing import eventually
 from iac.transport import dial, listen
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Forward, MessageType
@@ -210,7 +211,7 @@ def test_loop_bad_path_and_needless_forward_are_refused() -> None:
                                      deadline_us=b.clock.now_us() + 5_000_000)  # fmt: skip
                 await conn.send(encode_message_frame(x, ping))
                 inc = await asyncio.wait_for(conn.recv(), 5)
-                assert inc.message is not None and inc.message.reply_to == ping.msg_id
+                assert message_of(inc) is not None and message_of(inc).reply_to == ping.msg_id
             finally:
                 await conn.close()
             st = b.stats()
@@ -289,13 +290,6 @@ def test_relay_that_alters_a_byte_is_caught_at_the_receiver() -> None:
 # --- broadcast ------------------------------------------------------------------------------------
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll a condition on the nodes' own counters (a wait for a state, not a timed guess)."""
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.005)
-
-
 def quiet(stats: list[NodeStats]) -> bool:
     """Every Forward sent has been received and judged somewhere."""
     sent = sum(s.routing["forwarded"] for s in stats)
@@ -314,7 +308,7 @@ async def mesh(edges: list[tuple[int, int]], n: int, configs: dict[int, NodeConf
         for i, j in edges:
             nodes[i].add_peer(nodes[j].agent_id, *nodes[j].addresses)
             await nodes[i].connect(nodes[j].agent_id)
-        await wait_until(
+        await eventually(
             lambda: all(
                 nd.stats().connections == deg for nd, deg in zip(nodes, degrees(edges, n), strict=True)
             )
@@ -347,8 +341,8 @@ def test_broadcast_reaches_every_handler_exactly_once() -> None:
                 origin = nodes[k % n]
                 sent = await origin.broadcast(MessageType.BROADCAST, {"k": k})
                 assert sent.peer == ""
-            await wait_until(lambda: sum(sum(c.values()) for c in got) == 12 * (n - 1))
-            await wait_until(lambda: quiet([nd.stats() for nd in nodes]))
+            await eventually(lambda: sum(sum(c.values()) for c in got) == 12 * (n - 1))
+            await eventually(lambda: quiet([nd.stats() for nd in nodes]))
             for idx, node in enumerate(nodes):
                 expected = {(nodes[k % n].agent_id, k): 1 for k in range(12) if k % n != idx}
                 assert dict(got[idx]) == expected
@@ -367,7 +361,7 @@ def test_broadcast_relay_policy_off_stops_the_flood_at_that_node() -> None:
             for idx, node in enumerate(nodes):
                 node.on(MessageType.BROADCAST)(lambda ctx, idx=idx: got[idx].append(ctx.payload))
             await nodes[0].broadcast(MessageType.BROADCAST, "hello")
-            await wait_until(lambda: got[1] == ["hello"])
+            await eventually(lambda: got[1] == ["hello"])
             await barrier(nodes[0], nodes[1])
             assert got == [[], ["hello"], []]
             assert nodes[1].stats().route_refused == {"relay_denied": 1}
@@ -383,8 +377,8 @@ def test_broadcast_hop_limit_ends_the_flood() -> None:
             for idx, node in enumerate(nodes):
                 node.on(MessageType.BROADCAST)(lambda ctx, idx=idx: got[idx].append(ctx.payload))
             await nodes[0].broadcast(MessageType.BROADCAST, 1)
-            await wait_until(lambda: got[2] == [1])
-            await wait_until(lambda: quiet([nd.stats() for nd in nodes]))
+            await eventually(lambda: got[2] == [1])
+            await eventually(lambda: quiet([nd.stats() for nd in nodes]))
             assert got == [[], [1], [1], []]
             assert nodes[2].stats().routing["flood_ends"] == 1
 
@@ -423,7 +417,7 @@ def test_forward_frame_from_a_raw_peer_delivers_a_broadcast() -> None:
                 await asyncio.wait_for(conn.recv(), 5)
             finally:
                 await conn.close()
-            await wait_until(lambda: bool(got))
+            await eventually(lambda: bool(got))
             assert got == [(x.agent_id, "hi")]
             st = b.stats()
             assert st.routing["duplicates"] == 1 and st.routing["relayed"] == 2  # sent on to A and C

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run
+from conftest import message_of, run
 
 from iac.errors import ChannelBindingMismatch, ConnectionClosed, IacError, KeyFileError, TransportError
 from iac.node.config import NodeConfig, Topology
@@ -94,8 +94,8 @@ class RawPeer:
         got: list[Message] = []
         while True:
             inc = await asyncio.wait_for(self.conn.recv(), 5)
-            assert inc.message is not None
-            m = inc.message
+            assert message_of(inc) is not None
+            m = message_of(inc)
             if m.msg_type in (MessageType.REPLY, MessageType.ERROR) and m.reply_to == ping.msg_id:
                 return got  # the PING itself may be refused (policy, guards): still a barrier
             got.append(m)
@@ -261,7 +261,7 @@ def test_replay_store_full_is_busy() -> None:
             msg = peer.request(MessageType.RUN, "second", session=other)
             await peer.send(msg)
             inc = await asyncio.wait_for(peer.conn.recv(), 5)
-            assert inc.message is not None and errors([inc.message]) == ["busy"]
+            assert message_of(inc) is not None and errors([message_of(inc)]) == ["busy"]
             assert refused(node) == {"replay_store_full": 1}
             assert woke == ["first"]
 
@@ -507,7 +507,7 @@ def test_threat_remote_call_cannot_reach_unexposed_code() -> None:
                 call = peer.request(MessageType.COMMAND, {"name": name, "args": ["id"]})
                 await peer.send(call)
                 inc = await asyncio.wait_for(peer.conn.recv(), 5)
-                assert inc.message is not None and errors([inc.message]) == ["no_handler"]
+                assert message_of(inc) is not None and errors([message_of(inc)]) == ["no_handler"]
             assert refused(node) == {"no_handler": 4}
 
     run(main())
@@ -574,9 +574,9 @@ def test_ordered_refusal_still_advances_the_reorder_buffer() -> None:
             acks: list[Message] = []
             while len(acks) < 2:
                 inc = await asyncio.wait_for(peer.conn.recv(), 5)
-                assert inc.message is not None
-                if inc.message.msg_type == MessageType.ACK:
-                    acks.append(inc.message)
+                assert message_of(inc) is not None
+                if message_of(inc).msg_type == MessageType.ACK:
+                    acks.append(message_of(inc))
             assert woke == ["one", "three"]
             assert sorted(a.reply_to for a in acks) == [m1.msg_id, m3.msg_id]
             assert refused(node) == {"bad_payload": 1}

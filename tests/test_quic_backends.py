@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import pytest
+from conftest import message_of, run, settle
 
 from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError
+from iac.testing import eventually
 from iac.transport.base import Connection, TransportConfig
 from iac.transport.quic import (
     ClientTicketStore,
@@ -55,20 +55,6 @@ PAIRS = [
 ]
 
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
-    """Run with a timeout; any exception the loop's handler saw fails the test."""
-    seen: list[dict[str, Any]] = []
-
-    async def bounded() -> Any:
-        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: seen.append(ctx))
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    result = asyncio.run(bounded())
-    assert not seen, [f"{c.get('message')}: {c.get('exception')!r}" for c in seen]
-    return result
-
-
 def message(identity: Identity, to: str, session: Session, payload: str) -> bytes:
     msg = build_message(
         sender=identity.agent_id,
@@ -79,12 +65,6 @@ def message(identity: Identity, to: str, session: Session, payload: str) -> byte
         payload_json=payload,
     )
     return encode_message_frame(identity, msg)
-
-
-async def until(predicate: Any) -> None:
-    """Wait for a condition another task makes true (the test's timeout bounds it)."""
-    while not predicate():
-        await asyncio.sleep(0.005)
 
 
 async def exchange(conn: Connection, me: Identity, n: int) -> list[int]:
@@ -99,8 +79,8 @@ async def exchange(conn: Connection, me: Identity, n: int) -> list[int]:
     got = []
     for _ in range(n):
         item = await conn.recv()
-        assert item.message is not None and item.rejected is None
-        got.append(int(item.message.payload_json))
+        assert message_of(item) is not None
+        got.append(int(message_of(item).payload_json))
     await task
     return got
 
@@ -114,7 +94,7 @@ def test_handshake_and_2000_each_way(client_backend: str, server_backend: str) -
         server_got: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
 
         async def on_conn(conn: Connection) -> None:
-            server_got.set_result(await exchange(conn, server, n))
+            await settle(server_got, exchange(conn, server, n))
             await conn.wait_closed()
 
         listener = await listen_quic(LOOPBACK, server, on_conn, backend=server_backend)
@@ -137,7 +117,7 @@ def test_handshake_and_2000_each_way(client_backend: str, server_backend: str) -
         assert sorted(client_got) == list(range(n))
         assert sorted(got) == list(range(n))
 
-    run(main())
+    run(main(), timeout=60)
 
 
 @pytest.mark.parametrize(("client_backend", "server_backend"), PAIRS)
@@ -151,7 +131,7 @@ def test_ten_thousand_within_stream_credit(client_backend: str, server_backend: 
         server_got: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
 
         async def on_conn(conn: Connection) -> None:
-            server_got.set_result(await exchange(conn, server, n))
+            await settle(server_got, exchange(conn, server, n))
             await conn.wait_closed()
 
         listener = await listen_quic(LOOPBACK, server, on_conn, backend=server_backend)
@@ -183,8 +163,8 @@ def test_close_flushes_everything_queued(client_backend: str, server_backend: st
             try:
                 while True:
                     item = await conn.recv()
-                    assert item.message is not None
-                    got.append(int(item.message.payload_json))
+                    assert message_of(item) is not None
+                    got.append(int(message_of(item).payload_json))
             except ConnectionClosed as exc:
                 done.set_result(exc.code)
 
@@ -198,7 +178,7 @@ def test_close_flushes_everything_queued(client_backend: str, server_backend: st
             assert await done == 0
         assert sorted(got) == list(range(300))
 
-    run(main())
+    run(main(), timeout=60)
 
 
 @pytest.mark.parametrize(("client_backend", "server_backend"), PAIRS)
@@ -216,8 +196,8 @@ def test_zero_rtt_across_backends(client_backend: str, server_backend: str, tmp_
             try:
                 while True:
                     item = await conn.recv()
-                    assert item.message is not None
-                    delivered.append(item.message.payload_json)
+                    assert message_of(item) is not None
+                    delivered.append(message_of(item).payload_json)
             except IacError:
                 return
 
@@ -229,7 +209,7 @@ def test_zero_rtt_across_backends(client_backend: str, server_backend: str, tmp_
             set_backend(client_backend)  # the class a ticket read back from the file gets
             try:
                 first = await dial_quic(url, client, expect=server.agent_id, tickets=store)
-                await until(lambda: url in store)
+                await eventually(lambda: url in store)
                 await first.close()
                 store2 = ClientTicketStore(tmp_path / "tickets.json")
                 conn = await dial_quic(url, client, expect=server.agent_id, tickets=store2)
@@ -238,16 +218,16 @@ def test_zero_rtt_across_backends(client_backend: str, server_backend: str, tmp_
             assert conn.backend.name == client_backend
             assert conn.peer.resumed and conn.early_data
             await conn.send(message(client, server.agent_id, Session(), "early"))
-            await until(lambda: delivered == ["early"])
+            await eventually(lambda: delivered == ["early"])
             last = accepted[-1]
             assert isinstance(last, QuicConn) and last.peer.resumed
             assert last._quic.tls.early_data_accepted
-            await until(lambda: conn.peer_hello_verified)
+            await eventually(lambda: conn.peer_hello_verified)
             assert tickets.resumed == 1
-            await until(lambda: url in store2)
+            await eventually(lambda: url in store2)
             await conn.close()
 
-    run(main())
+    run(main(), timeout=60)
 
 
 @pytest.mark.parametrize(("client_backend", "server_backend"), PAIRS)
@@ -275,16 +255,26 @@ def test_slow_reader_pushes_back(client_backend: str, server_backend: str) -> No
             accepted = await arrived
             assert isinstance(accepted, QuicConn)
             session = Session()
+            sent = 0
 
             async def send_all() -> None:
+                nonlocal sent
                 for i in range(n):
                     await conn.send(message(client, server.agent_id, session, "x" * 400 + str(i)))
+                    sent += 1
 
             task = asyncio.create_task(send_all())
             if accepted.backend.credit_control:
-                await until(lambda: accepted._recv_full and len(conn._queue) >= 15)
+                # nothing is read: past recv_queue_frames waiting, the receiver withholds stream
+                # credit, and the sender's queue (sends returned, frames not in a stream) fills
+                await eventually(
+                    lambda: (
+                        accepted.stats.frames_received >= config.recv_queue_frames
+                        and sent - conn.stats.frames_sent >= config.send_queue_frames - 1
+                    )
+                )
                 assert not task.done() and not accepted.closed
-                got = [(await accepted.recv()).message for _ in range(n)]
+                got = [message_of(await accepted.recv()) for _ in range(n)]
                 await task
                 assert len({m.msg_id for m in got if m is not None}) == n
             else:
@@ -294,7 +284,7 @@ def test_slow_reader_pushes_back(client_backend: str, server_backend: str) -> No
                 task.cancel()
             await conn.close()
 
-    run(main())
+    run(main(), timeout=60)
 
 
 def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:

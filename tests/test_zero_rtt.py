@@ -3,13 +3,13 @@ captured early flight replayed to the server delivers nothing twice."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from iac.testing.relay import UdpRelay
+from conftest import message_of, run
+
+from iac.testing import UdpRelay, eventually
 from iac.transport.base import Connection
 from iac.transport.quic import (
     ClientTicketStore,
@@ -24,14 +24,6 @@ from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, encode_message_frame
 
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
-    async def bounded() -> Any:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
 def message(identity: Identity, to: str, session: Session, payload: str) -> bytes:
     msg = build_message(
         sender=identity.agent_id,
@@ -42,12 +34,6 @@ def message(identity: Identity, to: str, session: Session, payload: str) -> byte
         payload_json=payload,
     )
     return encode_message_frame(identity, msg)
-
-
-async def until(predicate: Any) -> None:
-    """Wait for a condition that another task makes true (the test's timeout bounds it)."""
-    while not predicate():
-        await asyncio.sleep(0.005)
 
 
 class Node:
@@ -63,8 +49,8 @@ class Node:
         try:
             while True:
                 item = await conn.recv()
-                assert item.message is not None
-                self.delivered.append(item.message.payload_json)
+                assert message_of(item) is not None
+                self.delivered.append(message_of(item).payload_json)
         except Exception:
             return
 
@@ -83,7 +69,7 @@ def test_resumed_session_sends_hello_and_message_as_early_data(tmp_path: Path) -
         store = ClientTicketStore(tmp_path / "tickets.json")
         first = await dial_quic(url, client, expect=node.identity.agent_id, tickets=store)
         assert not first.peer.resumed
-        await until(lambda: url in store)
+        await eventually(lambda: url in store)
         await first.close()
         assert (tmp_path / "tickets.json").stat().st_mode & 0o077 == 0
 
@@ -93,15 +79,15 @@ def test_resumed_session_sends_hello_and_message_as_early_data(tmp_path: Path) -
         assert conn.peer.resumed and conn.early_data
         assert url not in store2  # a ticket is used once
         await conn.send(message(client, node.identity.agent_id, Session(), "early"))
-        await until(lambda: node.delivered == ["early"])
+        await eventually(lambda: node.delivered == ["early"])
         accepted = node.conns[-1]
         assert isinstance(accepted, QuicConn)
         assert accepted.peer.resumed
         assert accepted._quic.tls.early_data_accepted
-        await until(lambda: conn.peer_hello_verified)
+        await eventually(lambda: conn.peer_hello_verified)
         assert conn.peer.hello.agent_id == node.identity.agent_id
         assert node.tickets.resumed == 1
-        await until(lambda: url in store2)  # a fresh ticket for next time
+        await eventually(lambda: url in store2)  # a fresh ticket for next time
         await conn.close()
         assert node.listener is not None
         await node.listener.close()
@@ -121,14 +107,14 @@ async def replay_scenario(server_tickets: ServerTicketStore) -> tuple[Node, UdpR
     client = Identity.generate()
     store = ClientTicketStore()
     first = await dial_quic(via, client, expect=node.identity.agent_id, tickets=store)
-    await until(lambda: via in store)
+    await eventually(lambda: via in store)
     await first.close()
 
     relay.start_capture(limit=8)
     conn = await dial_quic(via, client, expect=node.identity.agent_id, tickets=store)
     assert conn.early_data
     await conn.send(message(client, node.identity.agent_id, Session(), "once"))
-    await until(lambda: node.delivered == ["once"])
+    await eventually(lambda: node.delivered == ["once"])
     captured = relay.stop_capture()
     assert captured
     await conn.close()
@@ -144,7 +130,7 @@ def test_replayed_early_flight_with_single_use_tickets() -> None:
         tickets = ServerTicketStore()
         node, relay = await replay_scenario(tickets)
         # The replayed ClientHello names a ticket that was taken out when it was used.
-        await until(lambda: tickets.refused >= 1)
+        await eventually(lambda: tickets.refused >= 1)
         assert node.delivered == ["once"]
         assert node.listener is not None
         assert node.listener.accepted == 2
@@ -164,7 +150,7 @@ def test_replayed_early_flight_against_ticket_reuse_is_stopped_by_hello_nonce() 
         node, relay = await replay_scenario(tickets)
         assert node.listener is not None
         listener = node.listener
-        await until(lambda: listener.refused.get("replayed_hello", 0) == 1)
+        await eventually(lambda: listener.refused.get("replayed_hello", 0) == 1)
         assert tickets.resumed == 2  # the replay did resume the TLS session
         assert node.delivered == ["once"]
         assert listener.accepted == 2
@@ -185,19 +171,21 @@ def test_rejected_early_data_is_sent_again_after_the_handshake() -> None:
         client = Identity.generate()
         store = ClientTicketStore()
         first = await dial_quic(url, client, tickets=store)
-        await until(lambda: url in store)
+        await eventually(lambda: url in store)
         await first.close()
         stored = store.pop(url)
         assert stored is not None
         second = await dial_quic(url, client, tickets=_with(stored, url))  # uses the ticket
-        await until(lambda: second.peer_hello_verified)
+        await eventually(lambda: second.peer_hello_verified)
         await second.close()
         conn = await dial_quic(url, client, tickets=_with(stored, url))  # the same ticket again
         assert conn.early_data
         await conn.send(message(client, node.identity.agent_id, Session(), "late"))
-        await until(lambda: "late" in node.delivered)
-        await until(lambda: conn.peer_hello_verified)
-        assert not conn._quic.tls.session_resumed
+        await eventually(lambda: "late" in node.delivered)
+        await eventually(lambda: conn.peer_hello_verified)
+        accepted = node.conns[-1]
+        assert accepted.peer.hello.agent_id == client.agent_id
+        assert not accepted.peer.resumed  # the server did not resume the TLS session
         assert node.tickets.refused == 1
         await conn.close()
         assert node.listener is not None

@@ -26,8 +26,9 @@ from iac.protocol.clock import now_us
 from iac.transport.certs import init_ca
 from iac.transport.dialer import Dialer, DialPolicy
 from iac.wire.enums import MessageType
+from iac.wire.frames import FrameType
 from iac.wire.identity import Identity, check_agent_id
-from iac.wire.message import Session, build_message, encode_message_frame, sender_of
+from iac.wire.message import Session, build_message, encode_message_frame, open_message, sender_of
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -73,10 +74,11 @@ async def _run_ping(args: argparse.Namespace) -> int:
                 async with asyncio.timeout(args.timeout):
                     while True:
                         inc = await conn.recv()
-                        r = inc.message
+                        if inc.frame.type != FrameType.MESSAGE:
+                            continue
+                        r = open_message(inc.frame.body)  # a bad signature raises: one line, exit 1
                         if (
-                            r is not None
-                            and int(r.msg_type) == MessageType.REPLY
+                            int(r.msg_type) == MessageType.REPLY
                             and r.reply_to == msg.msg_id
                             and r.reply_session_id == session.session_id
                             and sender_of(r) == target

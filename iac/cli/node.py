@@ -24,13 +24,14 @@ from typing import Any
 from iac.cli.files import run_inbox_node
 from iac.cli.mesh import run_mesh_node
 from iac.cli.options import add_listen_option, add_tls_options, serve_until_signal, transport_config
-from iac.errors import IacError
+from iac.errors import IacError, MessageRejected
 from iac.protocol.clock import now_us
 from iac.transport import listen
 from iac.transport.base import Connection
 from iac.wire.enums import MessageType
+from iac.wire.frames import FrameType
 from iac.wire.identity import Identity
-from iac.wire.message import Session, build_message, encode_message_frame, sender_of
+from iac.wire.message import Session, build_message, encode_message_frame, open_message, sender_of
 
 
 async def _serve_connection(identity: Identity, conn: Connection) -> None:
@@ -38,8 +39,13 @@ async def _serve_connection(identity: Identity, conn: Connection) -> None:
     with contextlib.suppress(IacError):
         while True:
             inc = await conn.recv()
-            msg = inc.message
-            if msg is None or int(msg.msg_type) != MessageType.PING:
+            if inc.frame.type != FrameType.MESSAGE:
+                continue
+            try:
+                msg = open_message(inc.frame.body)
+            except MessageRejected:
+                continue
+            if sender_of(msg) != conn.peer.agent_id or int(msg.msg_type) != MessageType.PING:
                 continue
             reply = build_message(
                 sender=identity.agent_id,

@@ -111,19 +111,15 @@ class Inbound:
             return
         if frame.type != _MESSAGE_FRAME:
             return
-        msg = inc.message
-        if msg is None:
-            try:
-                if inc.rejected is not None:
-                    raise inc.rejected
-                msg = self._pipeline.open(frame.body, conn.peer.agent_id)
-            except MessageRejected:  # 1. signature: refused, the connection goes on
-                await self._on_bad_signature(conn, frame.body)
-                return
-            except ProtocolError as exc:  # malformed, or an impersonation: close this connection
-                log.info("closing the connection from %s…: %s: %s", conn.peer.agent_id[:16], exc.name, exc)
-                await conn.close(exc.close_code, str(exc)[:200])
-                raise
+        try:
+            msg = self._pipeline.open(frame.body, conn.peer.agent_id)
+        except MessageRejected:  # 1. signature: refused, the connection goes on
+            await self._on_bad_signature(conn, frame.body)
+            return
+        except ProtocolError as exc:  # malformed, or an impersonation: close this connection
+            log.info("closing the connection from %s…: %s: %s", conn.peer.agent_id[:16], exc.name, exc)
+            await conn.close(exc.close_code, str(exc)[:200])
+            raise
         await self.on_message(conn, msg)
 
     async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from iac.errors import CloseCode, ConfigError, IacError, MessageRejected
+from iac.errors import CloseCode, ConfigError, IacError
 from iac.protocol.clock import SYSTEM_CLOCK, Clock
 from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook, NonceCache
-from iac.wire._pb.iac_pb2 import Hello, Message
+from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary, DictionarySet
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame
 
@@ -115,17 +115,11 @@ class PeerInfo:
 
 @dataclass(frozen=True)
 class Incoming:
-    """One received frame after the session checks.
-
-    ``message`` is set for a MESSAGE frame that verified; ``rejected`` for a
-    well-formed one that failed a check (bad signature, invalid ``from``) — the
-    connection goes on and the node layer counts and answers it. For FORWARD
-    frames both are None (the node layer opens them).
-    """
+    """One received MESSAGE or FORWARD frame, decoded (and decompressed) but not opened: the
+    transport proves who the peer is (HELLO), never what a message says. The node's receive
+    pipeline verifies the signature and that a MESSAGE's ``from`` is this connection's peer."""
 
     frame: Frame
-    message: Message | None = None
-    rejected: MessageRejected | None = None
 
 
 class Connection(ABC):

@@ -34,8 +34,6 @@ from iac.errors import (
     ConnectionClosed,
     HandshakeError,
     IacError,
-    Impersonation,
-    MessageRejected,
     ProtocolError,
     UnexpectedHello,
 )
@@ -55,7 +53,6 @@ from iac.wire._pb.iac_pb2 import Dict, Hello
 from iac.wire.dicts import MAX_DICT_SIZE, Dictionary, DictionarySet, derive_dictionary, message_prefix
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameType, encode_frame
 from iac.wire.identity import Identity
-from iac.wire.message import open_message, sender_of
 
 # --- the HELLO exchange over any channel ---------------------------------------------------------
 
@@ -312,11 +309,8 @@ class SessionLogic:
     """Judges frames on an established connection (sans-IO).
 
     * HELLO again → :class:`UnexpectedHello` (close).
-    * MESSAGE → :func:`open_message`: a scan or parse fault raises (close); a bad
-      signature or invalid ``from`` comes back as ``Incoming(rejected=...)`` and the
-      connection goes on; a verified message whose ``from`` is not the HELLO peer
-      raises :class:`Impersonation` (close).
-    * FORWARD → delivered as is (the node layer opens it and applies relay policy).
+    * MESSAGE and FORWARD → delivered as :class:`Incoming`, unopened: the node's receive
+      pipeline verifies signatures (and that a MESSAGE's ``from`` is the HELLO peer).
     * GOAWAY → :class:`PeerGoaway`.
     * DICT / DICT_ACK → :class:`DictState` (install and acknowledge; switch to the
       pushed dictionary), None. A refused push raises :class:`BadDictionary` (close).
@@ -327,26 +321,10 @@ class SessionLogic:
     def __init__(self, peer_agent_id: str, dicts: DictState | None = None) -> None:
         self.peer_agent_id = peer_agent_id
         self.dicts = dicts
-        self.messages = 0
-        self.rejected = 0
 
     def on_frame(self, frame: Frame) -> Incoming | PeerGoaway | None:
         ftype = frame.type
-        if ftype == FrameType.MESSAGE:
-            try:
-                msg = open_message(frame.body)
-            except MessageRejected as exc:
-                self.rejected += 1
-                return Incoming(frame, None, exc)
-            sender = sender_of(msg)
-            if sender != self.peer_agent_id:
-                raise Impersonation(
-                    f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
-                    f"{self.peer_agent_id[:16]}… (other origins travel inside FORWARD)"
-                )
-            self.messages += 1
-            return Incoming(frame, msg, None)
-        if ftype == FrameType.FORWARD:
+        if ftype == FrameType.MESSAGE or ftype == FrameType.FORWARD:
             return Incoming(frame)
         if ftype == FrameType.GOAWAY:
             return PeerGoaway(*decode_goaway(frame.body))

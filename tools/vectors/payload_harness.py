@@ -121,17 +121,18 @@ class RawPeer:
         return req, ans
 
     async def receive(self, match: Callable[[Message], bool]) -> Message:
+        from iac.wire.message import open_message
+
         for m in self._held:
             if match(m):
                 self._held.remove(m)
                 return m
         while True:
             inc = await asyncio.wait_for(self.conn.recv(), 10)
-            if inc.message is None:  # pragma: no cover - the node sends nothing else here
-                continue
-            if match(inc.message):
-                return inc.message
-            self._held.append(inc.message)
+            msg = open_message(inc.frame.body)  # the node sends only MESSAGE frames here
+            if match(msg):
+                return msg
+            self._held.append(msg)
 
 
 @contextlib.contextmanager

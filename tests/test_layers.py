@@ -1,0 +1,190 @@
+"""The architecture, checked from the code: layers are folders, a layer imports only the layers
+below it, no module imports another in a cycle, the transport never verifies a message signature,
+and no hand-written module is over 500 lines.
+
+Every import counts: module level, inside functions, and under ``if TYPE_CHECKING:``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "iac"
+GENERATED = PACKAGE / "wire" / "_pb"
+
+#: Lowest first. A module may import its own layer and the layers of a lower rank; ``stores`` and
+#: ``transport`` share a rank and do not import each other. ``testing`` may import anything, and
+#: nothing in the package imports it. The top-level ``iac`` package (the public surface) and
+#: ``iac.__main__`` sit above everything.
+RANKS = {
+    "errors": 0,
+    "wire": 1,
+    "protocol": 2,
+    "stores": 3,
+    "transport": 3,
+    "node": 4,
+    "mesh": 5,
+    "integrations": 6,
+    "demo": 7,
+    "cli": 8,
+    "testing": 9,
+}
+TOP = 10
+MAX_LINES = 500
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if GENERATED in path.parents:
+            continue
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        yield ".".join(parts), path
+
+
+MODULES = dict(modules())
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "iac"
+
+
+def rank(module: str) -> int:
+    if module in ("iac", "iac.__main__"):
+        return TOP
+    return RANKS[layer(module)]
+
+
+def imported(module: str, path: Path) -> Iterator[tuple[str, int]]:
+    """``(imported module, line)`` for every import of an ``iac`` module in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "iac" or alias.name.startswith("iac."):
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                if not is_package:
+                    base = base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target != "iac" and not target.startswith("iac."):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                yield (sub if sub in MODULES else target), node.lineno
+
+
+def edges() -> Iterator[tuple[str, str, int]]:
+    for module, path in MODULES.items():
+        for target, line in imported(module, path):
+            yield module, target, line
+
+
+def test_every_module_is_in_a_layer() -> None:
+    unknown = sorted(m for m in MODULES if m not in ("iac", "iac.__main__") and layer(m) not in RANKS)
+    assert not unknown, f"modules outside the layer folders: {unknown}"
+
+
+def test_a_layer_imports_only_the_layers_below_it() -> None:
+    bad = []
+    for module, target, line in edges():
+        if target.startswith("iac.wire._pb"):
+            target = "iac.wire"
+        if target not in MODULES and not target.startswith("iac.wire"):
+            bad.append(f"{module}:{line} imports {target}, which is not a module of the package")
+            continue
+        if layer(target) == "testing" and layer(module) != "testing":
+            bad.append(f"{module}:{line} imports {target}: nothing in the package imports iac.testing")
+            continue
+        if layer(module) == layer(target) or rank(module) == TOP or layer(module) == "testing":
+            continue
+        if target == "iac" or rank(target) >= rank(module):
+            bad.append(f"{module}:{line} ({layer(module)}) imports {target} ({layer(target)})")
+    assert not bad, "layer violations:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, target, _ in edges():
+        if target in graph and target != module:
+            graph[module].add(target)
+    cycles = _strongly_connected(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(sorted(c)) for c in cycles)
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm; the components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[set[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+#: What opens or verifies a signed Message: the node's receive pipeline does that, never a transport.
+MESSAGE_VERIFIERS = {"open_message", "decode_message_frame", "verify_signed"}
+
+
+def test_the_transport_never_verifies_a_message_signature() -> None:
+    bad = []
+    for module, path in MODULES.items():
+        if layer(module) != "transport":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.Name):
+                names = [node.id]
+            bad += [f"{module}:{node.lineno} uses {n}" for n in names if n in MESSAGE_VERIFIERS]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_hand_written_module_is_over_500_lines(module: str) -> None:
+    lines = MODULES[module].read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}): split it along a seam"
