@@ -26,12 +26,12 @@ def _flood_one_way(n: int) -> None:
     async def main() -> None:
         async with Node(listen=["tls://127.0.0.1:0"], config=BOB) as bob, Node() as alice:
             handled = 0
-            busy = 0
+            refusals: list[str] = []  # the code of every ERROR alice's on_error callback saw
             done = asyncio.Event()
             peak_depth = 0
 
             def check() -> None:
-                if handled + busy == n:
+                if handled + len(refusals) == n:
                     done.set()
 
             @bob.on(MessageType.RUN)
@@ -39,21 +39,21 @@ def _flood_one_way(n: int) -> None:
                 nonlocal handled, peak_depth
                 st = bob.stats()
                 peak_depth = max(peak_depth, st.backlog + st.running)
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.002)  # the slow handler is the behaviour under test
                 handled += 1
                 check()
 
             def on_error(peer: str, msg: Message, code: str, text: str) -> None:
-                nonlocal busy
-                assert code == "busy", text
-                busy += 1
+                refusals.append(code)  # no assert here: the node swallows a callback's exceptions
                 check()
 
             alice.on_error(on_error)
             alice.add_peer(bob.agent_id, *bob.addresses)
             for i in range(n):
                 await alice.send(bob.agent_id, MessageType.RUN, {"i": i})
-            await asyncio.wait_for(done.wait(), 600)
+            await asyncio.wait_for(done.wait(), 60 if n <= 10_000 else 600)
+            busy = len(refusals)
+            assert set(refusals) == {"busy"}, f"every refusal is busy, got {sorted(set(refusals))}"
             st = bob.stats()
             assert handled + busy == n
             assert handled > 0 and busy > 0
