@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import pytest
+from conftest import run
 
 from iac.errors import ConfigError
-from iac.testing.relay import Impairment, UdpRelay
+from iac.testing import Impairment, UdpRelay, eventually
 
 Addr = tuple[str, int]
-
-
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 20.0) -> Any:
-    async def bounded() -> Any:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.002)
 
 
 class Sink(asyncio.DatagramProtocol):
@@ -62,15 +48,15 @@ async def through(
     for i in range(n):
         client.transport.sendto(i.to_bytes(4, "big"), relay_addr)
         if i % 20 == 19:  # pace the sender so that no socket buffer overflows
-            await until(lambda i=i: relay.stats.received >= i + 1)
-    await until(lambda: relay.stats.received >= n)
+            await eventually(lambda i=i: relay.stats.received >= i + 1)
+    await eventually(lambda: relay.stats.received >= n)
     return relay, target, client
 
 
 def test_clean_relay_forwards_both_ways() -> None:
     async def main() -> None:
         relay, target, client = await through(Impairment(), 100, echo=True)
-        await until(lambda: len(client.got) == 100)
+        await eventually(lambda: len(client.got) == 100)
         assert sorted(d for d, _ in target.got) == [i.to_bytes(4, "big") for i in range(100)]
         assert relay.stats.forwarded == 200
         # the target sees the relay's upstream port, not the client's
@@ -83,7 +69,7 @@ def test_clean_relay_forwards_both_ways() -> None:
 def test_loss_is_seeded_and_counted() -> None:
     async def once(seed: int) -> tuple[int, list[bytes]]:
         relay, target, _ = await through(Impairment(loss=0.3), 1000, seed=seed)
-        await until(lambda: len(target.got) == relay.stats.forwarded)
+        await eventually(lambda: len(target.got) == relay.stats.forwarded)
         dropped = relay.stats.dropped_loss
         assert dropped + relay.stats.forwarded == 1000
         await relay.close()
@@ -103,7 +89,7 @@ def test_loss_is_seeded_and_counted() -> None:
 def test_duplication_and_delay() -> None:
     async def main() -> None:
         relay, target, _ = await through(Impairment(delay=0.01, duplicate=1.0), 50)
-        await until(lambda: len(target.got) == 100)
+        await eventually(lambda: len(target.got) == 100)
         assert relay.stats.duplicated == 50
         assert sorted(d for d, _ in target.got) == sorted(2 * [i.to_bytes(4, "big") for i in range(50)])
         await relay.close()
@@ -114,7 +100,7 @@ def test_duplication_and_delay() -> None:
 def test_reorder_changes_order_but_loses_nothing() -> None:
     async def main() -> None:
         relay, target, _ = await through(Impairment(delay=0.001, reorder=0.3, reorder_delay=0.01), 200)
-        await until(lambda: len(target.got) == 200)
+        await eventually(lambda: len(target.got) == 200)
         order = [int.from_bytes(d, "big") for d, _ in target.got]
         assert sorted(order) == list(range(200))
         assert order != list(range(200))
@@ -128,7 +114,7 @@ def test_queue_is_bounded() -> None:
     async def main() -> None:
         relay, target, _ = await through(Impairment(delay=0.2), 100, max_queue=10)
         assert relay.stats.dropped_queue == 90
-        await until(lambda: len(target.got) == 10)
+        await eventually(lambda: len(target.got) == 10)
         await relay.close()
 
     run(main())
@@ -144,11 +130,11 @@ def test_capture_and_replay_from_a_fresh_port() -> None:
         relay.start_capture(limit=3)
         for i in range(5):
             client.transport.sendto(bytes([i]), relay_addr)
-        await until(lambda: len(target.got) == 5)
+        await eventually(lambda: len(target.got) == 5)
         captured = relay.stop_capture()
         assert [c.data for c in captured] == [b"\x00", b"\x01", b"\x02"]
         await relay.replay(captured)
-        await until(lambda: len(target.got) == 8)
+        await eventually(lambda: len(target.got) == 8)
         assert [d for d, _ in target.got[5:]] == [b"\x00", b"\x01", b"\x02"]
         assert target.got[5][1] != target.got[0][1]
         assert relay.stats.replayed == 3
