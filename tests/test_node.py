@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,28 +12,11 @@ from conftest import run
 from iac.errors import ConfigError, HandlerError, RemoteError, RequestTimeout, TransportError
 from iac.node.config import NodeConfig, PeerEvent, Topology
 from iac.node.node import Context, Node
+from iac.testing import node_pair
 from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
 from iac.wire.identity import Identity
 
 HERE = Path(__file__).resolve().parent
-
-
-@contextlib.asynccontextmanager
-async def pair(
-    transport: str = "tls", server_config: NodeConfig | None = None, client_config: NodeConfig | None = None
-) -> AsyncIterator[tuple[Node, Node]]:
-    """Two started nodes on loopback: (client, server); the client knows the server's address."""
-    import shutil
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="iacn-")
-    url = f"unix://{d}/s/n.sock" if transport == "unix" else f"{transport}://127.0.0.1:0"
-    try:
-        async with Node(listen=[url], config=server_config) as server, Node(config=client_config) as client:
-            client.add_peer(server.agent_id, *server.addresses)
-            yield client, server
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def task(step: int = 1, steps: int = 3, intent: int = Intent.ASSIGN_TASK) -> TaskState:
@@ -45,7 +26,7 @@ def task(step: int = 1, steps: int = 3, intent: int = Intent.ASSIGN_TASK) -> Tas
 @pytest.mark.parametrize("transport", ["tls", "unix", "quic"])
 def test_request_reply_over_each_transport(transport: str) -> None:
     async def main() -> None:
-        async with pair(transport) as (alice, bob):
+        async with node_pair(transport) as (alice, bob):
 
             @bob.on(MessageType.RUN)
             async def echo(ctx: Context) -> object:
@@ -62,7 +43,7 @@ def test_request_reply_over_each_transport(transport: str) -> None:
 
 def test_handler_error_and_internal_error() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
 
             @bob.on(MessageType.RUN)
             def handler(ctx: Context) -> object:
@@ -88,7 +69,7 @@ def test_handler_error_refuses_unknown_code() -> None:
 
 def test_no_handler() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             with pytest.raises(RemoteError) as e:
                 await alice.request(bob.agent_id, MessageType.CREATE, {}, timeout=5)
             assert e.value.code == "no_handler"
@@ -99,7 +80,7 @@ def test_no_handler() -> None:
 
 def test_ping_is_answered_by_default() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             reply = await alice.request(bob.agent_id, MessageType.PING, timeout=5)
             assert reply.payload is None
 
@@ -124,7 +105,7 @@ def test_on_refuses_node_owned_types() -> None:
 
 def test_remote_call_sync_and_async_on_allow_list() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             main_thread = threading.get_ident()
             seen_threads: list[int] = []
 
@@ -150,7 +131,7 @@ def test_remote_call_sync_and_async_on_allow_list() -> None:
 
 def test_remote_call_unknown_name_is_no_handler_and_nothing_is_looked_up() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             bob.expose(lambda: "ok", name="safe")
             for name in ("os.system", "__import__", "eval", "safe.__globals__", "Node"):
                 with pytest.raises(RemoteError) as e:
@@ -163,7 +144,7 @@ def test_remote_call_unknown_name_is_no_handler_and_nothing_is_looked_up() -> No
 
 def test_remote_call_bad_arguments_is_bad_request() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             bob.expose(lambda a: a, name="one")
             with pytest.raises(RemoteError) as e:
                 await alice.call(bob.agent_id, "one", 1, 2)
@@ -181,7 +162,7 @@ def test_remote_call_bad_arguments_is_bad_request() -> None:
 
 def test_delegate_task_envelope_is_checked_before_the_handler_wakes() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             woke: list[TaskState] = []
 
             @bob.on(MessageType.DELEGATE_TASK)
@@ -216,7 +197,7 @@ def test_delegate_sender_allow_list() -> None:
     async def main() -> None:
         stranger = Identity.generate()
         cfg = NodeConfig(delegators=frozenset({stranger.agent_id}))
-        async with pair(server_config=cfg) as (alice, bob):
+        async with node_pair("tls", server_config=cfg) as (alice, bob):
             bob.on(MessageType.DELEGATE_TASK)(lambda ctx: "yes")
             with pytest.raises(RemoteError) as e:
                 await alice.delegate(bob.agent_id, task(), timeout=5)
@@ -228,7 +209,7 @@ def test_delegate_sender_allow_list() -> None:
 
 def test_delegate_falls_back_when_the_first_does_not_answer_in_time() -> None:
     async def main() -> None:
-        async with pair() as (alice, slow), Node(listen=["tls://127.0.0.1:0"]) as backup:
+        async with node_pair("tls") as (alice, slow), Node(listen=["tls://127.0.0.1:0"]) as backup:
             alice.add_peer(backup.agent_id, *backup.addresses)
             release = asyncio.Event()
             cancelled = asyncio.Event()
@@ -268,7 +249,7 @@ def test_delegate_falls_back_when_the_first_is_unreachable() -> None:
 
 def test_handler_sees_its_deadline_and_is_cut_off_at_it() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             seen: list[float | None] = []
 
             @bob.on(MessageType.RUN)
@@ -287,7 +268,7 @@ def test_handler_sees_its_deadline_and_is_cut_off_at_it() -> None:
 
 def test_cancel_reaches_the_callee_handler() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             started, cancelled = asyncio.Event(), asyncio.Event()
 
             @bob.on(MessageType.RUN)
@@ -319,7 +300,7 @@ def test_cancel_reaches_the_callee_handler() -> None:
 def test_request_past_its_deadline_is_not_started() -> None:
     async def main() -> None:
         cfg = NodeConfig(max_handlers=1)
-        async with pair(server_config=cfg) as (alice, bob):
+        async with node_pair("tls", server_config=cfg) as (alice, bob):
             gate = asyncio.Event()
             ran: list[object] = []
 
@@ -348,7 +329,7 @@ def test_request_past_its_deadline_is_not_started() -> None:
 
 def test_sealed_request_and_reply() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls") as (alice, bob):
             seen: list[bytes] = []
 
             @bob.on(MessageType.RUN)
@@ -428,7 +409,7 @@ def test_peer_events_and_graceful_drain() -> None:
 
 def test_peer_events_async_iterator() -> None:
     async def main() -> None:
-        async with pair() as (alice, bob):
+        async with node_pair("tls", connect=False) as (alice, bob):
             events = alice.peer_events()
             nxt = asyncio.ensure_future(events.__anext__())
             await asyncio.sleep(0)
