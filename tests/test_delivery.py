@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import pytest
 from conftest import run
 
-from iac.errors import DeliveryError, RemoteError
+from iac.errors import DeliveryError, RemoteError, RequestTimeout
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node, Sent
-from iac.testing.relay import Impairment, UdpRelay
+from iac.testing import Impairment, UdpRelay, eventually
 from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.identity import Identity
 
@@ -207,7 +207,10 @@ def test_sender_keeps_at_most_max_in_flight_unacknowledged() -> None:
             alice.add_peer(bob.agent_id, *bob.addresses)
             sent = [await alice.send(bob.agent_id, MessageType.RUN, {"i": i}, ack=True) for i in range(4)]
             fifth = asyncio.ensure_future(alice.send(bob.agent_id, MessageType.RUN, {"i": 4}, ack=True))
-            await asyncio.sleep(0.05)
+            # A request needs a slot in the same window: with four unacknowledged it cannot go out and
+            # times out locally (without the window it would go out, and bob answers a PING at once).
+            with pytest.raises(RequestTimeout, match="4 requests in flight"):
+                await alice.request(bob.agent_id, MessageType.PING, timeout=0.2)
             assert not fifth.done(), "the fifth waits for a free slot in the window"
             assert alice.stats().unacked == 4
             gate.set()
@@ -228,7 +231,8 @@ def test_retransmitted_request_is_answered_from_cache_not_handled_twice() -> Non
             @bob.on(MessageType.RUN)
             async def handler(ctx: Context) -> object:
                 calls.append(ctx.payload)
-                await asyncio.sleep(0.3)  # the caller retransmits meanwhile (IN_PROGRESS: ignored)
+                # still running when the caller's retransmission arrives: it is dropped (IN_PROGRESS)
+                await eventually(lambda: bob.stats().refused.get("duplicate", 0) > 0)
                 return ctx.payload * 2
 
             alice.add_peer(bob.agent_id, *bob.addresses)

@@ -13,6 +13,7 @@ from conftest import run
 from iac.errors import RemoteError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
+from iac.testing import eventually
 from iac.wire._pb.iac_pb2 import Message, MessageType
 
 SLOW = os.environ.get("IAC_SLOW") == "1"
@@ -112,8 +113,7 @@ def test_per_peer_quota_is_busy() -> None:
                 asyncio.ensure_future(alice.request(bob.agent_id, MessageType.RUN, timeout=5))
                 for _ in range(2)
             ]
-            while bob.stats().running < 2:
-                await asyncio.sleep(0.005)
+            await eventually(lambda: bob.stats().running == 2)
             with pytest.raises(RemoteError) as e:
                 await alice.request(bob.agent_id, MessageType.RUN, timeout=5)
             assert e.value.code == "busy"

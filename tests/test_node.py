@@ -12,7 +12,7 @@ from conftest import run
 from iac.errors import ConfigError, HandlerError, RemoteError, RequestTimeout, TransportError
 from iac.node.config import NodeConfig, PeerEvent, Topology
 from iac.node.node import Context, Node
-from iac.testing import node_pair
+from iac.testing import eventually, node_pair
 from iac.wire._pb.iac_pb2 import Intent, MessageType, TaskState
 from iac.wire.identity import Identity
 
@@ -287,10 +287,7 @@ def test_cancel_reaches_the_callee_handler() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await req
             await asyncio.wait_for(cancelled.wait(), 5)
-            for _ in range(100):
-                if bob.stats().cancelled:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda: bob.stats().cancelled, message=lambda: f"{bob.stats()}")
             assert bob.stats().cancelled == 1
             assert bob.stats().errors_sent == {"cancelled": 1}
 
@@ -301,19 +298,19 @@ def test_request_past_its_deadline_is_not_started() -> None:
     async def main() -> None:
         cfg = NodeConfig(max_handlers=1)
         async with node_pair("tls", server_config=cfg) as (alice, bob):
-            gate = asyncio.Event()
+            gate, blocking = asyncio.Event(), asyncio.Event()
             ran: list[object] = []
 
             @bob.on(MessageType.RUN)
             async def handler(ctx: Context) -> object:
                 ran.append(ctx.payload)
                 if ctx.payload == "block":
+                    blocking.set()
                     await gate.wait()
                 return ctx.payload
 
             blocker = asyncio.ensure_future(alice.request(bob.agent_id, MessageType.RUN, "block", timeout=10))
-            while not ran:
-                await asyncio.sleep(0.005)
+            await asyncio.wait_for(blocking.wait(), 5)  # the only handler slot is taken
             with pytest.raises(RequestTimeout):  # waits for the only slot, its deadline passes
                 await alice.request(bob.agent_id, MessageType.RUN, "queued", timeout=0.2)
             gate.set()
@@ -378,12 +375,14 @@ def test_peer_events_and_graceful_drain() -> None:
         bob = Node(listen=["tls://127.0.0.1:0"], config=NodeConfig(drain_timeout=5))
         await bob.start()
         bob.on_peer(events.append)
-        gate = asyncio.Event()
+        running, release = asyncio.Event(), asyncio.Event()
+        finished: list[str] = []
 
         @bob.on(MessageType.RUN)
         async def handler(ctx: Context) -> object:
-            gate.set()
-            await asyncio.sleep(0.2)
+            running.set()
+            await release.wait()
+            finished.append("handler")
             return "finished"
 
         async with Node() as alice:
@@ -391,14 +390,14 @@ def test_peer_events_and_graceful_drain() -> None:
             alice.on_peer(alice_events.append)
             alice.add_peer(bob.agent_id, *bob.addresses)
             req = asyncio.ensure_future(alice.request(bob.agent_id, MessageType.RUN, timeout=5))
-            await gate.wait()
-            closing = asyncio.ensure_future(bob.close())  # drain: the running handler finishes
-            assert (await req).payload == "finished"
+            await asyncio.wait_for(running.wait(), 5)
+            closing = asyncio.ensure_future(bob.close())
+            # Callbacks run in order: close() has begun (and is draining) before the handler may go on.
+            asyncio.get_running_loop().call_soon(release.set)
+            assert (await req).payload == "finished"  # drain: the running handler finished and answered
             await closing
-            for _ in range(200):
-                if len(alice_events) == 2:
-                    break
-                await asyncio.sleep(0.01)
+            assert finished == ["handler"]
+            await eventually(lambda: len(alice_events) == 2, message=lambda: f"{alice_events}")
             assert [e.up for e in alice_events] == [True, False]
             assert [e.up for e in events] == [True, False]
             with pytest.raises(TransportError):
@@ -411,8 +410,9 @@ def test_peer_events_async_iterator() -> None:
     async def main() -> None:
         async with node_pair("tls", connect=False) as (alice, bob):
             events = alice.peer_events()
+            # The reader task is scheduled before the request dials, so it is subscribed before any
+            # connection (and its peer event) can exist: no yield needed in between.
             nxt = asyncio.ensure_future(events.__anext__())
-            await asyncio.sleep(0)
             await alice.request(bob.agent_id, MessageType.PING, timeout=5)
             ev = await asyncio.wait_for(nxt, 5)
             assert ev.agent_id == bob.agent_id and ev.up and ev.transport == "tls"

@@ -11,7 +11,6 @@ import itertools
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +40,7 @@ from iac.protocol.replay import (
 from iac.stores.memory import MemoryReplayStore
 from iac.stores.redis import RedisReplayStore
 from iac.stores.sqlite import SqliteReplayStore
+from iac.testing import eventually_sync
 
 T0 = 1_700_000_000_000_000
 SKEW = 60_000_000
@@ -654,10 +654,7 @@ def test_redis_keys_expire_by_redis_clock(redis_url, redis_client):
         assert s.check_and_mark(A, 4, 1, T0) is Verdict.NEW
         key = s.session_key("w", A, 4)
         assert redis_client.exists(key) == 1
-        deadline = time.monotonic() + 5
-        while redis_client.exists(key) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert redis_client.exists(key) == 0
+        eventually_sync(lambda: redis_client.exists(key) == 0, 5, message=f"{key} still exists")
         assert redis_client.exists(s.session_key("b", A, 4)) == 0
 
 
