@@ -20,6 +20,7 @@ from iac.errors import ERROR_CODES, ErrorCode, RemoteError
 from iac.mesh.service import MeshClient, serve_registry
 from iac.node.node import Node
 from iac.protocol.records import key_digest
+from iac.testing import DOWN, UP, UnixTap, eventually
 from iac.wire._pb.iac_pb2 import Message, MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import FLAG_ACK_REQUESTED
@@ -189,30 +190,20 @@ def test_protocol_doc_has_the_schema_tables() -> None:
 # --- two real nodes write exactly these shapes -------------------------------------------------
 
 
-def _record(node: Node, sent: list[Message]) -> None:
-    """Keep a copy of every message ``node`` puts in a MESSAGE frame (after it is signed)."""
-    original = node._outbox.transmit_on
-
-    async def transmit_on(conn: Any, msg: Message, *, compress: bool = True) -> None:
-        await original(conn, msg, compress=compress)
-        copy = Message()
-        copy.CopyFrom(msg)
-        sent.append(copy)
-
-    node._outbox.transmit_on = transmit_on  # type: ignore[method-assign]
-
-
 @contextlib.asynccontextmanager
-async def _two_nodes() -> AsyncIterator[tuple[Node, Node, list[Message], list[Message]]]:
+async def _two_nodes() -> AsyncIterator[tuple[Node, Node, UnixTap]]:
+    """A client and a server whose only path is a wiretap: ``tap.messages(UP)`` are the messages
+    the client put in MESSAGE frames, ``tap.messages(DOWN)`` the server's, as they crossed."""
     d = tempfile.mkdtemp(prefix="iacpt-")
     try:
-        async with Node(listen=[f"unix://{d}/s.sock"]) as server, Node() as client:
-            client.add_peer(server.agent_id, *server.addresses)
-            c_sent: list[Message] = []
-            s_sent: list[Message] = []
-            _record(client, c_sent)
-            _record(server, s_sent)
-            yield client, server, c_sent, s_sent
+        async with (
+            Node(listen=[f"unix://{d}/s.sock"]) as server,
+            Node() as client,
+            UnixTap(server.addresses[0]) as tap,
+        ):
+            client.add_peer(server.agent_id, tap.url)
+            yield client, server, tap
+            assert tap.errors == [] and tap.connections == 1
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -240,8 +231,14 @@ def _same_shape(msg: Message, vector: dict[str, Any]) -> None:
 
 def test_two_real_nodes_write_the_vectors() -> None:
     async def main() -> None:
-        async with _two_nodes() as (client, server, c_sent, s_sent):
+        async with _two_nodes() as (client, server, tap):
             started = asyncio.Event()
+
+            def c_sent() -> list[Message]:
+                return tap.messages(UP)
+
+            def s_sent() -> list[Message]:
+                return tap.messages(DOWN)
 
             def add(a: int, b: int) -> int:
                 return a + b
@@ -260,30 +257,30 @@ def test_two_real_nodes_write_the_vectors() -> None:
 
             # COMMAND → REPLY: byte-identical payloads (the same call as the vector)
             assert await client.call(server.agent_id, "add", 2, 3) == 5
-            cmd = _last(c_sent, MessageType.COMMAND)
-            for name, msg in (("call-add", cmd), ("call-add/reply", _answer(s_sent, cmd))):
+            cmd = _last(c_sent(), MessageType.COMMAND)
+            for name, msg in (("call-add", cmd), ("call-add/reply", _answer(s_sent(), cmd))):
                 _same_shape(msg, BY_NAME[name])
                 assert msg.payload_json == BY_NAME[name]["payload_json"]
             text = "Grüße aus Zürich, schöne Grüße"
             await client.invoke(server.agent_id, "summarize", [text], {"max_words": 2})
-            cmd = _last(c_sent, MessageType.COMMAND)
-            for name, msg in (("call-kwargs", cmd), ("call-kwargs/reply", _answer(s_sent, cmd))):
+            cmd = _last(c_sent(), MessageType.COMMAND)
+            for name, msg in (("call-kwargs", cmd), ("call-kwargs/reply", _answer(s_sent(), cmd))):
                 assert msg.payload_json == BY_NAME[name]["payload_json"]
 
             # ERROR no_handler: exactly the vector's payload
             with pytest.raises(RemoteError):
                 await client.call(server.agent_id, "nope")
-            cmd = _last(c_sent, MessageType.COMMAND)
-            err = _answer(s_sent, cmd)
+            cmd = _last(c_sent(), MessageType.COMMAND)
+            err = _answer(s_sent(), cmd)
             assert cmd.payload_json == BY_NAME["call-not-exposed"]["payload_json"]
             assert err.payload_json == BY_NAME["call-not-exposed/error"]["payload_json"]
 
             # ACK of a one-way ACK_REQUESTED message: empty, names the message
             sent = await client.send(server.agent_id, MessageType.RUN, {"job": 7}, ack=True)
             await asyncio.wait_for(sent.wait(), 5)
-            one_way = _last(c_sent, MessageType.RUN)
+            one_way = _last(c_sent(), MessageType.RUN)
             _same_shape(one_way, BY_NAME["send-acked"])
-            _same_shape(_answer(s_sent, one_way), BY_NAME["send-acked/ack"])
+            _same_shape(_answer(s_sent(), one_way), BY_NAME["send-acked/ack"])
 
             # CANCEL from the caller (its task is cancelled), ERROR cancelled from the callee
             started.clear()
@@ -292,16 +289,15 @@ def test_two_real_nodes_write_the_vectors() -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            cmd = _last(c_sent, MessageType.COMMAND)
-            for _ in range(200):
-                if any(m.msg_type == MessageType.ERROR and m.reply_to == cmd.msg_id for m in s_sent):
-                    break
-                await asyncio.sleep(0.01)
-            cancel = _last(c_sent, MessageType.CANCEL)
+            cmd = _last(c_sent(), MessageType.COMMAND)
+            await eventually(
+                lambda: any(m.msg_type == MessageType.ERROR and m.reply_to == cmd.msg_id for m in s_sent())
+            )
+            cancel = _last(c_sent(), MessageType.CANCEL)
             _same_shape(cancel, BY_NAME["node-invoke/cancel"])
             assert (cancel.reply_session_id, cancel.reply_to) == (cmd.session_id, cmd.msg_id)
             assert cancel.session_id == cmd.session_id
-            err = _answer(s_sent, cmd)
+            err = _answer(s_sent(), cmd)
             assert err.payload_json == BY_NAME["call-cancelled/error"]["payload_json"]
 
             # REGISTER_KEY: the client's requests and the registry's replies, op by op
@@ -318,7 +314,7 @@ def test_two_real_nodes_write_the_vectors() -> None:
                 await mesh.lookup(agent_id=successor.agent_id)
                 await mesh.revoke("retired")
                 await mesh.status(client.agent_id)
-            requests = [m for m in c_sent if m.msg_type == MessageType.REGISTER_KEY]
+            requests = [m for m in c_sent() if m.msg_type == MessageType.REGISTER_KEY]
             by_op = {
                 "publish": "registry-publish",
                 "lookup": "registry-lookup-alias",
@@ -341,7 +337,7 @@ def test_two_real_nodes_write_the_vectors() -> None:
                         and key in v["payload"]
                     )
                 _same_shape(req, vec)
-                reply = _answer(s_sent, req)
+                reply = _answer(s_sent(), req)
                 _same_shape(reply, BY_NAME[vec["name"] + "/reply"])
                 assert json.loads(reply.payload_json)["op"] == op
             assert seen == set(by_op)
