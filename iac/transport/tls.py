@@ -42,15 +42,20 @@ def _base_context(purpose: int) -> ssl.SSLContext:
     return ctx
 
 
+def _require_ca(ctx: ssl.SSLContext, ca_file: str) -> None:
+    """CA mode: the peer must present a certificate that chains to ``ca_file``."""
+    try:
+        ctx.load_verify_locations(ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{ca_file}: cannot load CA: {exc}") from None
+    ctx.verify_mode = ssl.CERT_REQUIRED
+
+
 def server_context(cert: NodeCertificate, config: TransportConfig) -> ssl.SSLContext:
     ctx = _base_context(ssl.PROTOCOL_TLS_SERVER)
     cert.load_into(ctx)
     if config.ca_file:
-        try:
-            ctx.load_verify_locations(config.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"{config.ca_file}: cannot load CA: {exc}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        _require_ca(ctx, config.ca_file)
     return ctx
 
 
@@ -58,11 +63,7 @@ def client_context(identity: Identity, config: TransportConfig) -> ssl.SSLContex
     ctx = _base_context(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     if config.ca_file:
-        try:
-            ctx.load_verify_locations(config.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"{config.ca_file}: cannot load CA: {exc}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        _require_ca(ctx, config.ca_file)
         node_certificate(identity.agent_id, config.cert_file, config.key_file).load_into(ctx)
     else:
         ctx.verify_mode = ssl.CERT_NONE  # the channel binding secures the connection
