@@ -29,9 +29,9 @@ from iac.transport.base import (
 )
 from iac.transport.certs import NodeCertificate, node_certificate
 from iac.transport.session import client_handshake, server_handshake
-from iac.transport.stream.connection import establish
+from iac.transport.stream.connection import connect_errors, establish
 from iac.transport.stream.listener import StreamListener
-from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol
+from iac.transport.stream.protocol import FrameProtocol
 from iac.wire.identity import Identity
 
 
@@ -104,23 +104,18 @@ async def dial_tls(
     deadline = loop.time() + config.handshake_timeout
     ctx = client_context(identity, config)
     url = address.url
-    try:
-        async with asyncio.timeout_at(deadline):
-            transport, proto = await loop.create_connection(
-                lambda: FrameProtocol(config),
-                address.host,
-                address.port,
-                ssl=ctx,
-                ssl_handshake_timeout=config.handshake_timeout,
-            )
-    except TimeoutError:
-        raise TransportError(f"{url}: no TLS connection within {config.handshake_timeout:g} s") from None
-    except ConnectionRefusedError:
-        raise TransportError(f"{url}: connection refused") from None
-    except ssl.SSLError as exc:
-        raise TransportError(f"{url}: TLS handshake failed: {exc.reason or exc}") from None
-    except NETWORK_ERRORS as exc:
-        raise TransportError(f"{url}: cannot connect: {exc}") from None
+    with connect_errors(url, config, what="TLS connection"):
+        try:
+            async with asyncio.timeout_at(deadline):
+                transport, proto = await loop.create_connection(
+                    lambda: FrameProtocol(config),
+                    address.host,
+                    address.port,
+                    ssl=ctx,
+                    ssl_handshake_timeout=config.handshake_timeout,
+                )
+        except ssl.SSLError as exc:
+            raise TransportError(f"{url}: TLS handshake failed: {exc.reason or exc}") from None
     sslobj = transport.get_extra_info("ssl_object")
     der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
     if sslobj is None or sslobj.selected_alpn_protocol() != ALPN or not der:

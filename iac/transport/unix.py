@@ -32,9 +32,9 @@ from iac.transport.base import (
     TransportConfig,
 )
 from iac.transport.session import client_handshake, server_handshake
-from iac.transport.stream.connection import establish
+from iac.transport.stream.connection import connect_errors, establish
 from iac.transport.stream.listener import StreamListener
-from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol
+from iac.transport.stream.protocol import FrameProtocol
 from iac.wire.identity import Identity
 
 
@@ -95,17 +95,14 @@ async def dial_unix(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.handshake_timeout
     url = address.url
-    try:
-        async with asyncio.timeout_at(deadline):
-            _transport, proto = await loop.create_unix_connection(lambda: FrameProtocol(config), address.path)
-    except TimeoutError:
-        raise TransportError(f"{url}: no connection within {config.handshake_timeout:g} s") from None
-    except FileNotFoundError:
-        raise TransportError(f"{url}: no socket at {address.path}") from None
-    except ConnectionRefusedError:
-        raise TransportError(f"{url}: connection refused (no node listening)") from None
-    except NETWORK_ERRORS as exc:
-        raise TransportError(f"{url}: cannot connect: {exc}") from None
+    with connect_errors(url, config, refused="connection refused (no node listening)"):
+        try:
+            async with asyncio.timeout_at(deadline):
+                _transport, proto = await loop.create_unix_connection(
+                    lambda: FrameProtocol(config), address.path
+                )
+        except FileNotFoundError:
+            raise TransportError(f"{url}: no socket at {address.path}") from None
     hs = client_handshake(
         identity, config, order=HelloOrder.SERVER_FIRST, binding=b"", expect=expect, session_id=session_id
     )

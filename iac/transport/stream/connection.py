@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Iterator
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError, TruncatedFrame
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
@@ -32,6 +33,26 @@ log = logging.getLogger("iac.transport")
 #: (and their replies leave) while later ones wait, instead of the two peers taking
 #: turns at whole batches.
 FRAMES_PER_TURN = 16
+
+
+@contextlib.contextmanager
+def connect_errors(
+    url: str, config: TransportConfig, *, what: str = "connection", refused: str = "connection refused"
+) -> Iterator[None]:
+    """Turn what opening a stream socket raises into :class:`TransportError` naming ``url``.
+
+    ``what`` did not come within the handshake timeout; ``refused`` says why a connect was
+    refused. An error one transport reads more from (a TLS failure, a missing socket file) is
+    caught inside the block, before this.
+    """
+    try:
+        yield
+    except TimeoutError:
+        raise TransportError(f"{url}: no {what} within {config.handshake_timeout:g} s") from None
+    except ConnectionRefusedError:
+        raise TransportError(f"{url}: {refused}") from None
+    except NETWORK_ERRORS as exc:
+        raise TransportError(f"{url}: cannot connect: {exc}") from None
 
 
 async def establish(
