@@ -1,5 +1,6 @@
 """Every README block marked ``<!-- example: NAME -->`` runs as written."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -11,8 +12,10 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 _BLOCK = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.DOTALL)
 
 
+#: What each example prints (a part of it). "node" is checked by ``check_node_output``.
 EXPECTED = {
-    "node": "{'summary': 'Q3 revenue g', 'seconds_left': 5}",
+    "node": "{'summary': 'Q3 revenue g', 'seconds_left': ",
+    "codec": 'payload_json: "{\\"name\\": \\"summarize\\", \\"args\\": [\\"q3 report\\"]}"',
     "call": "42",
     "delegate": "'accepted': 't-7'",
     "mesh": "True\nHI\nTrue\nHI!",
@@ -30,6 +33,18 @@ def test_readme_has_examples():
     assert {"codec", "node", "call", "delegate", "mesh"} <= set(examples())
 
 
+def test_every_example_has_its_expected_output():
+    assert set(examples()) == set(EXPECTED)
+
+
+def check_node_output(stdout: str) -> None:
+    """The handler saw the request's 5 s deadline: whole seconds left, rounded, may be 4 on a slow
+    machine (the time between sending and the handler running), never more than 5 or negative."""
+    printed = ast.literal_eval(stdout.strip().splitlines()[-1])
+    assert printed["summary"] == "Q3 revenue g"
+    assert isinstance(printed["seconds_left"], int) and 0 <= printed["seconds_left"] <= 5, printed
+
+
 @pytest.mark.parametrize("name", ["node", "call", "delegate", "relay", "broadcast", "files"])
 def test_node_examples_are_under_20_lines(name):
     lines = [line for line in examples()[name].splitlines() if line.strip()]
@@ -43,5 +58,6 @@ def test_readme_example_runs(name, tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
-    if name in EXPECTED:
-        assert EXPECTED[name] in out.stdout, out.stdout
+    assert EXPECTED[name] in out.stdout, out.stdout
+    if name == "node":
+        check_node_output(out.stdout)
