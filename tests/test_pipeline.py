@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import ssl
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,9 @@ from iac.node.node import Context, Node
 from iac.protocol.guards import prompt_injection_guard
 from iac.protocol.handshake import ALPN
 from iac.protocol.replay import ReplayConfig
+from iac.protocol.routing import RelayPolicy
 from iac.stores.memory import MemoryReplayStore
+from iac.testing import DOWN, UP, UnixTap
 from iac.transport import dial
 from iac.transport.base import Connection
 from iac.transport.certs import generate_self_signed
@@ -45,7 +49,7 @@ from iac.wire.message import (
     sender_of,
     sign_message,
 )
-from iac.wire.seal import open_sealed, seal_payload
+from iac.wire.seal import SealError, open_sealed, seal_payload
 
 SKEW_US = 60_000_000
 
@@ -355,14 +359,68 @@ def test_threat_resealed_ciphertext_is_refused() -> None:
 
 
 def test_threat_sealed_payload_is_unreadable_by_a_relay() -> None:
-    relay, alice, bob = Identity.generate(), Identity.generate(), Identity.generate()
-    msg = build_message(sender=alice.agent_id, to=bob.agent_id, msg_type=MessageType.RUN, session=Session(),
-                        timestamp_us=0)  # fmt: skip
-    seal_payload(alice, msg, bob.agent_id, '"secret"')
-    assert b"secret" not in msg.SerializeToString()
-    with pytest.raises(IacError):
-        open_sealed(relay, msg)
-    assert open_sealed(bob, msg)[0] == '"secret"'
+    """Alice reaches Carol only through Bob, a relay node (``relay_unicast``) on her route to
+    Carol. A tap on Alice's UNIX connection to Bob records exactly what Bob receives and sends
+    back: around the sealed request and its sealed reply there is no plaintext, and Bob's key
+    opens neither; Carol's handler reads the request. The same request unsealed shows its text
+    in the FORWARD, so the tap would see the plaintext if it were there."""
+    secret = "wire 100 EUR to account 42"
+
+    async def main() -> None:
+        d = tempfile.mkdtemp(prefix="iacr-")
+        relaying = NodeConfig(relay_policy=RelayPolicy(relay_unicast=True))
+        try:
+            async with (
+                Node(listen=[f"unix://{d}/carol.sock"]) as carol,
+                Node(listen=[f"unix://{d}/bob.sock"], config=relaying) as bob,
+                Node() as alice,
+                UnixTap(bob.addresses[0]) as tap,
+            ):
+                read_by_carol: list[Any] = []
+                woke_bob: list[Any] = []
+
+                @carol.on(MessageType.RUN)
+                def carol_reads(ctx: Context) -> object:
+                    read_by_carol.append(ctx.payload)
+                    return {"done": ctx.payload["note"][::-1]}
+
+                bob.on(MessageType.RUN)(woke_bob.append)
+                bob.add_peer(carol.agent_id, *carol.addresses)
+                alice.add_peer(bob.agent_id, tap.url)  # Alice knows Bob only through the tap
+                alice.add_route(carol.agent_id, bob.agent_id)
+
+                reply = await alice.request(
+                    carol.agent_id, MessageType.RUN, {"note": secret}, sealed=True, timeout=5
+                )
+                assert reply.payload == {"done": secret[::-1]} and reply.sender == carol.agent_id
+                assert read_by_carol == [{"note": secret}]
+                assert woke_bob == [] and bob.stats().routing["relayed"] == 2  # the request and the reply
+                assert not alice.connected(carol.agent_id)
+
+                (request,), (answer,) = tap.forwards(UP), tap.forwards(DOWN)  # Bob's view, both ways
+                assert list(request.path) == [alice.agent_id]
+                inner = Message.FromString(request.message)
+                assert inner.to == carol.agent_id and sender_of(inner) == alice.agent_id
+                back = Message.FromString(answer.message)
+                assert back.to == alice.agent_id and sender_of(back) == carol.agent_id
+                for fwd, msg in ((request, inner), (answer, back)):
+                    assert msg.sealed and not msg.payload_json
+                    raw = fwd.SerializeToString()
+                    assert secret.encode() not in raw and secret[::-1].encode() not in raw
+                    with pytest.raises(SealError):
+                        open_sealed(bob.identity, msg)
+                assert json.loads(open_sealed(carol.identity, inner)[0]) == {"note": secret}
+                assert json.loads(open_sealed(alice.identity, back)[0]) == {"done": secret[::-1]}
+
+                # control: unsealed, the same request crosses Bob in clear
+                await alice.request(carol.agent_id, MessageType.RUN, {"note": secret}, timeout=5)
+                clear = Message.FromString(tap.forwards(UP)[-1].message)
+                assert secret in clear.payload_json and not clear.sealed
+                assert tap.errors == []
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    run(main())
 
 
 def test_garbage_seal_is_bad_request() -> None:
