@@ -117,6 +117,14 @@ async def perform_handshake(
     return hs.peer_hello
 
 
+def parse_hello(data: bytes | None) -> Hello:
+    """A HELLO this side sent, parsed (empty if a test hook sent bytes that do not parse)."""
+    try:
+        return Hello.FromString(data or b"")
+    except Exception:
+        return Hello()
+
+
 def hello_params(config: TransportConfig, session_id: int = 0) -> HelloParams:
     """What this side announces in its HELLO, from the config."""
     return HelloParams(
@@ -383,6 +391,7 @@ __all__ = [
     "goaway_frame",
     "hello_params",
     "local_protocol_error",
+    "parse_hello",
     "peer_closed_error",
     "perform_handshake",
     "server_handshake",

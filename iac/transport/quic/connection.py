@@ -39,6 +39,7 @@ from iac.transport.session import (
     SessionLogic,
     goaway_frame,
     local_protocol_error,
+    parse_hello,
     peer_closed_error,
     perform_handshake,
 )
@@ -46,14 +47,6 @@ from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameType
 from iac.wire.identity import Identity
-
-
-def parse_hello(data: bytes | None) -> Hello:
-    """A HELLO this side sent, parsed (empty if a test hook sent bytes that do not parse)."""
-    try:
-        return Hello.FromString(data or b"")
-    except Exception:
-        return Hello()
 
 
 class _ControlChannel(HandshakeChannel):
@@ -493,4 +486,4 @@ class QuicConn(Connection):
             self._proto._transmit_soon()
 
 
-__all__ = ["QuicConn", "parse_hello"]
+__all__ = ["QuicConn"]

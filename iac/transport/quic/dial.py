@@ -22,9 +22,10 @@ from iac.protocol.handshake import ClientHandshake, HelloOrder, HelloParams, cha
 from iac.transport.base import Address, PeerInfo, TransportConfig, parse_address
 from iac.transport.quic.backend import SessionTicketLike, get_backend
 from iac.transport.quic.configuration import client_configuration
-from iac.transport.quic.connection import QuicConn, parse_hello
+from iac.transport.quic.connection import QuicConn
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ClientTicketStore
+from iac.transport.session import parse_hello
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity

@@ -18,6 +18,7 @@ from iac.transport.session import (
     SessionLogic,
     goaway_frame,
     local_protocol_error,
+    parse_hello,
     peer_closed_error,
     perform_handshake,
 )
@@ -82,10 +83,6 @@ async def establish(
     except BaseException:
         await proto.close_transport(0.1)
         raise
-    try:
-        local_hello = Hello.FromString(hs.sent_bytes or b"")
-    except Exception:  # a test hook sent bytes that do not parse
-        local_hello = Hello()
     peer = PeerInfo(
         agent_id=peer_hello.agent_id,
         transport=transport,
@@ -93,7 +90,7 @@ async def establish(
         hello=peer_hello,
         dialed=isinstance(hs, ClientHandshake),
     )
-    return StreamConnection(proto, peer, local_hello, config)
+    return StreamConnection(proto, peer, parse_hello(hs.sent_bytes), config)
 
 
 class StreamConnection(Connection):
