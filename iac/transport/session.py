@@ -51,7 +51,7 @@ from iac.protocol.handshake import (
 from iac.transport.base import Incoming, TransportConfig
 from iac.wire._pb.iac_pb2 import Dict, Hello
 from iac.wire.dicts import MAX_DICT_SIZE, Dictionary, DictionarySet, derive_dictionary, message_prefix
-from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameType, encode_frame
+from iac.wire.frames import Frame, FrameType, encode_frame
 from iac.wire.identity import Identity
 
 # --- the HELLO exchange over any channel ---------------------------------------------------------
@@ -78,7 +78,6 @@ async def perform_handshake(
     chan: HandshakeChannel,
     *,
     clock: Clock,
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     initial_sent: bool = False,
 ) -> Hello:
     """Run the HELLO exchange; return the peer's verified HELLO.
@@ -87,7 +86,8 @@ async def perform_handshake(
     and re-raises the error; a GOAWAY from the peer raises the typed error for
     its code (:func:`error_from_close`). The caller applies the timeout and
     closes the transport on any exception. ``initial_sent``: this side's first
-    HELLO already went (QUIC 0-RTT sends it before ``dial`` returns).
+    HELLO already went (QUIC 0-RTT sends it before ``dial`` returns). A refusal of
+    this side sets ``chan.goaway_sent``; the adapter does not send GOAWAY again.
     """
     peer_error: IacError | None = None
     try:

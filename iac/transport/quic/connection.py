@@ -337,6 +337,11 @@ class QuicConn(Connection):
             self._error = local_protocol_error(exc)
         self._abort(int(exc.close_code), str(exc)[:200], goaway=goaway)
 
+    def _refused(self, exc: ProtocolError) -> None:
+        """The HELLO exchange failed with ``exc``: close with its code. A refusal of ours went
+        out as GOAWAY already (:func:`perform_handshake`); a refusal of the peer's is answered."""
+        self._protocol_error(exc, goaway=not self._control.goaway_sent)
+
     def _abort(self, code: int, reason: str, *, goaway: bool) -> None:
         """Close the QUIC connection now with ``code`` (an IAC close code)."""
         self._closing = True
@@ -450,7 +455,6 @@ class QuicConn(Connection):
                 hs,
                 self._control,
                 clock=self.config.clock,
-                max_frame_size=self.config.max_frame_size,
                 initial_sent=initial_sent,
             )
 

@@ -201,7 +201,7 @@ async def _dial_handshake(
     except TimeoutError:
         raise TransportError(f"{conn.address}: HELLO exchange timed out") from None
     except ProtocolError as exc:
-        conn._protocol_error(exc)
+        conn._refused(exc)
         raise
     conn._hello_verified(hs, hello)
     if conn._error is not None:  # a frame that came with the HELLO closed the connection
@@ -217,8 +217,7 @@ async def _finish_early(
     try:
         hello = await conn._exchange_hellos(hs, deadline, initial_sent=True)
     except ProtocolError as exc:
-        # A refusal of ours went out as GOAWAY already; a refusal of the server's is answered.
-        conn._protocol_error(exc, goaway=not conn._control.goaway_sent)
+        conn._refused(exc)
         return
     except TimeoutError:
         conn._error = TransportError(f"{conn.address}: HELLO exchange timed out")

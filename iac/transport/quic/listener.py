@@ -104,9 +104,8 @@ class QuicListener(Listener):
         try:
             hello = await conn._exchange_hellos(hs, conn._loop.time() + config.handshake_timeout)
         except ProtocolError as exc:
-            # perform_handshake sent GOAWAY; the QUIC close carries the code as well.
             self.refused[exc.name] = self.refused.get(exc.name, 0) + 1
-            conn._protocol_error(exc)
+            conn._refused(exc)
             return
         except TimeoutError:
             conn._error = ConnectionClosed("HELLO did not arrive in time", int(CloseCode.HANDSHAKE_FAILED))
