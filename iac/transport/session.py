@@ -209,6 +209,14 @@ def _cache_put(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
     cache.move_to_end(key)
 
 
+def _dict_body(body: bytes, frame: str) -> Dict:
+    """The ``Dict`` message in a DICT or DICT_ACK frame body (:class:`BadDictionary` if it is not one)."""
+    try:
+        return Dict.FromString(body)
+    except Exception:
+        raise BadDictionary(f"{frame} body is not a Dict message") from None
+
+
 class DictState:
     """One connection's pushed dictionaries (sans-IO apart from the ``acked`` event).
 
@@ -259,10 +267,7 @@ class DictState:
         """A DICT from the peer: check, install in ``decode``, answer DICT_ACK."""
         if not self.enabled:
             return
-        try:
-            msg = Dict.FromString(body)
-        except Exception:
-            raise BadDictionary("DICT body is not a Dict message") from None
+        msg = _dict_body(body, "DICT")
         content = msg.content
         if len(content) > MAX_DICT_SIZE:
             raise BadDictionary(f"pushed dictionary is {len(content)} bytes, above {MAX_DICT_SIZE}")
@@ -294,10 +299,7 @@ class DictState:
         """A DICT_ACK: compress with the pushed dictionary from now on."""
         if not self.enabled:
             return
-        try:
-            msg = Dict.FromString(body)
-        except Exception:
-            raise BadDictionary("DICT_ACK body is not a Dict message") from None
+        msg = _dict_body(body, "DICT_ACK")
         pushed = self.pushed
         if pushed is None or msg.dict_id != pushed.dict_id or msg.sha256 != pushed.sha256:
             raise BadDictionary(f"DICT_ACK for dictionary {msg.dict_id}, which this side did not push")
