@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Generic, TypeVar
 
 from iac.errors import ConnectionClosed, IacError
 from iac.transport.base import Incoming
+
+T = TypeVar("T")
 
 
 def _wake(waiters: deque[asyncio.Future[None]]) -> None:
@@ -23,22 +26,14 @@ def _wake(waiters: deque[asyncio.Future[None]]) -> None:
             fut.set_result(None)
 
 
-class SendQueue:
-    """Frames waiting to be written. ``put`` waits while the queue is full (bytes or
-    frames); one frame larger than the byte bound still goes through an empty queue.
-    ``get_batch`` and ``take_all`` return everything queued so far, so frames queued
-    in one event-loop turn leave in one write; ``take_shared`` takes a few at a time."""
+class _Bounded(Generic[T]):
+    """Items counted against a bound in frames and one in bytes."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         self.max_frames = max_frames
         self.max_bytes = max_bytes
-        self._items: deque[bytes] = deque()
+        self._items: deque[T] = deque()
         self._bytes = 0
-        self._error: IacError | None = None
-        self._finished = False
-        self._finish_error: IacError | None = None
-        self._putters: deque[asyncio.Future[None]] = deque()
-        self._getter: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -47,14 +42,30 @@ class SendQueue:
     def nbytes(self) -> int:
         return self._bytes
 
-    def _full(self, size: int) -> bool:
-        return bool(self._items) and (
-            len(self._items) >= self.max_frames or self._bytes + size > self.max_bytes
+    def has_room(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes fits now (an empty queue takes any frame)."""
+        return not self._items or (
+            len(self._items) < self.max_frames and self._bytes + size <= self.max_bytes
         )
+
+
+class SendQueue(_Bounded[bytes]):
+    """Frames waiting to be written. ``put`` waits while the queue is full (bytes or
+    frames); one frame larger than the byte bound still goes through an empty queue.
+    ``get_batch`` and ``take_all`` return everything queued so far, so frames queued
+    in one event-loop turn leave in one write; ``take_shared`` takes a few at a time."""
+
+    def __init__(self, max_frames: int, max_bytes: int) -> None:
+        super().__init__(max_frames, max_bytes)
+        self._error: IacError | None = None
+        self._finished = False
+        self._finish_error: IacError | None = None
+        self._putters: deque[asyncio.Future[None]] = deque()
+        self._getter: asyncio.Future[None] | None = None
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` if that needs no wait; False when full (or closing: ``put`` raises)."""
-        if self._error is not None or self._finished or self._full(len(frame)):
+        if self._error is not None or self._finished or not self.has_room(len(frame)):
             return False
         self._items.append(frame)
         self._bytes += len(frame)
@@ -66,7 +77,7 @@ class SendQueue:
                 raise self._error
             if self._finished:
                 raise self._finish_error or ConnectionClosed("connection is closing")
-            if not self._full(len(frame)):
+            if self.has_room(len(frame)):
                 break
             fut = asyncio.get_running_loop().create_future()
             self._putters.append(fut)
@@ -140,32 +151,16 @@ class SendQueue:
             self._getter.set_result(None)
 
 
-class RecvQueue:
+class RecvQueue(_Bounded[Incoming]):
     """Frames waiting for ``recv()``. ``put`` waits while full (the adapter stops
     reading, which pushes back on the peer). After ``fail`` the queued frames are
     still handed out, then ``get`` raises the error."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
-        self.max_frames = max_frames
-        self.max_bytes = max_bytes
-        self._items: deque[Incoming] = deque()
-        self._bytes = 0
+        super().__init__(max_frames, max_bytes)
         self._error: IacError | None = None
         self._putters: deque[asyncio.Future[None]] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def has_room(self, size: int) -> bool:
-        """Whether a frame of ``size`` bytes fits now (an empty queue takes any frame)."""
-        return not self._items or (
-            len(self._items) < self.max_frames and self._bytes + size <= self.max_bytes
-        )
 
     def put_nowait(self, item: Incoming) -> None:
         """Queue regardless of the bound: the caller checked :meth:`has_room`, or bounds
@@ -178,11 +173,7 @@ class RecvQueue:
 
     async def put(self, item: Incoming) -> None:
         size = item.frame.wire_size or len(item.frame.body)
-        while (
-            self._error is None
-            and self._items
-            and (len(self._items) >= self.max_frames or self._bytes + size > self.max_bytes)
-        ):
+        while self._error is None and not self.has_room(size):
             fut = asyncio.get_running_loop().create_future()
             self._putters.append(fut)
             await fut
