@@ -54,6 +54,7 @@ from iac.errors.local import (
     KeyFileError,
     LocalError,
     SourceChanged,
+    WorkerFailed,
 )
 from iac.errors.peer import (
     AdmissionDenied,
@@ -233,6 +234,7 @@ __all__ = [
     "UnknownFrameFlag",
     "UnknownFrameType",
     "UnsafeFileName",
+    "WorkerFailed",
     "WrongPeer",
     "all_error_classes",
 ]

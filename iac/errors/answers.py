@@ -42,6 +42,9 @@ class Refusal(StrEnum):
     REPLAYED = "replayed"  # older than the replay window
     DUPLICATE = "duplicate"  # already handled (re-answered) or being handled
     REPLAY_STORE_FULL = "replay_store_full"
+    #: the replay store failed; a plain request is answered ``busy`` (retry), an ACK_REQUESTED
+    #: message is not answered (its sender retransmits), a response is delivered unmarked
+    STORE_UNAVAILABLE = "store_unavailable"
     NOT_ADDRESSED = "not_addressed"
     #: a unicast FORWARD that crossed no relay (origin = neighbour, ``to`` = this node): such a
     #: message travels in a MESSAGE frame, where the impersonation check applies
@@ -71,6 +74,7 @@ _REFUSAL_CODES: dict[Refusal, ErrorCode] = {
     Refusal.BAD_SIGNATURE: ErrorCode.BAD_SIGNATURE,
     Refusal.STALE: ErrorCode.BAD_REQUEST,
     Refusal.REPLAY_STORE_FULL: ErrorCode.BUSY,
+    Refusal.STORE_UNAVAILABLE: ErrorCode.BUSY,
     Refusal.NOT_ADDRESSED: ErrorCode.POLICY_DENIED,
     Refusal.POLICY_DENIED: ErrorCode.POLICY_DENIED,
     Refusal.UNSEAL_FAILED: ErrorCode.BAD_REQUEST,

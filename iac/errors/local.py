@@ -23,6 +23,13 @@ class KeyFileError(LocalError):
     name = "key_file_error"
 
 
+class WorkerFailed(LocalError):
+    """A worker thread of this side failed (not a verdict on any message): what it was doing is
+    not done, and the caller sees this error instead of waiting forever."""
+
+    name = "worker_failed"
+
+
 class SourceChanged(LocalError):
     """The file being sent changed size while it was sent."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from iac.errors import ErrorCode, Refusal
+from iac.errors import ErrorCode, FrameTooLarge, IacError, Refusal
 from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
 from iac.node.pipeline import Item
@@ -15,7 +15,7 @@ from iac.node.types import Key, error_payload
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
-from iac.wire.enums import MessageType
+from iac.wire.enums import MessageType, type_name
 from iac.wire.message import FLAG_ACK_REQUESTED, sender_of
 
 log = logging.getLogger("iac.node")
@@ -83,12 +83,24 @@ class Answers:
             reply_session_id=msg.session_id,
             sealed=item.sealed,
         )
-        if msg_type == _REPLY:
-            self._c.replies_sent += 1
         self.cache[item.key] = ans
         while len(self.cache) > self.config.answer_cache:
             self.cache.popitem(last=False)
-        await self._outbox.try_send_to(sender, ans, item.conn)
+        try:
+            await self._outbox.send_to(sender, ans, item.conn)
+        except FrameTooLarge as exc:
+            # Never lost in silence: the caller gets ERROR internal at once, this side logs it.
+            self.cache.pop(item.key, None)
+            self._c.answers_too_large += 1
+            log.warning("the answer to %s from %s… is too large to send (%s)", type_name(msg.msg_type),
+                        sender[:16], exc)  # fmt: skip
+            if msg_type == _REPLY:
+                await self.error(item, ErrorCode.INTERNAL, f"the reply is too large to send: {exc}")
+            return
+        except (IacError, OSError):
+            return  # the connection went away: the caller retransmits or times out
+        if msg_type == _REPLY:
+            self._c.replies_sent += 1
 
     async def ack(self, conn: Connection, msg: Message) -> None:
         if not msg.to:

@@ -230,6 +230,9 @@ class NodeStats:
     unacked: int
     answer_cache: int
     connections: int
+    #: Answers this node could not send because they exceed the caller's largest frame (a REPLY
+    #: is replaced by ERROR ``internal``).
+    answers_too_large: int = 0
     #: Routing (FORWARD): ``delivered``, ``forwarded`` (Forwards sent, own and relayed),
     #: ``originated``, ``relayed`` (sent on for others), ``duplicates`` (copies dropped), ``flood_ends``.
     routing: Mapping[str, int] = field(default_factory=dict)

@@ -11,7 +11,15 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from iac.errors import ErrorCode, IacError, MessageRejected, ProtocolError, Refusal, RemoteError
+from iac.errors import (
+    ErrorCode,
+    IacError,
+    MessageRejected,
+    ProtocolError,
+    Refusal,
+    RemoteError,
+    StoreUnavailable,
+)
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
@@ -22,8 +30,10 @@ from iac.node.peers import Peers
 from iac.node.pending import Pending
 from iac.node.pipeline import Deliver, Duplicate, ReceivePipeline, Refuse, Response
 from iac.node.stats import Counters
+from iac.node.store import Check
 from iac.node.tasks import TaskSet
 from iac.node.types import Reply, error_fields
+from iac.node.verify import Verifier
 from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
 from iac.protocol.replay import Verdict
 from iac.protocol.routing import Router, RouteRefusal, parse_forward
@@ -44,6 +54,9 @@ _FORWARD_FRAME = FrameType.FORWARD
 
 ErrorCallback = Callable[[str, Message, str, str], Any]
 
+#: Frames a read loop takes from its connection at a time (opened together, then acted on in order).
+BATCH = 32
+
 
 class Inbound:
     """Reads every connection of a node and acts on what arrives."""
@@ -60,6 +73,7 @@ class Inbound:
         dispatcher: Dispatcher,
         ordered: OrderedDelivery,
         files: Files,
+        verifier: Verifier,
         counters: Counters,
         tasks: TaskSet,
     ) -> None:
@@ -73,6 +87,7 @@ class Inbound:
         self._dispatcher = dispatcher
         self._ordered = ordered
         self._files = files
+        self._verifier = verifier
         self._c = counters
         self._tasks = tasks
         self._clock = config.transport.clock
@@ -81,12 +96,17 @@ class Inbound:
         self.error_callbacks: list[ErrorCallback] = []
 
     async def read_loop(self, conn: Connection) -> None:
+        """Read ``conn`` until it closes: frames in batches (what is already received, up to
+        ``BATCH``), opened together, acted on in order. After each batch the loop yields, so that
+        every connection with frames waiting gets its turn (one peer's flood does not hold the
+        others up)."""
         peer = conn.peer.agent_id
         try:
             while True:
-                inc = await conn.recv()
-                await self._throttle(peer, 1.0)
-                await self.on_incoming(conn, inc)
+                incs = await conn.recv_many(BATCH)
+                await self._throttle(peer, float(len(incs)))
+                await self._on_batch(conn, incs)
+                await asyncio.sleep(0)
         except (IacError, OSError):
             pass
         finally:
@@ -102,29 +122,64 @@ class Inbound:
             self._c.throttled += 1
             await asyncio.sleep(wait)
 
-    async def on_incoming(self, conn: Connection, inc: Incoming) -> None:
-        self._c.received += 1
-        frame = inc.frame
-        self._c.bytes_received += frame.wire_size or len(frame.body)
-        if frame.type == _FORWARD_FRAME:
-            await self._on_forward(conn, frame.body)
-            return
-        if frame.type != _MESSAGE_FRAME:
-            return
-        try:
-            msg = self._pipeline.open(frame.body, conn.peer.agent_id)
-        except MessageRejected:  # 1. signature: refused, the connection goes on
-            await self._on_bad_signature(conn, frame.body)
-            return
-        except ProtocolError as exc:  # malformed, or an impersonation: close this connection
-            log.info("closing the connection from %s…: %s: %s", conn.peer.agent_id[:16], exc.name, exc)
-            await conn.close(exc.close_code, str(exc)[:200])
-            raise
-        await self.on_message(conn, msg)
+    async def _on_batch(self, conn: Connection, incs: list[Incoming]) -> None:
+        peer = conn.peer.agent_id
+        c = self._c
+        c.received += len(incs)
+        c.bytes_received += sum(inc.frame.wire_size or len(inc.frame.body) for inc in incs)
+        bodies = [inc.frame.body for inc in incs if inc.frame.type == _MESSAGE_FRAME]
+        opened = iter(await self._verifier.open(bodies, peer)) if bodies else iter(())
+        # The replay checks of the batch's verified messages, in one call to the store.
+        now = self._clock.now_us()
+        pending: list[tuple[Message, Check | Refuse] | IacError] = []
+        for opened_one in opened:
+            if isinstance(opened_one, IacError):
+                pending.append(opened_one)
+            else:
+                pending.append((opened_one, self._pipeline.replay_check(opened_one, now)))
+        checks = [r[1] for r in pending if not isinstance(r, IacError) and isinstance(r[1], Check)]
+        verdicts = iter(await self._pipeline.store.check(checks, now)) if checks else iter(())
+        results = iter(pending)
+        for inc in incs:
+            frame = inc.frame
+            if frame.type == _FORWARD_FRAME:
+                await self._on_forward(conn, frame.body)
+                continue
+            if frame.type != _MESSAGE_FRAME:
+                continue
+            result = next(results)
+            if isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
+                await self._on_bad_signature(conn, frame.body)
+            elif isinstance(result, ProtocolError):  # malformed, or an impersonation: close it
+                log.info("closing the connection from %s…: %s: %s", peer[:16], result.name, result)
+                await conn.close(result.close_code, str(result)[:200])
+                raise result
+            elif isinstance(result, IacError):  # pragma: no cover - open() raises only the two above
+                raise result
+            else:
+                msg, check = result
+                verdict = check if isinstance(check, Refuse) else next(verdicts)
+                await self._act(conn, msg, now, verdict)
 
     async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
+        """One verified message (a FORWARD's inner message: its origin's signature was checked)."""
         now = self._clock.now_us()
-        decision = self._pipeline.judge(conn, msg, now, forwarded=forwarded)
+        check = self._pipeline.replay_check(msg, now, forwarded=forwarded)
+        verdict = check if isinstance(check, Refuse) else (await self._pipeline.store.check([check], now))[0]
+        await self._act(conn, msg, now, verdict, forwarded=forwarded)
+
+    async def _act(
+        self,
+        conn: Connection,
+        msg: Message,
+        now: int,
+        verdict: Verdict | IacError | Refuse,
+        *,
+        forwarded: bool = False,
+    ) -> None:
+        decision = verdict if isinstance(verdict, Refuse) else (
+            self._pipeline.judge(conn, msg, now, verdict, forwarded=forwarded)
+        )  # fmt: skip
         if isinstance(decision, Deliver):
             item = decision.item
             try:
@@ -142,6 +197,8 @@ class Inbound:
                 self._pipeline.release(item, self._clock.now_us())
                 raise
         elif isinstance(decision, Response):
+            if isinstance(verdict, StoreUnavailable):
+                self._c.refused[Refusal.STORE_UNAVAILABLE.value] += 1  # delivered all the same
             self._on_response(decision)
         elif isinstance(decision, Refuse):
             if decision.skip_ordered:

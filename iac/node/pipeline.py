@@ -25,8 +25,10 @@ from iac.errors import (
     ReplayStoreFull,
     SealHeaderMismatch,
     StaleMessage,
+    StoreUnavailable,
 )
 from iac.node.config import NodeConfig
+from iac.node.store import Check, StoreRunner
 from iac.node.types import Key
 from iac.protocol.guards import (
     RESPONSE_TYPES,
@@ -37,12 +39,12 @@ from iac.protocol.guards import (
     decode_payload,
     run_guards,
 )
-from iac.protocol.replay import ReplayGuard, Verdict
+from iac.protocol.replay import Verdict
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
-from iac.wire.message import open_message, sender_of
+from iac.wire.message import FLAG_ACK_REQUESTED, open_message, sender_of
 from iac.wire.seal import open_sealed
 
 _COMMAND = int(MessageType.COMMAND)
@@ -103,30 +105,34 @@ Decision = Refuse | Duplicate | Response | Deliver
 
 
 class ReceivePipeline:
-    """The checks between a received message and a handler, for one node."""
+    """The checks between a received message and a handler, for one node.
+
+    The replay step is split in two so that a store that blocks can run off the loop:
+    :meth:`replay_check` (freshness, then which store check to make) and :meth:`judge` (the
+    store's verdict, then every later step)."""
 
     def __init__(self, identity: Identity, config: NodeConfig) -> None:
         self.identity = identity
         self.agent_id = identity.agent_id
         self.config = config
-        self._guard: ReplayGuard | None = None
+        self._store: StoreRunner | None = None
 
-    def start(self, guard: ReplayGuard) -> None:
-        self._guard = guard
+    def start(self, store: StoreRunner) -> None:
+        self._store = store
 
     @property
-    def guard(self) -> ReplayGuard:
-        if self._guard is None:
+    def store(self) -> StoreRunner:
+        if self._store is None:
             raise LocalError("the node is not started")
-        return self._guard
+        return self._store
 
     @staticmethod
     def open(body: bytes, peer: str) -> Message:
         """A MESSAGE frame's body: the field-8 scan, parse, ``from`` and signature (raise
-        :class:`~iac.MessageRejected` for a well-formed message that fails them, another
-        :class:`~iac.ProtocolError` for a malformed one); then the sender must be the peer whose
-        HELLO proved this connection (:class:`~iac.Impersonation`: other origins travel inside
-        FORWARD)."""
+        :class:`~iac.errors.MessageRejected` for a well-formed message that fails them, another
+        :class:`~iac.errors.ProtocolError` for a malformed one); then the sender must be the peer
+        whose HELLO proved this connection (:class:`~iac.errors.Impersonation`: other origins travel
+        inside FORWARD)."""
         msg = open_message(body)
         sender = sender_of(msg)
         if sender != peer:
@@ -136,31 +142,45 @@ class ReceivePipeline:
             )
         return msg
 
-    def judge(self, conn: Connection, msg: Message, now: int, *, forwarded: bool = False) -> Decision:
-        """Steps after the signature (checked by :meth:`open`, or by the Router for a Forward's
-        inner message, whose ``from`` is the origin rather than the neighbour)."""
+    def replay_check(self, msg: Message, now: int, *, forwarded: bool = False) -> Check | Refuse:
+        """Freshness (no store needed), then the store check to make: single-phase for a response,
+        a reservation for anything a handler takes."""
+        is_response = msg.msg_type in RESPONSE_TYPES
+        try:
+            self.store.guard.check_fresh(msg.timestamp, now)
+        except StaleMessage as exc:
+            return Refuse(Refusal.STALE, f"stale: {exc}", not is_response and not (forwarded and not msg.to))
+        return Check((sender_of(msg), msg.session_id, msg.msg_id), is_response)
+
+    def judge(
+        self,
+        conn: Connection,
+        msg: Message,
+        now: int,
+        verdict: Verdict | IacError,
+        *,
+        forwarded: bool = False,
+    ) -> Decision:
+        """Every step after the replay store's ``verdict`` on this message."""
         sender = sender_of(msg)
         broadcast = forwarded and not msg.to
-        answer = not broadcast
-        guard = self.guard
-        if msg.msg_type in RESPONSE_TYPES:
-            try:
-                verdict = guard.check_and_mark(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
-            except StaleMessage as exc:
-                return Refuse(Refusal.STALE, f"stale: {exc}", False)
-            except ReplayStoreFull as exc:
-                return Refuse(Refusal.REPLAY_STORE_FULL, str(exc), False)
-            if verdict is not Verdict.NEW:
-                return Duplicate(verdict, False)
-            return self._response(msg, sender)
-        try:
-            verdict = guard.reserve(sender, msg.session_id, msg.msg_id, msg.timestamp, now)
-        except StaleMessage as exc:
-            return Refuse(Refusal.STALE, f"stale: {exc}", answer)
-        except ReplayStoreFull as exc:
-            return Refuse(Refusal.REPLAY_STORE_FULL, str(exc), answer)
+        is_response = msg.msg_type in RESPONSE_TYPES
+        answer = not broadcast and not is_response
+        if isinstance(verdict, IacError):
+            if is_response and isinstance(verdict, StoreUnavailable):
+                return self._response(msg, sender)  # unmarked: the pending table takes one answer only
+            if isinstance(verdict, ReplayStoreFull):
+                return Refuse(Refusal.REPLAY_STORE_FULL, str(verdict), answer)
+            # A plain request gets ``busy`` now; an ACK_REQUESTED message is retransmitted by its sender.
+            retried = bool(msg.flags & FLAG_ACK_REQUESTED)
+            return Refuse(
+                Refusal.STORE_UNAVAILABLE, str(verdict), answer and bool(msg.deadline) and not retried
+            )
         if verdict is not Verdict.NEW:
             return Duplicate(verdict, answer)
+        if is_response:
+            return self._response(msg, sender)
+        key: Key = (sender, msg.session_id, msg.msg_id)
         try:
             refusal = self._check(msg, sender, broadcast)
             payload: Any = None
@@ -172,25 +192,25 @@ class ReceivePipeline:
             if refusal is None:
                 refusal = self._check_late(msg, sender, payload, now)
         except BaseException:
-            guard.release(sender, msg.session_id, msg.msg_id, now)
+            self.store.release(key, now)
             raise
         if refusal is not None:
-            guard.commit(sender, msg.session_id, msg.msg_id, now)
-            return Refuse(refusal[0], refusal[1], answer, skip_ordered=True)
-        return Deliver(Item(conn, msg, payload, (sender, msg.session_id, msg.msg_id), sealed, broadcast))
+            self.store.commit(key, now)
+            return Refuse(refusal[0], refusal[1], not broadcast, skip_ordered=True)
+        return Deliver(Item(conn, msg, payload, key, sealed, broadcast))
 
     def commit(self, item: Item, now: int) -> None:
         """A delivered message was handled (or refused after delivery): its id is done."""
         if not item.committed:
             item.committed = True
-            self.guard.commit(item.key[0], item.key[1], item.key[2], now)
+            self.store.commit(item.key, now)
 
     def release(self, item: Item, now: int) -> None:
         """A delivered message was not handled (busy, closing): a retransmission may try again.
         Nothing once committed."""
         if not item.committed:
             item.committed = True
-            self.guard.release(item.key[0], item.key[1], item.key[2], now)
+            self.store.release(item.key, now)
 
     # --- the steps --------------------------------------------------------------------------------
 

@@ -33,8 +33,10 @@ from iac.node.peers import Peers
 from iac.node.pending import Pending
 from iac.node.pipeline import ReceivePipeline
 from iac.node.stats import Counters
+from iac.node.store import StoreRunner
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
+from iac.node.verify import Verifier
 from iac.protocol.clock import Clock
 from iac.protocol.replay import ReplayConfig, ReplayGuard, ReplayStore
 from iac.protocol.routing import Router, RouteRefusal
@@ -69,7 +71,7 @@ class NodeRuntime:
         self._listen_urls = [listen] if isinstance(listen, str) else list(listen)
         self._replay_store_arg = replay_store
         self._listeners: list[Listener] = []
-        self._started = self._closing = self._closed = False
+        self._started = self._closing = self._closed = self._started_store = False
         self._housekeeping: asyncio.Task[None] | None = None
         c = self._c = Counters()
         tasks = self._tasks = TaskSet()
@@ -94,6 +96,7 @@ class NodeRuntime:
         )
         self._ordered = OrderedDelivery(config, self._dispatch, self._answers, c, tasks, self.clock)
         self._files = Files(config, self._outbox, self._peers, self._pipeline, self._answers, c, tasks)
+        self._verifier = Verifier()
         self._inbound = Inbound(
             config,
             self._pipeline,
@@ -105,6 +108,7 @@ class NodeRuntime:
             self._dispatch,
             self._ordered,
             self._files,
+            self._verifier,
             c,
             tasks,
         )
@@ -139,7 +143,8 @@ class NodeRuntime:
             )
         if store.max_skew_us != c.transport.max_skew_us:
             raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
-        self._pipeline.start(ReplayGuard(store))
+        self._pipeline.start(StoreRunner(ReplayGuard(store)))
+        self._started_store = True
         self._files.start()
         try:
             for url in self._listen_urls:
@@ -177,6 +182,9 @@ class NodeRuntime:
         conn_tasks = self._conn_tasks.cancel_all()
         await asyncio.gather(*tasks, *conn_tasks, return_exceptions=True)
         await self._files.close()
+        self._verifier.close()
+        if self._started_store:
+            self._pipeline.store.close()
         self._peers.end_events()
 
     def _context(self, msg: Message, payload: Any, expects_reply: bool) -> Any:
@@ -212,7 +220,7 @@ class NodeRuntime:
         while True:
             await asyncio.sleep(1.0)
             now = self.clock.now_us()
-            self._pipeline.guard.expire(now)
+            self._pipeline.store.expire(now)
             self._router.expire(now)
             self._files.expire()
             self._ordered.expire(now)

@@ -15,6 +15,7 @@ class Counters:
     __slots__ = (
         "acks_received",
         "acks_sent",
+        "answers_too_large",
         "backlog_peak",
         "bytes_received",
         "bytes_sent",
@@ -46,7 +47,7 @@ class Counters:
         self.retransmits = self.delivery_failures = self.throttled = 0
         self.gaps = self.late = self.cancelled = self.peer_events_dropped = 0
         self.backlog_peak = self.running_peak = 0
-        self.relayed = 0
+        self.relayed = self.answers_too_large = 0
         self.files_sent = self.files_received = self.files_failed = self.files_resumed = 0
         #: Refusals by :class:`~iac.errors.Refusal` value; ERRORs sent and received by code.
         self.refused: Counter[str] = Counter()

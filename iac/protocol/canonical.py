@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
 from iac.errors import BadRecord
 
@@ -151,3 +152,27 @@ def read_envelope(obj: object, body_key: str, sig_keys: tuple[str, ...]) -> tupl
             raise BadRecord(f"envelope {key} must be 128 lowercase hex characters")
         sigs.append(bytes.fromhex(value))
     return body.encode("ascii"), sigs
+
+
+@dataclass(frozen=True, slots=True)
+class SignedPayload:
+    """Canonical payload bytes and the one 64-byte signature over them.
+
+    In a JSON payload it travels as the envelope ``{KEY: "<the payload bytes as a string>",
+    "signature": "<128 lowercase hex>"}``, where a subclass names ``KEY``.
+    """
+
+    KEY: ClassVar[str]
+
+    data: bytes
+    signature: bytes
+
+    def to_json_obj(self) -> dict[str, str]:
+        """The envelope: the payload as a string (its exact bytes) and the signature in hex."""
+        return {self.KEY: self.data.decode("ascii"), "signature": self.signature.hex()}
+
+    @classmethod
+    def from_json_obj(cls, obj: object) -> Self:
+        """Read the envelope of :meth:`to_json_obj`; :class:`BadRecord` if malformed."""
+        data, signature = read_envelope(obj, cls.KEY, ("signature",))
+        return cls(data, signature[0])

@@ -20,12 +20,12 @@ from typing import Any
 from iac.errors import BadRecord, ConfigError, InvalidAgentId, RecordExpired
 from iac.protocol.canonical import (
     MAX_SAFE_INT,  # re-exported for importers not yet updated
+    SignedPayload,
     as_bad_record,
     canonical_json,
     check_fields,
     check_int,
     parse_canonical,
-    read_envelope,
     signature_bytes,
     str_field,
 )
@@ -209,21 +209,11 @@ def decode_record(data: bytes, *, max_size: int = MAX_RECORD_SIZE) -> AgentRecor
 
 
 @dataclass(frozen=True, slots=True)
-class SignedRecord:
-    """Canonical record bytes and the 64-byte ``iac-record-v1`` signature by ``agent_id``."""
+class SignedRecord(SignedPayload):
+    """Canonical record bytes and the 64-byte ``iac-record-v1`` signature by ``agent_id``
+    (envelope key ``record``)."""
 
-    data: bytes
-    signature: bytes
-
-    def to_json_obj(self) -> dict[str, str]:
-        """Envelope for a JSON payload: the record as a string (its exact bytes) and the signature."""
-        return {"record": self.data.decode("ascii"), "signature": self.signature.hex()}
-
-    @classmethod
-    def from_json_obj(cls, obj: object) -> SignedRecord:
-        """Read the envelope of :meth:`to_json_obj`; :class:`BadRecord` if malformed."""
-        record, signature = read_envelope(obj, "record", ("signature",))
-        return cls(record, signature[0])
+    KEY = "record"
 
 
 def sign_record(identity: Identity, record: AgentRecord) -> SignedRecord:

@@ -17,6 +17,7 @@ from typing import Any
 from iac.errors import BadRecord, ConfigError, UncommittedSuccessor
 from iac.protocol.canonical import (
     PRINTABLE_RE,
+    SignedPayload,
     as_bad_record,
     canonical_json,
     check_fields,
@@ -203,19 +204,10 @@ class Revocation:
 
 
 @dataclass(frozen=True, slots=True)
-class SignedRevocation:
-    """Canonical revocation bytes and the revoked key's signature."""
+class SignedRevocation(SignedPayload):
+    """Canonical revocation bytes and the revoked key's signature (envelope key ``revocation``)."""
 
-    data: bytes
-    signature: bytes
-
-    def to_json_obj(self) -> dict[str, str]:
-        return {"revocation": self.data.decode("ascii"), "signature": self.signature.hex()}
-
-    @classmethod
-    def from_json_obj(cls, obj: object) -> SignedRevocation:
-        data, sigs = read_envelope(obj, "revocation", ("signature",))
-        return cls(data, sigs[0])
+    KEY = "revocation"
 
 
 def sign_revocation(identity: Identity, *, seq: int, issued_us: int, reason: str = "") -> SignedRevocation:

@@ -153,6 +153,11 @@ class Connection(ABC):
     async def recv(self) -> Incoming:
         """The next MESSAGE or FORWARD frame."""
 
+    async def recv_many(self, limit: int) -> list[Incoming]:
+        """Wait for the next frame, then take up to ``limit`` frames in all that are already
+        received (a reader that handles frames in batches; order is kept)."""
+        return [await self.recv()]
+
     @abstractmethod
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         """Flush queued frames, send GOAWAY, close. Idempotent."""

@@ -184,17 +184,22 @@ class RecvQueue(_Bounded[Incoming]):
         _wake(self._getters)
 
     async def get(self) -> Incoming:
+        return (await self.get_many(1))[0]
+
+    async def get_many(self, limit: int) -> list[Incoming]:
+        """Wait for one frame; return it with up to ``limit - 1`` more that are already queued."""
         while not self._items:
             if self._error is not None:
                 raise self._error
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
             await fut
-        item = self._items.popleft()
-        self._bytes -= item.frame.wire_size or len(item.frame.body)
+        items = self._items
+        out = [items.popleft() for _ in range(min(limit, len(items)))]
+        self._bytes -= sum(item.frame.wire_size or len(item.frame.body) for item in out)
         if self._putters:
             _wake(self._putters)
-        return item
+        return out
 
     def fail(self, error: IacError) -> None:
         if self._error is None:

@@ -131,11 +131,14 @@ class QuicConn(Connection):
         self._proto._transmit_soon()
 
     async def recv(self) -> Incoming:
-        item = await self._ready.get()
+        return (await self.recv_many(1))[0]
+
+    async def recv_many(self, limit: int) -> list[Incoming]:
+        items = await self._ready.get_many(limit)
         if self._recv_full and len(self._ready) <= self.config.recv_queue_frames // 2:
             self._recv_full = False
             self._proto._transmit_soon()  # grant the withheld stream credit
-        return item
+        return items
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         if self._closing or self._terminated.is_set():

@@ -168,10 +168,13 @@ class StreamConnection(Connection):
             self._flush_handle = self._loop.call_soon(self._flush)
 
     async def recv(self) -> Incoming:
-        item = await self._recvq.get()
+        return (await self.recv_many(1))[0]
+
+    async def recv_many(self, limit: int) -> list[Incoming]:
+        items = await self._recvq.get_many(limit)
         if self._proto.reading_paused and self._pump_handle is None:
             self._pump()
-        return item
+        return items
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         if not self._closing:
