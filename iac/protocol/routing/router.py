@@ -195,8 +195,7 @@ class Router:
             raise ConfigError("a broadcast has an empty `to`")
         if sender_of(msg) != self.me:
             raise ConfigError("a node originates only its own messages")
-        key = ("b", self.me, msg.session_id, msg.msg_id)
-        if not self._seen.add(key, now_us + self.retention_us, now_us):
+        if not self._remember(("b", self.me, msg.session_id, msg.msg_id), now_us):
             raise SeenCacheFull("the broadcast seen-cache is full")
         limit = min(hop_limit or self.broadcast_hop_limit, self.policy.max_hop_limit)
         body = wrap_forward(message, limit, (self.me,))
@@ -311,8 +310,8 @@ class Router:
         now_us: int,
     ) -> RouteDecision:
         origin = sender_of(msg)
-        if not self._seen.add(key, now_us + self.retention_us, now_us):
-            return self._refuse(RouteRefusal.SEEN_CACHE_FULL, SeenCacheFull("seen-cache is full"), env)
+        if not self._remember(key, now_us):
+            return self._seen_cache_full(env)
         self.stats.delivered += 1
 
         def delivered(sends: tuple[Send, ...] = (), refusal: RouteRefusal | None = None) -> RouteDecision:
@@ -360,8 +359,8 @@ class Router:
                 RouteRefusal.RELAY_DENIED, RelayDenied("this node does not relay that message"), env
             )
         if to == self.me:
-            if not self._seen.add(key, now_us + self.retention_us, now_us):
-                return self._refuse(RouteRefusal.SEEN_CACHE_FULL, SeenCacheFull("seen-cache is full"), env)
+            if not self._remember(key, now_us):
+                return self._seen_cache_full(env)
             self._learn(origin, from_peer, now_us)
             self.stats.delivered += 1
             return RouteDecision(
@@ -375,8 +374,8 @@ class Router:
         hop = self.next_hop(to, peers, now_us)
         if hop is None or hop == from_peer or hop in env.path:
             return self._refuse(RouteRefusal.NO_ROUTE, NoRoute(f"no route toward {to[:16]}…"), env)
-        if not self._seen.add(key, now_us + self.retention_us, now_us):
-            return self._refuse(RouteRefusal.SEEN_CACHE_FULL, SeenCacheFull("seen-cache is full"), env)
+        if not self._remember(key, now_us):
+            return self._seen_cache_full(env)
         self._learn(origin, from_peer, now_us)
         if msg.msg_type not in _RESPONSE_TYPES:
             expires = now_us + self.retention_us
@@ -408,6 +407,13 @@ class Router:
             entry = self._relayed_requests.get((to, msg.reply_session_id, msg.reply_to))
             return entry is not None and entry[0] == origin
         return False
+
+    def _remember(self, key: tuple[Any, ...], now_us: int) -> bool:
+        """Enter ``key`` in the seen-cache until it could no longer pass as fresh; False when full."""
+        return self._seen.add(key, now_us + self.retention_us, now_us)
+
+    def _seen_cache_full(self, env: ForwardEnvelope) -> RouteDecision:
+        return self._refuse(RouteRefusal.SEEN_CACHE_FULL, SeenCacheFull("seen-cache is full"), env)
 
     def _refuse(
         self, refusal: RouteRefusal, error: IacError, env: ForwardEnvelope | None = None
