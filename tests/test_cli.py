@@ -1,10 +1,14 @@
+import argparse
 import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import iac
+from iac.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +54,46 @@ def test_dict_train_too_few_samples_is_one_line(tmp_path):
     assert "at least 8" in out.stderr and out.stderr.count("\n") == 1
 
 
-def test_help_on_each_verb():
-    for verb in ("keygen", "id", "dict", "demo"):
-        out = run(verb, "--help")
-        assert out.returncode == 0 and "usage" in out.stdout
+def _verbs(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every verb path of the CLI (``("dict",)``, ``("dict", "train")``, ...) with its parser,
+    read from the parser itself so that a new verb is covered without touching this test."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _verbs(sub, (*path, name))
+
+
+VERBS = dict(_verbs(build_parser()))
+
+
+def test_the_cli_has_its_verbs():
+    top = {p[0] for p in VERBS}
+    assert {"keygen", "id", "dict", "demo", "node", "ping", "send", "request", "call"} <= top
+    assert len(VERBS) >= 15
+
+
+@pytest.mark.parametrize("path", sorted(VERBS), ids=" ".join)
+def test_help_on_each_verb(path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*path, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: iac {' '.join(path)}")
+    parser = VERBS[path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            names = list(action.choices)  # a verb group names its verbs
+        elif action.option_strings:
+            names = [o for o in action.option_strings if o.startswith("--")] or action.option_strings
+        else:
+            names = [action.metavar or action.dest]  # a positional argument
+        for name in names:
+            assert name in out, f"`iac {' '.join(path)} --help` does not mention {name}"
+
+
+def test_help_of_the_installed_entry_point_lists_every_verb():
+    out = run("--help")
+    assert out.returncode == 0, out.stderr
+    for verb in {p[0] for p in VERBS}:
+        assert verb in out.stdout
