@@ -29,6 +29,8 @@ from iac.errors import BadRecord
 MAX_SAFE_INT = (1 << 53) - 1
 
 PRINTABLE_RE = re.compile(r"[\x20-\x7e]*")
+#: A SHA-256 digest as payloads write it: 64 lowercase hex characters.
+HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _SIG_HEX_RE = re.compile(r"[0-9a-f]{128}")
 
 

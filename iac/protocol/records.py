@@ -19,6 +19,7 @@ from typing import Any
 
 from iac.errors import BadRecord, ConfigError, InvalidAgentId, RecordExpired
 from iac.protocol.canonical import (
+    HEX64_RE,
     MAX_SAFE_INT,  # re-exported for importers not yet updated
     SignedPayload,
     as_bad_record,
@@ -65,7 +66,6 @@ _CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9._:/-]{0,63}")
 _HOST_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*|\[[0-9a-f:.]{{2,45}}\]")
 _NET_ADDRESS_RE = re.compile(r"(quic|tls)://([^:/\[\]]+|\[[^\]]*\]):([1-9][0-9]{0,4})")
 _UNIX_ADDRESS_RE = re.compile(r"unix:///[\x21-\x7e]*")
-_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def is_alias(value: str) -> bool:
@@ -155,7 +155,7 @@ class AgentRecord:
             if not is_capability(capability):
                 raise ConfigError(f"not a capability ([a-z0-9._:/-], 1-64 chars): {capability!r:.80}")
         if self.next_key_digest is not None and (
-            not isinstance(self.next_key_digest, str) or _DIGEST_RE.fullmatch(self.next_key_digest) is None
+            not isinstance(self.next_key_digest, str) or HEX64_RE.fullmatch(self.next_key_digest) is None
         ):
             raise ConfigError("next_key_digest must be 64 lowercase hex characters (SHA-256)")
 

@@ -71,6 +71,7 @@ from iac.errors import (
     TransferMismatch,
     UnsafeFileName,
 )
+from iac.protocol.canonical import HEX64_RE, MAX_SAFE_INT
 from iac.wire.jsonutil import dumps_compact
 
 #: Smallest ``chunk_size`` accepted: bounds the number of chunks, and the receiver's bitmap, per byte.
@@ -82,9 +83,8 @@ MAX_ACK_RANGES = 256
 MAX_NAME_BYTES = 255
 MAX_PAYLOAD_JSON = 4096
 #: Integers in the payloads stay below 2**53 so that every JSON implementation reads them exactly.
-MAX_JSON_INT = (1 << 53) - 1
+MAX_JSON_INT = MAX_SAFE_INT
 _TRANSFER_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}")
-HEX64_RE = re.compile(r"[0-9a-f]{64}")
 
 
 #: Error classes by name, for turning a ``failed`` ack back into a typed error.

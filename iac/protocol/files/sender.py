@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from iac.errors import BadTransferPayload, ConfigError, SourceChanged, TransferRefused, UnsafeFileName
+from iac.protocol.canonical import HEX64_RE
 from iac.protocol.files.payloads import (
-    HEX64_RE,
     MAX_JSON_INT,
     MIN_CHUNK_SIZE,
     AckPayload,
