@@ -21,7 +21,14 @@ from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.jsonutil import dumps_compact
-from iac.wire.message import Session, build_message, decode_message_frame, encode_message_frame, sign_message
+from iac.wire.message import (
+    Message,
+    Session,
+    build_message,
+    decode_message_frame,
+    encode_message_frame,
+    sign_message,
+)
 
 DEFAULT_COUNT = 500
 _CORPUS = Path("benchmarks") / "corpus" / "test.jsonl"
@@ -97,6 +104,16 @@ def run_codec_demo(args: argparse.Namespace) -> int:
     session = Session()
     now_us = time.time_ns() // 1000
 
+    def message(payload: str) -> Message:
+        return build_message(
+            sender=alice.agent_id,
+            to=bob.agent_id,
+            msg_type=MessageType.DELEGATE_TASK,
+            session=session,
+            timestamp_us=now_us,
+            payload_json=payload,
+        )
+
     raw = zstd = zstd_dict = frames_raw = frames_dict = verified = 0
     t0 = time.perf_counter()
     for p in payloads:
@@ -104,14 +121,7 @@ def run_codec_demo(args: argparse.Namespace) -> int:
         raw += len(data)
         zstd += min(len(plain.compress(data)), len(data))
         zstd_dict += min(len(dictionary.compress(data)), len(data))
-        msg = build_message(
-            sender=alice.agent_id,
-            to=bob.agent_id,
-            msg_type=MessageType.DELEGATE_TASK,
-            session=session,
-            timestamp_us=now_us,
-            payload_json=p,
-        )
+        msg = message(p)
         frame = encode_message_frame(alice, msg, compress_with=dictionary)
         frames_raw += len(encode_frame(FrameType.MESSAGE, msg.SerializeToString(deterministic=True)))
         frames_dict += len(frame)
@@ -121,15 +131,7 @@ def run_codec_demo(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
 
     # One tampered frame: a byte of the payload changed after signing, then compressed and framed.
-    msg = build_message(
-        sender=alice.agent_id,
-        to=bob.agent_id,
-        msg_type=MessageType.DELEGATE_TASK,
-        session=session,
-        timestamp_us=now_us,
-        payload_json=payloads[0],
-    )
-    signed = bytearray(sign_message(alice, msg))
+    signed = bytearray(sign_message(alice, message(payloads[0])))
     at = signed.find(payloads[0].encode()[:16])
     signed[at + 2] ^= 0x01
     tampered = encode_frame(FrameType.MESSAGE, bytes(signed), compress_with=dictionary)
