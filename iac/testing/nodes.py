@@ -33,7 +33,9 @@ async def node_pair(
     connect: bool = True,
 ) -> AsyncIterator[NodePair]:
     """Two started nodes on loopback; both are closed (and the socket directory
-    removed) when the block ends::
+    removed) when the block ends.
+
+    Example::
 
         async with node_pair() as (alice, bob):
             bob.on(MessageType.RUN)(lambda ctx: ctx.payload)
