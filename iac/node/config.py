@@ -240,6 +240,9 @@ class NodeStats:
     route_refused: Mapping[str, int] = field(default_factory=dict)
     #: Files: ``sent``, ``received``, ``chunks_received``, ``chunk_duplicates``, ``resumed``, ``failed``.
     files: Mapping[str, int] = field(default_factory=dict)
+    #: Entries kept per peer, by table (sessions, verify budgets, in-flight permits, dial locks,
+    #: ordered streams, routes, cached answers): each is bounded or expires once a peer is gone.
+    peer_state: Mapping[str, int] = field(default_factory=dict)
     #: Refused FILE_TRANSFER chunks and queries, by error name (``chunk_hash_mismatch``, …).
     file_refused: Mapping[str, int] = field(default_factory=dict)
 

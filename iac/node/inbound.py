@@ -112,6 +112,16 @@ class Inbound:
         finally:
             self._peers.unregister(conn)
 
+    def expire(self, connected: set[str]) -> None:
+        """Forget the verify budgets of peers that are not connected and have a full bucket."""
+        now = self._clock.monotonic()
+        for peer in [p for p, b in self._buckets.items() if p not in connected and b.full(now)]:
+            del self._buckets[peer]
+
+    @property
+    def budgets(self) -> int:
+        return len(self._buckets)
+
     async def _throttle(self, peer: str, cost: float) -> None:
         bucket = self._buckets.get(peer)
         now = self._clock.monotonic()

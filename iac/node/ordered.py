@@ -71,6 +71,10 @@ class OrderedDelivery:
             self._apply(st, st.buffer.skip(msg.msg_id, now))
 
     @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    @property
     def held(self) -> int:
         return sum(len(st.buffer) for st in self._streams.values())
 

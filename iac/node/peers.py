@@ -157,6 +157,15 @@ class Peers:
             self._live.discard(peer)
             self._emit(PeerEvent(peer, False, conn.peer.transport, conn.peer.address))
 
+    @property
+    def dial_locks(self) -> int:
+        return len(self._dial_locks)
+
+    def expire(self) -> None:
+        """Forget the dial locks of peers that are not being dialed."""
+        for peer in [p for p, lock in self._dial_locks.items() if not lock.locked()]:
+            del self._dial_locks[peer]
+
     async def close_all(self) -> None:
         await asyncio.gather(
             *(conn.close(CloseCode.GOING_AWAY, "node shutting down") for conn in self.table.connections()),

@@ -219,6 +219,20 @@ class Pending:
         for out in list(self.outs.values()):
             self.finish(out, exc=exc)
 
+    @property
+    def tracked_peers(self) -> int:
+        return len(self._in_flight)
+
+    def waits_for(self, peer: str) -> bool:
+        """Something toward ``peer`` is unanswered or waits for an in-flight permit."""
+        sem = self._in_flight.get(peer)
+        return peer in self._by_peer or (sem is not None and sem.locked())
+
+    def expire(self) -> None:
+        """Forget the in-flight permits of peers with nothing outstanding."""
+        for peer in [p for p, sem in self._in_flight.items() if p not in self._by_peer and not sem.locked()]:
+            del self._in_flight[peer]
+
     def counts(self) -> tuple[int, int]:
         """(pending requests, unacknowledged messages)."""
         outs = self.outs.values()

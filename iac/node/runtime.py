@@ -221,11 +221,38 @@ class NodeRuntime:
             await asyncio.sleep(1.0)
             now = self.clock.now_us()
             self._pipeline.store.expire(now)
+            self._expire_peer_state(now)
             self._router.expire(now)
             self._files.expire()
             self._ordered.expire(now)
 
     # --- state ------------------------------------------------------------------------------------
+
+    def _expire_peer_state(self, now: int) -> None:
+        """Forget what the node keeps per peer for peers that went away: sessions idle for
+        2 × max_skew (a peer's replay window for them expired too), full verify budgets,
+        in-flight permits and dial locks with nothing behind them."""
+        connected = self._peers.connected_ids()
+
+        def keep(peer: str) -> bool:
+            return peer in connected or self._pending.waits_for(peer)
+
+        self._sessions.expire(now, 2 * self.config.transport.max_skew_us, keep)
+        self._inbound.expire(connected)
+        self._pending.expire()
+        self._peers.expire()
+
+    def peer_state(self) -> dict[str, int]:
+        """How many entries the node keeps per peer, by table (all bounded or expired)."""
+        return {
+            "sessions": len(self._sessions),
+            "verify_budgets": self._inbound.budgets,
+            "in_flight": self._pending.tracked_peers,
+            "dial_locks": self._peers.dial_locks,
+            "ordered_streams": self._ordered.streams,
+            "routes": self._router.route_count,
+            "answer_cache": len(self._answers.cache),
+        }
 
     @property
     def peers(self) -> dict[str, list[str]]:
@@ -264,6 +291,7 @@ class NodeRuntime:
             },
             files=files,
             file_refused=file_refused,
+            peer_state=self.peer_state(),
         )
 
 

@@ -4,6 +4,7 @@ and the ERROR payload helpers its collaborators share."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -121,11 +122,28 @@ class Sessions(dict[tuple[str, str], Session]):
     ACK_REQUESTED) and ``ordered`` (ORDERED without acknowledgement); ``broadcast`` (peer ``""``)
     and ``file`` (file-transfer messages) have their own."""
 
-    def session(self, peer: str, kind: str = "main") -> Session:
-        s = self.get((peer, kind))
+    def __init__(self) -> None:
+        super().__init__()
+        #: When each session last sent (µs, the node's clock): idle ones are forgotten.
+        self.used: dict[tuple[str, str], int] = {}
+
+    def session(self, peer: str, kind: str = "main", now_us: int = 0) -> Session:
+        key = (peer, kind)
+        s = self.get(key)
         if s is None:
-            s = self[(peer, kind)] = Session()
+            s = self[key] = Session()
+        if now_us:
+            self.used[key] = now_us
         return s
+
+    def expire(self, now_us: int, idle_us: int, keep: Callable[[str], bool]) -> int:
+        """Forget sessions that sent nothing for ``idle_us`` toward a peer that ``keep`` does not
+        hold (a later message starts a new session; the receiver forgot the old one by then)."""
+        old = [k for k in self if now_us - self.used.get(k, now_us) > idle_us and not keep(k[0])]
+        for k in old:
+            del self[k]
+            self.used.pop(k, None)
+        return len(old)
 
 
 __all__ = [

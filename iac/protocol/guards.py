@@ -184,6 +184,10 @@ class TokenBucket:
     def tokens(self) -> float:
         return self._tokens
 
+    def full(self, now: float) -> bool:
+        """Refilled to the burst by ``now`` (forgetting the bucket then loses nothing)."""
+        return self._tokens + max(0.0, now - self._last) * self.rate >= self.burst
+
 
 __all__ = [
     "KNOWN_INTENTS",

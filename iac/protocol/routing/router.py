@@ -157,6 +157,11 @@ class Router:
     def remove_route(self, dest: str) -> None:
         self._routes.pop(dest, None)
 
+    @property
+    def route_count(self) -> int:
+        """Routes held (static and learned; learned ones expire)."""
+        return len(self._routes)
+
     def next_hop(self, dest: str, peers: Collection[str], now_us: int) -> str | None:
         """The peer to send toward ``dest``: ``dest`` itself when connected, else its route's next hop."""
         if dest in peers:
