@@ -12,7 +12,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from iac.demo.codec import VOCABULARY
@@ -38,6 +38,26 @@ def _check_task(ctx: Context, step: int, intent: Intent) -> TaskState:
     if task is None or task.step != step or task.steps != 4 or int(task.intent) != intent:
         raise HandlerError(ErrorCode.BAD_REQUEST, f"expected step {step}/4 {intent.name}")
     return task
+
+
+def _take_step(
+    agent: Agent,
+    ctx: Context,
+    step: int,
+    intent: Intent,
+    then: Callable[[TaskState, dict[str, Any]], Coroutine[Any, Any, None]],
+) -> dict[str, Any]:
+    """Accept step ``step`` of the task handed to us and run ``then`` (our part) in the background."""
+    task = _check_task(ctx, step, intent)
+    agent.spawn(then(task, ctx.payload if isinstance(ctx.payload, dict) else {}))
+    return {"accepted": task.task_id, "step": step}
+
+
+async def _hand_on(node: DemoNode, peer: str, task: TaskState, payload: Any, who: str) -> None:
+    """Delegate ``task`` to ``peer`` (the ``who`` of the scenario) and check that it took the step."""
+    reply = await node.delegate(peer, task, payload, timeout=TIMEOUT)
+    if not isinstance(reply.payload, dict) or reply.payload.get("step") != task.step:
+        raise DemoError(f"the {who} did not take step {task.step}/4: {reply.payload!r:.100}")
 
 
 def _next(task: TaskState, intent: Intent, ref: str) -> TaskState:
@@ -85,10 +105,7 @@ async def run_researcher(agent: Agent) -> None:
                 await agent.my_turn()
                 m = Meter(node)
                 nxt = _next(task, Intent.PROVIDE_INFO, "notes")
-                reply = await node.delegate(writer, nxt, {"goal": brief.get("goal"), "notes": notes},
-                                            timeout=TIMEOUT)  # fmt: skip
-                if not isinstance(reply.payload, dict) or reply.payload.get("step") != 2:
-                    raise DemoError(f"the writer did not take step 2/4: {reply.payload!r:.100}")
+                await _hand_on(node, writer, nxt, {"goal": brief.get("goal"), "notes": notes}, "writer")
                 m.row(
                     "step2",
                     "step 2/4 PROVIDE_INFO",
@@ -98,9 +115,7 @@ async def run_researcher(agent: Agent) -> None:
 
             @node.on(MessageType.DELEGATE_TASK)
             async def step1(ctx: Context) -> dict[str, Any]:
-                task = _check_task(ctx, 1, Intent.ASSIGN_TASK)
-                agent.spawn(step2(task, ctx.payload if isinstance(ctx.payload, dict) else {}))
-                return {"accepted": task.task_id, "step": 1}
+                return _take_step(agent, ctx, 1, Intent.ASSIGN_TASK, step2)
 
             emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
             await agent.stop.wait()
@@ -164,9 +179,7 @@ async def run_writer(agent: Agent) -> None:
 
             @node.on(MessageType.DELEGATE_TASK)
             async def step2(ctx: Context) -> dict[str, Any]:
-                task = _check_task(ctx, 2, Intent.PROVIDE_INFO)
-                agent.spawn(step3(task, ctx.payload if isinstance(ctx.payload, dict) else {}))
-                return {"accepted": task.task_id, "step": 2}
+                return _take_step(agent, ctx, 2, Intent.PROVIDE_INFO, step3)
 
             emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
             await agent.stop.wait()
@@ -191,9 +204,7 @@ async def run_checker(agent: Agent) -> None:
                 await agent.my_turn()
                 m = Meter(node)
                 nxt = _next(task, Intent.FINAL_RESULT, "verdict")
-                reply = await node.delegate(planner, nxt, verdict, timeout=TIMEOUT)
-                if not isinstance(reply.payload, dict) or reply.payload.get("step") != 4:
-                    raise DemoError(f"the planner did not take step 4/4: {reply.payload!r:.100}")
+                await _hand_on(node, planner, nxt, verdict, "planner")
                 m.row(
                     "step4",
                     "step 4/4 FINAL_RESULT",
@@ -268,9 +279,7 @@ async def _plan(
                      state_ref=f"iac-demo://{task_id}/brief")  # fmt: skip
     m = Meter(node)
     brief = {"goal": "A short report on agent messaging", "sources": found}
-    reply = await node.delegate(researcher, task, brief, timeout=TIMEOUT)
-    if not isinstance(reply.payload, dict) or reply.payload.get("step") != 1:
-        raise DemoError(f"the researcher did not take step 1/4: {reply.payload!r:.100}")
+    await _hand_on(node, researcher, task, brief, "researcher")
     m.row("step1", "step 1/4 ASSIGN_TASK", "researcher", detail=f"task {task_id}, {task.state_ref}")
 
     result = await asyncio.wait_for(final, 4 * TIMEOUT)
