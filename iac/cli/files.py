@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from iac.cli.options import add_tls_options, serve_until_signal, transport_config
+from iac.cli.options import add_tls_options, print_listening, serve_until_signal, transport_config
 from iac.errors import ConfigError, IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
@@ -149,8 +149,7 @@ async def run_inbox_node(args: argparse.Namespace) -> int:
     async with Node(identity, listen=args.listen, config=config) as node:
         node.on_file(on_file)
         print(f"node {identity.agent_id}", flush=True)
-        for addr in node.addresses:
-            print(f"listening {addr}", flush=True)
+        print_listening(node.addresses)
         print(f"inbox {args.inbox}", flush=True)
         await serve_until_signal()
     return 0

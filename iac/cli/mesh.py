@@ -29,8 +29,10 @@ from typing import Any
 
 from iac.cli.options import (
     add_listen_option,
+    add_registry_option,
     add_tls_options,
     json_arg,
+    print_listening,
     serve_until_signal,
     transport_config,
 )
@@ -88,8 +90,7 @@ async def _run_registry(args: argparse.Namespace) -> int:
             serve_registry(node, state)
             print(f"registry {identity.agent_id}", flush=True)
             print(f"store {args.store}", flush=True)
-            for addr in node.addresses:
-                print(f"listening {addr}", flush=True)
+            print_listening(node.addresses)
             await serve_until_signal()
     finally:
         store.close()
@@ -118,8 +119,7 @@ async def run_mesh_node(args: argparse.Namespace) -> int:
         )
         async with mesh:
             print(f"node {identity.agent_id}", flush=True)
-            for addr in node.addresses:
-                print(f"listening {addr}", flush=True)
+            print_listening(node.addresses)
             await serve_until_signal()
     return 0
 
@@ -151,9 +151,14 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
             yield mesh
 
 
-async def _run_send(args: argparse.Namespace) -> int:
-    msg_type = _msg_type(args.type)
+def _message(args: argparse.Namespace) -> tuple[int, Any]:
+    """The message type and JSON payload of ``send`` and ``request`` (see :func:`_add_message_options`)."""
     payload = json_arg(args.payload, "--payload") if args.payload is not None else None
+    return _msg_type(args.type), payload
+
+
+async def _run_send(args: argparse.Namespace) -> int:
+    msg_type, payload = _message(args)
     async with _client(args) as mesh:
         sent = await mesh.send(args.to, msg_type, payload, ack=args.ack)
         if args.ack:
@@ -169,8 +174,7 @@ async def _run_send(args: argparse.Namespace) -> int:
 
 
 async def _run_request(args: argparse.Namespace) -> int:
-    msg_type = _msg_type(args.type)
-    payload = json_arg(args.payload, "--payload") if args.payload is not None else None
+    msg_type, payload = _message(args)
     async with _client(args) as mesh:
         reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout)
         print(dumps_compact(reply.payload))
@@ -210,15 +214,14 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--addr", action="append", default=[], metavar="URL", help="the peer's address (repeatable)"
     )
-    p.add_argument(
-        "--registry",
-        action="append",
-        default=[],
-        metavar="ID@URL",
-        help="registry to resolve through: AGENT_ID@ADDRESS (repeatable)",
-    )
+    add_registry_option(p, "registry to resolve through: AGENT_ID@ADDRESS (repeatable)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
     add_tls_options(p)
+
+
+def _add_message_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--type", default="RUN", help="message type name or number (default RUN)")
+    p.add_argument("--payload", default=None, metavar="JSON", help="JSON payload")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -241,15 +244,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
     p = sub.add_parser("send", help="send one message to a peer (by AgentId or alias)")
     _add_target_options(p)
-    p.add_argument("--type", default="RUN", help="message type name or number (default RUN)")
-    p.add_argument("--payload", default=None, metavar="JSON", help="JSON payload")
+    _add_message_options(p)
     p.add_argument("--ack", action="store_true", help="request an ACK and wait for it")
     p.set_defaults(func=_sync(_run_send))
 
     p = sub.add_parser("request", help="send a request and print the reply's JSON payload")
     _add_target_options(p)
-    p.add_argument("--type", default="RUN", help="message type name or number (default RUN)")
-    p.add_argument("--payload", default=None, metavar="JSON", help="JSON payload")
+    _add_message_options(p)
     p.set_defaults(func=_sync(_run_request))
 
     p = sub.add_parser("call", help="call a function a peer exposed and print its JSON result")

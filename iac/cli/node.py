@@ -23,7 +23,14 @@ from typing import Any
 
 from iac.cli.files import run_inbox_node
 from iac.cli.mesh import run_mesh_node
-from iac.cli.options import add_listen_option, add_tls_options, serve_until_signal, transport_config
+from iac.cli.options import (
+    add_listen_option,
+    add_registry_option,
+    add_tls_options,
+    print_listening,
+    serve_until_signal,
+    transport_config,
+)
 from iac.errors import IacError, MessageRejected
 from iac.protocol.clock import now_us
 from iac.transport import listen
@@ -74,8 +81,7 @@ async def run_ping_node(args: argparse.Namespace) -> int:
             listeners.append(await listen(url, identity, on_connection, config=config))
         print(f"node {identity.agent_id}", flush=True)
         for lst in listeners:
-            for addr in lst.addresses:
-                print(f"listening {addr}", flush=True)
+            print_listening(lst.addresses)
         await serve_until_signal()
     finally:
         for lst in listeners:
@@ -96,12 +102,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("node", help="run a node that answers PING")
     p.add_argument("--key", required=True, help="agent key file")
     add_listen_option(p)
-    p.add_argument(
-        "--registry",
-        action="append",
-        default=[],
-        metavar="ID@URL",
-        help="publish this node to the registry AGENT_ID@ADDRESS and keep it fresh (repeatable)",
+    add_registry_option(
+        p, "publish this node to the registry AGENT_ID@ADDRESS and keep it fresh (repeatable)"
     )
     p.add_argument("--alias", action="append", default=[], help="alias to register (with --registry)")
     p.add_argument("--capability", action="append", default=[], help="capability to offer (with --registry)")

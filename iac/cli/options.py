@@ -9,6 +9,7 @@ import contextlib
 import json
 import signal
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from iac.errors import ConfigError
@@ -26,6 +27,11 @@ def add_listen_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_registry_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--registry ID@URL`` (repeatable): a registry node, by AgentId and address."""
+    p.add_argument("--registry", action="append", default=[], metavar="ID@URL", help=help)
+
+
 def add_tls_options(p: argparse.ArgumentParser) -> None:
     """``--ca``, ``--cert`` and ``--cert-key``: CA mode (see :func:`transport_config`)."""
     p.add_argument("--ca", default=None, help="CA mode: CA certificate (PEM) that peers must chain to")
@@ -39,6 +45,12 @@ def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
     if args.ca and not (args.cert and args.cert_key):
         raise ConfigError("--ca needs --cert and --cert-key (make them with `iac certs init`)")
     return TransportConfig(ca_file=args.ca, cert_file=args.cert, key_file=args.cert_key, **extra)
+
+
+def print_listening(addresses: Iterable[str]) -> None:
+    """One ``listening URL`` line per address (flushed: a script waits for them)."""
+    for addr in addresses:
+        print(f"listening {addr}", flush=True)
 
 
 async def serve_until_signal() -> None:
@@ -66,9 +78,11 @@ def print_error(verb: str, exc: BaseException) -> None:
 
 __all__ = [
     "add_listen_option",
+    "add_registry_option",
     "add_tls_options",
     "json_arg",
     "print_error",
+    "print_listening",
     "serve_until_signal",
     "transport_config",
 ]
