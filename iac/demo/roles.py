@@ -40,6 +40,11 @@ def _check_task(ctx: Context, step: int, intent: Intent) -> TaskState:
     return task
 
 
+def _ready(agent: Agent, node: DemoNode) -> None:
+    """Tell the driver that this role serves, and where."""
+    emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
+
+
 def _take_step(
     agent: Agent,
     ctx: Context,
@@ -75,7 +80,7 @@ async def run_registry(agent: Agent) -> None:
         async with node:
             serve_registry(node, RegistryState(store))
             agent.on_broadcast(node)
-            emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
+            _ready(agent, node)
             await agent.stop.wait()
     finally:
         store.close()
@@ -117,7 +122,7 @@ async def run_researcher(agent: Agent) -> None:
             async def step1(ctx: Context) -> dict[str, Any]:
                 return _take_step(agent, ctx, 1, Intent.ASSIGN_TASK, step2)
 
-            emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
+            _ready(agent, node)
             await agent.stop.wait()
 
 
@@ -181,7 +186,7 @@ async def run_writer(agent: Agent) -> None:
             async def step2(ctx: Context) -> dict[str, Any]:
                 return _take_step(agent, ctx, 2, Intent.PROVIDE_INFO, step3)
 
-            emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
+            _ready(agent, node)
             await agent.stop.wait()
             emit("relayed", role=agent.role, count=node.stats().routing["relayed"])
 
@@ -235,7 +240,7 @@ async def run_checker(agent: Agent) -> None:
             async def ask(ctx: Context) -> dict[str, Any]:
                 return {**verdict, "asked_by": ctx.sender}  # ctx.sender: the planner's key, not the relay's
 
-            emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
+            _ready(agent, node)
             await agent.stop.wait()
 
 
@@ -252,7 +257,7 @@ async def run_planner(agent: Agent) -> None:
             return {"accepted": task.task_id, "step": 4}
 
         async with agent.mesh(node) as mesh:
-            emit("ready", role=agent.role, pid=os.getpid(), agent_id=node.agent_id, addresses=node.addresses)
+            _ready(agent, node)
             agent.spawn(_plan(agent, node, mesh, final))
             await agent.stop.wait()
 
