@@ -45,6 +45,7 @@ import nacl.bindings
 import nacl.signing
 import zstandard
 from google.protobuf.internal import api_implementation
+from stats import median
 
 import iac
 from iac import Identity, MessageType
@@ -263,7 +264,7 @@ def measure_speed(payloads: Sequence[str], reps: int) -> dict[str, object]:
         for name in order if r % 2 == 0 else order[::-1]:
             fn, items = ops[name]
             times[name].append(_pass(fn, items))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: median(v) for k, v in times.items()}
     per_rep_ratio = [
         (s + v) / (e + dd)
         for e, s, dd, v in zip(times["encode"], times["sign"], times["decode"], times["verify"], strict=True)
@@ -276,7 +277,7 @@ def measure_speed(payloads: Sequence[str], reps: int) -> dict[str, object]:
         "codec_rate": 1e6 / (med["encode"] + med["decode"]),
         "ed25519_rate": 1e6 / (med["sign"] + med["verify"]),
         # each repetition's four passes ran back to back: their ratio is the least noisy figure
-        "ratio": statistics.median(per_rep_ratio),
+        "ratio": median(per_rep_ratio),
         "ratio_of_medians": (med["sign"] + med["verify"]) / (med["encode"] + med["decode"]),
         "ratio_min": min(per_rep_ratio),
         "ratio_max": max(per_rep_ratio),

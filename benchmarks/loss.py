@@ -47,7 +47,6 @@ import importlib.util
 import json
 import os
 import select
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+
+from stats import median, percentile  # noqa: E402
 
 PAYLOAD = {"task": "summarize", "args": {"doc": "q3-report.pdf", "max_words": 120}, "priority": 2}
 REPLY = {"ok": True, "words": 118}
@@ -93,11 +94,6 @@ def have_grpc() -> bool:
 
 def have_aiohttp() -> bool:
     return importlib.util.find_spec("aiohttp") is not None
-
-
-def pct(samples: list[float], p: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(p * len(s)))]
 
 
 # --- HTTP envelopes -----------------------------------------------------------------------------
@@ -644,8 +640,8 @@ def run_loss(
                         lat = res["lat_us"]
                         errors[c] += res["errors"]
                         if lat:
-                            p50[c].append(statistics.median(lat) / 1e3)
-                            p99[c].append(pct(lat, 0.99) / 1e3)
+                            p50[c].append(median(lat) / 1e3)
+                            p99[c].append(percentile(lat, 99) / 1e3)
                             samples[c].extend(x / 1e3 for x in lat)
                         moved = sum(after[d]["bytes"] - before[d]["bytes"] for d in after)
                         wire[c].append(moved / n)
@@ -707,8 +703,8 @@ def main(argv: list[str] | None = None) -> int:
             p50, p99 = level["p50_ms"][c], level["p99_ms"][c]
             if p50:
                 print(
-                    f"loss {level['loss']:4.0%}  {NAMES[c]:<20} p50 {statistics.median(p50):7.1f} ms  "
-                    f"p99 {statistics.median(p99):7.1f} ms  errors {level['errors'][c]}"
+                    f"loss {level['loss']:4.0%}  {NAMES[c]:<20} p50 {median(p50):7.1f} ms  "
+                    f"p99 {median(p99):7.1f} ms  errors {level['errors'][c]}"
                 )
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

@@ -29,7 +29,6 @@ import json
 import random
 import shutil
 import ssl
-import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+
+from stats import median  # noqa: E402
 
 from iac.node.config import NodeConfig  # noqa: E402
 from iac.node.node import Context, Node  # noqa: E402
@@ -273,7 +274,7 @@ async def bench_broadcast(n: int, rounds: int) -> dict[str, Any]:
         return {
             "nodes": n,
             "links": len(bench.edges),
-            "median_ms": statistics.median(times),
+            "median_ms": median(times),
             "max_ms": max(times),
         }
     finally:

@@ -65,7 +65,6 @@ import os
 import platform
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -81,6 +80,7 @@ sys.path.insert(0, str(HERE))
 
 import baselines  # noqa: E402
 from baselines import Client, CountingProxy, ServerProcess  # noqa: E402
+from stats import median, percentile  # noqa: E402
 
 TEST = HERE / "corpus" / "test.jsonl"
 IAC = ("iac-quic", "iac-tls", "iac-unix")
@@ -185,7 +185,7 @@ class Series:
         if not self.values:
             return None
         return {
-            "median": round(statistics.median(self.values), digits),
+            "median": round(median(self.values), digits),
             "min": round(min(self.values), digits),
             "max": round(max(self.values), digits),
         }
@@ -200,10 +200,6 @@ class Result:
     server_cpu_us: Series = field(default_factory=Series)
     client_cpu_us: Series = field(default_factory=Series)
     wire: dict[str, float] = field(default_factory=dict)
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
 
 
 async def sequential(client: Client, n: int) -> list[float]:
@@ -231,9 +227,9 @@ async def concurrent(client: Client, n: int, in_flight: int = IN_FLIGHT) -> floa
 
 async def measure_rep(client: Client, server: ServerProcess, count: int, result: Result) -> None:
     gc.collect()
-    rtts = sorted(await sequential(client, count))
-    result.p50_us.values.append(statistics.median(rtts) * 1e6)
-    result.p99_us.values.append(percentile(rtts, 0.99) * 1e6)
+    rtts = await sequential(client, count)
+    result.p50_us.values.append(median(rtts) * 1e6)
+    result.p99_us.values.append(percentile(rtts, 99) * 1e6)
     n = 4 * count
     gc.collect()
     s0, c0 = server.cpu_seconds(), time.process_time()
@@ -426,7 +422,7 @@ def build_report(args: argparse.Namespace, results: dict[str, Result], n_payload
 def _sum_medians(a: Series, b: Series) -> float | None:
     if not a.values or not b.values:
         return None
-    return round(statistics.median(a.values) + statistics.median(b.values), 1)
+    return round(median(a.values) + median(b.values), 1)
 
 
 def _med(c: dict[str, Any], key: str) -> float | None:

@@ -27,7 +27,6 @@ import platform
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+
+from stats import median, percentile  # noqa: E402
 
 SCHEMA = "iac-bench/1"
 LIBRARIES = ("iac", "aioquic", "qh3", "pynacl", "zstandard", "protobuf", "aiohttp", "grpcio", "matplotlib")
@@ -54,19 +55,11 @@ def summarize(values: Sequence[float]) -> dict[str, float | int]:
     if not values:
         raise ValueError("no values to summarize")
     return {
-        "median": float(statistics.median(values)),
+        "median": float(median(values)),
         "min": float(min(values)),
         "max": float(max(values)),
         "n": len(values),
     }
-
-
-def percentile(samples: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (``p`` in [0, 1]) as the other benchmark scripts compute it."""
-    if not samples:
-        raise ValueError("no samples")
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(p * len(s)))]
 
 
 def turn_order(names: Sequence[str], rounds: int) -> list[list[str]]:
@@ -444,8 +437,8 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
                         raise RuntimeError(f"{label}: {out['errors']} failed requests at {depth} in flight")
                     done = len(lat)
                     if depth == 1 and not cpu_only:
-                        figs.setdefault((label, "RTT p50, 1 in flight"), []).append(statistics.median(lat))
-                        figs.setdefault((label, "RTT p99, 1 in flight"), []).append(percentile(lat, 0.99))
+                        figs.setdefault((label, "RTT p50, 1 in flight"), []).append(median(lat))
+                        figs.setdefault((label, "RTT p99, 1 in flight"), []).append(percentile(lat, 99))
                         samples.setdefault(label, []).extend(lat)
                     if not cpu_only:
                         figs.setdefault((label, f"requests/s, {depth} in flight"), []).append(
@@ -479,7 +472,7 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
         res.series["latency_cdf_us"] = {k: downsample(v) for k, v in samples.items()}
     if not cpu_only:
         res.series["rps_vs_in_flight"] = {
-            label: {str(d): statistics.median(figs[(label, f"requests/s, {d} in flight")]) for d in depths}
+            label: {str(d): median(figs[(label, f"requests/s, {d} in flight")]) for d in depths}
             for label, _, _ in contenders
         }
     res.notes.append(
@@ -573,7 +566,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
         res.raw["links"][str(n)] = links
         for label, values in figs.items():
             res.add(label, f"completion, {n} agents", "ms", values)
-            series.setdefault(label, {})[str(n)] = statistics.median(values)
+            series.setdefault(label, {})[str(n)] = median(values)
         for label, values in sent.items():
             if values:
                 res.add(
@@ -669,7 +662,7 @@ def sc_loss(ctx: Context, res: Result) -> None:
             if level["p50_ms"][c]:
                 res.add(label, f"p50 at {pc} loss", "ms", level["p50_ms"][c])
                 res.add(label, f"p99 at {pc} loss", "ms", level["p99_ms"][c])
-                p99_series.setdefault(label, {})[pc] = statistics.median(level["p99_ms"][c])
+                p99_series.setdefault(label, {})[pc] = median(level["p99_ms"][c])
             if level["errors"][c]:
                 res.notes.append(f"{label} at {pc} loss: {level['errors'][c]} requests failed")
             if level["loss"] == 0.0:

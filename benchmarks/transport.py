@@ -51,7 +51,6 @@ import gc
 import json
 import platform
 import ssl
-import statistics
 import sys
 import tempfile
 import time
@@ -71,6 +70,7 @@ from cryptography.hazmat.primitives import serialization
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import codec  # benchmarks/codec.py: payloads and the decode pass
+from stats import median, percentile
 
 from iac.protocol.replay import ReplayGuard, require_new
 from iac.stores.memory import MemoryReplayStore
@@ -116,13 +116,8 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def pct(samples: Sequence[float], p: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(p * len(s)))]
-
-
 def summary(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return {"median": median(values), "min": min(values), "max": max(values)}
 
 
 # --- IAC endpoints ------------------------------------------------------------------------------
@@ -541,8 +536,8 @@ class Bench:
                 c = clients[name]
                 gc.collect()
                 samples = await c.rtt(plan.rtt_count)
-                p50[name].append(statistics.median(samples))
-                p99[name].append(pct(samples, 0.99))
+                p50[name].append(median(samples))
+                p99[name].append(percentile(samples, 99))
                 rps[name].append(await c.depth(plan.depth_count, DEPTH))
         for c in clients.values():
             if isinstance(c, IacClient):
