@@ -69,7 +69,8 @@ GRPC_METHOD = "/iac.bench.Bench/Call"
 
 BASELINES = ("http-sha256", "http-ed25519", "http-ed25519-tls", "http-ed25519-unix", "grpc")
 
-_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+#: Compact JSON (no whitespace, UTF-8 left as it is), as every HTTP contender writes its bodies.
+dumps_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _CANON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode
 
 
@@ -121,10 +122,10 @@ class _HttpApp:
 
     def _hashed(self, env: dict[str, Any]) -> bytes:
         payload = env["payload"]
-        digest = hashlib.sha256((_DUMPS(payload) + HTTP_PASSWORD).encode()).hexdigest()
+        digest = hashlib.sha256((dumps_compact(payload) + HTTP_PASSWORD).encode()).hexdigest()
         if not hmac.compare_digest(digest, env["hash"]):
             raise ValueError("bad hash")
-        return _DUMPS(answer(payload)).encode()
+        return dumps_compact(answer(payload)).encode()
 
     def _signed(self, env: dict[str, Any]) -> bytes:
         import nacl.exceptions
@@ -157,7 +158,7 @@ class _HttpApp:
             "timestamp": now,
         }
         signed = self.signing_key.sign(canonical(out)).signature
-        return _DUMPS({**out, "sig": signed.hex()}).encode()
+        return dumps_compact({**out, "sig": signed.hex()}).encode()
 
 
 async def start_http(name: str, workdir: Path) -> Server:
@@ -211,7 +212,7 @@ async def start_grpc(name: str, workdir: Path) -> Server:
     import grpc
 
     async def call(request: bytes, context: Any) -> bytes:
-        return _DUMPS(answer(json.loads(request))).encode()
+        return dumps_compact(answer(json.loads(request))).encode()
 
     handler = grpc.method_handlers_generic_handler(
         "iac.bench.Bench", {"Call": grpc.unary_unary_rpc_method_handler(call)}
@@ -245,7 +246,7 @@ class Client:
 
     def __init__(self, payloads: list[Any]) -> None:
         self.payloads = payloads
-        self.payload_json = [_DUMPS(p) for p in payloads]  # reused by the hash baseline
+        self.payload_json = [dumps_compact(p) for p in payloads]  # reused by the hash baseline
 
     async def start(self) -> None:
         return None

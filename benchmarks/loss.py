@@ -60,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from baselines import dumps_compact  # noqa: E402
 from stats import median, percentile  # noqa: E402
 
 PAYLOAD = {"task": "summarize", "args": {"doc": "q3-report.pdf", "max_words": 120}, "priority": 2}
@@ -115,10 +116,10 @@ def _http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
     }
     if signer is None:
         env["hash"] = _sha(payload)
-        return json.dumps(env, separators=(",", ":")).encode()
-    raw = json.dumps(env, separators=(",", ":"))
+        return dumps_compact(env).encode()
+    raw = dumps_compact(env)
     sig = signer.sign(raw.encode()).signature.hex()
-    return json.dumps({"envelope": raw, "sig": sig}, separators=(",", ":")).encode()
+    return dumps_compact({"envelope": raw, "sig": sig}).encode()
 
 
 def _http_open(body: bytes, verifier: Any | None) -> dict[str, Any]:
