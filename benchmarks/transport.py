@@ -76,7 +76,7 @@ from iac.protocol.replay import ReplayGuard, require_new
 from iac.stores.memory import MemoryReplayStore
 from iac.testing.relay import Impairment, UdpRelay
 from iac.transport import dial, listen
-from iac.transport.base import Connection, Listener, TransportConfig
+from iac.transport.base import Connection, Incoming, Listener, TransportConfig
 from iac.transport.certs import generate_self_signed
 from iac.transport.quic import dial_quic, listen_quic
 from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
@@ -85,7 +85,14 @@ from iac.wire._pb.iac_pb2 import Message, MessageType
 from iac.wire.dicts import DictionarySet, default_dictionary
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
-from iac.wire.message import Session, build_message, decode_message_frame, sender_of, sign_message
+from iac.wire.message import (
+    Session,
+    build_message,
+    decode_message_frame,
+    open_message,
+    sender_of,
+    sign_message,
+)
 
 PAYLOAD = json.dumps({"name": "summarize", "args": ["q3 report for the european market"], "k": 3})
 REPLY = '{"ok": true}'
@@ -114,6 +121,15 @@ QUICK = Plan(rounds=3, rtt_count=300, depth_count=1000, handshakes=3, oneway_cou
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+def open_incoming(conn: Connection, item: Incoming) -> Message:
+    """A received MESSAGE frame opened and checked as a node's receive pipeline does (the transport
+    hands frames over unopened): the signature, and that the sender is the connection's peer."""
+    msg = open_message(item.frame.body)
+    if sender_of(msg) != conn.peer.agent_id:
+        raise RuntimeError("a message whose sender is not the connection's peer")
+    return msg
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -150,10 +166,7 @@ class IacServer:
         first = True
         with contextlib.suppress(Exception):
             while True:
-                item = await conn.recv()
-                req = item.message
-                if req is None:
-                    raise RuntimeError(f"refused message: {item.rejected}")
+                req = open_incoming(conn, await conn.recv())
                 require_new(
                     guard.check_and_mark(sender_of(req), req.session_id, req.msg_id, req.timestamp, now_us())
                 )
@@ -210,10 +223,7 @@ class IacClient:
         )
 
     async def reply(self) -> Message:
-        item = await self.conn.recv()
-        reply = item.message
-        if reply is None:
-            raise RuntimeError(f"refused reply: {item.rejected}")
+        reply = open_incoming(self.conn, await self.conn.recv())
         require_new(
             self.guard.check_and_mark(
                 sender_of(reply), reply.session_id, reply.msg_id, reply.timestamp, now_us()
