@@ -12,15 +12,15 @@ Each part alternates its cases round by round (the order reverses every round) a
 reports the median over rounds with [min .. max] of the per-round figures.
 
 * **rtt** — small request/reply. IAC: the client builds, signs and compresses (shipped
-  dictionary) a COMMAND and sends it; the server's connection verifies it, the server
-  checks freshness and replay (``ReplayGuard`` over ``MemoryReplayStore``) and answers
-  with a signed, compressed REPLY; the client's connection verifies the reply and the
-  client checks it the same way. Bare aioquic echo: a 100-byte body on a new
-  bidirectional stream per request, echoed from the server's event handler (raw QUIC
-  events, no StreamReader). Bare TLS echo: stdlib asyncio streams over ``ssl`` with the
-  same TLS 1.3 contexts as IAC-TLS, 100 bytes written and read back. At depth 1 a
-  round's p50/p99 come from its round trips; at depth 64 the client keeps 64 requests
-  outstanding and the figure is requests/s.
+  dictionary) a COMMAND and sends it; the server opens it (signature, and the sender is
+  the connection's peer: :func:`open_incoming`, as a node's receive pipeline does), checks
+  freshness and replay (``ReplayGuard`` over ``MemoryReplayStore``) and answers with a
+  signed, compressed REPLY; the client opens and checks the reply the same way. Bare
+  aioquic echo: a 100-byte body on a new bidirectional stream per request, echoed from the
+  server's event handler (raw QUIC events, no StreamReader). Bare TLS echo: stdlib asyncio
+  streams over ``ssl`` with the same TLS 1.3 contexts as IAC-TLS, 100 bytes written and
+  read back. At depth 1 a round's p50/p99 come from its round trips; at depth 64 the
+  client keeps 64 requests outstanding and the figure is requests/s.
 * **handshake** — time from the start of ``dial`` to the server application's
   ``recv()`` returning the first message (sent right after ``dial`` returned): QUIC
   1-RTT, QUIC 0-RTT (``dial_quic(tickets=...)`` with a ``ClientTicketStore`` filled by
@@ -30,12 +30,11 @@ reports the median over rounds with [min .. max] of the per-round figures.
   client's TCP handshake completes locally at the proxy, holds the client's first bytes
   one extra round trip (the SYN / SYN-ACK a real 20 ms path costs). UNIX has no 20 ms
   variant.
-* **oneway** — IAC-QUIC messages/s received (the receiving connection verifies each
-  message; the receiver checks replay) while the sender pushes the test.jsonl payloads,
-  signed and compressed ahead of the clock, as fast as ``send()`` allows; next to the
-  codec's decode-only rate (``decode_message_frame`` over the same frames, one pass per
-  round, as in ``benchmarks/codec.py``). A second row signs and compresses inside the
-  timed loop.
+* **oneway** — IAC-QUIC messages/s received (the receiver opens each message and checks
+  replay) while the sender pushes the test.jsonl payloads, signed and compressed ahead of
+  the clock, as fast as ``send()`` allows; next to the codec's decode-only rate
+  (``decode_message_frame`` over the same frames, one pass per round, as in
+  ``benchmarks/codec.py``). A second row signs and compresses inside the timed loop.
 
 Targets (issue #3): IAC-QUIC p50 RTT <= 1.8 x bare aioquic echo; one-way IAC-QUIC msgs/s
 >= 0.5 x decode rate; at 20 ms RTT, QUIC 0-RTT first delivery <= 0.6 x QUIC 1-RTT, and
