@@ -2,8 +2,7 @@
 
 ``payload_json`` fields, JSON printed by the command line and the demo's event lines are
 written without whitespace (``{"a":1,"b":[2,3]}``). Canonical JSON, which records and
-statements are signed over, has stricter rules and lives with them
-(:mod:`iac.protocol.records`).
+statements are signed over, has stricter rules and lives in :mod:`iac.protocol.canonical`.
 """
 
 from __future__ import annotations
