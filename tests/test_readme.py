@@ -1,6 +1,5 @@
 """Every README block marked ``<!-- example: NAME -->`` runs as written."""
 
-import ast
 import re
 import subprocess
 import sys
@@ -12,9 +11,9 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 _BLOCK = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.DOTALL)
 
 
-#: What each example prints (a part of it). "node" is checked by ``check_node_output``.
+#: What each example prints (a part of it).
 EXPECTED = {
-    "node": "{'summary': 'Q3 revenue g', 'seconds_left': ",
+    "node": "{'summary': 'Q3 revenue g', 'has_deadline': True}",
     "codec": 'payload_json: "{\\"name\\": \\"summarize\\", \\"args\\": [\\"q3 report\\"]}"',
     "call": "42",
     "delegate": "'accepted': 't-7'",
@@ -37,14 +36,6 @@ def test_every_example_has_its_expected_output():
     assert set(examples()) == set(EXPECTED)
 
 
-def check_node_output(stdout: str) -> None:
-    """The handler saw the request's 5 s deadline: whole seconds left, rounded, may be 4 on a slow
-    machine (the time between sending and the handler running), never more than 5 or negative."""
-    printed = ast.literal_eval(stdout.strip().splitlines()[-1])
-    assert printed["summary"] == "Q3 revenue g"
-    assert isinstance(printed["seconds_left"], int) and 0 <= printed["seconds_left"] <= 5, printed
-
-
 @pytest.mark.parametrize("name", ["node", "call", "delegate", "relay", "broadcast", "files"])
 def test_node_examples_are_under_20_lines(name):
     lines = [line for line in examples()[name].splitlines() if line.strip()]
@@ -59,5 +50,3 @@ def test_readme_example_runs(name, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert EXPECTED[name] in out.stdout, out.stdout
-    if name == "node":
-        check_node_output(out.stdout)
