@@ -21,7 +21,7 @@ Contenders (``BASELINES``):
   the client verifies against the server's key. Both directions are signed, as in IAC.
 * ``http-ed25519-tls`` / ``http-ed25519-unix`` — the same over HTTPS (TLS 1.3, self-signed
   certificate, client does not verify it) and over a UNIX socket: the transport-matched
-  comparisons for IAC-TLS and IAC-UNIX (supplementary; the issue's targets use
+  comparisons for IAC-TLS and IAC-UNIX (supplementary; the targets use
   ``http-ed25519`` over plain TCP).
 * ``grpc`` — grpcio aio unary calls over an insecure HTTP/2 channel (TCP). No code
   generation: a generic handler with bytes in and bytes out (``/iac.bench.Bench/Call``; the

@@ -17,7 +17,7 @@ Contenders (one run, all side by side):
   accelerated backend of ``iac.transport.quic.backend``; selected with ``set_backend`` in
   the server's process and for the client's dial).
 * the baselines of ``benchmarks/baselines.py``: ``http-sha256`` (Agent Zero style),
-  ``http-ed25519`` (equal security; the issue's reference), ``http-ed25519-tls`` and
+  ``http-ed25519`` (equal security; the reference), ``http-ed25519-tls`` and
   ``http-ed25519-unix`` (transport-matched, supplementary), ``grpc`` (aio unary, bytes
   in/out, no auth).
 
@@ -48,7 +48,7 @@ Method:
   times suffer when other programs share the machine; CPU per request much less so (the
   ``sum`` column: server + client). This process hosts every client at once; idle, they
   cost ~1.5 ms of CPU per second in all (under 1 µs per request).
-* Targets (issue 4) against ``http-ed25519``: IAC-TLS and IAC-UNIX req/s at 64 >= 1.5×
+* Targets against ``http-ed25519``: IAC-TLS and IAC-UNIX req/s at 64 >= 1.5×
   and p50 <= 0.8×; IAC-QUIC (each backend) p50 <= 1.0× and req/s >= 1.0×; bytes per request <= 0.4× each
   HTTP baseline (``http-sha256`` and ``http-ed25519``).
 """
@@ -571,7 +571,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{_n(c['bytes_per_request']):>7} {_n(c['setup_bytes']):>7} {_n(frames):>10}"
         )
     if report["targets"]:
-        print(f"\nRatios of medians (IAC / baseline); targets from issue 4 against {cfg['reference']}\n")
+        print(f"\nRatios of medians (IAC / baseline); targets against {cfg['reference']}\n")
         print(f"{'contender':<12} {'baseline':<18} {'metric':<26} {'ratio':>7} {'target':>8}  verdict")
         for t in report["targets"]:
             verdict = "-" if t["met"] is None else ("met" if t["met"] else "MISSED")

@@ -320,7 +320,7 @@ def sc_rtt(ctx: Context, res: Result) -> None:
         f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
         "one event loop. "
         "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
-        "Target (issue 3): IAC-QUIC p50 <= 1.8 x bare aioquic."
+        "Target: IAC-QUIC p50 <= 1.8 x bare aioquic."
     )
     res.raw = data
 
@@ -335,7 +335,7 @@ def sc_setup(ctx: Context, res: Result) -> None:
     res.notes.append(
         f"benchmarks/transport.py --only handshake: start of dial to the server's first delivered message, "
         f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
-        f"0-RTT dials that resumed: {data.get('resumed')}. Targets (issue 3): 0-RTT <= 0.6 x 1-RTT, "
+        f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
         "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
     )
     res.raw = data
@@ -362,7 +362,7 @@ def sc_oneway(ctx: Context, res: Result) -> None:
     )
     res.notes.append(
         f"benchmarks/transport.py --only oneway: {data['messages_per_round']} messages per round. "
-        "Target (issue 3): one-way >= 0.5 x the decode-only rate."
+        "Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
 

@@ -36,7 +36,7 @@ reports the median over rounds with [min .. max] of the per-round figures.
   (``decode_message_frame`` over the same frames, one pass per round, as in
   ``benchmarks/codec.py``). A second row signs and compresses inside the timed loop.
 
-Targets (issue #3): IAC-QUIC p50 RTT <= 1.8 x bare aioquic echo; one-way IAC-QUIC msgs/s
+Targets: IAC-QUIC p50 RTT <= 1.8 x bare aioquic echo; one-way IAC-QUIC msgs/s
 >= 0.5 x decode rate; at 20 ms RTT, QUIC 0-RTT first delivery <= 0.6 x QUIC 1-RTT, and
 QUIC 1-RTT <= 0.75 x TLS/TCP.
 """

@@ -20,9 +20,9 @@ order, unknown keys are ignored)::
   ``(origin AgentId, transfer_id)``, so two senders never share one.
 * ``index`` counts from 0; ``total`` is ``max(1, ceil(size / chunk_size))`` (an
   empty file is one empty chunk); chunk ``i`` covers bytes
-  ``[i * chunk_size, min(size, (i + 1) * chunk_size))``. ``chunk_size`` is an
-  addition to the fields of the design input: without it a receiver could not
-  place a chunk that arrives before chunk 0.
+  ``[i * chunk_size, min(size, (i + 1) * chunk_size))``. Every chunk carries
+  ``chunk_size``: without it a receiver could not place a chunk that arrives
+  before chunk 0.
 * ``sha256`` (whole file) and ``chunk_sha256`` are lowercase hex. ``chunk_sha256``
   is optional; when present the receiver checks it before writing, so a
   tampered chunk is refused at once and sent again, instead of failing the
