@@ -21,7 +21,8 @@ What is saved:
   ``iac-bench-record/1``): ``command`` (as run, relative to the repository), ``started`` (UTC),
   ``duration_s``, ``environment`` (the suite's: CPU model, cores, system, Python, library
   versions, QUIC backends, git commit; plus ``git_dirty``, whether tracked files under
-  ``iac/`` or ``benchmarks/`` differed from that commit) and ``result`` (the script's JSON).
+  ``iac/`` or ``benchmarks/`` other than these results differed from that commit) and
+  ``result`` (the script's JSON).
 
 Both kinds therefore have ``command``, ``started`` and ``environment`` at the top level;
 ``benchmarks/figures.py`` renders the READMEs' tables from these files. The scripts' JSON goes
@@ -65,7 +66,8 @@ def file_name(name: str, date: dt.date) -> str:
 
 
 def git_dirty() -> bool | None:
-    """Whether tracked files under ``iac/`` or ``benchmarks/`` differ from ``HEAD``; None if unknown."""
+    """Whether tracked files under ``iac/`` or ``benchmarks/`` (results aside) differ from ``HEAD``;
+    None if unknown."""
     try:
         r = subprocess.run(
             [
@@ -79,6 +81,7 @@ def git_dirty() -> bool | None:
                 "--",
                 "iac",
                 "benchmarks",
+                ":(exclude)benchmarks/results",
             ],
             capture_output=True,
             text=True,
