@@ -119,6 +119,12 @@ class NodeConfig:
     drain_timeout: float = 5.0
     #: Reorder buffer: most entries held per ordered session.
     reorder_max_buffered: int = 1024
+    #: Resume QUIC sessions: a reconnect to a peer whose session ticket this node holds sends its
+    #: HELLO and first messages as 0-RTT early data (docs/PROTOCOL.md, "0-RTT").
+    zero_rtt: bool = True
+    #: Where session tickets are kept: None, in memory (a reconnect resumes); a file (mode 0600,
+    #: like a key file) lets a restarted agent resume too.
+    tickets_file: str | os.PathLike[str] | None = None
     #: Peer events kept for ``peer_events()`` readers that fall behind (oldest dropped, counted).
     event_queue: int = 1024
 

@@ -58,6 +58,7 @@ class Peers:
         self.start_reader: Callable[[Connection], None] = lambda conn: None
         self.on_connection: Callable[[Connection, bool], None] = lambda conn, new: None
         self.closed = False
+        self.tickets: Any = None
 
     def start(self, transport: TransportConfig) -> None:
         self._dialer = Dialer(self.identity, transport, dial_fn=self._dial_one)
@@ -135,7 +136,18 @@ class Peers:
         self, addr: Address, identity: Identity, expect: str | None, config: TransportConfig
     ) -> Connection:
         sid = self._sessions.session(expect).session_id if expect else 0
-        return await transport_dial(addr, identity, expect=expect, config=config, session_id=sid)
+        tickets = self._ticket_store() if addr.scheme == "quic" and self.config.zero_rtt else None
+        return await transport_dial(
+            addr, identity, expect=expect, config=config, session_id=sid, tickets=tickets
+        )
+
+    def _ticket_store(self) -> Any:
+        """The client session tickets (made on the first QUIC dial: it imports the QUIC adapter)."""
+        if self.tickets is None:
+            from iac.transport.quic import ClientTicketStore
+
+            self.tickets = ClientTicketStore(self.config.tickets_file)
+        return self.tickets
 
     def register(self, conn: Connection) -> Connection:
         """Enter ``conn`` in the table; return the connection kept for its peer."""

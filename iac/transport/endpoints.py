@@ -30,12 +30,17 @@ async def dial(
     expect: str | None = None,
     config: TransportConfig = DEFAULT_CONFIG,
     session_id: int = 0,
+    tickets: Any = None,
 ) -> Connection:
-    """Connect to ``url`` and run the HELLO exchange. ``expect``: the AgentId dialed."""
+    """Connect to ``url`` and run the HELLO exchange. ``expect``: the AgentId dialed.
+
+    ``tickets``: a :class:`~iac.transport.quic.ClientTicketStore`; a ``quic://`` dial with a
+    ticket stored for that address resumes the session and sends its HELLO and first frames as
+    0-RTT early data (other schemes ignore it)."""
     addr = url if isinstance(url, Address) else parse_address(url)
     if addr.scheme == "quic":
         conn: Connection = await _quic().dial_quic(
-            addr, identity, expect=expect, config=config, session_id=session_id
+            addr, identity, expect=expect, config=config, session_id=session_id, tickets=tickets
         )
         return conn
     if addr.scheme == "tls":
