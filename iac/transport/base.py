@@ -145,9 +145,11 @@ class Connection(ABC):
         return None
 
     @abstractmethod
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, *, early: bool = True) -> None:
         """Queue one frame. Waits while the send queue is full; frames queued in one
-        event-loop turn are written together."""
+        event-loop turn are written together. ``early=False``: on a connection whose HELLO
+        went as 0-RTT early data, wait until the peer's HELLO verified, so that this frame
+        never rides in early data (other connections ignore it)."""
 
     @abstractmethod
     async def recv(self) -> Incoming:

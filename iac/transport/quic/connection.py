@@ -63,9 +63,7 @@ class _ControlChannel(HandshakeChannel):
 
 
 class QuicConn(Connection):
-    """One IAC connection over one QUIC connection.
-
-    ``dialed``: this side dialed (``dial_quic``); else a listener accepted it and
+    """One IAC connection over one QUIC connection. ``dialed``: this side dialed (``dial_quic``); else a listener accepted it and
     ``on_finished`` tells the listener when it is over. The dialing or accepting code
     drives the HELLO exchange (:meth:`_exchange_hellos`) and hands the verified HELLO
     to :meth:`_hello_verified`, which opens the session.
@@ -115,11 +113,14 @@ class QuicConn(Connection):
         self._last_activity = self._loop.time()
         self._cert_sha256 = b""  # the certificate hash the HELLOs are bound to
         self.peer_hello_verified = False
+        self._verified = asyncio.Event()
         self.early_data = False
 
     # -- Connection API -------------------------------------------------------------------------
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, *, early: bool = True) -> None:
+        if not early and self.early_data and not self.peer_hello_verified:
+            await self._verified.wait()  # out of early data: after the server's HELLO verified
         if self._error is not None:
             raise self._error
         if self._closing:
@@ -378,6 +379,7 @@ class QuicConn(Connection):
             self._error = ConnectionClosed("connection closed")
         self._closing = True
         self._queue.fail(self._error)  # drop what was not sent
+        self._verified.set()  # a send held out of early data raises the error now
         self._streams.clear()
         if self._keepalive is not None:
             self._keepalive.cancel()
@@ -478,6 +480,7 @@ class QuicConn(Connection):
         )
         self._session = SessionLogic(hello.agent_id, self.dicts)
         self.peer_hello_verified = True
+        self._verified.set()
         push = self.dicts.push_frame(self.identity.agent_id, hello)
         if push is not None:
             self._send_control_soon(push)  # on the control stream, behind our HELLO

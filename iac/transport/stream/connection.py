@@ -158,7 +158,7 @@ class StreamConnection(Connection):
     def close_error(self) -> IacError | None:
         return self._error
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, *, early: bool = True) -> None:
         if self._error is not None:
             raise self._error
         q = self._sendq
