@@ -190,6 +190,7 @@ class Node(NodeRuntime):
         task: TaskState | None = None,
         payload_json: str | None = None,
         via: str | None = None,
+        early: bool = True,
     ) -> Sent:
         """Send a one-way message. ``payload`` is any JSON value (or pass ``payload_json``).
 
@@ -198,16 +199,20 @@ class Node(NodeRuntime):
         for the ACK. ``ordered=True`` (ORDERED): delivered in order per session.
         ``via``: send it inside FORWARD through this relay (else: directly when connected, then
         a route of :meth:`add_route` or a learned reverse route, then the peer book).
+        ``early=False``: never in 0-RTT early data (docs/PROTOCOL.md, "0-RTT": on a resumed QUIC
+        connection it waits until the peer's HELLO verified).
         """
         self._check_open()
         mt = message_type(msg_type)
         build: dict[str, Any] = {"payload_json": payload_json, "extra_data": extra_data, "task": task}
         build["sealed"] = sealed
         if ack:
-            return await self._pending.send_reliable(peer, mt, payload, ordered=ordered, via=via, **build)
+            return await self._pending.send_reliable(
+                peer, mt, payload, ordered=ordered, via=via, early=early, **build
+            )
         kind, flags = ("ordered", FLAG_ORDERED) if ordered else ("main", 0)
         msg = self._outbox.build(peer, mt, payload, kind=kind, flags=flags, **build)
-        await self._outbox.transmit(peer, msg, via)
+        await self._outbox.transmit(peer, msg, via, early=early)
         return Sent(peer, msg.session_id, msg.msg_id, None)
 
     async def request(
@@ -223,11 +228,13 @@ class Node(NodeRuntime):
         task: TaskState | None = None,
         payload_json: str | None = None,
         via: str | None = None,
+        early: bool = True,
     ) -> Reply:
         """Send a request and wait for its REPLY. Raises :class:`~iac.RemoteError` for an ERROR
         answer, :class:`~iac.RequestTimeout` after ``timeout`` (a CANCEL is sent), or a
         :class:`~iac.TransportError`. ``ack=True`` retransmits until the callee answers or
-        acknowledges. ``via``: through this relay (see :meth:`send`); the reply comes back the same way."""
+        acknowledges. ``via``: through this relay (see :meth:`send`); the reply comes back the same way.
+        ``early=False``: never in 0-RTT early data (see :meth:`send`)."""
         self._check_open()
         return await self._pending.request(
             peer,
@@ -237,6 +244,7 @@ class Node(NodeRuntime):
             ack=ack,
             task=task,
             via=via,
+            early=early,
             payload_json=payload_json,
             extra_data=extra_data,
             sealed=sealed,

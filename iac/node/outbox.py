@@ -92,19 +92,21 @@ class Outbox:
     # --- toward a destination ---------------------------------------------------------------------
 
     async def transmit(
-        self, peer: str, msg: Message, via: str | None = None, *, compress: bool = True
+        self, peer: str, msg: Message, via: str | None = None, *, compress: bool = True, early: bool = True
     ) -> None:
         """Sign (fresh timestamp) and send toward ``peer``: inside FORWARD through ``via`` when given;
         else on the peer's connection; else through a route's next hop; else dial the peer."""
         conn = await self._peers.first_hop(peer, via, self.clock.now_us())
-        await self.send_on(conn, msg, compress=compress)
+        await self.send_on(conn, msg, compress=compress, early=early)
 
-    async def send_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:
+    async def send_on(
+        self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
+    ) -> None:
         """A MESSAGE frame when ``conn`` leads to ``msg.to`` itself, else a FORWARD through it."""
         if conn.peer.agent_id == msg.to:
-            await self.transmit_on(conn, msg, compress=compress)
+            await self.transmit_on(conn, msg, compress=compress, early=early)
         else:
-            await self.forward_on(conn, msg)
+            await self.forward_on(conn, msg, early=early)
 
     async def send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
         """Send an answer: on ``hint`` when it is the connection to ``to``, else the usual way."""
@@ -133,28 +135,30 @@ class Outbox:
         dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
         return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
 
-    async def transmit_on(self, conn: Connection, msg: Message, *, compress: bool = True) -> None:
+    async def transmit_on(
+        self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
+    ) -> None:
         msg.timestamp = self.clock.now_us()
         body = sign_message(self.identity, msg)
         dictionary, limit = self.frame_params(conn)
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
         )
-        await conn.send(frame)
+        await conn.send(frame, early=early)
         self._c.sent += 1
         self._c.bytes_sent += len(frame)
 
-    async def forward_on(self, conn: Connection, msg: Message) -> None:
+    async def forward_on(self, conn: Connection, msg: Message, *, early: bool = True) -> None:
         """Sign ``msg`` and send it inside a FORWARD to the relay at the other end of ``conn``."""
         now = self.clock.now_us()
         msg.timestamp = now
         body = sign_message(self.identity, msg)
         relay = conn.peer.agent_id
         send = self._router.originate(body, (relay,), now, via=relay)
-        await self.send_forward(conn, send.data)
+        await self.send_forward(conn, send.data, early=early)
         self._c.sent += 1
 
-    async def send_forward(self, conn: Connection, data: bytes) -> None:
+    async def send_forward(self, conn: Connection, data: bytes, *, early: bool = True) -> None:
         dictionary, limit = self.frame_params(conn)
         frame = encode_frame(
             FrameType.FORWARD,
@@ -162,7 +166,7 @@ class Outbox:
             compress_with=dictionary if len(data) <= COMPRESS_LIMIT else None,
             max_frame_size=limit,
         )
-        await conn.send(frame)
+        await conn.send(frame, early=early)
         self._c.bytes_sent += len(frame)
 
     async def send_all(self, conns: dict[str, Connection], sends: Sequence[Send]) -> None:

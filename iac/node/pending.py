@@ -31,6 +31,7 @@ class Out:
 
     __slots__ = (
         "acked",
+        "early",
         "future",
         "give_up_at",
         "is_request",
@@ -54,6 +55,7 @@ class Out:
         rto: float,
         future: asyncio.Future[Any],
         via: str | None = None,
+        early: bool = True,
     ) -> None:
         self.peer = peer
         self.msg = msg
@@ -66,6 +68,8 @@ class Out:
         self.timer: asyncio.TimerHandle | None = None
         self.acked = False
         self.via = via
+        #: May ride in 0-RTT early data (see Connection.send).
+        self.early = early
 
 
 class _Expired(Exception):
@@ -95,7 +99,15 @@ class Pending:
     # --- the calls ------------------------------------------------------------------------------
 
     async def send_reliable(
-        self, peer: str, msg_type: int, payload: Any, *, ordered: bool, via: str | None, **build: Any
+        self,
+        peer: str,
+        msg_type: int,
+        payload: Any,
+        *,
+        ordered: bool,
+        via: str | None,
+        early: bool = True,
+        **build: Any,
     ) -> Sent:
         """An ACK_REQUESTED one-way message: waits while ``max_in_flight`` are unacknowledged."""
         sem = self._sem(peer)
@@ -104,7 +116,7 @@ class Pending:
             flags = FLAG_ACK_REQUESTED | (FLAG_ORDERED if ordered else 0)
             kind = "ordered_ack" if ordered else "main"
             msg = self._outbox.build(peer, msg_type, payload, kind=kind, flags=flags, **build)
-            out = self._track(peer, msg, reliable=True, is_request=False, via=via)
+            out = self._track(peer, msg, reliable=True, is_request=False, via=via, early=early)
         except BaseException:
             sem.release()
             raise
@@ -122,6 +134,7 @@ class Pending:
         ack: bool,
         task: TaskState | None,
         via: str | None,
+        early: bool = True,
         **build: Any,
     ) -> Reply:
         if not 0 < timeout < math.inf:
@@ -151,7 +164,7 @@ class Pending:
                 deadline_us=self._outbox.clock.now_us() + int(left * 1e6),
                 **build,
             )
-            out = self._track(peer, msg, reliable=ack, is_request=True, via=via)
+            out = self._track(peer, msg, reliable=ack, is_request=True, via=via, early=early)
             await self._first_send(out)
             # One timer instead of wait_for(shield(...)): on expiry it fails the future with _Expired.
             # A cancelled caller cancels the future itself; the out stays tracked until `finally`,
@@ -246,7 +259,9 @@ class Pending:
             sem = self._in_flight[peer] = asyncio.Semaphore(self.config.max_in_flight)
         return sem
 
-    def _track(self, peer: str, msg: Message, *, reliable: bool, is_request: bool, via: str | None) -> Out:
+    def _track(
+        self, peer: str, msg: Message, *, reliable: bool, is_request: bool, via: str | None, early: bool
+    ) -> Out:
         loop = asyncio.get_running_loop()
         out = Out(
             peer,
@@ -257,6 +272,7 @@ class Pending:
             rto=self.config.retransmit_initial,
             future=loop.create_future(),
             via=via,
+            early=early,
         )
         self.outs[out.key] = out
         self._by_peer.setdefault(peer, {})[out.key] = out
@@ -283,7 +299,7 @@ class Pending:
 
     async def _first_send(self, out: Out) -> None:
         try:
-            await self._outbox.transmit(out.peer, out.msg, out.via)
+            await self._outbox.transmit(out.peer, out.msg, out.via, early=out.early)
         except (TransportError, OSError) as exc:
             if not out.reliable:
                 self.finish(out, exc=exc)
@@ -319,7 +335,7 @@ class Pending:
             return
         self._c.retransmits += 1
         try:
-            await self._outbox.transmit(out.peer, out.msg, out.via)
+            await self._outbox.transmit(out.peer, out.msg, out.via, early=out.early)
         except (TransportError, OSError) as exc:
             log.debug("retransmit to %s… failed: %s", out.peer[:16], exc)
         if out.key in self.outs and not out.acked:
