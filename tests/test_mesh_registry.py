@@ -77,7 +77,7 @@ def test_publish_and_lookup_by_id_alias_and_capability() -> None:
             async with ma, mb:
                 assert ma.record is not None and ma.record.addresses == tuple(a.addresses)
                 assert await mb.resolve("writer.team-a") == a.agent_id
-                assert b.peers[a.agent_id] == a.addresses
+                assert b.peer_book[a.agent_id] == a.addresses
                 assert await mb.find("write") == [a.agent_id]
                 assert await mb.find("review", limit=1) == [a.agent_id]
                 assert await mb.find("plan") == []
@@ -181,7 +181,7 @@ def test_rotation_over_the_wire_moves_aliases_and_ends_the_old_key_after_the_gra
                 # the registry moved the alias and the capability
                 assert await mb.resolve("writer", fresh=True) == new_id.agent_id
                 assert await mb.find("write") == [new_id.agent_id]
-                assert b.peers[new_id.agent_id][: len(a.addresses)] == a.addresses
+                assert b.peer_book[new_id.agent_id][: len(a.addresses)] == a.addresses
                 assert mb.book.status(old_id.agent_id, clock.now_us()) is KeyStatus.ROTATING
                 assert mb.book.successor(old_id.agent_id) == new_id.agent_id
                 assert await mb.resolve(old_id.agent_id) == new_id.agent_id
@@ -250,10 +250,10 @@ def test_a_failed_dial_is_re_resolved_and_retried_once(tmp_path: Path) -> None:
             async with Node(ident, listen=[TLS]) as a2, client(a2, reg, aliases=["mover"]):
                 a2.expose(lambda: "second", name="where")
                 assert a2.addresses != first
-                assert b.peers[ident.agent_id] == first  # stale until the retry re-resolves
+                assert b.peer_book[ident.agent_id] == first  # stale until the retry re-resolves
                 assert await mb.call("mover", "where") == "second"
                 assert await mb.call(ident.agent_id, "where") == "second"
-                assert a2.addresses[0] in b.peers[ident.agent_id]
+                assert a2.addresses[0] in b.peer_book[ident.agent_id]
 
     run(main())
 

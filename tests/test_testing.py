@@ -71,7 +71,7 @@ def test_node_pair_without_connecting_and_with_identities() -> None:
     async def main() -> None:
         async with node_pair(connect=False) as pair:
             assert not pair.client.connected(pair.server.agent_id)
-            assert pair.client.peers == {pair.server.agent_id: pair.server.addresses}
+            assert pair.client.peer_book == {pair.server.agent_id: pair.server.addresses}
         with pytest.raises(ConfigError):
             async with node_pair("carrier-pigeon"):
                 pass

@@ -307,7 +307,7 @@ class MeshClient:
         now = self.clock.now_us()
         if is_agent_id(name):
             aid = self.book.successor(name) or name
-            known = aid in self.node.peers or self.node.connected(aid)
+            known = aid in self.node.peer_book or self.node.connected(aid)
             if self.registries and (fresh or not known):
                 try:
                     found = await self.lookup(agent_id=aid)
@@ -321,7 +321,7 @@ class MeshClient:
         if not is_alias(name):
             raise ConfigError(f"{name!r:.80} is neither an AgentId nor an alias")
         cached = None if fresh else self.book.alias(name, now)
-        if cached is not None and (cached in self.node.peers or self.node.connected(cached)):
+        if cached is not None and (cached in self.node.peer_book or self.node.connected(cached)):
             return cached
         if not self.registries:
             raise UnknownAgent(f"no registry to resolve the alias {name!r}")
@@ -470,7 +470,7 @@ class MeshClient:
     async def _announce(self, payload: dict[str, Any]) -> None:
         """Tell every connected peer but the registries (see :func:`announce`)."""
         regs = {r.agent_id for r in self.registries}
-        others = [p for p in sorted({*self.node.peers, *self._live}) if p not in regs]
+        others = [p for p in sorted({*self.node.peer_book, *self._live}) if p not in regs]
         await announce(self.node, payload, others, timeout=self.timeout)
 
     def note_statement(self, payload: dict[str, Any]) -> dict[str, Any]:

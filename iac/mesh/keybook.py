@@ -215,7 +215,7 @@ def move_peer(node: Node, old: str, new: str) -> None:
     and closing its connections once the grace period ends. Until then, refuse the old key with
     :meth:`KeyBook.guard` (messages) and :func:`registry_admission` (new connections).
     """
-    urls = node.peers.get(old, [])
+    urls = node.peer_book.get(old, [])
     if urls:
         node.add_peer(new, *urls)
 

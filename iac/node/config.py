@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from iac.errors import ConfigError
 from iac.protocol.files import DEFAULT_MAX_SIZE, DEFAULT_MAX_TRANSFERS, DEFAULT_WINDOW, MAX_WINDOW
@@ -246,6 +247,8 @@ class NodeStats:
     route_refused: Mapping[str, int] = field(default_factory=dict)
     #: Files: ``sent``, ``received``, ``chunks_received``, ``chunk_duplicates``, ``resumed``, ``failed``.
     files: Mapping[str, int] = field(default_factory=dict)
+    #: Per peer connected or recently asked: connection state, transport, smoothed RTT, in flight.
+    peer_links: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Entries kept per peer, by table (sessions, verify budgets, in-flight permits, dial locks,
     #: ordered streams, routes, cached answers): each is bounded or expires once a peer is gone.
     peer_state: Mapping[str, int] = field(default_factory=dict)

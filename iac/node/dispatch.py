@@ -7,6 +7,7 @@ runs in (rescheduled to now), so the task that runs it is never cancelled from o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -18,6 +19,7 @@ from typing import Any, TypeAlias
 from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig
+from iac.node.observe import Observers
 from iac.node.pipeline import Item, ReceivePipeline
 from iac.node.stats import Counters
 from iac.node.tasks import TaskSet
@@ -33,6 +35,9 @@ log = logging.getLogger("iac.node")
 Handler: TypeAlias = Callable[[Any], Any]
 #: Builds what a handler is called with: ``(message, payload, expects_reply) -> Context``.
 ContextFactory: TypeAlias = Callable[[Message, Any, bool], Any]
+
+#: The context a handler runs in when nothing observes the node.
+_UNOBSERVED = contextlib.nullcontext()
 
 _REPLY = int(MessageType.REPLY)
 _CANCEL = int(MessageType.CANCEL)
@@ -89,6 +94,7 @@ class Dispatcher:
         tasks: TaskSet,
         clock: Clock,
         make_context: ContextFactory,
+        observers: Observers,
     ) -> None:
         self.config = config
         self._answers = answers
@@ -96,6 +102,7 @@ class Dispatcher:
         self._tasks = tasks
         self._clock = clock
         self._make_context = make_context
+        self._observers = observers
         self._pipeline = pipeline
         self.handlers: dict[int, Handler] = {int(MessageType.PING): lambda ctx: None}
         self.exposed: dict[str, Callable[..., Any]] = {}
@@ -276,18 +283,22 @@ class Dispatcher:
             invoke: Callable[[], Any] = functools.partial(func, *args, **kwargs)
         else:
             invoke = functools.partial(func, self._make_context(msg, item.payload, bool(msg.deadline)))
+        observed = self._observers.handling(item.key[0], msg) if self._observers else _UNOBSERVED
         try:
-            if self._is_async(func):
-                result = await self._scoped(item, invoke())
-            elif self.config.sync_in_thread:
-                result = await self._scoped(item, asyncio.to_thread(contextvars.copy_context().run, invoke))
-            else:
-                result = contextvars.copy_context().run(invoke)
-                if inspect.isawaitable(result):
-                    if inline:  # its answer has to wait: go on in a task of its own
-                        self._tasks.spawn(self._finish_later(item, result))
-                        return True
-                    result = await self._scoped(item, result)
+            with observed:
+                if self._is_async(func):
+                    result = await self._scoped(item, invoke())
+                elif self.config.sync_in_thread:
+                    result = await self._scoped(
+                        item, asyncio.to_thread(contextvars.copy_context().run, invoke)
+                    )
+                else:
+                    result = contextvars.copy_context().run(invoke)
+                    if inspect.isawaitable(result):
+                        if inline:  # its answer has to wait: go on in a task of its own
+                            self._tasks.spawn(self._finish_later(item, result))
+                            return True
+                        result = await self._scoped(item, result)
         except Exception as exc:
             await self._failed(item, exc)
             return False

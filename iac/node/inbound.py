@@ -24,6 +24,7 @@ from iac.node.answers import Answers
 from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
 from iac.node.files import Files
+from iac.node.observe import Observers
 from iac.node.ordered import OrderedDelivery
 from iac.node.outbox import Outbox
 from iac.node.peers import Peers
@@ -76,6 +77,7 @@ class Inbound:
         verifier: Verifier,
         counters: Counters,
         tasks: TaskSet,
+        observers: Observers,
     ) -> None:
         self.config = config
         self._pipeline = pipeline
@@ -88,6 +90,7 @@ class Inbound:
         self._ordered = ordered
         self._files = files
         self._verifier = verifier
+        self._observers = observers
         self._c = counters
         self._tasks = tasks
         self._clock = config.transport.clock
@@ -275,6 +278,9 @@ class Inbound:
             log.debug("FORWARD from %s… refused: %s (%s)", from_peer[:16], dec.refusal.value, dec.error)
         if dec.sends:
             self._c.relayed += len(dec.sends)
+            if self._observers and dec.message_bytes:
+                inner = dec.message or Message.FromString(dec.message_bytes)
+                self._observers.relayed(dec.origin, inner, from_peer, [s.peer for s in dec.sends])
             await self._outbox.send_all(conns, dec.sends)
         msg = dec.message
         if msg is None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from iac.errors import IacError
 from iac.node.config import NodeConfig
+from iac.node.observe import Observers
 from iac.node.peers import Peers
 from iac.node.stats import Counters
 from iac.node.types import Sent, Sessions, dumps
@@ -40,6 +41,7 @@ class Outbox:
         peers: Peers,
         router: Router,
         counters: Counters,
+        observers: Observers,
     ) -> None:
         self.identity = identity
         self.agent_id = identity.agent_id
@@ -49,6 +51,7 @@ class Outbox:
         self._peers = peers
         self._router = router
         self._c = counters
+        self._observers = observers
 
     def build(
         self,
@@ -82,6 +85,8 @@ class Outbox:
             reply_to=reply_to,
             reply_session_id=reply_session_id,
         )
+        if self._observers:
+            self._observers.outgoing(msg)
         if sealed:
             text, extra = msg.payload_json, msg.extra_data
             msg.payload_json = ""
@@ -191,6 +196,8 @@ class Outbox:
             payload_json=text,
             extra_data=extra_data,
         )
+        if self._observers:
+            self._observers.outgoing(msg)
         body = sign_message(self.identity, msg)
         conns = self._peers.by_id()
         sends = self._router.originate_broadcast(body, conns, now, hop_limit)

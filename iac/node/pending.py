@@ -12,6 +12,7 @@ from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, IacError, RemoteError, RequestTimeout, TransportError
 from iac.node.config import NodeConfig
+from iac.node.observe import Observers
 from iac.node.outbox import Outbox
 from iac.node.peers import Peers
 from iac.node.stats import Counters
@@ -85,14 +86,23 @@ class Pending:
     """Outgoing requests and ACK_REQUESTED messages, by ``(peer, session_id, msg_id)``."""
 
     def __init__(
-        self, config: NodeConfig, outbox: Outbox, peers: Peers, counters: Counters, tasks: TaskSet
+        self,
+        config: NodeConfig,
+        outbox: Outbox,
+        peers: Peers,
+        counters: Counters,
+        tasks: TaskSet,
+        observers: Observers,
     ) -> None:
         self.config = config
         self._outbox = outbox
         self._peers = peers
         self._c = counters
         self._tasks = tasks
+        self._observers = observers
         self.outs: dict[Key, Out] = {}
+        #: Per peer: smoothed request round trip (seconds), learned from its replies.
+        self.rtt: dict[str, float] = {}
         self._by_peer: dict[str, dict[Key, Out]] = {}
         self._in_flight: dict[str, asyncio.Semaphore] = {}
 
@@ -125,6 +135,45 @@ class Pending:
         return Sent(peer, msg.session_id, msg.msg_id, out.future)
 
     async def request(
+        self,
+        peer: str,
+        msg_type: int,
+        payload: Any,
+        *,
+        timeout: float,
+        ack: bool,
+        task: TaskState | None,
+        via: str | None,
+        early: bool = True,
+        **build: Any,
+    ) -> Reply:
+        """Send a request and wait for its answer (see :meth:`~iac.Node.request`); observers
+        and the peer's round-trip estimate learn how it ended."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        outcome = "transport"
+        try:
+            reply = await self._request(peer, msg_type, payload, timeout=timeout, ack=ack, task=task, via=via,
+                                        early=early, **build)  # fmt: skip
+            outcome = "reply"
+            rtt = loop.time() - start
+            old = self.rtt.get(peer)
+            self.rtt[peer] = rtt if old is None else old + (rtt - old) / 8  # EWMA, as TCP's SRTT
+            return reply
+        except RemoteError as exc:
+            outcome = exc.code
+            raise
+        except RequestTimeout:
+            outcome = "timeout"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            if self._observers:
+                self._observers.answered(peer, msg_type, loop.time() - start, outcome)
+
+    async def _request(
         self,
         peer: str,
         msg_type: int,
@@ -232,6 +281,10 @@ class Pending:
         for out in list(self.outs.values()):
             self.finish(out, exc=exc)
 
+    def in_flight(self, peer: str) -> int:
+        """Requests and unacknowledged messages toward ``peer`` now."""
+        return len(self._by_peer.get(peer, ()))
+
     @property
     def tracked_peers(self) -> int:
         return len(self._in_flight)
@@ -241,10 +294,13 @@ class Pending:
         sem = self._in_flight.get(peer)
         return peer in self._by_peer or (sem is not None and sem.locked())
 
-    def expire(self) -> None:
-        """Forget the in-flight permits of peers with nothing outstanding."""
+    def expire(self, connected: set[str]) -> None:
+        """Forget the in-flight permits of peers with nothing outstanding, and the round-trip
+        estimates of peers that are not connected."""
         for peer in [p for p, sem in self._in_flight.items() if p not in self._by_peer and not sem.locked()]:
             del self._in_flight[peer]
+        for peer in [p for p in self.rtt if p not in connected and p not in self._in_flight]:
+            del self.rtt[peer]
 
     def counts(self) -> tuple[int, int]:
         """(pending requests, unacknowledged messages)."""

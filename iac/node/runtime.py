@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -27,6 +28,7 @@ from iac.node.config import NodeConfig, NodeStats
 from iac.node.dispatch import Dispatcher
 from iac.node.files import Files
 from iac.node.inbound import Inbound
+from iac.node.observe import Attachable, Observer, Observers
 from iac.node.ordered import OrderedDelivery
 from iac.node.outbox import Outbox
 from iac.node.peers import Peers
@@ -60,6 +62,7 @@ class NodeRuntime:
         replay_store: ReplayStore | None = None,
         clock: Clock | None = None,
         peers: dict[str, Sequence[str]] | None = None,
+        metrics: Attachable | None = None,
     ) -> None:
         config = config if config is not None else NodeConfig()
         if clock is not None:
@@ -73,6 +76,8 @@ class NodeRuntime:
         self._listeners: list[Listener] = []
         self._started = self._closing = self._closed = self._started_store = False
         self._housekeeping: asyncio.Task[None] | None = None
+        self._metrics = metrics
+        self._detach: list[Callable[[], None]] = []
         c = self._c = Counters()
         tasks = self._tasks = TaskSet()
         self._conn_tasks = TaskSet()
@@ -87,12 +92,13 @@ class NodeRuntime:
             unicast_hop_limit=config.unicast_hop_limit,
         )
         self._peers = Peers(self.identity, config, self._sessions, self._router, c, tasks)
-        self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c)
-        self._pending = Pending(config, self._outbox, self._peers, c, tasks)
+        obs = self._observers = Observers()
+        self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c, obs)
+        self._pending = Pending(config, self._outbox, self._peers, c, tasks, obs)
         self._pipeline = ReceivePipeline(self.identity, config)
         self._answers = Answers(config, self._outbox, c)
         self._dispatch = Dispatcher(
-            config, self._pipeline, self._answers, c, tasks, self.clock, self._context
+            config, self._pipeline, self._answers, c, tasks, self.clock, self._context, obs
         )
         self._ordered = OrderedDelivery(config, self._dispatch, self._answers, c, tasks, self.clock)
         self._files = Files(config, self._outbox, self._peers, self._pipeline, self._answers, c, tasks)
@@ -111,6 +117,7 @@ class NodeRuntime:
             self._verifier,
             c,
             tasks,
+            obs,
         )
         self._peers.start_reader = self._start_reader
         self._peers.on_connection = self._on_registered
@@ -159,6 +166,8 @@ class NodeRuntime:
             transport = dataclasses.replace(transport, listen_addrs=tuple(self.addresses))
         self._peers.start(transport)
         self._housekeeping = self._tasks.spawn(self._housekeep())
+        if self._metrics is not None:
+            self._detach.append(self._metrics.attach(self))
 
     async def close(self) -> None:
         """Drain and close: stop accepting, let in-flight handlers and unacknowledged messages
@@ -186,6 +195,8 @@ class NodeRuntime:
         if self._started_store:
             self._pipeline.store.close()
         self._peers.end_events()
+        for detach in self._detach:
+            detach()
 
     def _context(self, msg: Message, payload: Any, expects_reply: bool) -> Any:
         """What a handler is called with (:class:`~iac.Context`, made by the Node)."""
@@ -239,7 +250,7 @@ class NodeRuntime:
 
         self._sessions.expire(now, 2 * self.config.transport.max_skew_us, keep)
         self._inbound.expire(connected)
-        self._pending.expire()
+        self._pending.expire(connected)
         self._peers.expire()
 
     def peer_state(self) -> dict[str, int]:
@@ -255,9 +266,38 @@ class NodeRuntime:
         }
 
     @property
-    def peers(self) -> dict[str, list[str]]:
-        """The peer book (a copy)."""
+    def peer_book(self) -> dict[str, list[str]]:
+        """The peer book: the addresses this node may dial, by AgentId (a copy). What is connected
+        now is :meth:`connected` / :meth:`connection`, and ``stats().peer_links``."""
         return {k: list(v) for k, v in self._peers.book.items()}
+
+    @property
+    def peers(self) -> dict[str, list[str]]:
+        """Deprecated name of :attr:`peer_book` (it holds addresses, not connections)."""
+        warnings.warn("Node.peers is now Node.peer_book", DeprecationWarning, stacklevel=2)
+        return self.peer_book
+
+    def peer_links(self) -> dict[str, dict[str, Any]]:
+        """Per peer that is connected or was asked something: ``connected``, ``transport``,
+        ``address``, ``rtt_ms`` (smoothed request round trip, None before a reply), ``in_flight``."""
+        out: dict[str, dict[str, Any]] = {}
+        conns = self._peers.by_id()
+        for peer in {*conns, *self._pending.rtt}:
+            conn = conns.get(peer)
+            rtt = self._pending.rtt.get(peer)
+            out[peer] = {
+                "connected": conn is not None,
+                "transport": conn.peer.transport if conn else "",
+                "address": conn.peer.address if conn else "",
+                "rtt_ms": round(rtt * 1000, 3) if rtt is not None else None,
+                "in_flight": self._pending.in_flight(peer),
+            }
+        return out
+
+    def observe(self, observer: Observer) -> Callable[[], None]:
+        """Call ``observer``'s hooks as messages move (:class:`~iac.node.observe.Observer`);
+        returns a function that removes it again."""
+        return self._observers.add(observer)
 
     @property
     def exposed(self) -> list[str]:
@@ -292,6 +332,7 @@ class NodeRuntime:
             files=files,
             file_refused=file_refused,
             peer_state=self.peer_state(),
+            peer_links=self.peer_links(),
         )
 
 

@@ -63,11 +63,10 @@ class _ControlChannel(HandshakeChannel):
 
 
 class QuicConn(Connection):
-    """One IAC connection over one QUIC connection. ``dialed``: this side dialed (``dial_quic``); else a listener accepted it and
-    ``on_finished`` tells the listener when it is over. The dialing or accepting code
-    drives the HELLO exchange (:meth:`_exchange_hellos`) and hands the verified HELLO
-    to :meth:`_hello_verified`, which opens the session.
-    """
+    """One IAC connection over one QUIC connection. ``dialed``: this side dialed (``dial_quic``);
+    else a listener accepted it and ``on_finished`` tells the listener when it is over. The
+    dialing or accepting code drives the HELLO exchange (:meth:`_exchange_hellos`) and hands the
+    verified HELLO to :meth:`_hello_verified`, which opens the session."""
 
     def __init__(
         self,
