@@ -7,6 +7,7 @@ files, answers).
 
 from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
 from iac.node.node import Context, Node
+from iac.node.observe import Observer
 from iac.node.types import FileSent, ReceivedFile, Reply, Sent
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeStats",
+    "Observer",
     "PeerEvent",
     "ReceivedFile",
     "Reply",
