@@ -1,5 +1,7 @@
 import argparse
+import dataclasses
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -9,6 +11,8 @@ import pytest
 
 import iac
 from iac.cli.main import build_parser, main
+from iac.demo.codec import DEFAULT_COUNT
+from iac.protocol.files import DEFAULT_WINDOW
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,3 +101,37 @@ def test_help_of_the_installed_entry_point_lists_every_verb():
     assert out.returncode == 0, out.stderr
     for verb in {p[0] for p in VERBS}:
         assert verb in out.stdout
+
+
+_DEFAULT_IN_HELP = re.compile(r"\(default:? ([0-9][0-9.]*)\)")
+
+
+def _node_default(name):
+    return {f.name: f.default for f in dataclasses.fields(iac.NodeConfig)}[name]
+
+
+def test_send_file_help_shows_the_window_the_node_uses(capsys):
+    with pytest.raises(SystemExit):
+        main(["send-file", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"chunks in flight (default {_node_default('file_window')})" in out
+    assert _node_default("file_window") == DEFAULT_WINDOW
+
+
+@pytest.mark.parametrize("path", sorted(VERBS), ids=" ".join)
+def test_defaults_in_help_are_the_defaults_in_the_code(path):
+    """A number shown as "(default N)" is the option's own default, or, for an option left unset
+    (None), the default of the node setting it stands for."""
+    unset = {  # option dest -> what applies when it is not given
+        "window": _node_default("file_window"),
+        "max_file_size": _node_default("max_file_size"),
+        "count": DEFAULT_COUNT if path == ("demo",) else None,
+    }
+    for action in VERBS[path]._actions:
+        match = _DEFAULT_IN_HELP.search(action.help or "")
+        if match is None or action.help is None:
+            continue
+        shown = float(match.group(1))
+        expected = action.default if action.default is not None else unset.get(action.dest)
+        assert expected is not None, f"iac {' '.join(path)} {action.dest}: help names a default it lacks"
+        assert shown == float(expected), f"iac {' '.join(path)} {action.dest}: help says {shown}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from iac.demo.codec import DEFAULT_COUNT
 from iac.demo.driver import run_demo
 
 
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--codec", action="store_true", help="the codec demo instead (one process, corpus payloads)"
     )
-    p.add_argument("--count", type=int, default=None, help="payloads for --codec (default 500)")
+    p.add_argument("--count", type=int, default=None, help=f"payloads for --codec (default {DEFAULT_COUNT})")
     p.set_defaults(func=_cmd_demo)
 
 

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     t = dsub.add_parser("train", help="train a zstd dictionary on sample files (.jsonl: one per line)")
     t.add_argument("samples", nargs="+", help="sample files")
     t.add_argument("--out", required=True, help="dictionary file to write")
-    t.add_argument("--size", type=int, default=16384, help="dictionary size in bytes (default 16384)")
+    t.add_argument("--size", type=int, default=16384, help="dictionary size in bytes (default %(default)s)")
     t.add_argument("--level", type=int, default=3, help="zstd level the dictionary is tuned for")
     t.add_argument("--dict-id", type=int, default=None, help="dictionary id (default: random)")
     t.set_defaults(func=_cmd_dict_train)

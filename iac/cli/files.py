@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from iac.cli.options import add_tls_options, print_listening, serve_until_signal, transport_config
+from iac.cli.options import (
+    add_tls_options,
+    node_default,
+    print_listening,
+    serve_until_signal,
+    transport_config,
+)
 from iac.errors import ConfigError, IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
@@ -171,9 +177,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--via", default=None, metavar="AGENT_ID", help="send through this relay")
     p.add_argument("--name", default=None, help="file name in the receiver's inbox (default: PATH's name)")
     p.add_argument(
-        "--timeout", type=float, default=30.0, help="give up after this many seconds without progress"
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="give up after this many seconds without progress (default %(default)g)",
     )
-    p.add_argument("--window", type=int, default=None, help="chunks in flight (default 16)")
+    p.add_argument(
+        "--window", type=int, default=None, help=f"chunks in flight (default {node_default('file_window')})"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_tls_options(p)
     p.set_defaults(func=_cmd_send_file)

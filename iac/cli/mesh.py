@@ -215,7 +215,9 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         "--addr", action="append", default=[], metavar="URL", help="the peer's address (repeatable)"
     )
     add_registry_option(p, "registry to resolve through: AGENT_ID@ADDRESS (repeatable)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the answer (default %(default)g)"
+    )
     add_tls_options(p)
 
 

@@ -116,8 +116,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--key", required=True, help="agent key file")
     p.add_argument("--to", required=True, metavar="AGENT_ID", help="the node's AgentId")
     p.add_argument("--addr", action="append", required=True, metavar="URL", help="node address (repeatable)")
-    p.add_argument("--count", type=int, default=10, help="number of PINGs (default 10)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds per dial attempt and per reply")
+    p.add_argument("--count", type=int, default=10, help="number of PINGs (default %(default)s)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds per dial attempt and per reply (default %(default)g)",
+    )
     p.add_argument("--pin", choices=["quic", "tls", "unix"], default=None, help="use only this transport")
     p.add_argument(
         "--forbid", action="append", choices=["quic", "tls", "unix"], help="never use this transport"

@@ -27,6 +27,7 @@ from iac.cli.options import (
     add_listen_option,
     add_registry_option,
     add_tls_options,
+    node_default,
     print_listening,
     serve_until_signal,
     transport_config,
@@ -107,12 +108,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--alias", action="append", default=[], help="alias to register (with --registry)")
     p.add_argument("--capability", action="append", default=[], help="capability to offer (with --registry)")
-    p.add_argument("--ttl", type=float, default=600.0, help="record lifetime in seconds (default 600)")
+    p.add_argument(
+        "--ttl", type=float, default=600.0, help="record lifetime in seconds (default %(default)g)"
+    )
     p.add_argument(
         "--inbox", default=None, metavar="DIR", help="take files sent with `iac send-file` into DIR"
     )
     p.add_argument(
-        "--max-file-size", type=int, default=None, metavar="BYTES", help="largest file taken (default 1 GiB)"
+        "--max-file-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help=f"largest file taken (default {node_default('max_file_size')})",
     )
     add_tls_options(p)
     p.set_defaults(func=_cmd_node)

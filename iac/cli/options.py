@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -13,7 +14,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from iac.errors import ConfigError
+from iac.node.config import NodeConfig
 from iac.transport.base import TransportConfig
+
+
+def node_default(name: str) -> Any:
+    """The default of the :class:`~iac.NodeConfig` field ``name``, for help texts that show a
+    default the node applies (an option left unset passes None and the node picks it)."""
+    for f in dataclasses.fields(NodeConfig):
+        if f.name == name:
+            return f.default
+    raise KeyError(name)
 
 
 def add_listen_option(p: argparse.ArgumentParser) -> None:
@@ -81,6 +92,7 @@ __all__ = [
     "add_registry_option",
     "add_tls_options",
     "json_arg",
+    "node_default",
     "print_error",
     "print_listening",
     "serve_until_signal",
