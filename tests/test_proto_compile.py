@@ -240,7 +240,7 @@ def test_buf_breaking_against_the_released_baseline():
         ("uint64 deadline = 15;", "uint32 deadline = 15;", 'changed type from "uint64" to "uint32"'),
         ("bytes signature = 8;", "bytes signature = 16;", "deleted"),
         ("string state_ref = 5;", "", "deleted"),
-        ("REPLY = 10;", "REPLY = 14;", "deleted"),
+        ("REPLY = 10;", "REPLY = 15;", "deleted"),
     ],
 )
 def test_buf_breaking_catches_a_changed_schema(tmp_path, old, new, expect):

@@ -30,6 +30,7 @@ class MessageType(IntEnum):
     ERROR = 11
     ACK = 12
     CANCEL = 13
+    CREDIT = 14
 
     def __str__(self) -> str:
         return self.name

@@ -102,7 +102,7 @@ MESSAGE_SCHEMA = Schema(
     {
         1: (LEN,), 2: (LEN,), 3: (VARINT,), 4: (LEN,), 5: (VARINT,), 6: (VARINT,),
         7: (VARINT,), 8: (LEN,), 9: (LEN,), 10: (VARINT,), 11: (LEN,), 12: (VARINT,),
-        13: (LEN,), 14: (VARINT,), 15: (VARINT,),
+        13: (LEN,), 14: (VARINT,), 15: (VARINT,), 17: (VARINT,), 18: (VARINT,),
     },
     frozenset(),
     {11: TASK_STATE_SCHEMA},
@@ -221,10 +221,12 @@ _MSG_HEAD = re.compile(
     rb"(?:\x0a\x40.{64})?(?:\x12\x40.{64})?(?:\x18" + _V + rb")?(?:\x22([\x80-\xff]{0,4}[\x00-\x7f]))?",
     re.DOTALL,
 ).match
-#: The rest: varint fields 5-7, the 64-byte signature (field 8), varint fields 10, 12, 14, 15.
+#: The rest: varint fields 5-7, the 64-byte signature (field 8), varint fields 10, 12, 14, 15,
+#: 17 and 18 (two-byte tags).
 _MSG_TAIL = re.compile(
     rb"(?:\x28" + _V + rb")?(?:\x30" + _V + rb")?(?:\x38" + _V + rb")?\x42\x40(.{64})"
-    rb"(?:\x50" + _V + rb")?(?:\x60" + _V + rb")?(?:\x70" + _V + rb")?(?:\x78" + _V + rb")?",
+    rb"(?:\x50" + _V + rb")?(?:\x60" + _V + rb")?(?:\x70" + _V + rb")?(?:\x78" + _V + rb")?"
+    rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?",
     re.DOTALL,
 ).fullmatch
 

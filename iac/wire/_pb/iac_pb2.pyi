@@ -23,6 +23,7 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR: _ClassVar[MessageType]
     ACK: _ClassVar[MessageType]
     CANCEL: _ClassVar[MessageType]
+    CREDIT: _ClassVar[MessageType]
 
 class Intent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -45,6 +46,7 @@ REPLY: MessageType
 ERROR: MessageType
 ACK: MessageType
 CANCEL: MessageType
+CREDIT: MessageType
 INTENT_UNSPECIFIED: Intent
 ASSIGN_TASK: Intent
 PROVIDE_INFO: Intent
@@ -66,7 +68,7 @@ class TaskState(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., intent: _Optional[_Union[Intent, str]] = ..., step: _Optional[int] = ..., steps: _Optional[int] = ..., state_ref: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("to", "msg_type", "payload_json", "timestamp", "msg_id", "session_id", "signature", "extra_data", "reply_to", "task", "flags", "sealed", "reply_session_id", "deadline")
+    __slots__ = ("to", "msg_type", "payload_json", "timestamp", "msg_id", "session_id", "signature", "extra_data", "reply_to", "task", "flags", "sealed", "reply_session_id", "deadline", "stream_seq", "credit")
     FROM_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +84,8 @@ class Message(_message.Message):
     SEALED_FIELD_NUMBER: _ClassVar[int]
     REPLY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
     to: str
     msg_type: MessageType
     payload_json: str
@@ -96,7 +100,9 @@ class Message(_message.Message):
     sealed: bytes
     reply_session_id: int
     deadline: int
-    def __init__(self, to: _Optional[str] = ..., msg_type: _Optional[_Union[MessageType, str]] = ..., payload_json: _Optional[str] = ..., timestamp: _Optional[int] = ..., msg_id: _Optional[int] = ..., session_id: _Optional[int] = ..., signature: _Optional[bytes] = ..., extra_data: _Optional[bytes] = ..., reply_to: _Optional[int] = ..., task: _Optional[_Union[TaskState, _Mapping]] = ..., flags: _Optional[int] = ..., sealed: _Optional[bytes] = ..., reply_session_id: _Optional[int] = ..., deadline: _Optional[int] = ..., **kwargs) -> None: ...
+    stream_seq: int
+    credit: int
+    def __init__(self, to: _Optional[str] = ..., msg_type: _Optional[_Union[MessageType, str]] = ..., payload_json: _Optional[str] = ..., timestamp: _Optional[int] = ..., msg_id: _Optional[int] = ..., session_id: _Optional[int] = ..., signature: _Optional[bytes] = ..., extra_data: _Optional[bytes] = ..., reply_to: _Optional[int] = ..., task: _Optional[_Union[TaskState, _Mapping]] = ..., flags: _Optional[int] = ..., sealed: _Optional[bytes] = ..., reply_session_id: _Optional[int] = ..., deadline: _Optional[int] = ..., stream_seq: _Optional[int] = ..., credit: _Optional[int] = ..., **kwargs) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("version", "agent_id", "session_id", "timestamp", "nonce", "peer_nonce", "dict_ids", "max_frame_size", "listen_addrs", "capabilities", "channel_binding", "peer_agent_id", "signature")
