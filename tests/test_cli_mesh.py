@@ -161,6 +161,37 @@ def test_request_call_and_send_through_the_registry(keys: dict[str, Path], mesh:
     )
 
 
+def test_a_published_node_with_an_inbox_takes_files(
+    tmp_path: Path, keys: dict[str, Path], mesh: dict[str, str]
+) -> None:
+    """`iac node --registry ... --inbox DIR`: published (found by its alias) and taking files."""
+    inbox = tmp_path / "inbox"
+    node = Proc(
+        [*IAC, "node", "--key", str(keys["reg2"]), "--listen", "tls://127.0.0.1:0",
+         "--registry", mesh["registry"], "--alias", "files.test", "--inbox", str(inbox)]
+    )  # fmt: skip
+    try:
+        kind, node_id = node.line()
+        assert kind == "node"
+        kind, addr = node.line()
+        assert kind == "listening"
+        assert node.line() == ["inbox", str(inbox)]
+        me = str(keys["me"])
+        out = iac(
+            "request", "--key", me, "--to", "files.test", "--registry", mesh["registry"], "--type", "RUN"
+        )
+        # found through the registry, and it has no RUN handler
+        assert out.returncode == 1 and "no_handler" in out.stderr, out.stderr
+        src = tmp_path / "notes.txt"
+        src.write_text("minutes\n" * 1000)
+        out = iac("send-file", "--key", me, "--to", node_id, "--addr", addr, str(src), "--quiet")
+        assert out.returncode == 0, out.stderr
+        assert node.line()[:3] == ["received", "notes.txt", "8000"]
+        assert (inbox / "notes.txt").read_text() == src.read_text()
+    finally:
+        node.stop()
+
+
 def test_errors_are_one_line_and_a_non_zero_exit(keys: dict[str, Path], mesh: dict[str, str]) -> None:
     me, reg = str(keys["me"]), mesh["registry"]
     cases = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,6 +74,57 @@ def test_node_and_ping(keys: tuple[Path, Path, str], node: dict[str, str]) -> No
         line = out.stdout.strip()
         assert line.startswith(f"{transport} ") and "count=5" in line
         assert "min=" in line and "median=" in line and "p99=" in line
+
+
+def _one_quick_error(out: subprocess.CompletedProcess[str], seconds: float, *texts: str) -> None:
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    for text in texts:
+        assert text in lines[0], lines[0]
+    assert seconds < 15, f"took {seconds:.1f} s: waited for a timeout instead of the refusal"
+
+
+def timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    out = iac(*args, timeout=60)
+    return out, time.monotonic() - t0
+
+
+def test_a_plain_node_refuses_at_once_what_it_has_no_handler_for(
+    keys: tuple[Path, Path, str], node: dict[str, str], tmp_path: Path
+) -> None:
+    """A plain `iac node` is a node like any other: a request, a call or a file it has no
+    handler for is refused with ``no_handler`` at once, not left to time out."""
+    akey, _, bid = keys
+    to = ["--key", str(akey), "--to", bid, "--addr", node["tls"], "--timeout", "30"]
+    out, took = timed("request", *to, "--type", "RUN", "--payload", '{"x": 1}')
+    _one_quick_error(out, took, "iac request: error:", "no_handler")
+    out, took = timed("call", *to, "add", "1", "2")
+    _one_quick_error(out, took, "iac call: error:", "no_handler", "'add'")
+    f = tmp_path / "f.txt"
+    f.write_text("hello")
+    out, took = timed("send-file", *to, str(f), "--quiet")
+    _one_quick_error(out, took, "iac send-file: error:", "no_handler", "no inbox")
+    out, took = timed("send", *to, "--type", "RUN", "--ack")
+    _one_quick_error(out, took, "iac send: error:", "no_handler")
+
+
+def test_a_registry_that_is_not_one_fails_at_once(keys: tuple[Path, Path, str], node: dict[str, str]) -> None:
+    akey, _, bid = keys
+    registry = f"{bid}@{node['tls']}"
+    out, took = timed("node", "--key", str(akey), "--listen", "tls://127.0.0.1:0", "--registry", registry)
+    _one_quick_error(out, took, "iac node: error: --registry", "not a registry", "no_handler")
+    assert out.stdout == ""
+
+
+def test_node_options_that_need_another_are_refused(keys: tuple[Path, Path, str]) -> None:
+    akey, _, _ = keys
+    base = ["node", "--key", str(akey), "--listen", "tls://127.0.0.1:0"]
+    out, took = timed(*base, "--alias", "me.test")
+    _one_quick_error(out, took, "--alias", "--registry")
+    out, took = timed(*base, "--max-file-size", "10")
+    _one_quick_error(out, took, "--max-file-size", "--inbox")
 
 
 def test_ping_falls_back_and_honours_policy(keys: tuple[Path, Path, str], node: dict[str, str]) -> None:

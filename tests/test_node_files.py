@@ -335,14 +335,6 @@ def test_tampered_chunks_and_unsafe_names_from_a_raw_sender_are_refused() -> Non
 
 # --- the command line -----------------------------------------------------------------------------
 
-INBOX_NODE = (
-    "import argparse, asyncio, sys\n"
-    "from iac.cli.files import run_inbox_node\n"
-    "ns = argparse.Namespace(key=sys.argv[1], listen=[sys.argv[2]], inbox=sys.argv[3], max_file_size=None,\n"
-    "                        ca=None, cert=None, cert_key=None)\n"
-    "sys.exit(asyncio.run(run_inbox_node(ns)))\n"
-)
-
 
 def send_file_args(argv: list[str]) -> argparse.Namespace:
     from iac.cli.files import register
@@ -358,7 +350,8 @@ def test_cli_send_file_to_an_inbox_node_process(capsys: pytest.CaptureFixture[st
             Identity.generate().save(d / "rx.key")
             Identity.generate().save(d / "tx.key")
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", INBOX_NODE, str(d / "rx.key"), "tls://127.0.0.1:0", str(d / "inbox"),
+                sys.executable, "-m", "iac", "node", "--key", str(d / "rx.key"),
+                "--listen", "tls://127.0.0.1:0", "--inbox", str(d / "inbox"),
                 stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
             )  # fmt: skip
             assert proc.stdout is not None

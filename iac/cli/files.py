@@ -1,4 +1,4 @@
-"""File verbs of the ``iac`` command: ``send-file``, and the inbox side of ``iac node``.
+"""File verbs of the ``iac`` command: ``send-file``, and the inbox options of ``iac node``.
 
 ``iac send-file --key K --to AGENT_ID --addr URL [--addr URL ...] PATH [--name N]``
 sends a file to a node's inbox with :meth:`iac.Node.send_file` and prints one
@@ -10,8 +10,8 @@ A progress bar goes to stderr while it runs (not when stderr is not a terminal,
 nor with ``--quiet``). ``--via RELAY_ID`` sends through a relay instead; ``--addr``
 then names the relay's addresses.
 
-``iac node --inbox DIR`` (see :func:`run_inbox_node`) runs a full node that takes
-files into ``DIR`` and prints ``received NAME SIZE sha256=… from ID`` for each.
+``iac node --inbox DIR`` (:mod:`iac.cli.node`) takes files into ``DIR`` and prints
+``received NAME SIZE sha256=… from ID`` for each (:func:`print_received`).
 
 Errors are one line on stderr and a non-zero exit (``iac.cli.main.main``).
 """
@@ -28,8 +28,6 @@ from typing import Any, TextIO
 from iac.cli.options import (
     add_tls_options,
     node_default,
-    print_listening,
-    serve_until_signal,
     transport_config,
 )
 from iac.errors import ConfigError, IacError
@@ -127,10 +125,12 @@ def inbox_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~iac.NodeConfig` settings of ``iac node --inbox DIR [--max-file-size N]``
     (``NodeConfig(..., **inbox_options(args))``; empty without ``--inbox``)."""
     inbox = getattr(args, "inbox", None)
+    max_size = getattr(args, "max_file_size", None)
     if inbox is None:
+        if max_size is not None:
+            raise ConfigError("--max-file-size bounds the files of an inbox: it needs --inbox DIR")
         return {}
     out: dict[str, Any] = {"inbox_dir": inbox}
-    max_size = getattr(args, "max_file_size", None)
     if max_size is not None:
         if max_size < 0:
             raise ConfigError("--max-file-size must not be negative")
@@ -138,27 +138,9 @@ def inbox_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-async def run_inbox_node(args: argparse.Namespace) -> int:
-    """``iac node --inbox DIR``: a full :class:`~iac.Node` (answers PING, takes files into the inbox).
-
-    Reads ``args.key``, ``args.listen``, ``args.inbox``, ``args.max_file_size`` and the TLS options of
-    ``iac node``; prints the AgentId, the addresses, then one line per received file.
-    """
-    identity = Identity.load(args.key)
-    config = NodeConfig(
-        transport=transport_config(args, listen_addrs=tuple(args.listen)), **inbox_options(args)
-    )
-
-    def on_file(f: ReceivedFile) -> None:
-        print(f"received {f.name} {f.size} sha256={f.sha256} from {f.sender}", flush=True)
-
-    async with Node(identity, listen=args.listen, config=config) as node:
-        node.on_file(on_file)
-        print(f"node {identity.agent_id}", flush=True)
-        print_listening(node.addresses)
-        print(f"inbox {args.inbox}", flush=True)
-        await serve_until_signal()
-    return 0
+def print_received(f: ReceivedFile) -> None:
+    """The line ``iac node --inbox`` prints for each file it took: ``received NAME SIZE sha256=… from ID``."""
+    print(f"received {f.name} {f.size} sha256={f.sha256} from {f.sender}", flush=True)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -190,4 +172,4 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_cmd_send_file)
 
 
-__all__ = ["ProgressBar", "inbox_options", "register", "run_inbox_node"]
+__all__ = ["ProgressBar", "inbox_options", "print_received", "register"]

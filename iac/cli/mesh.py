@@ -101,29 +101,6 @@ def _cmd_registry(args: argparse.Namespace) -> int:
     return asyncio.run(_run_registry(args))
 
 
-# --- iac node --registry (called from iac.cli.node) ----------------------------------------------
-
-
-async def run_mesh_node(args: argparse.Namespace) -> int:
-    """``iac node --registry ID@URL``: a :class:`~iac.Node` that publishes itself (aliases,
-    capabilities, its listen addresses) and keeps its record fresh; answers PING requests."""
-    identity = Identity.load(args.key)
-    registries = parse_registry(args.registry or ())
-    async with Node(identity, listen=args.listen, config=_node_config(args)) as node:
-        mesh = MeshClient(
-            node,
-            registries=registries,
-            aliases=getattr(args, "alias", None) or (),
-            capabilities=getattr(args, "capability", None) or (),
-            ttl=getattr(args, "ttl", None) or 600.0,
-        )
-        async with mesh:
-            print(f"node {identity.agent_id}", flush=True)
-            print_listening(node.addresses)
-            await serve_until_signal()
-    return 0
-
-
 # --- iac send / request / call --------------------------------------------------------------------
 
 
@@ -263,4 +240,4 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_sync(_run_call))
 
 
-__all__ = ["DEFAULT_STORE", "register", "run_mesh_node"]
+__all__ = ["DEFAULT_STORE", "register"]
