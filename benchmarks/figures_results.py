@@ -217,7 +217,7 @@ class Target:
     def limit_text(self) -> str:
         if self.limit is None:
             return "—"
-        shown = f"{self.limit:.0%}" if self.kind == "pct" else f"{self.limit:g}"
+        shown = f"{self.limit * 100:.0f} %" if self.kind == "pct" else f"{self.limit:g}"
         return f"{self.op.replace('>=', '≥').replace('<=', '≤')} {shown}"
 
     def shown(self, sheet: Sheet) -> str:
@@ -235,7 +235,7 @@ def suite_targets(r: Results) -> list[Target]:
     return [
         Target(
             "codec",
-            "codec rate / bare Ed25519 sign + verify",
+            "codec rate / bare Ed25519 sign + verify (median of per-repetition ratios)",
             ">=",
             CODEC_RATIO_TARGET,
             codec["speed"]["ratio"] if codec else None,
@@ -254,7 +254,7 @@ def suite_targets(r: Results) -> list[Target]:
         ),
         Target(
             "rtt",
-            "IAC-QUIC p50 RTT / bare aioquic echo",
+            "IAC-QUIC p50 RTT / bare aioquic echo (median of per-round ratios)",
             "<=",
             tt["TARGET_RTT"],
             rtt["ratio_quic"]["median"] if rtt else None,
@@ -263,7 +263,7 @@ def suite_targets(r: Results) -> list[Target]:
         ),
         Target(
             "oneway",
-            "one-way IAC-QUIC messages/s / receiver decode rate",
+            "one-way IAC-QUIC messages/s / receiver decode rate (median of per-round ratios)",
             ">=",
             tt["TARGET_ONEWAY"],
             oneway["ratio"]["median"] if oneway else None,
