@@ -215,6 +215,12 @@ class ReplayedMessage(MessageRejected):
     name = "replayed_message"
 
 
+class StreamOverrun(MessageRejected):
+    """A stream's producer sent a part beyond the credit its consumer granted: the stream ends."""
+
+    name = "stream_overrun"
+
+
 class ReplayStoreFull(MessageRejected):
     """The replay store tracks ``max_sessions`` live sessions; a new session is refused.
 

@@ -16,7 +16,7 @@ from iac.protocol.guards import RESPONSE_TYPES
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, type_name
-from iac.wire.message import FLAG_ACK_REQUESTED, sender_of
+from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_END, FLAG_STREAM, sender_of
 
 log = logging.getLogger("iac.node")
 
@@ -69,11 +69,31 @@ class Answers:
         self._c.errors_sent[code] += 1
         await self.answer(item, _ERROR, error_payload(code, text))
 
+    async def part(self, item: Item, payload_json: str, *, end: bool = False) -> None:
+        """A REPLY part of a stream (``end``: the last, empty one). Never cached: a stream is not
+        re-answered."""
+        msg = item.msg
+        sender = item.key[0]
+        ans = self._outbox.build(sender, _REPLY, None, payload_json=payload_json, reply_to=msg.msg_id,
+                                 reply_session_id=msg.session_id, sealed=item.sealed,
+                                 flags=FLAG_STREAM | (FLAG_END if end else 0))  # fmt: skip
+        item.parts += 1
+        ans.stream_seq = item.parts
+        await self._outbox.try_send_to(sender, ans, item.conn)
+        if not end:
+            self._c.replies_sent += 1
+
     async def answer(self, item: Item, msg_type: int, payload_json: str) -> None:
         if item.broadcast:
             return
         msg = item.msg
         sender = item.key[0]
+        if msg.flags & FLAG_STREAM:  # an ERROR that ends a stream: in its order, after the parts
+            err = self._outbox.build(sender, msg_type, None, payload_json=payload_json, reply_to=msg.msg_id,
+                                     reply_session_id=msg.session_id, flags=FLAG_STREAM)  # fmt: skip
+            err.stream_seq = item.parts + 1
+            await self._outbox.try_send_to(sender, err, item.conn)
+            return
         ans = self._outbox.build(
             sender,
             msg_type,

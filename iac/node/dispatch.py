@@ -22,13 +22,14 @@ from iac.node.config import NodeConfig
 from iac.node.observe import Observers
 from iac.node.pipeline import Item, ReceivePipeline
 from iac.node.stats import Counters
+from iac.node.streams import StreamOut
 from iac.node.tasks import TaskSet
 from iac.node.types import Key, dumps
 from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, type_name
-from iac.wire.message import FLAG_ACK_REQUESTED
+from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_STREAM
 
 log = logging.getLogger("iac.node")
 
@@ -43,6 +44,10 @@ _REPLY = int(MessageType.REPLY)
 _CANCEL = int(MessageType.CANCEL)
 _COMMAND = int(MessageType.COMMAND)
 _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
+
+
+class _NotJson(Exception):
+    """A streaming handler yielded a value that is not JSON."""
 
 
 class Slots:
@@ -114,6 +119,8 @@ class Dispatcher:
         #: handler that a CANCEL ends; keys a CANCEL named.
         self._active: dict[Key, asyncio.Timeout | None] = {}
         self._cancelled: set[Key] = set()
+        #: Streams this node produces: the credit each consumer granted.
+        self._streams: dict[Key, StreamOut] = {}
         self.draining = False
 
     # --- registration ---------------------------------------------------------------------------
@@ -131,6 +138,8 @@ class Dispatcher:
             raise ConfigError("COMMAND carries remote calls: register functions with node.expose()")
         if msg_type == _FILE_TRANSFER:
             raise ConfigError("FILE_TRANSFER is handled by the node: use send_file(), inbox_dir, on_file()")
+        if msg_type == MessageType.CREDIT:
+            raise ConfigError("CREDIT is a stream's flow control, handled by the node")
 
     def expose(self, func: Callable[..., Any], name: str | None) -> Callable[..., Any]:
         call_name = name or getattr(func, "__name__", None)
@@ -165,7 +174,8 @@ class Dispatcher:
             await self._answers.refuse(item.conn, item.msg, Refusal.BUSY, why)
             return
         self.admit(item)
-        if not c.sync_in_thread and not self._is_async(self._target(item)) and self.slots.try_take():
+        inline = not c.sync_in_thread and not item.msg.flags & FLAG_STREAM  # a stream waits for credit
+        if inline and not self._is_async(self._target(item)) and self.slots.try_take():
             self.waiting -= 1
             await self._handle(item, inline=True)
         else:
@@ -190,6 +200,61 @@ class Dispatcher:
             raise
         self.waiting -= 1
         await self._handle(item)
+
+    def credit(self, sender: str, msg: Message) -> None:
+        """A CREDIT for a stream this node produces."""
+        out = self._streams.get((sender, msg.reply_session_id, msg.reply_to))
+        if out is None:
+            self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
+            return
+        out.grant(int(msg.credit))
+
+    async def _produce(self, item: Item, func: Callable[..., Any], invoke: Callable[[], Any]) -> None:
+        """Answer a STREAM request: each value the handler yields (an async generator) is a REPLY
+        part, sent once the consumer granted credit for it; then END, or ERROR if it failed. A
+        plain handler's result is one part. A generator handler asked without STREAM: ERROR."""
+        msg = item.msg
+        if not msg.flags & FLAG_STREAM:
+            text = "this handler streams its reply: ask with node.stream()"
+            await self._refused(item, Refusal.BAD_CALL, ErrorCode.BAD_REQUEST, text)
+            return
+        out = self._streams[item.key] = StreamOut(int(msg.credit))
+
+        async def send(value: Any) -> None:
+            try:
+                text = dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise _NotJson(str(exc)) from None
+            await out.wait_for(item.parts + 1)
+            await self._answers.part(item, text)
+
+        async def run() -> None:
+            if not inspect.isasyncgenfunction(func):
+                result = invoke()
+                if inspect.isawaitable(result):
+                    result = await result
+                await send(result)
+                return
+            parts = invoke()
+            try:
+                async for value in parts:
+                    await send(value)
+            finally:
+                await parts.aclose()
+
+        try:
+            await self._scoped(item, run())
+        except _NotJson as exc:
+            await self._outcome(item, ErrorCode.INTERNAL, f"a part of the stream is not JSON: {exc}"[:200])
+        except Exception as exc:
+            await self._failed(item, exc)
+        else:
+            self._ended(item)
+            self._c.handled += 1
+            self._commit(item)
+            await self._answers.part(item, "", end=True)
+        finally:
+            del self._streams[item.key]
 
     def cancel(self, sender: str, msg: Message) -> None:
         """A CANCEL for a request this node is handling (or holds, waiting for a slot)."""
@@ -284,6 +349,10 @@ class Dispatcher:
         else:
             invoke = functools.partial(func, self._make_context(msg, item.payload, bool(msg.deadline)))
         observed = self._observers.handling(item.key[0], msg) if self._observers else _UNOBSERVED
+        if msg.flags & FLAG_STREAM or inspect.isasyncgenfunction(func):
+            with observed:
+                await self._produce(item, func, invoke)
+            return False
         try:
             with observed:
                 if self._is_async(func):
@@ -381,7 +450,8 @@ class Dispatcher:
             pass
         except TypeError:  # unhashable callable
             return inspect.iscoroutinefunction(func)
-        is_async = self._async_funcs[func] = inspect.iscoroutinefunction(func)
+        is_async = inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
+        self._async_funcs[func] = is_async
         if len(self._async_funcs) > 4096:
             self._async_funcs.clear()
         return is_async

@@ -32,6 +32,7 @@ from iac.node.pending import Pending
 from iac.node.pipeline import Deliver, Duplicate, ReceivePipeline, Refuse, Response
 from iac.node.stats import Counters
 from iac.node.store import Check
+from iac.node.streams import Streams
 from iac.node.tasks import TaskSet
 from iac.node.types import Reply, error_fields
 from iac.node.verify import Verifier
@@ -49,6 +50,7 @@ log = logging.getLogger("iac.node")
 _ERROR = int(MessageType.ERROR)
 _ACK = int(MessageType.ACK)
 _CANCEL = int(MessageType.CANCEL)
+_CREDIT = int(MessageType.CREDIT)
 _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
 _MESSAGE_FRAME = FrameType.MESSAGE
 _FORWARD_FRAME = FrameType.FORWARD
@@ -78,6 +80,7 @@ class Inbound:
         counters: Counters,
         tasks: TaskSet,
         observers: Observers,
+        streams: Streams,
     ) -> None:
         self.config = config
         self._pipeline = pipeline
@@ -91,6 +94,7 @@ class Inbound:
         self._files = files
         self._verifier = verifier
         self._observers = observers
+        self._streams = streams
         self._c = counters
         self._tasks = tasks
         self._clock = config.transport.clock
@@ -202,6 +206,9 @@ class Inbound:
                 elif mt == _CANCEL:
                     self._pipeline.commit(item, now)
                     self._dispatcher.cancel(item.key[0], item.msg)
+                elif mt == _CREDIT:
+                    self._pipeline.commit(item, now)
+                    self._dispatcher.credit(item.key[0], item.msg)
                 elif item.msg.flags & FLAG_ORDERED:
                     self._ordered.push(item, now)
                 else:
@@ -235,7 +242,11 @@ class Inbound:
             code, text = error_fields(r.payload)
             self._c.errors_received[code] += 1
             err = RemoteError(code, text)
-            if self._pending.on_error(r.key, err) or self._files.on_error(r.key, err):
+            if (
+                self._streams.on_error(r.key, r.msg, err)
+                or self._pending.on_error(r.key, err)
+                or self._files.on_error(r.key, err)
+            ):
                 return
             for cb in self.error_callbacks:
                 with contextlib.suppress(Exception):
@@ -245,7 +256,8 @@ class Inbound:
             self._c.acks_received += 1
             self._pending.on_ack(r.key)
             return
-        if not self._pending.on_reply(r.key, Reply(r.msg, r.payload)):
+        reply = Reply(r.msg, r.payload)
+        if not self._streams.on_reply(r.key, r.msg, reply) and not self._pending.on_reply(r.key, reply):
             self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
 
     async def _on_bad_signature(self, conn: Connection, body: bytes) -> None:

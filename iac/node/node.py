@@ -250,6 +250,48 @@ class Node(NodeRuntime):
             sealed=sealed,
         )
 
+    def stream(
+        self,
+        peer: str,
+        msg_type: MessageType | int | str,
+        payload: Any = None,
+        *,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        window: int = 16,
+        sealed: bool = False,
+        extra_data: bytes = b"",
+        task: TaskState | None = None,
+        payload_json: str | None = None,
+        via: str | None = None,
+        early: bool = True,
+    ) -> AsyncIterator[Reply]:
+        """A request answered by a sequence of parts: ``async for part in node.stream(peer, "RUN")``.
+
+        The handler is an async generator; each value it yields is a :class:`Reply` here, in order.
+        Flow control is end to end: the handler runs at most ``window`` parts ahead of what this
+        side took. ``timeout`` bounds the whole stream (default ``request_timeout``),
+        ``idle_timeout`` the wait for each part (default: ``timeout``); either raises
+        :class:`~iac.RequestTimeout`. An ERROR from the handler raises :class:`~iac.RemoteError`.
+        Leaving the loop early (or ``aclose()``, or cancelling) sends CANCEL, which stops the
+        handler; use ``contextlib.aclosing(node.stream(...))`` to close at once."""
+        self._check_open()
+        timeout = self.config.request_timeout if timeout is None else timeout
+        return self._streams.consume(
+            peer,
+            message_type(msg_type),
+            payload,
+            timeout=timeout,
+            idle_timeout=timeout if idle_timeout is None else idle_timeout,
+            window=window,
+            via=via,
+            early=early,
+            sealed=sealed,
+            extra_data=extra_data,
+            task=task,
+            payload_json=payload_json,
+        )
+
     async def call(
         self, peer: str, name: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
     ) -> Any:

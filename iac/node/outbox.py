@@ -130,6 +130,25 @@ class Outbox:
             return True
         return False
 
+    async def send_control(
+        self, peer: str, msg_type: int, request: Message, via: str | None, *, credit: int = 0
+    ) -> None:
+        """A CANCEL or CREDIT naming ``request``, if ``peer`` is reachable without dialing; never
+        raises (it is best effort: the request's deadline ends it anyway)."""
+        with contextlib.suppress(IacError, OSError):
+            now = self.clock.now_us()
+            reachable = (
+                self._peers.table.get(peer) is not None or self._peers.route_hop(peer, now) is not None
+            )
+            if via is None and not reachable:
+                return
+            msg = self.build(
+                peer, msg_type, None, reply_to=request.msg_id, reply_session_id=request.session_id
+            )
+            if credit:
+                msg.credit = credit
+            await self.transmit(peer, msg, via)
+
     # --- on one connection ------------------------------------------------------------------------
 
     def frame_params(self, conn: Connection) -> tuple[Dictionary | None, int]:

@@ -5,12 +5,11 @@ after every reconnect, up to ``delivery_timeout``."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from typing import Any
 
-from iac.errors import ConfigError, DeliveryError, IacError, RemoteError, RequestTimeout, TransportError
+from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
 from iac.node.config import NodeConfig
 from iac.node.observe import Observers
 from iac.node.outbox import Outbox
@@ -398,17 +397,14 @@ class Pending:
             self._arm(out)
 
     async def _send_cancel(self, out: Out) -> None:
-        with contextlib.suppress(IacError, OSError):
-            now = self._outbox.clock.now_us()
-            unreachable = (
-                self._peers.table.get(out.peer) is None and self._peers.route_hop(out.peer, now) is None
-            )
-            if out.via is None and unreachable:
-                return
-            msg = self._outbox.build(
-                out.peer, _CANCEL, None, reply_to=out.msg.msg_id, reply_session_id=out.msg.session_id
-            )
-            await self._outbox.transmit(out.peer, msg, out.via)
+        await self._outbox.send_control(out.peer, _CANCEL, out.msg, out.via)
+
+    def spawn(self, coro: Any) -> None:
+        self._tasks.spawn(coro)
+
+    def permit(self, peer: str) -> asyncio.Semaphore:
+        """The in-flight permits toward ``peer`` (a stream takes one, as a request does)."""
+        return self._sem(peer)
 
 
 __all__ = ["Out", "Pending"]

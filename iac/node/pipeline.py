@@ -65,6 +65,8 @@ class Item:
     committed: bool = False
     #: it holds a handler slot
     slot: bool = False
+    #: stream parts sent so far (a STREAM request)
+    parts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from iac.errors import CloseCode, ConfigError, ConnectionClosed, LocalError
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig, NodeStats
+from iac.node.config import NodeConfig, NodeStats, PeerEvent
 from iac.node.dispatch import Dispatcher
 from iac.node.files import Files
 from iac.node.inbound import Inbound
@@ -36,6 +36,7 @@ from iac.node.pending import Pending
 from iac.node.pipeline import ReceivePipeline
 from iac.node.stats import Counters
 from iac.node.store import StoreRunner
+from iac.node.streams import Streams
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
 from iac.node.verify import Verifier
@@ -95,6 +96,7 @@ class NodeRuntime:
         obs = self._observers = Observers()
         self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c, obs)
         self._pending = Pending(config, self._outbox, self._peers, c, tasks, obs)
+        self._streams = Streams(self._outbox, self._pending)
         self._pipeline = ReceivePipeline(self.identity, config)
         self._answers = Answers(config, self._outbox, c)
         self._dispatch = Dispatcher(
@@ -118,11 +120,18 @@ class NodeRuntime:
             c,
             tasks,
             obs,
+            self._streams,
         )
+        self._peers.on_peer(self._on_peer_event)
         self._peers.start_reader = self._start_reader
         self._peers.on_connection = self._on_registered
         for aid, urls in (peers or {}).items():
             self._peers.add(aid, *urls)
+
+    def _on_peer_event(self, event: PeerEvent) -> None:
+        if not event.up:  # its parts cannot come any more
+            self._streams.fail_all(ConnectionClosed(f"the connection to {event.agent_id[:16]}… closed"),
+                                   event.agent_id)  # fmt: skip
 
     def _start_reader(self, conn: Connection) -> None:
         self._conn_tasks.spawn(self._inbound.read_loop(conn))
@@ -185,6 +194,7 @@ class NodeRuntime:
         self._closed = self._peers.closed = True
         tasks = self._tasks.cancel_all()
         self._pending.fail_all(ConnectionClosed("node closed"))
+        self._streams.fail_all(ConnectionClosed("node closed"))
         self._ordered.close()
         await self._peers.close_all()
         await asyncio.gather(*(lst.close() for lst in self._listeners), return_exceptions=True)

@@ -22,6 +22,9 @@ from iac.wire.scan import HELLO_SCHEMA, MESSAGE_SCHEMA, SIGNATURE_SIZE, excise_s
 
 FLAG_ACK_REQUESTED = 0x1
 FLAG_ORDERED = 0x2
+#: A request that wants a streamed answer, and each part of it; the last part of a stream.
+FLAG_STREAM = 0x4
+FLAG_END = 0x8
 U64 = 1 << 64
 
 
@@ -199,7 +202,9 @@ def open_hello(data: bytes, domain: Domain) -> Hello:
 
 __all__ = [
     "FLAG_ACK_REQUESTED",
+    "FLAG_END",
     "FLAG_ORDERED",
+    "FLAG_STREAM",
     "Hello",
     "Message",
     "MessageType",
