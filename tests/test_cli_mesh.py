@@ -196,6 +196,8 @@ def test_errors_are_one_line_and_a_non_zero_exit(keys: dict[str, Path], mesh: di
     me, reg = str(keys["me"]), mesh["registry"]
     cases = [
         (["request", "--key", me, "--to", "Not An Id!", "--registry", reg], "neither an AgentId"),
+        # 64 hex characters, but the identity point (small order): not an AgentId
+        (["request", "--key", me, "--to", "01" + "00" * 31, "--registry", reg], "neither an AgentId"),
         (["request", "--key", me, "--to", "nobody.test", "--registry", reg], "no agent has the alias"),
         (["request", "--key", me, "--to", "target.test"], "needs --registry"),
         (

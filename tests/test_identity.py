@@ -2,11 +2,14 @@ import os
 import pickle
 import stat
 
+import nacl.bindings
 import pytest
 
 import iac
 from iac import Identity
 from iac.wire import Domain
+from iac.wire.identity import check_agent_id_cached, signing_input
+from tools.vectors import points
 
 
 def test_agent_id_is_lowercase_hex_of_public_key():
@@ -52,11 +55,71 @@ def test_signature_input_is_domain_nul_data():
     assert ident.sign(Domain.MESSAGE, b"abc") == expected
 
 
-def test_small_order_public_key_is_refused():
-    # The identity point (small order): libsodium refuses it whatever the signature.
-    small_order = "01" + "00" * 31
-    with pytest.raises(iac.errors.BadSignature):
-        iac.wire.verify(small_order, Domain.MESSAGE, b"x", bytes(64))
+# Keys that are 64 lowercase hex but not an AgentId: every point of small order, encodings
+# that are not canonical, a y with no curve point, a point outside the prime-order subgroup.
+_VALID = Identity.from_seed(bytes(range(32))).agent_id
+BAD_KEYS = {
+    **{f"small_order_{i}": key.hex() for i, key in enumerate(points.SMALL_ORDER)},
+    "identity_with_sign_bit": "01" + "00" * 30 + "80",  # x = 0 with the sign bit: not canonical
+    "minus_one_with_sign_bit": "ec" + "ff" * 31,  # the point of order 2, x = 0 with the sign bit
+    "y_is_p": points.non_canonical(0).hex(),  # y = p: the point y = 0, encoded non-canonically
+    "y_is_p_plus_1": points.non_canonical(1).hex(),  # the identity, non-canonically
+    "y_is_p_plus_3": points.non_canonical(3).hex(),  # a curve point (y = 3) encoded as y + p
+    "y_is_p_plus_3_sign": points.non_canonical(3, sign=True).hex(),
+    "y_is_2_pow_255_minus_1": "ff" * 31 + "7f",
+    "not_a_point": (2).to_bytes(32, "little").hex(),  # no x has y = 2
+    "mixed_order": points.mixed_order(_VALID),  # a valid key plus a point of order 8
+}
+
+
+def test_bad_keys_are_what_their_names_say():
+    assert points.has_point(3) and not points.has_point(2)
+    for key in points.SMALL_ORDER:
+        assert points.mul(8, points.decode(key)) == points.IDENTITY
+    assert len(set(points.SMALL_ORDER)) == 8
+    mixed = points.decode(bytes.fromhex(BAD_KEYS["mixed_order"]))
+    assert mixed is not None and points.mul(points.L, mixed) != points.IDENTITY
+    assert points.mul(8, mixed) == points.mul(8, points.decode(bytes.fromhex(_VALID)))
+    for name in ("identity_with_sign_bit", "minus_one_with_sign_bit", "y_is_p", "y_is_p_plus_3"):
+        assert points.decode(bytes.fromhex(BAD_KEYS[name])) is None, name
+
+
+@pytest.mark.parametrize("key", BAD_KEYS.values(), ids=BAD_KEYS.keys())
+def test_keys_that_are_not_points_of_the_prime_order_subgroup_are_refused_at_parse(key):
+    assert not iac.wire.is_agent_id(key)
+    with pytest.raises(iac.errors.InvalidAgentId, match="not a valid Ed25519 public key"):
+        iac.wire.check_agent_id(key)
+    for _ in range(2):  # a refusal is not cached as a success
+        with pytest.raises(iac.errors.InvalidAgentId):
+            check_agent_id_cached(key)
+    # refused as an AgentId before any signature is looked at
+    with pytest.raises(iac.errors.InvalidAgentId):
+        iac.wire.verify(key, Domain.MESSAGE, b"x", bytes(64))
+
+
+def test_a_mixed_order_key_is_refused_though_its_signature_verifies():
+    """libsodium's signature check accepts a key with an order-8 part; only the AgentId check refuses it."""
+    agent_id, data, sig, _ = points.sign_mixed_order(
+        bytes(range(32)), lambda i, _aid: signing_input(Domain.MESSAGE, b"attempt %d" % i)
+    )
+    assert agent_id == BAD_KEYS["mixed_order"]
+    nacl.bindings.crypto_sign_open(sig + data, bytes.fromhex(agent_id))  # accepted by the signature check
+    with pytest.raises(iac.errors.InvalidAgentId):
+        iac.wire.verify(agent_id, Domain.MESSAGE, data[len(b"iac-msg-v1") + 1 :], sig)
+
+
+def test_generated_keys_are_agent_ids():
+    for n in range(64):
+        agent_id = Identity.from_seed(bytes([n]) * 32).agent_id
+        assert iac.wire.is_agent_id(agent_id)
+        assert iac.wire.check_agent_id(agent_id) == check_agent_id_cached(agent_id) == agent_id
+
+
+def test_agent_id_check_refuses_non_strings():
+    for value in (None, 5, b"00" * 32, ["a" * 64]):
+        assert not iac.wire.is_agent_id(value)  # type: ignore[arg-type]
+        with pytest.raises(iac.errors.InvalidAgentId):
+            iac.wire.check_agent_id(value)  # type: ignore[arg-type]
 
 
 def test_repr_never_shows_the_secret():

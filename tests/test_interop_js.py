@@ -64,6 +64,11 @@ def test_js_verifier_passes_every_vector_and_python_accepts_its_frame(node, tmp_
         assert summary[kind] == len(DOC[kind]), kind
     for v in DOC["negative"]:
         assert f"ok   negative {v['name']} ({v['error']}" in run.stdout
+    for v in DOC["hello_negative"]:
+        assert f"ok   hello_negative {v['name']} ({v['error']})" in run.stdout
+    # OpenSSL alone accepts these signatures: the verifier's own AgentId check refuses them
+    for name in ("small_order_key", "small_order_key_order_8", "identity_key_sign_bit", "mixed_order_key"):
+        assert f"ok   negative {name} (invalid_agent_id; plain OpenSSL verify says true)" in run.stdout
 
     made = json.loads(emit.read_text(encoding="utf-8"))
     data = bytes.fromhex(made["frame_hex"])
@@ -107,7 +112,8 @@ def test_js_verifier_is_not_vacuous(node, tmp_path):
     by_name = {v["name"]: v for v in doc["negative"]}
     by_name["signature_twice"]["error"] = "signature_invalid"
     by_name["zstd_bomb"]["error"] = "frame_too_large"
-    by_name["small_order_key"]["error"] = "invalid_agent_id"
+    by_name["small_order_key"]["error"] = "bad_signature"
+    by_name["mixed_order_key"]["error"] = "bad_signature"
     doc["negative"].append(
         {"name": "not_negative", "frame_hex": doc["vectors"][1]["frame_raw_hex"], "max_frame_size": 4194304,
          "error": "bad_signature"}
@@ -116,6 +122,7 @@ def test_js_verifier_is_not_vacuous(node, tmp_path):
     run, summary = _verify(node, "--vectors", str(tmp_path / "tv"))
     assert run.returncode == 1
     assert sorted(summary["failures"]) == [
+        "negative mixed_order_key",
         "negative not_negative",
         "negative signature_twice",
         "negative small_order_key",

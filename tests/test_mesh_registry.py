@@ -16,6 +16,7 @@ from iac.errors import (
     AliasTaken,
     BadRecord,
     BadSignature,
+    ConfigError,
     KeyRotated,
     RecordExpired,
     RemoteError,
@@ -382,6 +383,10 @@ def test_serve_registry_on_sqlite_and_the_wire_schemas(tmp_path: Path) -> None:
 
     run(main())
     assert lookup_request(capability="c", limit=3) == {"op": "lookup", "capability": "c", "limit": 3}
-    (r,) = parse_registry([f"{'a' * 64}@tls://127.0.0.1:1", f"{'a' * 64}@unix:///tmp/r.sock"])
+    aid = Identity.from_seed(b"\x0a" * 32).agent_id
+    (r,) = parse_registry([f"{aid}@tls://127.0.0.1:1", f"{aid}@unix:///tmp/r.sock"])
     assert r.addresses == ("tls://127.0.0.1:1", "unix:///tmp/r.sock")
+    small_order = "01" + "00" * 31  # 64 hex characters, but the identity point: not an AgentId
+    with pytest.raises(ConfigError):
+        parse_registry([f"{small_order}@tls://127.0.0.1:1"])
     assert KeyBook().status("b" * 64, 0) is KeyStatus.UNKNOWN

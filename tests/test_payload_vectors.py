@@ -149,7 +149,7 @@ def test_schema_checker_refuses() -> None:
     assert payload_problems(KIND_ACK, "") == [] and payload_problems(KIND_ACK, "{}") != []
     assert payload_problems(KIND_CANCEL, "null") != []
     assert payload_problems(KIND_REPLY, "null") == [] and payload_problems(KIND_REPLY, "") != []
-    aid = "ab" * 32
+    aid = Identity.from_seed(b"\xab" * 32).agent_id
     assert payload_problems(KIND_REGISTRY_REQUEST, '{"op":"dance"}') != []
     look = payload_problems(
         KIND_REGISTRY_REQUEST, dumps_payload({"op": "lookup", "agent_id": aid, "alias": "a"})
@@ -161,6 +161,8 @@ def test_schema_checker_refuses() -> None:
     assert payload_problems(KIND_REGISTRY_REQUEST, bad_env)[0].startswith("record is not a record envelope")
     status = {"op": "status", "agent_id": aid, "status": "active", "seq": 1, "successor": ""}
     assert payload_problems(KIND_REGISTRY_REPLY, dumps_payload(status)) == []
+    small_order = status | {"agent_id": "01" + "00" * 31}  # 64 hex characters, the identity point
+    assert payload_problems(KIND_REGISTRY_REPLY, dumps_payload(small_order)) != []
     assert payload_problems(KIND_REGISTRY_REPLY, dumps_payload(status | {"status": "gone"})) != []
     assert payload_problems(KIND_REGISTRY_REPLY, dumps_payload(status | {"seq": 2**53})) != []
     assert payload_problems(KIND_REGISTRY_REPLY, dumps_payload(status | {"seq": True})) != []

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import nacl.bindings
 import pytest
 
 import iac
@@ -24,7 +25,9 @@ from iac import Identity, TaskState
 from iac.errors import all_error_classes
 from iac.wire import Dictionary, DictionarySet, Domain, FrameType, Session
 from iac.wire._pb.iac_pb2 import Hello
-from iac.wire.scan import HELLO_SCHEMA, excise_signature
+from iac.wire.identity import signing_input
+from iac.wire.scan import HELLO_SCHEMA, MESSAGE_SCHEMA, excise_signature
+from tools.vectors import points
 from tools.vectors.wire import common as wire_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,6 +134,41 @@ def test_vectors_cover_what_the_spec_lists():
     }  # fmt: skip
     names = set(_ids(DOC["negative"]))
     assert {"agent_id_uppercase", "agent_id_short", "signature_short", "truncated_varint"} <= names
+
+
+def test_keys_that_are_not_agent_ids_are_refused_before_their_signature():
+    """Each key vector is refused as `from`; the small-order and mixed-order ones carry signatures that
+    a signature check alone accepts (plain RFC 8032, or libsodium for the mixed-order key)."""
+    by_name = {v["name"]: v for v in DOC["negative"] + DOC["hello_negative"]}
+    for name in (
+        "small_order_key",
+        "small_order_key_order_8",
+        "identity_key_sign_bit",
+        "non_canonical_key",
+        "mixed_order_key",
+        "hello_small_order_key",
+    ):
+        assert by_name[name]["error"] == "invalid_agent_id", name
+    for name, schema, domain in (
+        ("small_order_key", MESSAGE_SCHEMA, Domain.MESSAGE),
+        ("small_order_key_order_8", MESSAGE_SCHEMA, Domain.MESSAGE),
+        ("mixed_order_key", MESSAGE_SCHEMA, Domain.MESSAGE),
+        ("hello_small_order_key", HELLO_SCHEMA, Domain.HELLO_CLIENT),
+    ):
+        body = iac.wire.decode_frame(bytes.fromhex(by_name[name]["frame_hex"])).body
+        unsigned, sig = excise_signature(body, schema)
+        parsed = (
+            Hello.FromString(body).agent_id
+            if schema is HELLO_SCHEMA
+            else iac.wire.sender_of(iac.wire.Message.FromString(body))
+        )
+        key = bytes.fromhex(parsed)
+        assert points.plain_verify(key, signing_input(domain, unsigned), sig), name
+    mixed = iac.wire.decode_frame(bytes.fromhex(by_name["mixed_order_key"]["frame_hex"])).body
+    unsigned, sig = excise_signature(mixed)
+    sender = iac.wire.sender_of(iac.wire.Message.FromString(mixed))
+    assert sender == points.mixed_order(wire_vectors.ALICE.agent_id)
+    nacl.bindings.crypto_sign_open(sig + signing_input(Domain.MESSAGE, unsigned), bytes.fromhex(sender))
 
 
 @pytest.mark.parametrize(

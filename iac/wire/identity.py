@@ -40,15 +40,25 @@ def signing_input(domain: Domain, data: bytes) -> bytes:
 
 
 def is_agent_id(value: str) -> bool:
-    """True when ``value`` is 64 lowercase hex characters."""
-    return isinstance(value, str) and _AGENT_ID_RE.fullmatch(value) is not None
+    """True when ``value`` is an AgentId (see :func:`check_agent_id`)."""
+    try:
+        _key_of(value)
+    except InvalidAgentId:
+        return False
+    return True
 
 
 def check_agent_id(value: str) -> str:
-    """Return ``value`` if it is a well-formed AgentId, else raise :class:`InvalidAgentId`."""
-    if not is_agent_id(value):
-        shown = value[:80] if isinstance(value, str) else type(value).__name__
-        raise InvalidAgentId(f"not an AgentId (64 lowercase hex characters): {shown!r}")
+    """Return ``value`` if it is an AgentId, else raise :class:`InvalidAgentId`.
+
+    An AgentId is 64 lowercase hex characters whose 32 bytes are the canonical
+    encoding of an Ed25519 point of the prime-order subgroup other than the
+    identity (libsodium's ``crypto_core_ed25519_is_valid_point``): small-order
+    points, non-canonical encodings (``y >= p``, ``x = 0`` with the sign bit),
+    a ``y`` with no curve point and points with a small-order part are refused.
+    Every key made by Ed25519 key generation passes.
+    """
+    _key_of(value)
     return value
 
 
@@ -58,20 +68,40 @@ def check_agent_id_cached(value: str) -> str:
     return check_agent_id(value)
 
 
-@lru_cache(maxsize=4096)
+def _key_of(value: object) -> bytes:
+    """The 32-byte key of an AgentId, else :class:`InvalidAgentId`."""
+    if not isinstance(value, str) or len(value) != 64:  # before the cache hashes a long string
+        shown = value[:80] if isinstance(value, str) else type(value).__name__
+        raise InvalidAgentId(f"not an AgentId (64 lowercase hex characters): {shown!r}")
+    return _public_key(value)
+
+
+@lru_cache(maxsize=8192)
 def _public_key(agent_id: str) -> bytes:
-    """The 32-byte key of a well-formed AgentId (cached: ids repeat on every message)."""
-    return bytes.fromhex(check_agent_id(agent_id))
+    """:func:`_key_of` for a string of 64 characters.
+
+    Cached, since ids repeat on every message and the point check costs about as
+    much as a signature check; only valid ids are kept (a failure raises).
+    """
+    if _AGENT_ID_RE.fullmatch(agent_id) is None:
+        raise InvalidAgentId(f"not an AgentId (64 lowercase hex characters): {agent_id!r}")
+    key = bytes.fromhex(agent_id)
+    if not nacl.bindings.crypto_core_ed25519_is_valid_point(key):
+        raise InvalidAgentId(
+            f"not an AgentId: {agent_id[:16]}… is not a valid Ed25519 public key "
+            "(small order, a non-canonical encoding, or not a point of the prime-order subgroup)"
+        )
+    return key
 
 
 def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None:
     """Check ``signature`` by ``agent_id`` over ``data`` in ``domain``.
 
-    Raises :class:`InvalidAgentId` for a malformed id and :class:`BadSignature`
-    for anything that libsodium refuses (wrong key, non-canonical signature,
-    small-order key).
+    Raises :class:`InvalidAgentId` for an id that :func:`check_agent_id` refuses
+    (before the signature is looked at) and :class:`BadSignature` for anything
+    that libsodium refuses (wrong key, non-canonical signature, small-order ``R``).
     """
-    key = _public_key(agent_id)
+    key = _key_of(agent_id)
     if len(signature) != 64:
         raise BadSignature(f"signature must be 64 bytes, got {len(signature)}")
     try:
@@ -82,7 +112,7 @@ def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None
 
 def verify_signed(agent_id: str, signed: bytes) -> None:
     """Check ``signed`` = ``signature(64) || DOMAIN || 0x00 || data`` by ``agent_id`` (one buffer)."""
-    key = _public_key(agent_id)
+    key = _key_of(agent_id)
     try:
         nacl.bindings.crypto_sign_open(signed, key)
     except nacl.exceptions.BadSignatureError:

@@ -11,7 +11,9 @@ from iac import MessageType
 from iac.wire import Dictionary, Domain, FrameType
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
+from iac.wire.identity import signing_input
 from iac.wire.scan import encode_varint
+from tools.vectors import points
 from tools.vectors.wire.common import (
     ALICE,
     BOB,
@@ -29,6 +31,13 @@ from tools.vectors.wire.common import (
     zstd_rle_bomb,
 )
 from tools.vectors.wire.positive import positive_messages
+
+
+def _ping_from(key: str, msg_id: int) -> Message:
+    """The PING of the key vectors: from ``key`` to Bob."""
+    m = Message(to=BOB.agent_id, msg_type=MessageType.PING, timestamp=T0, msg_id=msg_id, session_id=1)  # type: ignore[arg-type]
+    setattr(m, "from", key)
+    return m
 
 
 def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[str, Any]]:
@@ -84,18 +93,57 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
     if s < 2**256:
         noncanon = unsigned + field(8, 2, good_sig[:32] + s.to_bytes(32, "little"))
         add("non_canonical_s", "signature scalar S replaced by S + L", msg_frame(noncanon), "bad_signature")
-    # a small-order public key (the identity point) with R = identity, S = 0: a plain
-    # cofactorless check accepts it for every message; libsodium refuses small-order keys
-    ident_point = "01" + "00" * 31
-    small = Message(to=BOB.agent_id, msg_type=MessageType.PING, timestamp=T0, msg_id=1, session_id=1)
-    setattr(small, "from", ident_point)
-    small_unsigned = small.SerializeToString(deterministic=True)
-    forged = bytes.fromhex(ident_point) + bytes(32)
+
+    # keys that are not AgentIds: refused as `from` before the signature is looked at
+    def ping_input(key: str, msg_id: int) -> bytes:
+        return signing_input(Domain.MESSAGE, _ping_from(key, msg_id).SerializeToString(deterministic=True))
+
+    def key_frame(key: str, msg_id: int, signature: bytes) -> bytes:
+        return msg_frame(
+            _ping_from(key, msg_id).SerializeToString(deterministic=True) + field(8, 2, signature)
+        )
+
+    def forged(key: str) -> bytes:
+        """A frame from a small-order ``key`` whose signature (R = identity, S = 0) a plain check accepts."""
+        _, sig, i = points.forge_small_order(bytes.fromhex(key), lambda i: ping_input(key, i))
+        return key_frame(key, i, sig)
+
+    no_signature = points.encode(points.IDENTITY) + bytes(32)
+
     add(
         "small_order_key",
-        "`from` is the identity point; signature R = identity, S = 0",
-        msg_frame(small_unsigned + field(8, 2, forged)),
-        "bad_signature",
+        "`from` is the identity point; signature R = identity, S = 0 (a plain cofactorless check accepts "
+        "it for every message)",
+        key_frame("01" + "00" * 31, 1, no_signature),
+        "invalid_agent_id",
+    )
+    order_8 = points.encode(points.ORDER_8).hex()
+    add(
+        "small_order_key_order_8",
+        "`from` is a point of order 8; signature R = identity, S = 0 over a message whose h is a multiple "
+        "of 8 (a plain cofactorless check accepts it)",
+        forged(order_8),
+        "invalid_agent_id",
+    )
+    add(
+        "identity_key_sign_bit",
+        "`from` is the identity point with the sign bit set (x = 0 cannot be negative: not canonical)",
+        key_frame("01" + "00" * 30 + "80", 1, no_signature),
+        "invalid_agent_id",
+    )
+    add(
+        "non_canonical_key",
+        "`from` is y = p + 3, a non-canonical encoding of the curve point with y = 3",
+        key_frame(points.non_canonical(3).hex(), 1, no_signature),
+        "invalid_agent_id",
+    )
+    mixed, _, mixed_sig, mixed_id = points.sign_mixed_order(ALICE.seed(), lambda i, key: ping_input(key, i))
+    add(
+        "mixed_order_key",
+        "`from` is Alice's key plus a point of order 8 (outside the prime-order subgroup); the signature "
+        "by Alice's scalar verifies under libsodium's and OpenSSL's signature checks",
+        key_frame(mixed, mixed_id, mixed_sig),
+        "invalid_agent_id",
     )
 
     # the field-8 scan

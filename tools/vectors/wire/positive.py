@@ -12,6 +12,8 @@ from iac import Identity, Intent, MessageType, TaskState
 from iac.wire import Dictionary, DictionarySet, Domain, FrameType, Session
 from iac.wire._pb.iac_pb2 import Hello, Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
+from iac.wire.identity import signing_input
+from tools.vectors import points
 from tools.vectors.wire.common import (
     ALICE,
     BOB,
@@ -278,8 +280,33 @@ def hello_vectors() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             "frame_hex": frame(FrameType.HELLO, 0, unsigned_by_name["hello_client"]).hex(),
             "error": "signature_missing",
         },
+        {
+            "name": "hello_small_order_key",
+            "description": "agent_id is a point of order 8; signature R = identity, S = 0 over a HELLO "
+            "whose h is a multiple of 8 (a plain cofactorless check accepts it)",
+            "domain": Domain.HELLO_CLIENT.value.decode(),
+            "frame_hex": frame(FrameType.HELLO, 0, _small_order_hello(client)).hex(),
+            "error": "invalid_agent_id",
+        },
     ]
     return out, negative
+
+
+def _small_order_hello(template: Hello) -> bytes:
+    """``template`` from a key of order 8, with the first session_id that lets R = identity, S = 0 pass
+    a plain check."""
+    key = points.encode(points.ORDER_8)
+    h = Hello()
+    h.CopyFrom(template)
+    h.agent_id = key.hex()
+    h.ClearField("signature")
+
+    def make(i: int) -> bytes:
+        h.session_id = i
+        return signing_input(Domain.HELLO_CLIENT, h.SerializeToString(deterministic=True))
+
+    data, sig, _ = points.forge_small_order(key, make)
+    return data[len(Domain.HELLO_CLIENT.value) + 1 :] + field(15, 2, sig)
 
 
 def accept_vectors(
