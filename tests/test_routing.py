@@ -31,6 +31,7 @@ from iac.protocol.routing import (
 from iac.wire._pb.iac_pb2 import Forward, Message, MessageType
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, open_message, sender_of, sign_message
+from tools.vectors import points
 from tools.vectors.mesh import render_mesh_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,6 +383,22 @@ def test_bad_paths() -> None:
     assert d.refusal is RouteRefusal.BAD_PATH and isinstance(d.error, BadForwardPath)
     assert r.on_forward(b"\x08\x01\x08\x02", a, {a}, NOW).refusal is RouteRefusal.MALFORMED
     assert r.on_forward(wrap_forward(msg, 3, [a]), a, {a, c}, NOW).deliver
+
+
+def test_a_key_that_is_not_an_agent_id_is_refused_in_a_forward_path() -> None:
+    a, b, c = (i.agent_id for i in IDS[:3])
+    msg = sign_message(
+        IDS[0],
+        build_message(sender=a, to=c, msg_type=MessageType.COMMAND, session=Session(), timestamp_us=NOW),
+    )
+    for bad in (points.encode(points.ORDER_8).hex(), points.mixed_order(b), points.non_canonical(3).hex()):
+        with pytest.raises(ConfigError):
+            wrap_forward(msg, 3, [a, bad, b])
+        data = Forward(hop_limit=3, path=[a, bad, b], message=msg).SerializeToString()
+        with pytest.raises(BadForwardPath):
+            parse_forward(data)
+        d = Router(c, RelayPolicy()).on_forward(data, b, {b}, NOW)
+        assert d.refusal is RouteRefusal.BAD_PATH and isinstance(d.error, BadForwardPath)
 
 
 def test_originate_without_a_route_raises() -> None:

@@ -22,10 +22,11 @@ from iac.protocol.routing import (
     RouteRefusal,
     wrap_forward,
 )
-from iac.wire._pb.iac_pb2 import Forward, MessageType
-from iac.wire.identity import Identity
+from iac.wire._pb.iac_pb2 import Forward, Message, MessageType
+from iac.wire.identity import Domain, Identity, signing_input
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, build_message, sign_message
+from tools.vectors import points
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "mesh-v1.json"
@@ -155,6 +156,18 @@ def mesh_test_vectors() -> dict[str, Any]:
     altered = bytearray(unicast)
     altered[unicast.index(b'"x":1') + 4] ^= 0x01  # 1 -> 0
     o, r, c = origin.agent_id, relay.agent_id, receiver.agent_id
+    # a point of order 8 as origin: R = identity, S = 0 passes a plain cofactorless check
+    order_8 = points.encode(points.ORDER_8).hex()
+    small = Message(to=c, msg_type=MessageType.COMMAND, timestamp=_VECTOR_TIME_US, session_id=42)
+    small.payload_json = umsg.payload_json
+    setattr(small, "from", order_8)
+
+    def small_input(msg_id: int) -> bytes:
+        small.msg_id = msg_id
+        return signing_input(Domain.MESSAGE, small.SerializeToString(deterministic=True))
+
+    small_signed, small_sig, _ = points.forge_small_order(bytes.fromhex(order_8), small_input)
+    forged = small_signed[len(Domain.MESSAGE.value) + 1 :] + Message(signature=small_sig).SerializeToString()
 
     def fwd(name: str, msg: bytes, hop_limit: int, path: list[str], desc: str) -> dict[str, Any]:
         return {
@@ -216,6 +229,20 @@ def mesh_test_vectors() -> dict[str, Any]:
         fneg(
             "uppercase AgentId in path",
             Forward(hop_limit=7, path=[o, r.upper()], message=unicast).SerializeToString(deterministic=True),
+            r,
+            RouteRefusal.BAD_PATH,
+            BadForwardPath.name,
+        ),
+        fneg(
+            "small-order AgentId in path",
+            Forward(hop_limit=7, path=[o, order_8, r], message=unicast).SerializeToString(deterministic=True),
+            r,
+            RouteRefusal.BAD_PATH,
+            BadForwardPath.name,
+        ),
+        fneg(
+            "small-order origin",
+            Forward(hop_limit=7, path=[order_8, r], message=forged).SerializeToString(deterministic=True),
             r,
             RouteRefusal.BAD_PATH,
             BadForwardPath.name,
