@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import nacl.bindings
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,7 @@ from iac.protocol.statements import (
     sign_rotation,
 )
 from iac.wire import Domain
+from tools.vectors import points
 from tools.vectors.records import check_negative_vector, dump_vectors, make_vectors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +92,31 @@ def test_canonical_encoding_is_sorted_compact_json() -> None:
         b'{"addresses":[],"agent_id":"' + ALICE.agent_id.encode() + b'","aliases":[],"capabilities":[],'
         b'"expires_us":' + str(NOW + HOUR).encode() + b',"seq":5}'
     )
+
+
+SMALL_ORDER_KEY = points.encode(points.ORDER_8).hex()
+MIXED_ORDER_KEY = points.mixed_order(ALICE.agent_id)
+
+
+@pytest.mark.parametrize("agent_id", [SMALL_ORDER_KEY, MIXED_ORDER_KEY, "01" + "00" * 31])
+def test_a_key_that_is_not_an_agent_id_is_refused_in_a_record(agent_id: str) -> None:
+    with pytest.raises(ConfigError, match="not an AgentId"):
+        record(agent_id=agent_id)
+    data = canonical_json(record().to_json_obj() | {"agent_id": agent_id})
+    with pytest.raises(InvalidAgentId):
+        decode_record(data)
+    with pytest.raises(InvalidAgentId):  # before expiry and signature
+        open_record(data, bytes(64), NOW + 2 * HOUR)
+
+
+def test_the_mixed_order_record_vector_has_a_signature_libsodium_accepts() -> None:
+    """Only the AgentId check refuses it: libsodium's signature check alone would accept the record."""
+    (vector,) = (v for v in DOC["negative"] if v["name"] == "mixed-order-agent-id")
+    data = vector["data"].encode("ascii")
+    key = bytes.fromhex(json.loads(data)["agent_id"])
+    nacl.bindings.crypto_sign_open(bytes.fromhex(vector["signature_hex"]) + b"iac-record-v1\x00" + data, key)
+    with pytest.raises(InvalidAgentId):
+        check_negative_vector(vector)
 
 
 def test_only_the_described_key_signs_its_record() -> None:

@@ -9,6 +9,7 @@ runs one negative vector through the opener of its kind.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from iac.protocol.statements import (
     sign_revocation,
     sign_rotation,
 )
-from iac.wire.identity import Domain, Identity
+from iac.wire.identity import Domain, Identity, signing_input
+from tools.vectors import points
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "records-v1.json"
@@ -279,6 +281,34 @@ def make_vectors() -> dict[str, Any]:
         "agent_id in uppercase",
         "record",
         _raw_record(base | {"agent_id": alice.agent_id.upper()}, 1),
+        "invalid_agent_id",
+    )
+
+    # a key that is not an AgentId, with a signature that a signature check alone accepts: the first
+    # seq whose challenge lets the forgery (small-order key) or the torsion signature (mixed order) pass
+    def keyed(agent_id: str) -> Callable[[int], bytes]:
+        return lambda seq: signing_input(
+            Domain.RECORD, canonical_json(base | {"agent_id": agent_id, "seq": seq})
+        )
+
+    prefix = len(Domain.RECORD.value) + 1
+    order_8 = points.encode(points.ORDER_8).hex()
+    small_data, small_sig, _ = points.forge_small_order(bytes.fromhex(order_8), keyed(order_8))
+    b.neg(
+        "small-order-agent-id",
+        "agent_id is a point of order 8; signature R = identity, S = 0 (a plain cofactorless check "
+        "accepts it)",
+        "record",
+        {"data": small_data[prefix:].decode("ascii"), "signature_hex": small_sig.hex()},
+        "invalid_agent_id",
+    )
+    _, mixed_data, mixed_sig, _ = points.sign_mixed_order(_seed(1), lambda seq, aid: keyed(aid)(seq))
+    b.neg(
+        "mixed-order-agent-id",
+        "agent_id is seed 1's key plus a point of order 8; the signature by seed 1's scalar verifies "
+        "under libsodium's signature check",
+        "record",
+        {"data": mixed_data[prefix:].decode("ascii"), "signature_hex": mixed_sig.hex()},
         "invalid_agent_id",
     )
 
