@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import random
+import stat
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -251,6 +253,61 @@ def test_resume_from_unknown_starts_over(tmp_path: Path) -> None:
     sender.on_ack(AckPayload("t-u", ((0, 3),)))
     sender.on_ack(AckPayload("t-u", (), AckStatus.UNKNOWN))  # in the middle of a transfer, too
     assert sender.progress.chunks_done == 0 and sender.in_flight == 0
+
+
+# --- abandoned transfers, private state ---------------------------------------------------------
+
+
+def test_partial_and_state_files_are_private(tmp_path: Path) -> None:
+    src = tmp_path / "a.bin"
+    make_file(src, 5000)
+    receiver = FileReceiver(tmp_path / "inbox")
+    old = os.umask(0o022)  # a usual umask: files are world-readable unless created otherwise
+    try:
+        c = FileSender("t-mode", src, chunk_size=MIN_CHUNK_SIZE).next_chunks(0.0)[0]
+        receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
+        c = FileSender("t-mode", src, chunk_size=MIN_CHUNK_SIZE).next_chunks(0.0)[1]
+        receiver.on_chunk(c.payload_json, c.data, sender=ALICE)  # the state is rewritten: still private
+    finally:
+        os.umask(old)
+    names = leftovers(tmp_path / "inbox")
+    assert len(names) == 2 and any(n.endswith(".json") for n in names)
+    for name in names:
+        assert stat.S_IMODE((tmp_path / "inbox" / name).stat().st_mode) == 0o600, name
+
+
+def test_abandoned_partials_are_removed_after_their_ttl(tmp_path: Path) -> None:
+    """Time is an argument: ``now`` stands for a day later, nobody waits."""
+    src = tmp_path / "a.bin"
+    make_file(src, 5000)
+    inbox = tmp_path / "inbox"
+    earlier = FileReceiver(inbox)  # a process that received a chunk and went away
+    c = FileSender("t-old", src, name="old.bin", chunk_size=MIN_CHUNK_SIZE).next_chunks(0.0)[0]
+    earlier.on_chunk(c.payload_json, c.data, sender=ALICE)
+    earlier.close()
+    old_names = leftovers(inbox)
+    receiver = FileReceiver(inbox)  # the next process, with a transfer of its own in progress
+    c = FileSender("t-new", src, name="new.bin", chunk_size=MIN_CHUNK_SIZE).next_chunks(0.0)[0]
+    receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
+    (inbox / "keep.bin").write_bytes(b"a received file")
+    (inbox / f"{PART_PREFIX}not-ours").write_bytes(b"not a name the receiver makes")
+    assert len(leftovers(inbox)) == 5
+    day = 24 * 3600.0
+    start = time.time()
+    for name in old_names:  # the earlier transfer's files were last touched an hour ago ...
+        os.utime(inbox / name, (start - 3600, start - 3600))
+
+    assert receiver.remove_abandoned(start, day) == 0  # ... which is within the time to live
+    assert receiver.remove_abandoned(start + day - 1800, day) == 1  # the earlier one is a day old
+    assert receiver.active == 1 and receiver.state("t-old", sender=ALICE).status is AckStatus.UNKNOWN
+    assert receiver.state("t-new", sender=ALICE).count == 1
+    assert receiver.remove_abandoned(start + day + 1, day) == 1  # and now the active one too
+    assert receiver.active == 0 and receiver.state("t-new", sender=ALICE).status is AckStatus.UNKNOWN
+    assert leftovers(inbox) == [f"{PART_PREFIX}not-ours"]
+    assert (inbox / "keep.bin").read_bytes() == b"a received file"
+    assert receiver.stats.abandoned == 2
+    with pytest.raises(ConfigError):
+        receiver.remove_abandoned(start, 0)
 
 
 # --- tampering ----------------------------------------------------------------------------------

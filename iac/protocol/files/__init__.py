@@ -8,14 +8,15 @@ flight, re-queues what is not acknowledged in time and, after a broken
 connection, resumes from the receiver's state so that acknowledged chunks are
 never sent again. :class:`FileReceiver` writes chunks at their offset into a
 temporary file in its inbox, checks the whole file's SHA-256 and only then
-renames it into place (atomically). The node moves the payloads; this package
-decides.
+renames it into place (atomically), and removes partial transfers abandoned for
+longer than a time to live. The node moves the payloads; this package decides.
 
 * :mod:`iac.protocol.files.payloads`: the payload formats (chunk header, ack,
   state query), their limits and checks;
 * :mod:`iac.protocol.files.sender`: :class:`FileSender`;
 * :mod:`iac.protocol.files.receiver`: :class:`FileReceiver`, and how a partial
-  transfer survives a restart of the receiver.
+  transfer survives a restart of the receiver;
+* :mod:`iac.protocol.files.partials`: the receiver's temporary files in the inbox.
 """
 
 from iac.errors import (
@@ -33,6 +34,7 @@ from iac.errors import (
     TransferRefused,
     UnsafeFileName,
 )
+from iac.protocol.files.partials import PART_PREFIX
 from iac.protocol.files.payloads import (
     MAX_ACK_RANGES,
     MIN_CHUNK_SIZE,
@@ -51,7 +53,6 @@ from iac.protocol.files.payloads import (
 from iac.protocol.files.receiver import (
     DEFAULT_MAX_SIZE,
     DEFAULT_MAX_TRANSFERS,
-    PART_PREFIX,
     FileReceiver,
 )
 from iac.protocol.files.sender import (

@@ -4,19 +4,23 @@ Resume across receiver restarts: next to each temporary file
 ``.iac-part-<key>`` the receiver keeps ``.iac-part-<key>.json`` with the
 header and the held ranges, rewritten atomically (temp + ``os.replace``)
 before each ack goes out, so an acknowledged chunk is on record. It is a hint:
-the whole-file hash decides. A completed file is fsynced before the rename
-(``durable=True``). A receiver remembers the verdict of the last
+the whole-file hash decides. Both files are created 0600 (only the receiving
+user reads what is being received). A completed file is fsynced before the
+rename (``durable=True``). A receiver remembers the verdict of the last
 :data:`MAX_FINISHED` finished transfers in memory, so a retransmitted last
 chunk is answered again; after a restart that memory is gone (a retransmission
 of a finished transfer then fails with ``file_exists``).
+
+A partial transfer whose sender never comes back would stay on disk:
+:meth:`FileReceiver.remove_abandoned` deletes the temporary files of every
+transfer idle for longer than a time to live, judged by their modification
+times, so it also finds what an earlier process left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
-import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,6 +39,13 @@ from iac.errors import (
     TooManyTransfers,
     TransferMismatch,
     UnsafeFileName,
+)
+from iac.protocol.files.partials import (
+    idle_partials,
+    part_paths,
+    read_state,
+    unlink,
+    write_state,
 )
 from iac.protocol.files.payloads import (
     MAX_ACK_RANGES,
@@ -55,12 +66,10 @@ from iac.protocol.files.payloads import (
     ranges_of,
 )
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
-from iac.wire.jsonutil import dumps_compact
 
 DEFAULT_MAX_SIZE = 1 << 30
 DEFAULT_MAX_TRANSFERS = 16
 MAX_FINISHED = 1024
-PART_PREFIX = ".iac-part-"
 
 
 @dataclass(slots=True)
@@ -89,6 +98,8 @@ class ReceiverStats:
     completed: int = 0
     failed: int = 0
     resumed: int = 0
+    #: Partial transfers whose files :meth:`FileReceiver.remove_abandoned` deleted.
+    abandoned: int = 0
 
 
 class FileReceiver:
@@ -181,8 +192,8 @@ class FileReceiver:
             return True
         part, state_path = self._paths(key)
         found = part.exists() or state_path.exists()
-        _unlink(part)
-        _unlink(state_path)
+        unlink(part)
+        unlink(state_path)
         return found
 
     def expire(self, now: float, max_idle: float) -> int:
@@ -191,6 +202,28 @@ class FileReceiver:
         for key in idle:
             os.close(self._active.pop(key).fd)
         return len(idle)
+
+    def remove_abandoned(self, now: float, ttl: float) -> int:
+        """Delete the temporary files of every partial transfer idle for ``ttl`` seconds or longer
+        (the partial file and its state); return how many transfers went.
+
+        ``now`` is wall-clock seconds (as :func:`time.time`), compared with the files' modification
+        times, which every received chunk updates; so transfers an earlier process left are found
+        too. A transfer removed here starts over if its sender comes back.
+        """
+        if not ttl > 0:
+            raise ConfigError("ttl must be positive")
+        by_part = {inc.part: key for key, inc in self._active.items()}
+        removed = 0
+        for part, files in list(idle_partials(self.inbox, now, ttl)):
+            key = by_part.get(part)
+            if key is not None:
+                os.close(self._active.pop(key).fd)
+            for path in files:
+                unlink(path)
+            removed += 1
+        self.stats.abandoned += removed
+        return removed
 
     @property
     def active(self) -> int:
@@ -285,14 +318,14 @@ class FileReceiver:
                 return inc
         if len(self._active) >= self.max_transfers:
             raise TooManyTransfers(f"already receiving {len(self._active)} files", tid)
-        _unlink(part)
-        _unlink(state_path)
+        unlink(part)
+        unlink(state_path)
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             os.ftruncate(fd, header.size)
         except OSError:
             os.close(fd)
-            _unlink(part)
+            unlink(part)
             raise
         inc = _Incoming(key[0], header, part, state_path, fd, bytearray(header.total))
         self._active[key] = inc
@@ -359,10 +392,10 @@ class FileReceiver:
         try:
             self._place(inc.part, target)
         except FileTransferError:
-            _unlink(inc.part)
-            _unlink(inc.state_path)
+            unlink(inc.part)
+            unlink(inc.state_path)
             raise
-        _unlink(inc.state_path)
+        unlink(inc.state_path)
         ack = AckPayload(h.transfer_id, ((0, h.total),), AckStatus.COMPLETE)
         self._remember(key, ack)
         self.stats.completed += 1
@@ -383,57 +416,25 @@ class FileReceiver:
                 raise FileExistsInInbox(f"{target.name!r} is already in the inbox") from None
             os.replace(part, target)
             return
-        _unlink(part)
+        unlink(part)
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
     def _paths(self, key: tuple[str, str]) -> tuple[Path, Path]:
-        digest = hashlib.sha256(f"{key[0]}\x00{key[1]}".encode()).hexdigest()[:32]
-        part = self.inbox / f"{PART_PREFIX}{digest}"
-        return part, part.with_name(part.name + ".json")
+        return part_paths(self.inbox, key)
 
     def _save_state(self, inc: _Incoming) -> None:
-        if not self.persist_state:
-            return
-        ranges, _ = ranges_of(inc.held, limit=inc.header.total)
-        h = inc.header
-        doc = {
-            "version": 1,
-            "sender": inc.sender,
-            "transfer_id": h.transfer_id,
-            "name": h.name,
-            "size": h.size,
-            "total": h.total,
-            "chunk_size": h.chunk_size,
-            "sha256": h.sha256,
-            "received": [[a, b] for a, b in ranges],
-        }
-        tmp = inc.state_path.with_name(inc.state_path.name + ".tmp")
-        tmp.write_text(dumps_compact(doc), encoding="utf-8")
-        os.replace(tmp, inc.state_path)
+        if self.persist_state:
+            ranges, _ = ranges_of(inc.held, limit=inc.header.total)
+            write_state(inc.state_path, inc.sender, inc.header, ranges)
 
     def _read_state(self, key: tuple[str, str]) -> tuple[ChunkHeader, tuple[Range, ...]] | None:
-        if not self.persist_state:
-            return None
-        _part, state_path = self._paths(key)
-        try:
-            doc = json.loads(state_path.read_text(encoding="utf-8"))
-            if doc.get("sender") != key[0] or doc.get("transfer_id") != key[1]:
-                return None
-            header = ChunkHeader.from_obj({**doc, "index": 0})
-            ranges: list[Range] = []
-            for a, b in doc["received"]:
-                if type(a) is not int or type(b) is not int or not 0 <= a < b <= header.total:
-                    return None
-                ranges.append((a, b))
-            return header, tuple(ranges)
-        except (OSError, ValueError, TypeError, KeyError, FileTransferError):
-            return None
+        return read_state(self._paths(key)[1], key) if self.persist_state else None
 
     def _discard(self, inc: _Incoming) -> None:
         os.close(inc.fd)
-        _unlink(inc.part)
-        _unlink(inc.state_path)
+        unlink(inc.part)
+        unlink(inc.state_path)
 
     def _remember(self, key: tuple[str, str], verdict: AckPayload | FileTransferError) -> None:
         self._finished[key] = verdict
@@ -446,8 +447,3 @@ class FileReceiver:
 
     def __repr__(self) -> str:
         return f"FileReceiver(inbox={str(self.inbox)!r}, active={len(self._active)})"
-
-
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
