@@ -42,7 +42,9 @@ from iac.protocol.files import (
     check_file_name,
     error_for,
     failure_ack,
+    hash_file,
     parse_payload,
+    transfer_id_for,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +257,85 @@ def test_resume_from_unknown_starts_over(tmp_path: Path) -> None:
     assert sender.progress.chunks_done == 0 and sender.in_flight == 0
 
 
-# --- abandoned transfers, private state ---------------------------------------------------------
+# --- a sender started again, abandoned transfers, private state ---------------------------------
+
+BOB = "c" * 64
+
+
+def test_transfer_id_for_names_sender_receiver_and_file() -> None:
+    base = (ALICE, BOB, "a.bin", 5000, 1024, "0" * 64)
+    tid = transfer_id_for(*base)
+    assert tid == transfer_id_for(*base) and len(tid) == 32 and int(tid, 16) >= 0
+    changed = [
+        (MALLORY, BOB, "a.bin", 5000, 1024, "0" * 64),
+        (ALICE, MALLORY, "a.bin", 5000, 1024, "0" * 64),
+        (ALICE, BOB, "b.bin", 5000, 1024, "0" * 64),
+        (ALICE, BOB, "a.bin", 5001, 1024, "0" * 64),
+        (ALICE, BOB, "a.bin", 5000, 2048, "0" * 64),
+        (ALICE, BOB, "a.bin", 5000, 1024, "1" * 64),
+    ]
+    assert len({transfer_id_for(*c) for c in changed} | {tid}) == len(changed) + 1
+    # fields are length-prefixed: moving characters from one field to the next changes the id
+    assert transfer_id_for("ab", "c", "n", 1, 1, "0" * 64) != transfer_id_for("a", "bc", "n", 1, 1, "0" * 64)
+
+
+def test_a_sender_started_again_continues_from_what_the_receiver_holds(tmp_path: Path) -> None:
+    """A second sender for the same file (another process: nothing shared but the file) names
+    the same transfer, asks the receiver with a start query and sends only what it lacks."""
+    src = tmp_path / "data.bin"
+    digest = make_file(src, 3 * MiB)
+    receiver = FileReceiver(tmp_path / "inbox")
+
+    def new_sender() -> FileSender:
+        size, sha = hash_file(src)
+        assert sha == digest
+        tid = transfer_id_for(ALICE, BOB, src.name, size, 64 * 1024, sha)
+        return FileSender(tid, src, chunk_size=64 * 1024, sha256=sha)
+
+    first = new_sender()
+    pump(first, receiver, stop=lambda: first.progress.fraction >= 0.4)
+    held = first.progress.chunks_done
+    first.close()  # the first sender is gone: killed, nothing said to the receiver
+
+    second = new_sender()
+    assert second.transfer_id == first.transfer_id
+    answer = receiver.on_message(second.query_json(start=True), b"", sender=ALICE)
+    second.resume_from(answer)
+    assert second.progress.chunks_done == held > 0
+    sent: Counter[int] = Counter()
+    pump(second, receiver, sent=sent)
+    assert sum(sent.values()) == second.total - held and all(n == 1 for n in sent.values())
+    assert sha_of(tmp_path / "inbox" / "data.bin") == digest
+
+
+def test_a_start_query_forgets_a_finished_verdict(tmp_path: Path) -> None:
+    """A file sent again under the same transfer id after the receiver finished it (moved away
+    since, or refused for a cause that is gone) is received again; a plain query after a
+    reconnect still gets the verdict."""
+    src = tmp_path / "a.bin"
+    digest = make_file(src, 5000)
+    inbox = tmp_path / "inbox"
+    receiver = FileReceiver(inbox)
+
+    def ask(start: bool) -> AckPayload:
+        return receiver.on_message(StateQuery("t-again", start=start).to_json(), b"", sender=ALICE)
+
+    def send_again() -> None:
+        sender = FileSender("t-again", src, chunk_size=MIN_CHUNK_SIZE)
+        sender.resume_from(ask(start=True))
+        pump(sender, receiver)
+
+    pump(FileSender("t-again", src, chunk_size=MIN_CHUNK_SIZE), receiver)
+    assert ask(start=False).status is AckStatus.COMPLETE
+    (inbox / "a.bin").rename(tmp_path / "moved.bin")
+    send_again()  # the receiver's copy was moved away: received again
+    assert sha_of(inbox / "a.bin") == digest
+    with pytest.raises(FileExistsInInbox):
+        send_again()  # and now it is there: refused as before
+    assert ask(start=False).status is AckStatus.FAILED
+    (inbox / "a.bin").unlink()
+    send_again()  # the clash is gone
+    assert sha_of(inbox / "a.bin") == digest
 
 
 def test_partial_and_state_files_are_private(tmp_path: Path) -> None:
@@ -557,6 +637,8 @@ def test_payload_round_trips() -> None:
     f = AckPayload("t", (), AckStatus.FAILED, "file_too_large", "too big")
     assert parse_payload(f.to_json()) == f
     assert parse_payload(StateQuery("t").to_json()) == StateQuery("t")
+    assert StateQuery("t").to_json() == '{"transfer_id":"t","query":true}'  # as before "start" existed
+    assert parse_payload(StateQuery("t", start=True).to_json()) == StateQuery("t", start=True)
 
 
 @pytest.mark.parametrize(
@@ -573,6 +655,7 @@ def test_payload_round_trips() -> None:
         '{"transfer_id": "", "ack": [], "status": "partial"}',
         '{"transfer_id": "t", "ack": {}, "status": "partial"}',
         '{"transfer_id": "t"}',
+        '{"transfer_id": "t", "query": true, "start": "yes"}',
         json.dumps({"transfer_id": "t", "pad": "x" * 5000}),
     ],
 )

@@ -6,10 +6,12 @@ The receiver answers with acknowledgements, also FILE_TRANSFER messages, whose
 JSON says which chunks it holds. :class:`FileSender` keeps a window of chunks in
 flight, re-queues what is not acknowledged in time and, after a broken
 connection, resumes from the receiver's state so that acknowledged chunks are
-never sent again. :class:`FileReceiver` writes chunks at their offset into a
-temporary file in its inbox, checks the whole file's SHA-256 and only then
-renames it into place (atomically), and removes partial transfers abandoned for
-longer than a time to live. The node moves the payloads; this package decides.
+never sent again; a sender started again for the same file names the same
+transfer (:func:`transfer_id_for`) and resumes the same way. :class:`FileReceiver`
+writes chunks at their offset into a temporary file in its inbox, checks the
+whole file's SHA-256 and only then renames it into place (atomically), and
+removes partial transfers abandoned for longer than a time to live. The node
+moves the payloads; this package decides.
 
 * :mod:`iac.protocol.files.payloads`: the payload formats (chunk header, ack,
   state query), their limits and checks;
@@ -49,6 +51,7 @@ from iac.protocol.files.payloads import (
     failure_ack,
     new_transfer_id,
     parse_payload,
+    transfer_id_for,
 )
 from iac.protocol.files.receiver import (
     DEFAULT_MAX_SIZE,
@@ -62,6 +65,8 @@ from iac.protocol.files.sender import (
     ChunkToSend,
     FileSender,
     TransferProgress,
+    default_chunk_size,
+    hash_file,
 )
 
 __all__ = [
@@ -97,8 +102,11 @@ __all__ = [
     "check_file_name",
     "chunk_count",
     "chunk_length",
+    "default_chunk_size",
     "error_for",
     "failure_ack",
+    "hash_file",
     "new_transfer_id",
     "parse_payload",
+    "transfer_id_for",
 ]

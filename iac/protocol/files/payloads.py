@@ -12,12 +12,21 @@ order, unknown keys are ignored)::
       {"transfer_id": "7f3a…", "ack": [[0, 80]], "status": "complete"}
       {"transfer_id": "7f3a…", "ack": [], "status": "failed",
        "error": "file_hash_mismatch", "message": "…"}
-    query  (sender → receiver, after a reconnect: "what do you hold?")
-      {"transfer_id": "7f3a…", "query": true}
+    query  (sender → receiver: "what do you hold?")
+      {"transfer_id": "7f3a…", "query": true}                  after a reconnect
+      {"transfer_id": "7f3a…", "query": true, "start": true}   before the first chunk
 
-* ``transfer_id``: 1–64 characters of ``[A-Za-z0-9._~-]``, chosen by the sender
-  (:func:`new_transfer_id`: 32 hex digits). The receiver keys a transfer by
-  ``(origin AgentId, transfer_id)``, so two senders never share one.
+* ``transfer_id``: 1–64 characters of ``[A-Za-z0-9._~-]``, chosen by the sender.
+  The receiver keys a transfer by ``(origin AgentId, transfer_id)``, so two
+  senders never share one. :func:`transfer_id_for` derives it from the sender,
+  the receiver and the file (name, size, chunk size, SHA-256): a sender that
+  starts again after it was stopped, even in another process, names the same
+  transfer and continues from what the receiver holds. :func:`new_transfer_id`
+  makes a random one.
+* A query with ``"start": true`` opens an attempt: the receiver forgets the
+  verdict (``complete`` or ``failed``) it may remember for that transfer, so a
+  file sent again after its first copy was moved away, or after a refusal whose
+  cause is gone, is received again; what it holds of a partial transfer stays.
 * ``index`` counts from 0; ``total`` is ``max(1, ceil(size / chunk_size))`` (an
   empty file is one empty chunk); chunk ``i`` covers bytes
   ``[i * chunk_size, min(size, (i + 1) * chunk_size))``. Every chunk carries
@@ -50,6 +59,7 @@ must be the inbox itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -119,6 +129,23 @@ Range = tuple[int, int]
 def new_transfer_id() -> str:
     """A fresh random transfer id (32 hex digits)."""
     return secrets.token_hex(16)
+
+
+_TRANSFER_ID_DOMAIN = b"iac-file-transfer-id/v1\x00"
+
+
+def transfer_id_for(sender: str, receiver: str, name: str, size: int, chunk_size: int, sha256: str) -> str:
+    """The transfer id of one file from ``sender`` to ``receiver`` (AgentIds), 32 hex digits.
+
+    The same file (name, size, chunk size and SHA-256) between the same two agents always gets
+    the same id, so a transfer that a stopped sender left partial is found again by the next one.
+    """
+    fields = (sender, receiver, name, str(size), str(chunk_size), sha256)
+    h = hashlib.sha256(_TRANSFER_ID_DOMAIN)
+    for value in fields:
+        data = value.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(4, "big") + data)
+    return h.hexdigest()[:32]
 
 
 def check_transfer_id(value: object) -> str:
@@ -316,12 +343,17 @@ class AckPayload:
 
 @dataclass(frozen=True, slots=True)
 class StateQuery:
-    """A sender asking, after a reconnect, what the receiver holds of a transfer."""
+    """A sender asking what the receiver holds of a transfer: after a reconnect, or with
+    ``start`` before its first chunk (the receiver then forgets a remembered verdict)."""
 
     transfer_id: str
+    start: bool = False
 
     def to_json(self) -> str:
-        return dumps_compact({"transfer_id": self.transfer_id, "query": True})
+        obj: dict[str, Any] = {"transfer_id": self.transfer_id, "query": True}
+        if self.start:
+            obj["start"] = True
+        return dumps_compact(obj)
 
 
 def parse_payload(payload_json: str) -> ChunkHeader | AckPayload | StateQuery:
@@ -333,7 +365,11 @@ def parse_payload(payload_json: str) -> ChunkHeader | AckPayload | StateQuery:
     if "ack" in obj:
         return AckPayload.from_obj(obj)
     if obj.get("query") is True:
-        return StateQuery(check_transfer_id(obj.get("transfer_id")))
+        tid = check_transfer_id(obj.get("transfer_id"))
+        start = obj.get("start", False)
+        if not isinstance(start, bool):
+            raise BadTransferPayload("start must be a boolean", tid)
+        return StateQuery(tid, start)
     return ChunkHeader.from_obj(obj)
 
 

@@ -8,8 +8,9 @@ the whole-file hash decides. Both files are created 0600 (only the receiving
 user reads what is being received). A completed file is fsynced before the
 rename (``durable=True``). A receiver remembers the verdict of the last
 :data:`MAX_FINISHED` finished transfers in memory, so a retransmitted last
-chunk is answered again; after a restart that memory is gone (a retransmission
-of a finished transfer then fails with ``file_exists``).
+chunk is answered again (a state query that starts an attempt clears it);
+after a restart that memory is gone (a retransmission of a finished transfer
+then fails with ``file_exists``).
 
 A partial transfer whose sender never comes back would stay on disk:
 :meth:`FileReceiver.remove_abandoned` deletes the temporary files of every
@@ -147,6 +148,8 @@ class FileReceiver:
         """Handle any FILE_TRANSFER payload aimed at a receiver: a chunk or a state query."""
         parsed = parse_payload(payload_json)
         if isinstance(parsed, StateQuery):
+            if parsed.start:  # a new attempt: a remembered verdict no longer answers it
+                self._finished.pop((sender, parsed.transfer_id), None)
             return self.state(parsed.transfer_id, sender=sender)
         if isinstance(parsed, AckPayload):
             raise BadTransferPayload("an ack is not for a receiver", parsed.transfer_id)

@@ -67,6 +67,26 @@ class TransferProgress:
 ProgressCallback = Callable[[TransferProgress], None]
 
 
+def default_chunk_size(max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> int:
+    """The chunk size a :class:`FileSender` picks when given none: 256 KiB, or what fits a frame."""
+    return min(DEFAULT_CHUNK_SIZE, max_chunk_size_for(max_frame_size))
+
+
+def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """The size and lowercase hex SHA-256 of the file at ``path`` (one read);
+    :class:`ConfigError` when it cannot be read."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with Path(path).open("rb") as f:
+            while block := f.read(_READ_BLOCK):
+                h.update(block)
+                size += len(block)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return size, h.hexdigest()
+
+
 @dataclass(slots=True)
 class SenderStats:
     chunks_sent: int = 0
@@ -112,7 +132,7 @@ class FileSender:
             raise ConfigError(str(exc)) from None
         limit = max_chunk_size_for(max_frame_size)
         if chunk_size is None:
-            chunk_size = min(DEFAULT_CHUNK_SIZE, limit)
+            chunk_size = default_chunk_size(max_frame_size)
         if not MIN_CHUNK_SIZE <= chunk_size <= limit:
             raise ConfigError(
                 f"chunk_size must be in [{MIN_CHUNK_SIZE}, {limit}] for max_frame_size {max_frame_size}, "
@@ -213,9 +233,10 @@ class FileSender:
             chunk_sha256,
         )
 
-    def query_json(self) -> str:
-        """The payload asking the receiver for its state of this transfer (send after a reconnect)."""
-        return StateQuery(self.transfer_id).to_json()
+    def query_json(self, *, start: bool = False) -> str:
+        """The payload asking the receiver for its state of this transfer: after a reconnect, or
+        with ``start`` before the first chunk (answer it with :meth:`resume_from`)."""
+        return StateQuery(self.transfer_id, start).to_json()
 
     # -- driving --------------------------------------------------------------------------------
 
