@@ -46,6 +46,12 @@ class StreamIn:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def on_part(self, msg: Message, reply: Reply) -> None:
+        if not msg.flags & FLAG_STREAM:  # a peer that does not stream answered once: the only part
+            if self.next_seq == 1 and not self.held:
+                self.held[1] = reply
+                self.end_seq = 2
+                self.wake.set()
+            return
         seq = int(msg.stream_seq)
         if seq < self.next_seq or seq in self.held:
             return  # a duplicate: the replay window stops these first
@@ -89,6 +95,8 @@ class StreamIn:
 
     def credit_due(self) -> int | None:
         """The credit to grant now (every half window taken), or None."""
+        if self.end_seq is not None:
+            return None  # the producer has sent its last part
         if self.granted - (self.next_seq - 1) <= self.window // 2:
             self.granted = self.next_seq - 1 + self.window
             return self.granted
