@@ -153,6 +153,9 @@ class NodeConfig:
     durable_files: bool = True
     #: A partial incoming transfer idle this long closes its file (it can still resume later).
     file_idle_timeout: float = 300.0
+    #: A partial incoming transfer idle this long (no chunk, in this process or an earlier one) is
+    #: deleted with its state file; a sender that comes back later starts it over.
+    file_partial_ttl: float = 24 * 3600.0
     #: Sender: chunks in flight, chunk size (None: 256 KiB), and when an unacknowledged chunk is resent.
     file_window: int = DEFAULT_WINDOW
     file_chunk_size: int | None = None
@@ -185,8 +188,9 @@ class NodeConfig:
             raise ConfigError("max_file_size must not be negative")
         if not 1 <= self.file_window <= MAX_WINDOW:
             raise ConfigError(f"file_window must be in [1, {MAX_WINDOW}]")
-        if self.file_retransmit_timeout <= 0 or self.file_idle_timeout <= 0:
-            raise ConfigError("file_retransmit_timeout and file_idle_timeout must be positive")
+        for name in ("file_retransmit_timeout", "file_idle_timeout", "file_partial_ttl"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive")
 
 
 # --- values handed to users -------------------------------------------------------------------
