@@ -18,6 +18,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,14 @@ from conftest import message_of, run
 from iac.errors import ConfigError, RemoteError, TransferRefused
 from iac.node.config import NodeConfig
 from iac.node.node import Node, ReceivedFile
-from iac.protocol.files import ChunkHeader, TransferProgress, chunk_count, new_transfer_id
+from iac.protocol.files import (
+    ChunkHeader,
+    FileReceiver,
+    FileSender,
+    TransferProgress,
+    chunk_count,
+    new_transfer_id,
+)
 from iac.protocol.routing import RelayPolicy
 from iac.testing import node_pair
 from iac.transport import dial
@@ -331,6 +339,42 @@ def test_tampered_chunks_and_unsafe_names_from_a_raw_sender_are_refused() -> Non
             assert sorted(leftovers) == ["data.bin"]
 
     run(main())
+
+
+# --- abandoned partial transfers -----------------------------------------------------------------
+
+
+def test_abandoned_partial_transfers_are_deleted_from_the_inbox() -> None:
+    """A partial transfer idle longer than ``file_partial_ttl`` (here: its files last written an
+    hour ago, with a TTL of a minute) is deleted by the node's housekeeping; a fresh one stays."""
+
+    async def main() -> None:
+        async with tmpdir() as d:
+            box = d / "inbox"
+            old = FileReceiver(box)  # an earlier receiving process, stopped mid-transfer
+            src = d / "f.bin"
+            make_file(src, 5000)
+            for tid, when in (("t-old", time.time() - 3600), ("t-fresh", time.time())):
+                c = FileSender(tid, src, name=f"{tid}.bin", chunk_size=1024).next_chunks(0.0)[0]
+                before = {p.name for p in box.iterdir()}
+                old.on_chunk(c.payload_json, c.data, sender=Identity.generate().agent_id)
+                for p in box.iterdir():
+                    if p.name not in before:
+                        os.utime(p, (when, when))
+            old.close()
+            assert len(list(box.iterdir())) == 4
+            config = NodeConfig(inbox_dir=box, file_partial_ttl=60.0)
+            async with Node(config=config):
+                for _ in range(100):  # housekeeping runs every second
+                    if len(list(box.iterdir())) == 2:
+                        break
+                    await asyncio.sleep(0.05)
+            left = sorted(p.name for p in box.iterdir())
+            assert len(left) == 2 and all(time.time() - (box / n).stat().st_mtime < 600 for n in left)
+
+    run(main())
+    with pytest.raises(ConfigError):
+        NodeConfig(file_partial_ttl=0)
 
 
 # --- the command line -----------------------------------------------------------------------------

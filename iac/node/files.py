@@ -2,7 +2,8 @@
 :class:`~iac.protocol.files.FileSender` over a connection (window, acks, retransmission, redial and
 resume); FILE_TRANSFER messages that arrive are either acks for this node's transfers or chunks and
 state queries for its inbox, written by a :class:`~iac.protocol.files.FileReceiver` in a worker
-thread, one at a time, in each connection's order."""
+thread, one at a time, in each connection's order. Partial transfers nobody continues are
+deleted from the inbox after ``NodeConfig.file_partial_ttl``."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
 #: ERROR codes that end a file transfer (others refuse one chunk, which is sent again).
 _RETRY_CODES = frozenset({ErrorCode.BUSY.value, ErrorCode.BAD_REQUEST.value, ErrorCode.TIMEOUT.value})
 _MAX_FILE_MSGS = 65_536
+#: Longest wait between two looks for abandoned partial transfers in the inbox.
+_SWEEP_INTERVAL = 60.0
 
 
 class _Transfer:
@@ -103,6 +106,7 @@ class Files:
         self._outgoing: dict[tuple[str, str], _Transfer] = {}
         self._msgs: OrderedDict[Key, tuple[str, str]] = OrderedDict()
         self._callbacks: list[Callable[[ReceivedFile], Any]] = []
+        self._swept_at: float | None = None
         self.closed = False
 
     def start(self) -> None:
@@ -128,8 +132,22 @@ class Files:
         self._callbacks.append(callback)
 
     def expire(self) -> None:
-        if self.receiver is not None and (self._job is None or self._job.done()):
-            self.receiver.expire(self._clock.monotonic(), self.config.file_idle_timeout)
+        """Close idle incoming transfers' files; now and then delete abandoned ones (at the first
+        call, then every ``min(file_partial_ttl / 4, 60)`` seconds)."""
+        rx = self.receiver
+        if rx is None or (self._job is not None and not self._job.done()):
+            return
+        c, mono = self.config, self._clock.monotonic()
+        rx.expire(mono, c.file_idle_timeout)
+        if self._swept_at is None or mono - self._swept_at >= min(c.file_partial_ttl / 4, _SWEEP_INTERVAL):
+            self._swept_at = mono
+            try:
+                removed = rx.remove_abandoned(self._clock.now_us() / 1e6, c.file_partial_ttl)
+            except OSError as exc:
+                log.warning("inbox %s: cannot look for abandoned transfers: %s", rx.inbox, exc)
+                return
+            if removed:
+                log.info("inbox %s: deleted %d abandoned partial transfer(s)", rx.inbox, removed)
 
     def stats(self) -> tuple[dict[str, int], dict[str, int]]:
         """(``NodeStats.files``, ``NodeStats.file_refused``)."""
