@@ -14,12 +14,14 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from iac.protocol.files import (
     FileSender,
     TransferProgress,
     chunk_count,
+    default_chunk_size,
     new_transfer_id,
 )
 from iac.protocol.routing import RelayPolicy
@@ -341,7 +344,25 @@ def test_tampered_chunks_and_unsafe_names_from_a_raw_sender_are_refused() -> Non
     run(main())
 
 
-# --- abandoned partial transfers -----------------------------------------------------------------
+# --- a sender started again; abandoned partial transfers -----------------------------------------
+
+
+def test_a_file_sent_again_after_it_was_moved_away_arrives_again() -> None:
+    """Transfer ids come from the sender, receiver and file, so the same file gets the same id
+    each time; the receiver's memory of a finished transfer must not answer a new attempt."""
+
+    async def main() -> None:
+        async with tmpdir() as d, node_pair("tls", server_config=inbox(d)) as (tx, rx):
+            src = d / "same.bin"
+            digest = make_file(src, 100_000)
+            first = await tx.send_file(rx.agent_id, src)
+            (d / "inbox" / "same.bin").rename(d / "taken.bin")
+            again = await tx.send_file(rx.agent_id, src)
+            assert again.transfer_id == first.transfer_id and again.chunks_sent == again.chunks
+            assert hashlib.sha256((d / "inbox" / "same.bin").read_bytes()).hexdigest() == digest
+            assert rx.stats().files["received"] == 2
+
+    run(main())
 
 
 def test_abandoned_partial_transfers_are_deleted_from_the_inbox() -> None:
@@ -375,6 +396,95 @@ def test_abandoned_partial_transfers_are_deleted_from_the_inbox() -> None:
     run(main())
     with pytest.raises(ConfigError):
         NodeConfig(file_partial_ttl=0)
+
+
+class CuttingProxy(TcpProxy):
+    """A :class:`TcpProxy` that calls ``on_half`` once ``limit`` bytes went to the target."""
+
+    def __init__(self, port: int, limit: int, on_half: Callable[[], None]) -> None:
+        super().__init__(port)
+        self.limit, self.on_half, self.forwarded = limit, on_half, 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.pairs.append((writer, up_writer))
+
+        async def upstream() -> None:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await reader.read(1 << 16):
+                    up_writer.write(data)
+                    await up_writer.drain()
+                    self.forwarded += len(data)
+                    if self.forwarded >= self.limit:
+                        self.on_half()
+                        return
+            up_writer.close()
+
+        await asyncio.gather(upstream(), self._pump(up_reader, writer))
+
+
+_SENT_LINE = re.compile(r"(\d+) chunks sent, (\d+) resent, (\d+) resumed, (\d+) reconnects")
+
+
+def test_a_killed_send_file_process_is_resumed_by_the_next_run() -> None:
+    """`iac send-file` is killed (SIGKILL) halfway; run again, it sends only what the receiver
+    lacks, and the file arrives intact."""
+
+    async def main() -> None:
+        async with tmpdir() as d, Node(listen=["tls://127.0.0.1:0"], config=inbox(d)) as rx:
+            Identity.generate().save(d / "tx.key")
+            src = d / "big.bin"
+            digest = make_file(src, 24 * 1024 * 1024)
+            total = chunk_count(src.stat().st_size, default_chunk_size())
+            received: list[ReceivedFile] = []
+            rx.on_file(received.append)
+
+            def send_file(addr: str) -> list[str]:
+                key = str(d / "tx.key")
+                return [sys.executable, "-m", "iac", "send-file", "--key", key, "--to", rx.agent_id,
+                        "--addr", addr, str(src), "--quiet", "--timeout", "20"]  # fmt: skip
+
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            port = int(rx.addresses[0].rsplit(":", 1)[1])
+            procs: list[asyncio.subprocess.Process] = []
+
+            def kill_sender() -> None:
+                if procs[0].returncode is None:
+                    procs[0].send_signal(signal.SIGKILL)
+                proxy.kill()
+
+            proxy = CuttingProxy(port, src.stat().st_size // 2, kill_sender)
+            via_proxy = await proxy.start()
+            procs.append(await asyncio.create_subprocess_exec(*send_file(via_proxy), env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE))  # fmt: skip
+            out, _ = await procs[0].communicate()
+            await proxy.close()
+            assert procs[0].returncode == -signal.SIGKILL and out == b""
+            # the receiver reads what reached it before the cut; wait until it holds still
+            last = -1
+            while (now := rx.stats().files["chunks_received"]) != last or rx.stats().connections:
+                last = now
+                await asyncio.sleep(0.3)
+            held = last
+            assert 0 < held < total and received == []
+            parts = [p for p in (d / "inbox").iterdir() if p.name.startswith(".iac-part-")]
+            assert len(parts) == 2 and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in parts)
+
+            again = await asyncio.create_subprocess_exec(*send_file(rx.addresses[0]), env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+            out, err = await again.communicate()
+            assert again.returncode == 0, err.decode()
+            match = _SENT_LINE.search(out.decode())
+            assert match is not None, out.decode()
+            sent, resent, resumed, _reconnects = map(int, match.groups())
+            assert (sent, resent, resumed) == (total - held, 0, held), out.decode()
+            result = d / "inbox" / "big.bin"
+            assert hashlib.sha256(result.read_bytes()).hexdigest() == digest
+            assert len(received) == 1 and received[0].sha256 == digest
+            assert rx.stats().files["chunks_received"] == total  # every chunk written once
+            assert not [p for p in (d / "inbox").iterdir() if p.name.startswith(".")]
+
+    run(main(), timeout=120)
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -417,7 +527,8 @@ def test_cli_send_file_to_an_inbox_node_process(capsys: pytest.CaptureFixture[st
 
     run(main(), timeout=60)
     out = capsys.readouterr().out
-    assert out.startswith("sent up.bin 700000 bytes sha256=") and "0 chunks resent" in out
+    assert out.startswith("sent up.bin 700000 bytes sha256=")
+    assert out.rstrip().endswith(", 3 chunks sent, 0 resent, 0 resumed, 0 reconnects"), out
 
 
 def test_cli_send_file_errors_are_config_errors(tmp_path: Path) -> None:

@@ -2,9 +2,15 @@
 
 ``iac send-file --key K --to AGENT_ID --addr URL [--addr URL ...] PATH [--name N]``
 sends a file to a node's inbox with :meth:`iac.Node.send_file` and prints one
-line when the receiver verified it::
+line when the receiver verified it (wrapped here)::
 
-    sent report.pdf 20971520 bytes sha256=… to 3f1c…  in 0.41 s (51.2 MB/s), 0 chunks resent
+    sent report.pdf 20971520 bytes sha256=… to 3f1c…  in 0.41 s (51.2 MB/s), 80 chunks sent,
+    0 resent, 0 resumed, 0 reconnects
+
+``chunks sent`` counts the chunks this run sent (``resent`` of them again, after a loss);
+``resumed`` the chunks the receiver already held from an earlier run that was stopped (the
+same file to the same node continues where it stopped); ``reconnects`` the broken connections
+it recovered from. The rate is over what this run sent.
 
 A progress bar goes to stderr while it runs (not when stderr is not a terminal,
 nor with ``--quiet``). ``--via RELAY_ID`` sends through a relay instead; ``--addr``
@@ -109,10 +115,14 @@ async def _run_send_file(args: argparse.Namespace) -> int:
             )
         finally:
             bar.finish()
-    rate = res.size / max(res.seconds, 1e-9) / 1e6
+    first_sends = res.chunks_sent - res.chunks_resent  # distinct chunks this run sent
+    held_before = res.chunks - first_sends  # what the receiver had from an earlier run
+    carried = res.size * first_sends / res.chunks
+    rate = carried / max(res.seconds, 1e-9) / 1e6
     print(
         f"sent {res.name} {res.size} bytes sha256={res.sha256} to {res.peer[:16]}… in {res.seconds:.2f} s "
-        f"({rate:.1f} MB/s), {res.chunks_resent} chunks resent, {res.resumed} resumes"
+        f"({rate:.1f} MB/s), {res.chunks_sent} chunks sent, {res.chunks_resent} resent, "
+        f"{held_before} resumed, {res.resumed} reconnects"
     )
     return 0
 

@@ -2,8 +2,13 @@
 :class:`~iac.protocol.files.FileSender` over a connection (window, acks, retransmission, redial and
 resume); FILE_TRANSFER messages that arrive are either acks for this node's transfers or chunks and
 state queries for its inbox, written by a :class:`~iac.protocol.files.FileReceiver` in a worker
-thread, one at a time, in each connection's order. Partial transfers nobody continues are
-deleted from the inbox after ``NodeConfig.file_partial_ttl``."""
+thread, one at a time, in each connection's order.
+
+A transfer's id is derived from the two AgentIds and the file
+(:func:`~iac.protocol.files.transfer_id_for`), and every transfer starts by asking the receiver
+what it holds: a file whose sender was stopped (a killed process, a closed node) continues where
+it stopped the next time it is sent. Partial transfers nobody continues are deleted from the inbox
+after ``NodeConfig.file_partial_ttl``."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import logging
 import os
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from iac.errors import (
@@ -21,6 +27,7 @@ from iac.errors import (
     ConnectionClosed,
     ErrorCode,
     FileTransferError,
+    LocalError,
     Refusal,
     RemoteError,
     RequestTimeout,
@@ -41,9 +48,11 @@ from iac.protocol.files import (
     FileSender,
     TooManyTransfers,
     TransferProgress,
+    default_chunk_size,
     failure_ack,
-    new_transfer_id,
+    hash_file,
     parse_payload,
+    transfer_id_for,
 )
 from iac.transport.base import Connection
 from iac.transport.dialer import Backoff
@@ -185,18 +194,31 @@ class Files:
         started = loop.time()
         conn = await self._peers.first_hop(peer, via, self._clock.now_us())
         _, limit = self._outbox.frame_params(conn)
-        sender = await asyncio.to_thread(
-            FileSender,
-            new_transfer_id(),
-            path,
-            name=name,
-            chunk_size=chunk_size if chunk_size is not None else c.file_chunk_size,
-            max_frame_size=limit,
-            window=window if window is not None else c.file_window,
-            retransmit_timeout=c.file_retransmit_timeout,
-            on_progress=on_progress,
-        )
+        size_used = chunk_size if chunk_size is not None else c.file_chunk_size
+        if size_used is None:
+            size_used = default_chunk_size(limit)
+
+        def prepare() -> FileSender:  # hashes the file: in a worker thread
+            size, digest = hash_file(path)
+            label = name if name is not None else Path(path).name
+            tid = transfer_id_for(self._outbox.agent_id, peer, label, size, size_used, digest)
+            return FileSender(
+                tid,
+                path,
+                name=name,
+                chunk_size=size_used,
+                max_frame_size=limit,
+                window=window if window is not None else c.file_window,
+                retransmit_timeout=c.file_retransmit_timeout,
+                on_progress=on_progress,
+                sha256=digest,
+            )
+
+        sender = await asyncio.to_thread(prepare)
         fkey = (peer, sender.transfer_id)
+        if fkey in self._outgoing:
+            sender.close()
+            raise LocalError(f"already sending {sender.name!r} to {peer[:16]}…")
         st = _Transfer(peer, sender, max_events=4 * sender.window + 16)
         self._outgoing[fkey] = st
         try:
@@ -224,12 +246,16 @@ class Files:
         )
 
     async def _drive(self, st: _Transfer, conn: Connection, via: str | None, stall: float) -> int:
-        """The send loop of one transfer: window, acks, timeouts, reconnect and resume."""
+        """The send loop of one transfer: window, acks, timeouts, reconnect and resume.
+
+        It starts with a start query: the receiver may hold part of the file from an earlier
+        sender of the same transfer (another process), and then only the rest is sent."""
         loop = asyncio.get_running_loop()
         sender, peer = st.sender, st.peer
         fkey = (peer, sender.transfer_id)
         resumed = 0
-        need_query = False  # after a reconnect: ask the receiver what it holds before sending more
+        # Ask the receiver what it holds before sending: at the start, and after each reconnect.
+        need_query, starting = True, True
         queried_at: float | None = None
         last_progress = loop.time()
         done_before = sender.progress.chunks_done
@@ -251,7 +277,11 @@ class Files:
                     if need_query:
                         if queried_at is None or now - queried_at >= sender.retransmit_timeout:
                             query = self._outbox.build(
-                                peer, _FILE_TRANSFER, None, kind="file", payload_json=sender.query_json()
+                                peer,
+                                _FILE_TRANSFER,
+                                None,
+                                kind="file",
+                                payload_json=sender.query_json(start=starting),
                             )
                             self._note(query, fkey)
                             queried_at = now
@@ -296,7 +326,7 @@ class Files:
                         raise ev
                     if need_query:  # the receiver's state: continue from exactly what it holds
                         sender.resume_from(ev)  # a failed ack raises TransferRefused
-                        need_query, queried_at = False, None
+                        need_query, starting, queried_at = False, False, None
                         last_progress = loop.time()
                     else:
                         sender.on_ack(ev)
