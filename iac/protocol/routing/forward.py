@@ -13,7 +13,8 @@ A FORWARD frame carries ``iac.Forward``::
 * ``hop_limit``: how many more links the Forward may cross, at least 1 when
   sent. The origin sets it (:data:`~iac.protocol.routing.router.DEFAULT_HOP_LIMIT` for unicast,
   :data:`~iac.protocol.routing.router.DEFAULT_BROADCAST_HOP_LIMIT` for broadcasts); a relay sends
-  ``min(hop_limit - 1, policy.max_hop_limit)``, and does not send when that is 0.
+  ``min(hop_limit - 1, policy.max_hop_limit)``, and does not send when that is 0
+  or when the path is full (:data:`MAX_PATH` ids: there is no room for its own).
   A received Forward with ``hop_limit`` 0 is refused (``hop_limit_exhausted``).
 * ``path``: the AgentIds that sent this Forward so far, origin first; each
   sender appends its own id before sending. A receiver checks that the path

@@ -54,6 +54,7 @@ from iac.errors import (
 from iac.protocol.replay import DEFAULT_MAX_SKEW_US, check_freshness
 from iac.protocol.routing.decisions import RelayPolicy, RouteDecision, RouteRefusal, RouterStats, Send
 from iac.protocol.routing.forward import (
+    MAX_PATH,
     U32,
     ForwardEnvelope,
     parse_forward,
@@ -336,7 +337,7 @@ class Router:
         if not self.policy.allows_broadcast(origin):
             self.stats.refused[RouteRefusal.RELAY_DENIED] += 1
             return delivered(refusal=RouteRefusal.RELAY_DENIED)
-        limit = min(env.hop_limit - 1, self.policy.max_hop_limit)
+        limit = self._relay_limit(env)
         if limit < 1:
             self.stats.flood_ends += 1
             return delivered()
@@ -371,7 +372,7 @@ class Router:
             return RouteDecision(
                 message=msg, message_bytes=env.message, origin=origin, hop_limit=env.hop_limit, path=env.path
             )
-        limit = min(env.hop_limit - 1, self.policy.max_hop_limit)
+        limit = self._relay_limit(env)
         if limit < 1:
             return self._refuse(
                 RouteRefusal.HOP_LIMIT_EXHAUSTED, HopLimitExhausted("no hop left to relay on"), env
@@ -392,6 +393,11 @@ class Router:
         self.stats.forwarded += 1
         send = Send(hop, wrap_forward(env.message, limit, (*env.path, self.me)))
         return RouteDecision(sends=(send,), origin=origin, hop_limit=env.hop_limit, path=env.path)
+
+    def _relay_limit(self, env: ForwardEnvelope) -> int:
+        """The hop limit to send ``env`` on with: one less, clamped by the policy, and no more hops
+        than its path has room for (this node's id is appended; a path holds :data:`MAX_PATH` ids)."""
+        return min(env.hop_limit - 1, self.policy.max_hop_limit, MAX_PATH - len(env.path))
 
     def _learn(self, origin: str, from_peer: str, now_us: int) -> None:
         """The reverse route: replies to ``origin`` go back through the neighbour this came from.
