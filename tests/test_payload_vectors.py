@@ -23,7 +23,7 @@ from iac.protocol.records import key_digest
 from iac.testing import DOWN, UP, UnixTap, eventually
 from iac.wire._pb.iac_pb2 import Message, MessageType
 from iac.wire.identity import Identity
-from iac.wire.message import FLAG_ACK_REQUESTED
+from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_STREAM
 from tools.vectors.payload_schemas import (
     KIND_ACK,
     KIND_CANCEL,
@@ -76,7 +76,7 @@ def test_vector_file_layout() -> None:
         assert set(v) <= {"name", "description", "kind", "writer", "header", "payload", "payload_json",
                           "about", "problems"}  # fmt: skip
         assert v["kind"] in KINDS and v["writer"] in ("node", "peer")
-        assert set(v["header"]) == header_keys
+        assert header_keys <= set(v["header"]) <= header_keys | {"stream_seq", "credit"}
         for key in ("session_id", "msg_id", "reply_session_id", "reply_to"):
             assert 0 <= v["header"][key] < 2**53, "ids stay exact for any JSON reader"
     # every kind the brief names is covered, and the node wrote each one itself
@@ -114,13 +114,21 @@ def test_answers_and_cancels_name_their_request(v: dict[str, Any]) -> None:
     req = BY_NAME[v["about"]]
     h, rh = v["header"], req["header"]
     assert (h["reply_session_id"], h["reply_to"]) == (rh["session_id"], rh["msg_id"])
-    assert h["msg_type"] in ANSWER_TYPES | {"CANCEL"} and not h["expects_reply"] and h["flags"] == 0
+    assert h["msg_type"] in ANSWER_TYPES | {"CANCEL", "CREDIT"} and not h["expects_reply"]
+    if rh["flags"] & FLAG_STREAM and h["msg_type"] in ("REPLY", "ERROR"):  # a part, the END or the ERROR
+        assert h["flags"] & FLAG_STREAM and h["stream_seq"] >= 1
+        granted = max([rh["credit"]] + [c["header"]["credit"] for c in VECTORS if c.get("about") == v["about"]
+                                        and c["header"]["msg_type"] == "CREDIT"])  # fmt: skip
+        assert h["stream_seq"] <= granted + 1  # never beyond the credit (+1: the END or ERROR)
+    else:
+        assert h["flags"] == 0
     if h["msg_type"] == "ACK":
         assert rh["flags"] & FLAG_ACK_REQUESTED and not rh["expects_reply"]
     elif h["msg_type"] in ("REPLY", "ERROR"):
         assert rh["expects_reply"]
-    else:  # CANCEL: from the caller, on the caller's own session
+    else:  # CANCEL or CREDIT: from the caller, on the caller's own session
         assert h["session_id"] == rh["session_id"] and rh["expects_reply"]
+        assert h["msg_type"] == "CANCEL" or h["credit"] > rh["credit"]
     if req["kind"] == KIND_REGISTRY_REQUEST and h["msg_type"] == "REPLY":
         assert v["kind"] == KIND_REGISTRY_REPLY and v["payload"]["op"] == req["payload"]["op"]
 

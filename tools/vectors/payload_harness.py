@@ -49,15 +49,19 @@ class FrozenClock:
 def header_of(msg: Message) -> dict[str, Any]:
     from iac.wire._pb.iac_pb2 import MessageType
 
-    return {
-        "msg_type": MessageType.Name(msg.msg_type),
-        "session_id": msg.session_id,
-        "msg_id": msg.msg_id,
-        "flags": msg.flags,
-        "expects_reply": bool(msg.deadline),
-        "reply_session_id": msg.reply_session_id,
-        "reply_to": msg.reply_to,
-    }
+    return (
+        {
+            "msg_type": MessageType.Name(msg.msg_type),
+            "session_id": msg.session_id,
+            "msg_id": msg.msg_id,
+            "flags": msg.flags,
+            "expects_reply": bool(msg.deadline),
+            "reply_session_id": msg.reply_session_id,
+            "reply_to": msg.reply_to,
+        }
+        | ({"stream_seq": msg.stream_seq} if msg.stream_seq else {})
+        | ({"credit": msg.credit} if msg.credit else {})
+    )
 
 
 class Recorder:
@@ -101,6 +105,7 @@ class RawPeer:
     async def send(self, msg_type: int, payload_json: str = "", **kw: Any) -> Message:
         from iac.wire.message import build_message, encode_message_frame
 
+        credit = kw.pop("credit", 0)
         msg = build_message(
             sender=self.identity.agent_id,
             to=self.node_id,
@@ -110,6 +115,8 @@ class RawPeer:
             payload_json=payload_json,
             **kw,
         )
+        if credit:
+            msg.credit = credit
         await self.conn.send(encode_message_frame(self.identity, msg))
         return msg
 

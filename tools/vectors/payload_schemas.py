@@ -31,6 +31,8 @@ _MAX_SAFE_INT = 2**53 - 1
 
 #: Payload kinds of :data:`SCHEMAS` and of the vectors.
 KIND_COMMAND, KIND_REPLY, KIND_ERROR, KIND_ACK, KIND_CANCEL = "command", "reply", "error", "ack", "cancel"
+#: A stream's flow control (CREDIT) and the last part of a stream (END): both with an empty payload.
+KIND_CREDIT, KIND_END = "credit", "end"
 KIND_REGISTRY_REQUEST, KIND_REGISTRY_REPLY = "registry_request", "registry_reply"
 #: A request or one-way message of another type: its payload belongs to the application.
 KIND_APP = "application"
@@ -40,6 +42,8 @@ KINDS = (
     KIND_ERROR,
     KIND_ACK,
     KIND_CANCEL,
+    KIND_CREDIT,
+    KIND_END,
     KIND_REGISTRY_REQUEST,
     KIND_REGISTRY_REPLY,
     KIND_APP,
@@ -283,7 +287,7 @@ def payload_problems(kind: str, payload_json: str) -> list[str]:
     """What is wrong with ``payload_json`` as a payload of ``kind`` (empty when it conforms)."""
     if kind not in KINDS:
         return [f"unknown payload kind {kind!r}"]
-    if kind in (KIND_ACK, KIND_CANCEL):
+    if kind in (KIND_ACK, KIND_CANCEL, KIND_CREDIT, KIND_END):
         return [] if payload_json == "" else [f"{kind.upper()} carries an empty payload_json"]
     if kind == KIND_APP and not payload_json:
         return []
@@ -322,6 +326,8 @@ __all__ = [
     "KIND_APP",
     "KIND_CANCEL",
     "KIND_COMMAND",
+    "KIND_CREDIT",
+    "KIND_END",
     "KIND_ERROR",
     "KIND_REGISTRY_REPLY",
     "KIND_REGISTRY_REQUEST",

@@ -33,6 +33,8 @@ from tools.vectors.payload_schemas import (
     KIND_APP,
     KIND_CANCEL,
     KIND_COMMAND,
+    KIND_CREDIT,
+    KIND_END,
     KIND_ERROR,
     KIND_REGISTRY_REPLY,
     KIND_REGISTRY_REQUEST,
@@ -56,7 +58,7 @@ async def _generate() -> dict[str, Any]:
     )
     from iac.protocol.records import AgentRecord, key_digest, sign_record, sign_revocation, sign_rotation
     from iac.wire._pb.iac_pb2 import MessageType
-    from iac.wire.message import FLAG_ACK_REQUESTED
+    from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_STREAM
 
     rec = Recorder()
     async with vector_node() as (node, peer, ids):
@@ -85,6 +87,14 @@ async def _generate() -> dict[str, Any]:
         for func in (add, summarize, version, deny, fail, slow):
             node.expose(func)
         node.on(MessageType.RUN)(lambda ctx: None)
+
+        @node.on(MessageType.TERMINATE)
+        async def parts(ctx: Any) -> Any:  # a streaming handler: each yielded value is a REPLY part
+            for i in range(2):
+                yield {"part": i}
+            if ctx.payload.get("fail"):
+                raise HandlerError("bad_request", "the second part was the last one available")
+
         C, R = MessageType.COMMAND, MessageType.REGISTER_KEY
 
         async def call(
@@ -214,6 +224,31 @@ async def _generate() -> dict[str, Any]:
                 one_way,
             )
             rec.add("send-acked/ack", "ACK once the handler finished: empty payload", KIND_ACK, "node", ack)
+
+            # --- a streamed reply: STREAM request with credit 1, a part, CREDIT 3, a part, END
+            T = MessageType.TERMINATE
+            wanted = {"deadline_us": DEADLINE_US, "flags": FLAG_STREAM}
+            req = await peer.send(T, dumps_payload({"fail": False}), credit=1, **wanted)
+
+            def about(m: Any) -> bool:  # answers the latest stream request
+                return bool(m.reply_to == req.msg_id and m.reply_session_id == PEER_SESSION)
+
+            first = await peer.receive(lambda m: about(m) and m.stream_seq == 1)
+            credit = await peer.send(MessageType.CREDIT, reply_to=req.msg_id, reply_session_id=req.session_id,
+                                     credit=3)  # fmt: skip
+            second = await peer.receive(lambda m: about(m) and m.stream_seq == 2)
+            end = await peer.receive(lambda m: about(m) and m.stream_seq == 3)
+            rec.add("stream", "a request for a streamed reply, credit for one part", KIND_APP, "peer", req)
+            rec.add("stream/part-1", "the first part (stream_seq 1, flags STREAM)", KIND_REPLY, "node", first)
+            rec.add("stream/credit", "the consumer grants three parts in all", KIND_CREDIT, "peer", credit)
+            rec.add("stream/part-2", "the second part", KIND_REPLY, "node", second)
+            rec.add("stream/end", "END: stream_seq 3, flags STREAM|END, empty payload", KIND_END, "node", end)
+            req = await peer.send(T, dumps_payload({"fail": True}), credit=4, **wanted)
+            failed = await peer.receive(lambda m: about(m) and m.stream_seq == 3)
+            rec.add("stream-error", "a stream whose handler fails after two parts", KIND_APP, "peer", req)
+            rec.add(
+                "stream-error/error", "ERROR in the place of END (stream_seq 3)", KIND_ERROR, "node", failed
+            )
 
             # --- the node's own COMMAND and CANCEL (Node.invoke, then the caller gives up)
             task = asyncio.ensure_future(
