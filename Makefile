@@ -2,11 +2,13 @@
 #   make demo   create .venv, install, run the demo on loopback
 #   make test   create .venv, install dev extras (and, when missing, the Debian packages and npm
 #               packages the tests use: tools/test-deps.sh), run ruff, mypy and the whole test suite
+#               (the fuzz targets in their short form included: tests/test_fuzz.py)
+#   make fuzz   every fuzz target under atheris for FUZZ_SECONDS (60) each; TARGET=frames for one
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test proto dict vectors bench clean
+.PHONY: demo test fuzz proto dict vectors bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +30,13 @@ test: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
 	$(BIN)/pytest -q
+
+# Coverage-guided fuzzing of the parsers a hostile peer reaches (tests/fuzz/): each target for
+# FUZZ_SECONDS seconds, or only TARGET (frames, message, hello, forward, records, files, dict).
+# Found inputs go to build/fuzz/, an input that breaks a bound to build/fuzz/crashes/.
+FUZZ_SECONDS ?= 60
+fuzz: $(VENV)/.installed-dev
+	$(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS) $(TARGET)
 
 # Regenerate iac/wire/_pb from proto/iac.proto (grpcio-tools is pinned in the dev extras,
 # so the output is byte-identical to what is committed).
