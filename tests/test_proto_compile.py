@@ -238,7 +238,7 @@ def test_buf_breaking_against_the_released_baseline():
     ("old", "new", "expect"),
     [
         ("uint64 deadline = 15;", "uint32 deadline = 15;", 'changed type from "uint64" to "uint32"'),
-        ("bytes signature = 8;", "bytes signature = 16;", "deleted"),
+        ("bytes signature = 8;", "bytes signature = 20;", "deleted"),
         ("string state_ref = 5;", "", "deleted"),
         ("REPLY = 10;", "REPLY = 15;", "deleted"),
     ],

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from iac.errors import (
     BadVarint,
     FieldRepeated,
+    IacError,
     MessageFormatError,
     SignatureFieldInvalid,
     SignatureFieldMissing,
@@ -97,15 +98,17 @@ TASK_STATE_SCHEMA = Schema(
     {},
 )
 
+TRACE_CONTEXT_SCHEMA = Schema("TraceContext", {1: (LEN,), 2: (LEN,)}, frozenset(), {})
+
 MESSAGE_SCHEMA = Schema(
     "Message",
     {
         1: (LEN,), 2: (LEN,), 3: (VARINT,), 4: (LEN,), 5: (VARINT,), 6: (VARINT,),
         7: (VARINT,), 8: (LEN,), 9: (LEN,), 10: (VARINT,), 11: (LEN,), 12: (VARINT,),
-        13: (LEN,), 14: (VARINT,), 15: (VARINT,), 17: (VARINT,), 18: (VARINT,),
+        13: (LEN,), 14: (VARINT,), 15: (VARINT,), 16: (LEN,), 17: (VARINT,), 18: (VARINT,),
     },
     frozenset(),
-    {11: TASK_STATE_SCHEMA},
+    {11: TASK_STATE_SCHEMA, 16: TRACE_CONTEXT_SCHEMA},
     signature_field=8,
 )  # fmt: skip
 
@@ -221,36 +224,56 @@ _MSG_HEAD = re.compile(
     rb"(?:\x0a\x40.{64})?(?:\x12\x40.{64})?(?:\x18" + _V + rb")?(?:\x22([\x80-\xff]{0,4}[\x00-\x7f]))?",
     re.DOTALL,
 ).match
-#: The rest: varint fields 5-7, the 64-byte signature (field 8), varint fields 10, 12, 14, 15,
-#: 17 and 18 (two-byte tags).
+#: Then: varint fields 5-7, the 64-byte signature (field 8), varint fields 10, 12, 14, 15, and
+#: the length of field 16 (the trace context; two-byte tag) when it is there.
 _MSG_TAIL = re.compile(
     rb"(?:\x28" + _V + rb")?(?:\x30" + _V + rb")?(?:\x38" + _V + rb")?\x42\x40(.{64})"
     rb"(?:\x50" + _V + rb")?(?:\x60" + _V + rb")?(?:\x70" + _V + rb")?(?:\x78" + _V + rb")?"
-    rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?",
+    rb"(?:\x82\x01([\x80-\xff]?[\x00-\x7f]))?",
     re.DOTALL,
-).fullmatch
+).match
+#: The end: varint fields 17 and 18 (two-byte tags).
+_MSG_END = re.compile(rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?", re.DOTALL).fullmatch
 
 
 def _message_span_fast(data: bytes) -> tuple[int, int] | None:
     """The signature span of a Message in canonical layout, or None (then the full scan decides).
 
     Accepts only what :func:`_scan` accepts with the same span: known fields in increasing
-    order (so none repeats), right wire types, a 64-byte signature, no field 9, 11 or 13.
+    order (so none repeats), right wire types, a 64-byte signature, no field 9, 11 or 13; a
+    trace context (field 16) whose own fields the full scan accepts.
     """
     head = _MSG_HEAD(data)
     pos = head.end()  # type: ignore[union-attr]  # the pattern matches the empty string
     n = head.group(1)  # type: ignore[union-attr]
     if n is not None:
-        length = 0
-        for i, b in enumerate(n):
-            length |= (b & 0x7F) << (7 * i)
-        pos += length
+        pos += _short_varint(n)
         if pos > len(data):
             return None
     tail = _MSG_TAIL(data, pos)
     if tail is None:
         return None
+    pos = tail.end()
+    n = tail.group(2)
+    if n is not None:  # the trace context: its fields are checked as the full scan does
+        start, pos = pos, pos + _short_varint(n)
+        if pos > len(data):
+            return None
+        try:
+            _scan_fields(data, start, pos, TRACE_CONTEXT_SCHEMA)
+        except IacError:
+            return None  # the full scan says why
+    if _MSG_END(data, pos) is None:
+        return None
     return tail.start(1) - 2, tail.end(1)
+
+
+def _short_varint(n: bytes) -> int:
+    """The value of a varint the patterns above matched (at most 5 bytes)."""
+    length = 0
+    for i, b in enumerate(n):
+        length |= (b & 0x7F) << (7 * i)
+    return length
 
 
 def signature_span(data: bytes, schema: Schema = MESSAGE_SCHEMA) -> tuple[int, int]:

@@ -67,8 +67,16 @@ class TaskState(_message.Message):
     state_ref: str
     def __init__(self, task_id: _Optional[str] = ..., intent: _Optional[_Union[Intent, str]] = ..., step: _Optional[int] = ..., steps: _Optional[int] = ..., state_ref: _Optional[str] = ...) -> None: ...
 
+class TraceContext(_message.Message):
+    __slots__ = ("traceparent", "tracestate")
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    traceparent: str
+    tracestate: str
+    def __init__(self, traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
 class Message(_message.Message):
-    __slots__ = ("to", "msg_type", "payload_json", "timestamp", "msg_id", "session_id", "signature", "extra_data", "reply_to", "task", "flags", "sealed", "reply_session_id", "deadline", "stream_seq", "credit")
+    __slots__ = ("to", "msg_type", "payload_json", "timestamp", "msg_id", "session_id", "signature", "extra_data", "reply_to", "task", "flags", "sealed", "reply_session_id", "deadline", "trace", "stream_seq", "credit")
     FROM_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +92,7 @@ class Message(_message.Message):
     SEALED_FIELD_NUMBER: _ClassVar[int]
     REPLY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     STREAM_SEQ_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     to: str
@@ -100,9 +109,10 @@ class Message(_message.Message):
     sealed: bytes
     reply_session_id: int
     deadline: int
+    trace: TraceContext
     stream_seq: int
     credit: int
-    def __init__(self, to: _Optional[str] = ..., msg_type: _Optional[_Union[MessageType, str]] = ..., payload_json: _Optional[str] = ..., timestamp: _Optional[int] = ..., msg_id: _Optional[int] = ..., session_id: _Optional[int] = ..., signature: _Optional[bytes] = ..., extra_data: _Optional[bytes] = ..., reply_to: _Optional[int] = ..., task: _Optional[_Union[TaskState, _Mapping]] = ..., flags: _Optional[int] = ..., sealed: _Optional[bytes] = ..., reply_session_id: _Optional[int] = ..., deadline: _Optional[int] = ..., stream_seq: _Optional[int] = ..., credit: _Optional[int] = ..., **kwargs) -> None: ...
+    def __init__(self, to: _Optional[str] = ..., msg_type: _Optional[_Union[MessageType, str]] = ..., payload_json: _Optional[str] = ..., timestamp: _Optional[int] = ..., msg_id: _Optional[int] = ..., session_id: _Optional[int] = ..., signature: _Optional[bytes] = ..., extra_data: _Optional[bytes] = ..., reply_to: _Optional[int] = ..., task: _Optional[_Union[TaskState, _Mapping]] = ..., flags: _Optional[int] = ..., sealed: _Optional[bytes] = ..., reply_session_id: _Optional[int] = ..., deadline: _Optional[int] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ..., stream_seq: _Optional[int] = ..., credit: _Optional[int] = ..., **kwargs) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("version", "agent_id", "session_id", "timestamp", "nonce", "peer_nonce", "dict_ids", "max_frame_size", "listen_addrs", "capabilities", "channel_binding", "peer_agent_id", "signature")
