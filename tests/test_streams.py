@@ -108,13 +108,13 @@ def test_errors_deadlines_and_misuse_are_explicit() -> None:
                     got.append(p.payload)
             assert got == [1, 2] and err.value.code == "internal"  # the error comes after the parts
 
-            with pytest.raises(RequestTimeout, match="no part for 0.3 s"):
+            with pytest.raises(RequestTimeout, match=r"no part for 0\.3 s"):
                 async for p in client.stream(server.agent_id, "CREATE", idle_timeout=0.3):
                     assert p.payload == 1
             await eventually(lambda: server.stats().cancelled == 1)  # the idle consumer cancelled it
 
             assert [p.payload async for p in client.stream(server.agent_id, "TERMINATE")] == [{"plain": True}]
-            with pytest.raises(RemoteError, match="ask with node.stream"):
+            with pytest.raises(RemoteError, match=r"ask with node\.stream"):
                 await client.request(server.agent_id, "RUN", timeout=5)
             with pytest.raises(RemoteError) as err:
                 async for _ in client.stream(server.agent_id, "BROADCAST"):
@@ -134,7 +134,7 @@ def test_a_stream_ends_when_the_connection_does() -> None:
                 yield 0
                 await asyncio.sleep(30)
 
-            with pytest.raises(Exception) as err:  # noqa: PT011 - the typed error is asserted below
+            with pytest.raises(Exception) as err:  # the typed error is asserted below
                 async for _ in client.stream(server.agent_id, "RUN"):
                     conn = client.connection(server.agent_id)
                     assert conn is not None
