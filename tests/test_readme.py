@@ -21,6 +21,8 @@ EXPECTED = {
     "relay": "True 2",
     "broadcast": "True",
     "files": "report.pdf 1080000 True",
+    "metrics": 'iac_handled_total 3.0\niac_connections_by_transport{transport="tls"} 1.0',
+    "tracing": "['iac handle RUN', 'iac request RUN', 'plan'] 1",
 }
 
 
