@@ -38,14 +38,17 @@ class Answers:
         self, conn: Connection, msg: Message, reason: Refusal, detail: str, *, answer: bool = True
     ) -> None:
         """Count a refusal; answer ERROR with its code unless ``msg`` is a response or ``answer``
-        is False (broadcasts, and refusals that have no code)."""
+        is False (broadcasts, and refusals that have no code). The ERROR is cached like a handler's
+        answer: a retransmission of the refused message gets the same ERROR, never an ACK."""
         self._c.refused[reason.value] += 1
         log.debug("refused %s from %s…: %s", reason.value, sender_of(msg)[:16], detail)
         code = reason.code
         if answer and code is not None and msg.msg_type not in RESPONSE_TYPES:
-            await self.send_error(conn, sender_of(msg), msg, code, detail)
+            await self.send_error(conn, sender_of(msg), msg, code, detail, cache=True)
 
-    async def send_error(self, conn: Connection, to: str, req: Message, code: str, detail: str) -> None:
+    async def send_error(
+        self, conn: Connection, to: str, req: Message, code: str, detail: str, *, cache: bool = False
+    ) -> None:
         code = code.value if isinstance(code, ErrorCode) else code
         err = self._outbox.build(
             to,
@@ -55,6 +58,8 @@ class Answers:
             reply_to=req.msg_id,
             reply_session_id=req.session_id,
         )
+        if cache and (req.deadline or req.flags & FLAG_ACK_REQUESTED):
+            self._remember((to, req.session_id, req.msg_id), err)
         if await self._outbox.try_send_to(to, err, conn):
             self._c.errors_sent[code] += 1
         else:
@@ -103,9 +108,7 @@ class Answers:
             reply_session_id=msg.session_id,
             sealed=item.sealed,
         )
-        self.cache[item.key] = ans
-        while len(self.cache) > self.config.answer_cache:
-            self.cache.popitem(last=False)
+        self._remember(item.key, ans)
         try:
             await self._outbox.send_to(sender, ans, item.conn)
         except FrameTooLarge as exc:
@@ -121,6 +124,11 @@ class Answers:
             return  # the connection went away: the caller retransmits or times out
         if msg_type == _REPLY:
             self._c.replies_sent += 1
+
+    def _remember(self, key: Key, answer: Message) -> None:
+        self.cache[key] = answer
+        while len(self.cache) > self.config.answer_cache:
+            self.cache.popitem(last=False)
 
     async def ack(self, conn: Connection, msg: Message) -> None:
         if not msg.to:

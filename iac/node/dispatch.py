@@ -170,7 +170,7 @@ class Dispatcher:
                 if self.draining
                 else ("handler backlog full" if self.waiting >= c.max_backlog else "per-peer quota reached")
             )
-            self.release(item)
+            self.commit(item)  # busy is this message's answer: a retransmission gets it again
             await self._answers.refuse(item.conn, item.msg, Refusal.BUSY, why)
             return
         self.admit(item)
@@ -251,7 +251,7 @@ class Dispatcher:
         else:
             self._ended(item)
             self._c.handled += 1
-            self._commit(item)
+            self.commit(item)
             await self._answers.part(item, "", end=True)
         finally:
             del self._streams[item.key]
@@ -405,7 +405,7 @@ class Dispatcher:
     async def _complete(self, item: Item, result: Any) -> None:
         self._ended(item)
         self._c.handled += 1
-        self._commit(item)
+        self.commit(item)
         msg = item.msg
         if msg.deadline:
             try:
@@ -425,16 +425,16 @@ class Dispatcher:
     async def _refused(self, item: Item, reason: Refusal, code: ErrorCode, text: str) -> None:
         self._ended(item)
         self._c.refused[reason.value] += 1
-        self._commit(item)
+        self.commit(item)
         await self._answers.error(item, code, text)
 
     async def _outcome(self, item: Item, code: str, text: str) -> None:
         self._ended(item)
         self._c.handled += 1
-        self._commit(item)
+        self.commit(item)
         await self._answers.error(item, code, text)
 
-    def _commit(self, item: Item) -> None:
+    def commit(self, item: Item) -> None:
         self._pipeline.commit(item, self._clock.now_us())
 
     def release(self, item: Item) -> None:

@@ -129,7 +129,7 @@ class OrderedDelivery:
 
     def _enqueue(self, st: _Stream, item: Item) -> None:
         if len(st.queue) >= self.config.max_backlog or self.draining:
-            self._dispatcher.release(item)
+            self._dispatcher.commit(item)  # busy is this message's answer: a retransmission gets it again
             self._tasks.spawn(self._answers.refuse(item.conn, item.msg, Refusal.BUSY, "ordered queue full"))
             return
         st.queue.append(item)
