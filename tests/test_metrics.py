@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from conftest import run
-
 from prometheus_client.parser import text_string_to_metric_families
 
 import iac
