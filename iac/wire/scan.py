@@ -106,6 +106,7 @@ MESSAGE_SCHEMA = Schema(
         1: (LEN,), 2: (LEN,), 3: (VARINT,), 4: (LEN,), 5: (VARINT,), 6: (VARINT,),
         7: (VARINT,), 8: (LEN,), 9: (LEN,), 10: (VARINT,), 11: (LEN,), 12: (VARINT,),
         13: (LEN,), 14: (VARINT,), 15: (VARINT,), 16: (LEN,), 17: (VARINT,), 18: (VARINT,),
+        19: (LEN,),
     },
     frozenset(),
     {11: TASK_STATE_SCHEMA, 16: TRACE_CONTEXT_SCHEMA},
@@ -232,8 +233,11 @@ _MSG_TAIL = re.compile(
     rb"(?:\x82\x01([\x80-\xff]?[\x00-\x7f]))?",
     re.DOTALL,
 ).match
-#: The end: varint fields 17 and 18 (two-byte tags).
-_MSG_END = re.compile(rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?", re.DOTALL).fullmatch
+#: The end: varint fields 17 and 18, and the length of field 19 (the principal), two-byte tags.
+_MSG_END = re.compile(
+    rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?(?:\x9a\x01([\x80-\xff]?[\x00-\x7f]))?",
+    re.DOTALL,
+).match
 
 
 def _message_span_fast(data: bytes) -> tuple[int, int] | None:
@@ -241,7 +245,7 @@ def _message_span_fast(data: bytes) -> tuple[int, int] | None:
 
     Accepts only what :func:`_scan` accepts with the same span: known fields in increasing
     order (so none repeats), right wire types, a 64-byte signature, no field 9, 11 or 13; a
-    trace context (field 16) whose own fields the full scan accepts.
+    trace context (field 16) whose own fields the full scan accepts; a principal (field 19) last.
     """
     head = _MSG_HEAD(data)
     pos = head.end()  # type: ignore[union-attr]  # the pattern matches the empty string
@@ -263,7 +267,12 @@ def _message_span_fast(data: bytes) -> tuple[int, int] | None:
             _scan_fields(data, start, pos, TRACE_CONTEXT_SCHEMA)
         except IacError:
             return None  # the full scan says why
-    if _MSG_END(data, pos) is None:
+    end = _MSG_END(data, pos)
+    pos = end.end()  # type: ignore[union-attr]  # the pattern matches the empty string
+    n = end.group(1)  # type: ignore[union-attr]
+    if n is not None:  # the principal: a string, its bytes are not scanned
+        pos += _short_varint(n)
+    if pos != len(data):
         return None
     return tail.start(1) - 2, tail.end(1)
 

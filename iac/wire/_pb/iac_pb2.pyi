@@ -76,7 +76,7 @@ class TraceContext(_message.Message):
     def __init__(self, traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("to", "msg_type", "payload_json", "timestamp", "msg_id", "session_id", "signature", "extra_data", "reply_to", "task", "flags", "sealed", "reply_session_id", "deadline", "trace", "stream_seq", "credit")
+    __slots__ = ("to", "msg_type", "payload_json", "timestamp", "msg_id", "session_id", "signature", "extra_data", "reply_to", "task", "flags", "sealed", "reply_session_id", "deadline", "trace", "stream_seq", "credit", "principal")
     FROM_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class Message(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     STREAM_SEQ_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     to: str
     msg_type: MessageType
     payload_json: str
@@ -112,7 +113,8 @@ class Message(_message.Message):
     trace: TraceContext
     stream_seq: int
     credit: int
-    def __init__(self, to: _Optional[str] = ..., msg_type: _Optional[_Union[MessageType, str]] = ..., payload_json: _Optional[str] = ..., timestamp: _Optional[int] = ..., msg_id: _Optional[int] = ..., session_id: _Optional[int] = ..., signature: _Optional[bytes] = ..., extra_data: _Optional[bytes] = ..., reply_to: _Optional[int] = ..., task: _Optional[_Union[TaskState, _Mapping]] = ..., flags: _Optional[int] = ..., sealed: _Optional[bytes] = ..., reply_session_id: _Optional[int] = ..., deadline: _Optional[int] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ..., stream_seq: _Optional[int] = ..., credit: _Optional[int] = ..., **kwargs) -> None: ...
+    principal: str
+    def __init__(self, to: _Optional[str] = ..., msg_type: _Optional[_Union[MessageType, str]] = ..., payload_json: _Optional[str] = ..., timestamp: _Optional[int] = ..., msg_id: _Optional[int] = ..., session_id: _Optional[int] = ..., signature: _Optional[bytes] = ..., extra_data: _Optional[bytes] = ..., reply_to: _Optional[int] = ..., task: _Optional[_Union[TaskState, _Mapping]] = ..., flags: _Optional[int] = ..., sealed: _Optional[bytes] = ..., reply_session_id: _Optional[int] = ..., deadline: _Optional[int] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ..., stream_seq: _Optional[int] = ..., credit: _Optional[int] = ..., principal: _Optional[str] = ..., **kwargs) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("version", "agent_id", "session_id", "timestamp", "nonce", "peer_nonce", "dict_ids", "max_frame_size", "listen_addrs", "capabilities", "channel_binding", "peer_agent_id", "signature")
