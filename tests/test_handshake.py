@@ -273,3 +273,62 @@ def test_other_close_codes_are_connection_closed() -> None:
     err = error_from_close(CloseCode.IMPERSONATION, "x")
     assert isinstance(err, ConnectionClosed) and err.code == CloseCode.IMPERSONATION
     assert decode_goaway(b"\xff")[0] == CloseCode.PROTOCOL_ERROR
+
+
+def test_keys_the_admission_refuses_do_not_fill_the_nonce_cache() -> None:
+    """A HELLO's nonce is recorded only once it verified and was admitted: a flood of HELLOs
+    from keys the policy refuses leaves the (small) cache empty, and an admitted peer gets in."""
+    cache = NonceCache(max_entries=3)
+
+    def admitted(agent: str) -> bool:
+        return agent == CLIENT.agent_id
+
+    for _ in range(10):
+        stranger = ClientHandshake(Identity.generate(), HelloOrder.CLIENT_FIRST, binding=CERT)
+        s = ServerHandshake(
+            SERVER, HelloOrder.CLIENT_FIRST, binding=CERT, nonce_cache=cache, admission=admitted
+        )
+        with pytest.raises(AdmissionDenied):
+            s.receive(stranger.initial(T0) or b"", T0)
+    assert len(cache) == 0
+    c, s = pair(cache=cache, admission=admitted)
+    exchange(c, s)
+    assert c.nonce in cache
+
+
+def test_a_nonce_is_kept_for_twice_the_larger_skew() -> None:
+    cache = NonceCache(max_skew_us=1_000_000)
+    cache.check_and_add(b"a" * 16, T0, max_skew_us=5_000_000)  # the handshake's skew is larger
+    cache.expire(T0 + 9_999_999)
+    with pytest.raises(ReplayedHello):
+        cache.check_and_add(b"a" * 16, T0 + 9_999_999)
+    cache.check_and_add(b"a" * 16, T0 + 10_000_001)  # expired, then recorded again
+
+
+def test_check_cluster_stores_refuses_shared_tickets_without_shared_replay_and_nonces() -> None:
+    class Shared:
+        shared = True
+
+    from iac.errors import ConfigError
+    from iac.protocol.tickets import MemoryTicketStore, check_cluster_stores
+
+    check_cluster_stores(MemoryTicketStore(), object(), NonceCache())  # nothing shared: fine
+    check_cluster_stores(Shared(), Shared(), Shared())
+    with pytest.raises(ConfigError, match="replay store and the HELLO nonce cache are not"):
+        check_cluster_stores(Shared(), object(), NonceCache())
+    with pytest.raises(ConfigError, match="HELLO nonce cache is not"):
+        check_cluster_stores(Shared(), Shared(), NonceCache())
+    with pytest.raises(ConfigError, match="replay store is not"):
+        check_cluster_stores(Shared(), object(), Shared())
+
+
+def test_memory_ticket_store_takes_each_ticket_once() -> None:
+    from iac.protocol.tickets import MemoryTicketStore
+
+    store = MemoryTicketStore(max_entries=2)
+    store.put(b"a", b"A", T0 + 10, T0)
+    store.put(b"b", b"B", T0 + 10, T0)
+    store.put(b"c", b"C", T0 + 10, T0)  # beyond max_entries: the oldest goes
+    assert store.take(b"a", T0) is None
+    assert store.take(b"b", T0) == b"B" and store.take(b"b", T0) is None
+    assert store.take(b"c", T0 + 10) is None  # expired

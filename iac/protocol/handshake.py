@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -48,6 +47,7 @@ from iac.errors import (
     UnexpectedHello,
     WrongPeer,
 )
+from iac.protocol.nonces import DEFAULT_MAX_SKEW_US, DEFAULT_NONCE_CACHE_SIZE, NonceCache, NonceStore
 from iac.wire._pb.iac_pb2 import GoAway, Hello
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from iac.wire.identity import Domain, Identity
@@ -56,9 +56,6 @@ from iac.wire.message import open_hello, sign_hello
 PROTOCOL_VERSION = 1
 NONCE_SIZE = 16
 ALPN = "iac/1"
-DEFAULT_MAX_SKEW_US = 60_000_000
-#: Nonces remembered at most (the cache refuses new HELLOs rather than forget early).
-DEFAULT_NONCE_CACHE_SIZE = 100_000
 #: Longest GOAWAY reason sent (characters).
 MAX_REASON = 200
 
@@ -146,45 +143,6 @@ def _finish(identity: Identity, draft: HelloDraft, hook: HelloHook | None) -> by
         if raw is not None:
             return raw
     return sign_hello(identity, draft.hello, draft.domain)
-
-
-class NonceCache:
-    """HELLO nonces seen within the freshness window; bounded.
-
-    A nonce is kept for ``2 × max_skew`` after it was seen: a HELLO is accepted
-    only while ``|now − timestamp| ≤ max_skew``, and its timestamp is at most
-    ``max_skew`` ahead of the moment it was first seen. When the cache is full of
-    unexpired nonces it refuses new HELLOs (:class:`HandshakeError`) rather than
-    forget one early, which would reopen a replay. Only HELLOs whose signature
-    verified get here, so only authenticated peers can fill it.
-    """
-
-    def __init__(
-        self, max_skew_us: int = DEFAULT_MAX_SKEW_US, max_entries: int = DEFAULT_NONCE_CACHE_SIZE
-    ) -> None:
-        self.max_skew_us = max_skew_us
-        self.max_entries = max_entries
-        self._seen: OrderedDict[bytes, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def expire(self, now_us: int) -> None:
-        seen = self._seen
-        while seen:
-            _nonce, expiry = next(iter(seen.items()))
-            if expiry > now_us:
-                break
-            seen.popitem(last=False)
-
-    def check_and_add(self, nonce: bytes, now_us: int) -> None:
-        """Record ``nonce``; :class:`ReplayedHello` if it was seen within the window."""
-        self.expire(now_us)
-        if nonce in self._seen:
-            raise ReplayedHello("HELLO nonce was already used within the freshness window")
-        if len(self._seen) >= self.max_entries:
-            raise HandshakeError("busy: too many recent handshakes (nonce cache full)")
-        self._seen[nonce] = now_us + 2 * self.max_skew_us
 
 
 def _open(data: bytes, role_of_sender: Role) -> Hello:
@@ -294,15 +252,20 @@ class ClientHandshake(_Base):
 
 @dataclass
 class ServerHandshake(_Base):
-    """The accepting side. Checks signature, version, freshness, binding, the nonce
-    (echo or replay cache), the named peer and the admission policy.
+    """The accepting side. Checks signature, version, freshness, binding, the named peer,
+    the admission policy, and last the nonce (echo, then the replay cache).
 
     CLIENT_FIRST: ``initial()`` gives None; ``receive()`` checks the client's HELLO
     and returns the answer. SERVER_FIRST: ``initial()`` gives the server's HELLO;
     ``receive()`` checks the client's and returns None.
+
+    ``receive()`` is :meth:`check`, then the nonce cache, then :meth:`accept`. An
+    adapter whose cache does I/O (a shared store) calls the three itself, with the
+    cache call off the event loop. The nonce is recorded only for a HELLO that
+    verified and was admitted: a key the policy refuses cannot fill the cache.
     """
 
-    nonce_cache: NonceCache | None = None
+    nonce_cache: NonceStore | None = None
     admission: Callable[[str], bool] | None = None
 
     def initial(self, now_us: int) -> bytes | None:
@@ -316,6 +279,14 @@ class ServerHandshake(_Base):
         return self.sent_bytes
 
     def receive(self, data: bytes, now_us: int) -> bytes | None:
+        hello = self.check(data, now_us)
+        if self.nonce_cache is not None:
+            self.nonce_cache.check_and_add(hello.nonce, now_us, max_skew_us=self.max_skew_us)
+        return self.accept(hello, data, now_us)
+
+    def check(self, data: bytes, now_us: int) -> Hello:
+        """Every check on the client's HELLO but the nonce cache (admission included);
+        returns the HELLO, which is not yet accepted."""
         hello = self._open_checked(data, now_us, Role.CLIENT)
         me = self.identity.agent_id
         if self.order is HelloOrder.SERVER_FIRST:
@@ -328,10 +299,15 @@ class ServerHandshake(_Base):
                 raise WrongPeer(f"client dialed {hello.peer_agent_id[:16]}…, this node is {me[:16]}…")
             if hello.peer_nonce:
                 raise HandshakeError("a client HELLO that goes first carries no peer_nonce")
-        if self.nonce_cache is not None:
-            self.nonce_cache.check_and_add(hello.nonce, now_us)
         if self.admission is not None and not self.admission(hello.agent_id):
             raise AdmissionDenied(f"{hello.agent_id[:16]}… is not admitted by this node's policy")
+        return hello
+
+    def accept(self, hello: Hello, data: bytes, now_us: int) -> bytes | None:
+        """Accept a HELLO that passed :meth:`check` and whose nonce is recorded; return the
+        answer (CLIENT_FIRST) or None."""
+        if self.peer_hello is not None:
+            raise UnexpectedHello("a second HELLO on this connection")
         self.peer_hello = hello
         if self.order is HelloOrder.SERVER_FIRST:
             return None
@@ -412,6 +388,7 @@ def handshake_codes() -> Sequence[int]:
 __all__ = [
     "ALPN",
     "DEFAULT_MAX_SKEW_US",
+    "DEFAULT_NONCE_CACHE_SIZE",
     "NONCE_SIZE",
     "PROTOCOL_VERSION",
     "ClientHandshake",
@@ -420,6 +397,7 @@ __all__ = [
     "HelloOrder",
     "HelloParams",
     "NonceCache",
+    "NonceStore",
     "Role",
     "ServerHandshake",
     "build_hello",
