@@ -38,6 +38,10 @@ class MemoryReplayStore(StoreSettings):
     release for a window that has since expired is a no-op.
     """
 
+    #: Whether other processes can share this store (this process only): see
+    #: :func:`iac.protocol.tickets.check_cluster_stores`.
+    shared = False
+
     def __init__(self, started_at_us: int, config: ReplayConfig | None = None) -> None:
         self._config = config if config is not None else ReplayConfig()
         self._history_start_us = started_at_us

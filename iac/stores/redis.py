@@ -252,6 +252,10 @@ class RedisReplayStore(StoreSettings):
         timeout_s: socket connect and read timeout of a client made from a URL.
     """
 
+    #: Whether other processes can share this store (processes on any host): see
+    #: :func:`iac.protocol.tickets.check_cluster_stores`.
+    shared = True
+
     def __init__(
         self,
         redis: str | redis_lib.Redis,

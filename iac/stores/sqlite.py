@@ -123,6 +123,10 @@ class SqliteReplayStore(StoreSettings):
             before it fails with :class:`StoreUnavailable`.
     """
 
+    #: Whether other processes can share this store (the processes of a host): see
+    #: :func:`iac.protocol.tickets.check_cluster_stores`.
+    shared = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],
