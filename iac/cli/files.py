@@ -115,14 +115,13 @@ async def _run_send_file(args: argparse.Namespace) -> int:
             )
         finally:
             bar.finish()
-    first_sends = res.chunks_sent - res.chunks_resent  # distinct chunks this run sent
-    held_before = res.chunks - first_sends  # what the receiver had from an earlier run
-    carried = res.size * first_sends / res.chunks
+    first_sends = res.chunks - res.chunks_resumed  # distinct chunks this run sent
+    carried = res.size * first_sends / max(res.chunks, 1)
     rate = carried / max(res.seconds, 1e-9) / 1e6
     print(
         f"sent {res.name} {res.size} bytes sha256={res.sha256} to {res.peer[:16]}… in {res.seconds:.2f} s "
         f"({rate:.1f} MB/s), {res.chunks_sent} chunks sent, {res.chunks_resent} resent, "
-        f"{held_before} resumed, {res.resumed} reconnects"
+        f"{res.chunks_resumed} resumed, {res.resumed} reconnects"
     )
     return 0
 

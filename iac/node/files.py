@@ -243,6 +243,7 @@ class Files:
             chunks_resent=sender.stats.chunks_resent,
             resumed=resumed,
             seconds=loop.time() - started,
+            chunks_resumed=sender.total - (sender.stats.chunks_sent - sender.stats.chunks_resent),
         )
 
     async def _drive(self, st: _Transfer, conn: Connection, via: str | None, stall: float) -> int:

@@ -84,6 +84,9 @@ class FileSent:
     chunks_resent: int
     resumed: int
     seconds: float
+    #: Chunks the receiver already held when this transfer started (an earlier, interrupted one,
+    #: possibly by another process): never sent again.
+    chunks_resumed: int = 0
 
 
 @dataclass(frozen=True)
