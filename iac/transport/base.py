@@ -31,6 +31,9 @@ from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame
 
 MiB = 1024 * 1024
 TRANSPORTS = ("quic", "tls", "unix")
+#: QUIC congestion control algorithms (``TransportConfig.congestion``), and the default.
+CONGESTION_CONTROLS = ("reno", "cubic", "bbr")
+DEFAULT_CONGESTION = "reno"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class TransportConfig:
     idle_timeout: float | None = 30.0
     #: Liveness probes: TCP keep-alive idle time on TLS/TCP; QUIC PING interval.
     keepalive_interval: float = 10.0
+    #: QUIC congestion control: "reno" (aioquic's default), "cubic", or "bbr" (paced, model
+    #: based; aioquic backend only). TLS/TCP keeps the kernel's choice.
+    congestion: str = DEFAULT_CONGESTION
     #: Send-side backpressure: ``send()`` waits while this many frames / bytes are queued.
     send_queue_frames: int = 1024
     send_queue_bytes: int = 8 * MiB
@@ -99,6 +105,10 @@ class TransportConfig:
             raise ConfigError("recv_budget_bytes must be at least max_frame_size")
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("cert_file and key_file go together")
+        if self.congestion not in CONGESTION_CONTROLS:
+            raise ConfigError(
+                f"congestion must be one of {', '.join(CONGESTION_CONTROLS)}, not {self.congestion!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -312,6 +322,8 @@ class ConnectionTable:
 
 
 __all__ = [
+    "CONGESTION_CONTROLS",
+    "DEFAULT_CONGESTION",
     "TRANSPORTS",
     "Address",
     "Connection",
