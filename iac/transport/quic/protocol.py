@@ -6,6 +6,12 @@ carries (no per-stream readers), flushes received datagrams at the end of the lo
 turn, and lets the connection move queued frames into streams right before each
 flush. The connection is reached through :class:`ConnectionEvents` only, so this
 module does not depend on :mod:`iac.transport.quic.connection`.
+
+Pacing: the library builds a packet only when its pacer allows, and asks for a timer
+when it does not (the flush that timer triggers goes through :meth:`QuicProtocol.transmit`
+too). A connection whose congestion controller needs more than the library offers (BBR:
+:mod:`iac.transport.quic.congestion`) gets its hooks when the protocol is made, and is
+told before and after every flush (:class:`~iac.transport.quic.congestion.TransmitHooks`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.backend import Backend
+from iac.transport.quic.congestion import TransmitHooks, attach
 
 
 class ConnectionEvents(Protocol):
@@ -42,10 +49,14 @@ class QuicProtocol(asyncio.DatagramProtocol):
     _loop: asyncio.AbstractEventLoop
     _transmit_task: asyncio.Handle | None
     _transport: asyncio.DatagramTransport | None
+    _cc_hooks: TransmitHooks | None = None
+
+    def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
+        self._cc_hooks = attach(quic, self.backend)
 
     if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
 
-        def __init__(self, quic: Any) -> None: ...
         def _process_events(self) -> None: ...
         def _transmit_soon(self) -> None: ...
         def connect(self, addr: Any) -> None: ...
@@ -76,7 +87,12 @@ class QuicProtocol(asyncio.DatagramProtocol):
         conn = self.conn
         if conn is not None:
             conn._before_transmit()
+        hooks = self._cc_hooks
+        if hooks is not None:
+            hooks.before_transmit(self._loop.time())
         super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        if hooks is not None:
+            hooks.after_transmit(self._loop.time())
         if conn is not None:
             conn._after_transmit()
 
