@@ -1,9 +1,12 @@
-"""The library's ``QuicConfiguration`` for each side: ALPN, certificates, verification, idle timer.
+"""The library's ``QuicConfiguration`` for each side: ALPN, certificates, verification, idle timer,
+congestion control.
 
 Default mode: the server presents the node's self-signed certificate (or the
 configured one) and the client does not verify it against a CA; the HELLO's
 channel binding (SHA-256 of the certificate DER) ties the HELLOs to this very
-TLS session. CA mode (``ca_file``): the client verifies the server's chain.
+TLS session. CA mode (``ca_file``): the client verifies the server's chain and
+presents its own CA-signed certificate; the server asks for it (on every full
+handshake) and the listener verifies it (``iac.transport.quic.listener``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from iac.protocol.handshake import ALPN
 from iac.transport.base import TransportConfig
 from iac.transport.certs import node_certificate
 from iac.transport.quic.backend import Backend
+from iac.transport.quic.congestion import configure as configure_congestion
 from iac.wire.identity import Identity
 
 #: QUIC's own idle timeout when ``idle_timeout`` is None (keep-alive still detects a dead peer).
@@ -30,8 +34,11 @@ def transport_idle(config: TransportConfig) -> float:
     return min(3 * config.keepalive_interval, _NO_IDLE)
 
 
-def client_configuration(config: TransportConfig, host: str, backend: Backend) -> Any:
-    """The dialing side's configuration for ``host``."""
+def client_configuration(
+    config: TransportConfig, host: str, backend: Backend, identity: Identity | None = None
+) -> Any:
+    """The dialing side's configuration for ``host`` (CA mode: with ``identity``'s certificate,
+    which a CA-mode server asks for)."""
     qc = backend.QuicConfiguration(
         is_client=True,
         alpn_protocols=[ALPN],
@@ -40,9 +47,14 @@ def client_configuration(config: TransportConfig, host: str, backend: Backend) -
         # AgentId, and node certificates name nodes, not the addresses they listen on.
         server_name=None if config.ca_file is not None else host,
     )
+    configure_congestion(qc, config.congestion, backend)
     if config.ca_file is not None:
         qc.verify_mode = ssl.CERT_REQUIRED
         qc.load_verify_locations(cafile=config.ca_file)
+        if identity is not None:
+            qc.certificate, qc.private_key, qc.certificate_chain, _der = _load_certificate(
+                identity, config, backend
+            )
     else:
         qc.verify_mode = ssl.CERT_NONE
     return qc
@@ -53,6 +65,7 @@ def server_configuration(identity: Identity, config: TransportConfig, backend: B
     qc = backend.QuicConfiguration(
         is_client=False, alpn_protocols=[ALPN], idle_timeout=transport_idle(config)
     )
+    configure_congestion(qc, config.congestion, backend)
     qc.certificate, qc.private_key, qc.certificate_chain, der = _load_certificate(identity, config, backend)
     return qc, der
 
