@@ -10,7 +10,7 @@ import argparse
 import importlib.metadata
 from collections.abc import Callable, Sequence
 
-from iac.cli import bench, demo, dicts, files, keys, mesh, net, node, proto
+from iac.cli import a2a, bench, demo, dicts, files, keys, mesh, net, node, proto
 from iac.cli.options import print_error
 from iac.errors import IacError
 
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"iac {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    for verbs in (keys, dicts, demo, node, net, files, mesh, bench, proto):
+    for verbs in (keys, dicts, demo, node, net, files, mesh, bench, proto, a2a):
         verbs.register(sub)
     return parser
 

@@ -1,0 +1,165 @@
+"""``iac a2a``: A2A over IAC from the command line (``pip install 'iac[a2a]'``).
+
+``iac a2a gateway --key K --listen http://HOST:PORT --to AGENT --addr URL --tokens FILE``
+publishes the A2A agent behind IAC agent ``AGENT`` to plain A2A clients: its card at
+``/.well-known/agent-card.json`` and A2A's JSON-RPC (and SSE) at ``/``. Callers authenticate with
+a bearer token (``--tokens``) or an API key (``--api-keys``, header ``--api-key-header``); both
+files hold ``PRINCIPAL SECRET`` lines and must be private (mode 0600). Each call is forwarded
+signed by the gateway's key, the caller's principal in Message field 19. It prints
+``gateway URL``, ``card URL`` and ``node ID``, serves until interrupted, then prints its counters.
+
+``iac a2a bridge --key K --listen URL --to http://HOST:PORT`` the other way: a node that answers
+A2A over IAC for the HTTP A2A agent at that URL (``--bearer-token-file`` for the HTTP leg).
+
+``iac a2a card --key K --to AGENT --addr URL`` prints the agent's A2A card (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from iac.cli.options import (
+    add_listen_option,
+    add_tls_options,
+    print_error,
+    print_listening,
+    serve_until_signal,
+    transport_config,
+)
+from iac.errors import ConfigError, IacError
+from iac.node.config import NodeConfig
+from iac.node.node import Node
+from iac.wire.identity import Identity
+
+
+def _a2a() -> Any:
+    try:
+        from iac.integrations import a2a
+    except ImportError as exc:
+        raise ConfigError(f"{exc}") from None
+    return a2a
+
+
+def _run(main: Any) -> Callable[[argparse.Namespace], int]:
+    """Run a verb; an A2A error (a2a-sdk's, not an IacError) is one line and exit 1 too."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(asyncio.run(main(args)))
+        except Exception as exc:
+            if type(exc).__module__.startswith(("a2a.", "iac.integrations.a2a")) and not isinstance(
+                exc, IacError
+            ):
+                print_error(args.verb, exc)
+                return 1
+            raise
+
+    return run
+
+
+def _node(args: argparse.Namespace, listen: list[str] | None = None) -> Node:
+    config = NodeConfig(transport=transport_config(args))
+    return Node(Identity.load(args.key), listen=listen or [], config=config)
+
+
+async def run_gateway(args: argparse.Namespace) -> int:
+    a2a = _a2a()
+    if bool(args.tokens) == bool(args.api_keys):
+        raise ConfigError("give exactly one of --tokens FILE (bearer) and --api-keys FILE")
+    if args.tokens:
+        auth = a2a.GatewayAuth.from_file(args.tokens, "bearer")
+    else:
+        auth = a2a.GatewayAuth.from_file(args.api_keys, "apikey", args.api_key_header)
+    async with _node(args) as node:
+        gateway = a2a.A2AGateway(
+            node, args.to, addresses=args.addr, auth=auth, listen=args.listen, max_body=args.max_body,
+            timeout=args.timeout, advertise_iac=not args.no_advertise_iac,
+            tls_cert=args.https_cert, tls_key=args.https_key,
+        )  # fmt: skip
+        async with gateway:
+            print(f"gateway {gateway.url}", flush=True)
+            print(f"card {gateway.url}.well-known/agent-card.json", flush=True)
+            print(f"node {node.agent_id}", flush=True)
+            await serve_until_signal()
+            print(f"stats {json.dumps(gateway.stats(), sort_keys=True)}", flush=True)
+    return 0
+
+
+async def run_bridge(args: argparse.Namespace) -> int:
+    a2a = _a2a()
+    import httpx
+
+    headers = {}
+    if args.bearer_token_file:
+        token = Path(args.bearer_token_file).read_text(encoding="utf-8").strip()
+        headers["Authorization"] = f"Bearer {token}"
+    http = httpx.AsyncClient(headers=headers, timeout=args.timeout)
+    async with _node(args, args.listen) as node, http:
+        bridge = await a2a.serve_remote(node, args.to, http=http, trusted_gateways=args.trust_gateway)
+        print(f"node {node.agent_id}", flush=True)
+        print_listening(node.addresses)
+        print(f"bridging {args.to}", flush=True)
+        await serve_until_signal()
+        print(f"stats {json.dumps(bridge.server.stats(), sort_keys=True)}", flush=True)
+    return 0
+
+
+async def run_card(args: argparse.Namespace) -> int:
+    a2a = _a2a()
+    from google.protobuf.json_format import MessageToDict
+
+    async with _node(args) as node:
+        card = await a2a.fetch_card(node, args.to, *args.addr, timeout=args.timeout)
+    print(json.dumps(MessageToDict(card), indent=2))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``iac a2a gateway|bridge|card`` to the ``iac`` sub-command parsers."""
+    p = sub.add_parser("a2a", help="A2A over IAC: an HTTP gateway, a bridge, an agent's card")
+    verbs = p.add_subparsers(dest="a2a_verb", metavar="VERB", required=True)
+
+    g = verbs.add_parser("gateway", help="serve A2A JSON-RPC over HTTP in front of an IAC agent")
+    g.add_argument("--key", required=True, help="the gateway's key file (it signs what it forwards)")
+    g.add_argument("--listen", required=True, metavar="URL", help="http://HOST:PORT (or https://)")
+    g.add_argument("--to", required=True, metavar="AGENT", help="the IAC agent's AgentId")
+    g.add_argument("--addr", action="append", default=[], metavar="URL", help="an address of the agent")
+    g.add_argument("--tokens", default=None, metavar="FILE", help="bearer tokens: PRINCIPAL TOKEN lines")
+    g.add_argument("--api-keys", default=None, metavar="FILE", help="API keys: PRINCIPAL KEY lines")
+    g.add_argument("--api-key-header", default="X-API-Key", help="the API key's header (default X-API-Key)")
+    g.add_argument("--max-body", type=int, default=1 << 20, help="largest request body (bytes)")
+    g.add_argument("--timeout", type=float, default=30.0, help="seconds a forwarded call may take")
+    g.add_argument("--https-cert", default=None, help="serve https:// with this certificate (PEM)")
+    g.add_argument("--https-key", default=None, help="... and this key (PEM)")
+    g.add_argument("--no-advertise-iac", action="store_true", help="publish only the JSON-RPC interface")
+    add_tls_options(g)
+    g.set_defaults(func=_run(run_gateway))
+
+    b = verbs.add_parser("bridge", help="answer A2A over IAC for an HTTP A2A agent")
+    b.add_argument("--key", required=True, help="the bridge node's key file")
+    add_listen_option(b)
+    b.add_argument("--to", required=True, metavar="URL", help="the HTTP A2A agent's base URL")
+    b.add_argument("--bearer-token-file", default=None, help="a token for the HTTP leg")
+    b.add_argument(
+        "--trust-gateway",
+        action="append",
+        default=[],
+        metavar="AGENT",
+        help="believe this gateway's principal",
+    )
+    b.add_argument("--timeout", type=float, default=30.0, help="seconds an HTTP call may take")
+    add_tls_options(b)
+    b.set_defaults(func=_run(run_bridge))
+
+    c = verbs.add_parser("card", help="print an IAC agent's A2A card")
+    c.add_argument("--key", required=True, help="a key file to dial with")
+    c.add_argument("--to", required=True, metavar="AGENT", help="the IAC agent's AgentId")
+    c.add_argument("--addr", action="append", default=[], metavar="URL", help="an address of the agent")
+    c.add_argument("--timeout", type=float, default=10.0)
+    add_tls_options(c)
+    c.set_defaults(func=_run(run_card))
