@@ -689,6 +689,12 @@ def sc_loss(ctx: Context, res: Result) -> None:
     res.raw = out
 
 
+def sc_a2a(ctx: Context, res: Result) -> None:
+    import a2a_calls
+
+    a2a_calls.scenario(ctx, res, run_script)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -707,6 +713,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("loss", "64 concurrent requests under loss at 20 ms RTT", sc_loss),
     Scenario("broadcast", "Broadcast completion for N agents", sc_broadcast),
     Scenario("filetransfer", "File transfer MB/s", sc_filetransfer),
+    Scenario("a2a", "A2A calls: JSON-RPC over HTTP vs the IAC binding (QUIC, TLS, UNIX)", sc_a2a),
 ]
 #: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``.
 DEFAULT_SKIP_WHEN_ALL = {"cpu"}
