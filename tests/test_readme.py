@@ -23,6 +23,7 @@ EXPECTED = {
     "files": "report.pdf 1080000 True",
     "metrics": 'iac_handled_total 3.0\niac_connections_by_transport{transport="tls"} 1.0',
     "tracing": "['iac handle RUN', 'iac request RUN', 'plan'] 1",
+    "a2a": "hello <alice>: hi",
 }
 
 
