@@ -259,7 +259,10 @@ def parse_answer(payload: Any, into: ProtoMessage | None) -> ProtoMessage | None
 
 def interface_url(agent_id: str, addresses: Sequence[str]) -> str:
     """``iac://AGENT_ID?addr=URL&addr=URL`` (addresses in the order they are to be tried)."""
-    endpoint = Endpoint(check_agent_id(agent_id), tuple(addresses))
+    try:
+        endpoint = Endpoint(check_agent_id(agent_id), tuple(addresses))
+    except IacError as exc:
+        raise ConfigError(f"an iac:// URL names an AgentId: {exc}") from None
     _check_addresses(endpoint.addresses)
     query = "&".join("addr=" + quote(a, safe=":/[]@") for a in endpoint.addresses)
     return f"{_SCHEME}://{agent_id}" + (f"?{query}" if query else "")
@@ -312,15 +315,27 @@ def iac_endpoints(card: pb.AgentCard) -> list[Endpoint]:
 
 
 def with_iac_interface(card: pb.AgentCard, agent_id: str, addresses: Sequence[str]) -> pb.AgentCard:
-    """A copy of ``card`` that lists this IAC endpoint (first, unless it already lists ``agent_id``)."""
+    """A copy of ``card`` as ``agent_id`` serves it over IAC: its IAC interfaces are those naming
+    ``agent_id`` (this endpoint first when it lists none); one naming another agent is dropped, so
+    the card cannot send a client elsewhere."""
     out = pb.AgentCard()
     out.CopyFrom(card)
-    if any(e.agent_id == agent_id for e in iac_endpoints(card)):
-        return out
-    entry = iac_interface(agent_id, addresses)
-    rest = list(out.supported_interfaces)
+    kept, own = [], False
+    for i in out.supported_interfaces:
+        if i.protocol_binding != BINDING:
+            kept.append(i)
+            continue
+        try:
+            mine = parse_interface_url(i.url).agent_id == agent_id
+        except ConfigError:
+            mine = False
+        if mine:
+            kept.append(i)
+            own = True
+    if not own:
+        kept.insert(0, iac_interface(agent_id, addresses))
     del out.supported_interfaces[:]
-    out.supported_interfaces.extend([entry, *rest])
+    out.supported_interfaces.extend(kept)
     return out
 
 
