@@ -105,7 +105,9 @@ async def serve(workdir: str) -> None:
     )  # fmt: skip
     handler = DefaultRequestHandler(Echo(), InMemoryTaskStore(), card)
     routes = [*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")]
-    config = uvicorn.Config(Starlette(routes=routes), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(
+        Starlette(routes=routes), host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=900
+    )  # idle keep-alive connections stay open between rounds
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     http_task = asyncio.create_task(server.serve())

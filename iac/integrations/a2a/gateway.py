@@ -303,6 +303,7 @@ class A2AGateway:
         app = self.build(self.url)
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+            timeout_keep_alive=75,
             ssl_certfile=self.tls[0], ssl_keyfile=self.tls[1],
         )  # fmt: skip
         self._server = _Server(config)
