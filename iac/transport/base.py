@@ -95,6 +95,9 @@ class TransportConfig:
     nonce_cache: NonceCache | None = None
     #: Test hook: rewrite this side's HELLO (forged HELLOs in the conformance tests).
     hello_hook: HelloHook | None = None
+    #: Debugging: write a qlog file (for qvis) per QUIC connection into this directory
+    #: (:mod:`iac.transport.debug`; session secrets go to ``SSLKEYLOGFILE`` when it is set).
+    qlog_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_frame_size < 1024:

@@ -28,6 +28,7 @@ from iac.transport.base import (
     format_host,
 )
 from iac.transport.certs import NodeCertificate, node_certificate
+from iac.transport.debug import set_tls_keylog
 from iac.transport.session import client_handshake, server_handshake
 from iac.transport.stream.connection import connect_errors, establish
 from iac.transport.stream.listener import StreamListener
@@ -39,6 +40,7 @@ def _base_context(purpose: int) -> ssl.SSLContext:
     ctx = ssl.SSLContext(purpose)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.set_alpn_protocols([ALPN])
+    set_tls_keylog(ctx)  # SSLKEYLOGFILE, when set
     return ctx
 
 

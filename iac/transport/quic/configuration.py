@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from iac.protocol.handshake import ALPN
 from iac.transport.base import TransportConfig
 from iac.transport.certs import node_certificate
+from iac.transport.debug import set_quic_debugging
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import configure as configure_congestion
 from iac.wire.identity import Identity
@@ -57,6 +58,7 @@ def client_configuration(
             )
     else:
         qc.verify_mode = ssl.CERT_NONE
+    set_quic_debugging(qc, config.qlog_dir)  # SSLKEYLOGFILE and qlog, when asked
     return qc
 
 
@@ -67,6 +69,7 @@ def server_configuration(identity: Identity, config: TransportConfig, backend: B
     )
     configure_congestion(qc, config.congestion, backend)
     qc.certificate, qc.private_key, qc.certificate_chain, der = _load_certificate(identity, config, backend)
+    set_quic_debugging(qc, config.qlog_dir)  # SSLKEYLOGFILE and qlog, when asked
     return qc, der
 
 
