@@ -43,7 +43,7 @@ from iac.integrations.a2a.binding import (
 from iac.integrations.a2a.principal import principal_of
 from iac.node.node import Context, Node
 
-log = logging.getLogger("iac.a2a")
+log = logging.getLogger("iac.integrations")
 
 
 class IacUser(User):

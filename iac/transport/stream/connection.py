@@ -275,7 +275,11 @@ class StreamConnection(Connection):
         self._write_done.set()
 
     def _protocol_fault(self, exc: ProtocolError) -> None:
-        log.info("closing connection to %s: %s: %s", self.peer.agent_id[:16], exc.name, exc)
+        log.info(
+            "closing connection to %s: %s: %s", self.peer.agent_id[:16], exc.name, exc,
+            extra={"peer": self.peer.agent_id[:16], "transport": self.peer.transport, "reason": exc.name,
+                   "code": exc.close_code.name},
+        )  # fmt: skip
         self._start_close(local_protocol_error(exc), goaway=(exc.close_code, str(exc)), graceful=False)
 
     # --- writing --------------------------------------------------------------------------------

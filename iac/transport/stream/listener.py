@@ -91,7 +91,10 @@ class StreamListener(Listener):
             )
         except ProtocolError as exc:
             self.refused += 1
-            log.info("refused %s connection from %s: %s: %s", self.transport, peer_url, exc.name, exc)
+            log.info(
+                "refused %s connection from %s: %s: %s", self.transport, peer_url, exc.name, exc,
+                extra={"transport": self.transport, "reason": exc.name, "code": exc.close_code.name},
+            )  # fmt: skip
             if not transport.is_closing():  # precheck refusal: nothing was sent yet
                 with contextlib.suppress(*NETWORK_ERRORS, IacError):
                     await proto.send_frame(goaway_frame(exc.close_code, str(exc)))
