@@ -292,3 +292,32 @@ def test_a_timeout_is_an_a2a_client_timeout(sockdir):
             await asyncio.sleep(0)
 
     run(main())
+
+
+def test_a_plain_handler_sees_the_gateway_and_the_principal_and_allow_lists_gateways():
+    from iac import RemoteError
+    from iac.integrations.a2a import principal as stamp
+
+    async def main():
+        async with Node(listen=["tls://127.0.0.1:0"]) as agent, Node() as gateway, Node() as other:
+
+            @agent.on("RUN")
+            def who(ctx):
+                return {
+                    "sender": ctx.sender,
+                    "said": ctx.message.principal,
+                    "believed": ia.principal_of(ctx, {gateway.agent_id}),
+                }
+
+            for node in (gateway, other):
+                node.add_peer(agent.agent_id, *agent.addresses)
+                stamp.enable(node)
+            with stamp.stamping(agent.agent_id, "alice"):
+                reply = await gateway.request(agent.agent_id, "RUN", timeout=5)
+            assert reply.payload == {"sender": gateway.agent_id, "said": "alice", "believed": "alice"}
+            assert (await gateway.request(agent.agent_id, "RUN", timeout=5)).payload["said"] == ""
+            with stamp.stamping(agent.agent_id, "alice"), pytest.raises(RemoteError) as err:
+                await other.request(agent.agent_id, "RUN", timeout=5)
+            assert err.value.code == "unauthorized"
+
+    run(main())
