@@ -4,6 +4,8 @@
     sudo .venv/bin/python benchmarks/netem.py check          # can this machine build the link?
     sudo .venv/bin/python benchmarks/netem.py demo --loss 0.03 --delay 0.01
                                                                # build it, ping across, tear down
+    sudo .venv/bin/python benchmarks/netem.py demo --rate 10 --buffer-bdp 0.5 --delay 0.01
+                                                               # ... through a 10 Mbit/s bottleneck
 
 A userspace relay can drop UDP datagrams but not TCP segments (the kernel's TCP would
 retransmit over the relay's own, loss-free connection). To impair both protocols the same
@@ -20,6 +22,23 @@ to every IP packet whatever the protocol (TCP, UDP, ICMP). ``delay`` is one way:
 ``delay`` of 10 ms gives a 20 ms round trip. Loss, reordering and duplication apply to
 each direction independently.
 
+**Bottleneck** (:class:`Bottleneck`, optional): before the impairment, each direction can
+pass a rate limit with a bounded drop-tail queue (:class:`Shaper`): a packet waits until
+the packets ahead of it have left at ``rate_bps``, and is dropped when the bytes waiting
+would exceed ``queue_bytes``. Loss and delay apply after the queue, as on a path whose
+bottleneck is followed by a lossy, long link. The queue is the forwarder's and not a
+kernel qdisc (tbf/bfifo) on a TUN device because a qdisc on the sending host's own device
+pushes back on TCP (TCP small queues hold a socket's data while the device queue is full),
+so TCP would never see the queue fill and overflow as it does at a real bottleneck, while
+UDP would. :meth:`Bottleneck.for_path` sizes the queue as a multiple of the path's
+bandwidth-delay product (:data:`SHALLOW_BDP`, :data:`DEEP_BDP`).
+
+**CPU**: :func:`cpu_seconds` reads a process's CPU time from ``/proc``;
+:class:`CpuMeter` turns two readings into CPU % per process, and a run in which any
+process was above :data:`CPU_LIMIT_PERCENT` is CPU-limited: its figures measure the CPU,
+not the path. The forwarder runs at a raised priority (``nice`` -10) so that busy
+endpoints do not starve it into an extra, hidden queue (the TUN devices' own).
+
 Needs Linux, root (or CAP_NET_ADMIN), iproute2 (``ip``) and ``/dev/net/tun``;
 :func:`unavailable` says why not when one is missing. Only the namespaces' own
 addresses (10.200.0.1 and 10.200.0.2, inside namespaces this module created) are ever
@@ -28,8 +47,9 @@ forwarder and every process started with :meth:`Link.popen`, then deletes both
 namespaces, which removes the TUN devices.
 
 The forwarder reads JSON commands, one per line, on its stdin and answers each with one
-JSON line: ``{"cmd": "set", "impairment": {...}}`` (fields of
-:class:`iac.testing.relay.Impairment`), ``{"cmd": "stats"}``; end of input stops it.
+JSON line: ``{"cmd": "set", "impairment": {...}, "bottleneck": {...}}`` (fields of
+:class:`iac.testing.relay.Impairment` and :class:`Bottleneck`; ``"bottleneck": null``
+removes it), ``{"cmd": "stats"}``; end of input stops it.
 """
 
 from __future__ import annotations
@@ -51,6 +71,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -70,6 +91,14 @@ CLONE_NEWNET = 0x40000000
 MAX_QUEUE = 8192  # packets held by the forwarder (both directions); beyond it a packet is dropped
 MAX_PACKET = 65535
 MAX_LIFETIME = 6 * 3600.0  # the forwarder stops by itself after this many seconds
+#: Bottleneck queues, in bandwidth-delay products of the path.
+SHALLOW_BDP = 0.5
+DEEP_BDP = 8.0
+#: The smallest queue a bottleneck gets (a few packets), whatever the BDP.
+MIN_QUEUE_BYTES = 8 * 1500
+#: A run with any process above this CPU % measured its CPU, not the path.
+CPU_LIMIT_PERCENT = 90.0
+FORWARDER_NICE = -10
 
 
 # --- the impairment decision (pure: no I/O, the clock is an argument) -------------------------
@@ -85,6 +114,58 @@ class ImpairStats:
     delivered: int = 0
     delivered_bytes: int = 0
     dropped_queue: int = 0
+    dropped_bottleneck: int = 0  # the bottleneck's queue was full
+    max_queued_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """A rate limit with a bounded drop-tail queue, for each direction of the link."""
+
+    rate_bps: float  # bits per second
+    queue_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.rate_bps <= 0 or self.queue_bytes <= 0:
+            raise ValueError("a bottleneck needs a positive rate and queue")
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.rate_bps / 8
+
+    @classmethod
+    def for_path(cls, rate_mbit: float, rtt: float, buffer_bdp: float) -> Bottleneck:
+        """``rate_mbit`` Mbit/s with a queue of ``buffer_bdp`` x rate x ``rtt`` bytes (at least
+        :data:`MIN_QUEUE_BYTES`)."""
+        rate_bps = rate_mbit * 1e6
+        return cls(rate_bps, max(int(buffer_bdp * rate_bps / 8 * rtt), MIN_QUEUE_BYTES))
+
+
+class Shaper:
+    """One direction's bottleneck (pure: the clock is an argument). :meth:`admit` says when
+    a packet arriving at ``now`` leaves the queue, or None when the queue is full."""
+
+    def __init__(self, bottleneck: Bottleneck, stats: ImpairStats | None = None) -> None:
+        self.bottleneck = bottleneck
+        self.stats = stats or ImpairStats()
+        self._free_at = 0.0
+        self._backlog: deque[tuple[float, int]] = deque()  # (departure, size) still queued
+        self.queued = 0
+
+    def admit(self, now: float, size: int) -> float | None:
+        backlog = self._backlog
+        while backlog and backlog[0][0] <= now:
+            self.queued -= backlog.popleft()[1]
+        if self.queued + size > self.bottleneck.queue_bytes:
+            self.stats.dropped_bottleneck += 1
+            return None
+        departure = max(now, self._free_at) + size / self.bottleneck.bytes_per_second
+        self._free_at = departure
+        backlog.append((departure, size))
+        self.queued += size
+        if self.queued > self.stats.max_queued_bytes:
+            self.stats.max_queued_bytes = self.queued
+        return departure
 
 
 class Impairer:
@@ -144,7 +225,15 @@ def _open_tun(name: str) -> int:
     return fd
 
 
-def forward(ns_a: str, tun_a: str, ns_b: str, tun_b: str, seed: int, imp: Impairment) -> int:
+def forward(
+    ns_a: str,
+    tun_a: str,
+    ns_b: str,
+    tun_b: str,
+    seed: int,
+    imp: Impairment,
+    bottleneck: Bottleneck | None = None,
+) -> int:
     """Run the forwarder until stdin closes (or MAX_LIFETIME passes)."""
     _setns(f"/var/run/netns/{ns_a}")
     fd_a = _open_tun(tun_a)
@@ -152,6 +241,8 @@ def forward(ns_a: str, tun_a: str, ns_b: str, tun_b: str, seed: int, imp: Impair
     fd_b = _open_tun(tun_b)
     dirs = {fd_a: (Impairer(imp, seed), fd_b), fd_b: (Impairer(imp, seed + 1), fd_a)}
     names = {fd_a: "a_to_b", fd_b: "b_to_a"}
+    shapers: dict[int, Shaper] = {}
+    _set_bottleneck(shapers, dirs, bottleneck)
     queue: list[tuple[float, int, int, bytes, int]] = []  # (due, seq, out fd, packet, from fd)
     seq = 0
     stdin = sys.stdin.fileno()
@@ -183,9 +274,10 @@ def forward(ns_a: str, tun_a: str, ns_b: str, tun_b: str, seed: int, imp: Impair
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
-                        _say(out, _command(json.loads(line), dirs, names))
+                        _say(out, _command(json.loads(line), dirs, names, shapers))
                 continue
             impairer, dest = dirs[fd]
+            shaper = shapers.get(fd)
             for _ in range(256):  # at most this many packets per wake-up
                 try:
                     packet = os.read(fd, MAX_PACKET)
@@ -194,6 +286,13 @@ def forward(ns_a: str, tun_a: str, ns_b: str, tun_b: str, seed: int, imp: Impair
                         break
                     raise
                 now = time.monotonic()
+                if shaper is not None:  # the bottleneck's queue, then the impairment
+                    leaves = shaper.admit(now, len(packet))
+                    if leaves is None:
+                        impairer.stats.packets += 1
+                        impairer.stats.bytes += len(packet)
+                        continue
+                    now = leaves
                 for due in impairer.schedule(now, len(packet)):
                     if len(queue) >= MAX_QUEUE:
                         impairer.stats.dropped_queue += 1
@@ -203,11 +302,29 @@ def forward(ns_a: str, tun_a: str, ns_b: str, tun_b: str, seed: int, imp: Impair
     return 0
 
 
-def _command(cmd: dict[str, Any], dirs: dict[int, tuple[Impairer, int]], names: dict[int, str]) -> Any:
+def _set_bottleneck(
+    shapers: dict[int, Shaper], dirs: dict[int, tuple[Impairer, int]], bottleneck: Bottleneck | None
+) -> None:
+    shapers.clear()
+    if bottleneck is not None:
+        for fd, (impairer, _) in dirs.items():
+            shapers[fd] = Shaper(bottleneck, impairer.stats)
+
+
+def _command(
+    cmd: dict[str, Any],
+    dirs: dict[int, tuple[Impairer, int]],
+    names: dict[int, str],
+    shapers: dict[int, Shaper],
+) -> Any:
     if cmd.get("cmd") == "set":
-        imp = Impairment(**cmd["impairment"])
-        for impairer, _ in dirs.values():
-            impairer.impairment = imp
+        if "impairment" in cmd:
+            imp = Impairment(**cmd["impairment"])
+            for impairer, _ in dirs.values():
+                impairer.impairment = imp
+        if "bottleneck" in cmd:
+            b = cmd["bottleneck"]
+            _set_bottleneck(shapers, dirs, None if b is None else Bottleneck(**b))
         return {"ok": True}
     if cmd.get("cmd") == "stats":
         return {names[fd]: asdict(impairer.stats) for fd, (impairer, _) in dirs.items()}
@@ -260,7 +377,13 @@ atexit.register(_close_all)
 class Link:
     """Two namespaces joined through an impaired TUN pair; a context manager."""
 
-    def __init__(self, impairment: Impairment | None = None, seed: int = 1, tag: str | None = None) -> None:
+    def __init__(
+        self,
+        impairment: Impairment | None = None,
+        seed: int = 1,
+        tag: str | None = None,
+        bottleneck: Bottleneck | None = None,
+    ) -> None:
         tag = tag or str(os.getpid())
         self.ns_a, self.ns_b = f"iacb{tag}a", f"iacb{tag}b"
         self.tun_a, self.tun_b = self.ns_a, self.ns_b
@@ -269,6 +392,7 @@ class Link:
         self.addr_a, self.addr_b = ADDR_A, ADDR_B
         self.seed = seed
         self.impairment = impairment or Impairment()
+        self.bottleneck = bottleneck
         self.forwarder: subprocess.Popen[str] | None = None
         self.procs: list[subprocess.Popen[Any]] = []
         self._made: list[str] = []
@@ -305,6 +429,8 @@ class Link:
                 str(self.seed),
                 "--impairment",
                 json.dumps(asdict(self.impairment)),
+                "--bottleneck",
+                json.dumps(None if self.bottleneck is None else asdict(self.bottleneck)),
             ]
             self.forwarder = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
@@ -340,6 +466,16 @@ class Link:
         self.impairment = impairment
         self._ask({"cmd": "set", "impairment": asdict(impairment)})
 
+    def set_path(self, impairment: Impairment, bottleneck: Bottleneck | None) -> None:
+        """Impairment and bottleneck (None: no rate limit) at once, for packets read from now on."""
+        self.impairment, self.bottleneck = impairment, bottleneck
+        b = None if bottleneck is None else asdict(bottleneck)
+        self._ask({"cmd": "set", "impairment": asdict(impairment), "bottleneck": b})
+
+    @property
+    def forwarder_pid(self) -> int | None:
+        return None if self.forwarder is None else self.forwarder.pid
+
     def stats(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = self._ask({"cmd": "stats"})
         return out
@@ -365,6 +501,68 @@ class Link:
         self._made.clear()
         if self in _LIVE:
             _LIVE.remove(self)
+
+
+# --- CPU per process ----------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (None when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, total) jiffies of the whole machine so far, from ``/proc/stat``."""
+    try:
+        first = Path("/proc/stat").read_text(encoding="ascii").split("\n", 1)[0].split()
+    except OSError:
+        return None
+    ticks = [float(x) for x in first[1:9]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+class CpuMeter:
+    """CPU % of named processes between :meth:`start` and :meth:`stop` (100 % = one core), and
+    ``machine``: the share of all cores that anything used meanwhile (other work included)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        self._t0 = 0.0
+        self._cpu0: dict[str, float | None] = {}
+        self._machine0: tuple[float, float] | None = None
+        self.percent: dict[str, float] = {}
+        self.machine: float | None = None
+
+    def start(self) -> CpuMeter:
+        self._t0 = time.monotonic()
+        self._cpu0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._machine0 = machine_cpu()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        wall = max(time.monotonic() - self._t0, 1e-6)
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            before, after = self._cpu0.get(name), cpu_seconds(pid)
+            if before is not None and after is not None:
+                out[name] = round(100.0 * (after - before) / wall, 1)
+        m0, m1 = self._machine0, machine_cpu()
+        self.machine = None
+        if m0 is not None and m1 is not None and m1[1] > m0[1]:
+            self.machine = round(100.0 * (m1[0] - m0[0]) / (m1[1] - m0[1]), 1)
+        self.percent = out
+        return out
+
+
+def cpu_limited(percent: dict[str, float]) -> list[str]:
+    """The processes above :data:`CPU_LIMIT_PERCENT` (a run with any is CPU-limited)."""
+    return sorted(name for name, p in percent.items() if p > CPU_LIMIT_PERCENT)
 
 
 def _stop(proc: subprocess.Popen[Any], grace: float = 3.0) -> None:
@@ -426,16 +624,23 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("tun_b")
     f.add_argument("--seed", type=int, default=1)
     f.add_argument("--impairment", default="{}")
+    f.add_argument("--bottleneck", default="null")
     sub.add_parser("check", help="say whether this machine can build the link")
     d = sub.add_parser("demo", help="build a link, ping across it, tear it down")
     d.add_argument("--loss", type=float, default=0.0)
     d.add_argument("--delay", type=float, default=0.010, help="seconds, one way")
     d.add_argument("--count", type=int, default=20)
+    d.add_argument("--rate", type=float, default=None, help="bottleneck, Mbit/s (default: none)")
+    d.add_argument("--buffer-bdp", type=float, default=SHALLOW_BDP, help="its queue, in BDPs")
     args = ap.parse_args(argv)
     if args.cmd == "forward":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        with contextlib.suppress(OSError):  # not starved by busy endpoints (needs root)
+            os.nice(FORWARDER_NICE)
         imp = Impairment(**json.loads(args.impairment))
-        return forward(args.ns_a, args.tun_a, args.ns_b, args.tun_b, args.seed, imp)
+        b = json.loads(args.bottleneck)
+        bottleneck = None if b is None else Bottleneck(**b)
+        return forward(args.ns_a, args.tun_a, args.ns_b, args.tun_b, args.seed, imp, bottleneck)
     if args.cmd == "check":
         reason = unavailable()
         if reason is None:
@@ -446,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
                 reason = str(exc)
         print("available" if reason is None else f"unavailable: {reason}")
         return 0 if reason is None else 1
-    with Link(Impairment(delay=args.delay, loss=args.loss)) as link:
+    rtt = 2 * args.delay
+    bottleneck = None if args.rate is None else Bottleneck.for_path(args.rate, rtt, args.buffer_bdp)
+    with Link(Impairment(delay=args.delay, loss=args.loss), bottleneck=bottleneck) as link:
         server = link.popen("b", [sys.executable, "-c", _ECHO_SERVER], stdout=subprocess.PIPE, text=True)
         if server.stdout is not None:
             server.stdout.readline()  # "listening"
