@@ -689,6 +689,17 @@ def sc_loss(ctx: Context, res: Result) -> None:
     res.raw = out
 
 
+def sc_cc(ctx: Context, res: Result) -> None:
+    import cc
+    import ccreport
+
+    out = cc.run_cc(cc.QUICK_PLAN if ctx.quick else cc.FULL_PLAN, ctx.progress)
+    if out["status"] != "ok":
+        res.status, res.reason = "skipped", out["reason"]
+        return
+    ccreport.fill_result(out, res)
+
+
 def sc_a2a(ctx: Context, res: Result) -> None:
     import a2a_calls
 
@@ -714,6 +725,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("broadcast", "Broadcast completion for N agents", sc_broadcast),
     Scenario("filetransfer", "File transfer MB/s", sc_filetransfer),
     Scenario("a2a", "A2A calls: JSON-RPC over HTTP vs the IAC binding (QUIC, TLS, UNIX)", sc_a2a),
+    Scenario("cc", "Congestion control over a bottleneck: goodput and request p99 during bulk", sc_cc),
 ]
 #: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``.
 DEFAULT_SKIP_WHEN_ALL = {"cpu"}
@@ -1005,6 +1017,9 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
             cdf(lo["series"]["latency_cdf_ms_at_max_loss"]),
             marker=None,
         )
+    import ccreport
+
+    made += ccreport.plots(by.get("cc"), out)
     return made
 
 
