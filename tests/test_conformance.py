@@ -7,6 +7,7 @@ processes where it matters. No sleeps for synchronisation.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -40,7 +41,7 @@ from iac.errors import (
 from iac.protocol.handshake import ALPN, HelloDraft
 from iac.transport import dial, listen
 from iac.transport.base import Connection, TransportConfig
-from iac.transport.certs import generate_self_signed
+from iac.transport.certs import CertAuthority, generate_self_signed, init_ca
 from iac.wire.identity import Identity
 from iac.wire.message import Session, sign_hello
 
@@ -238,6 +239,77 @@ def test_admission_denied(transport: str, sockdir: Path) -> None:
             ok = await dial_and_use(listener.addresses[0], friend, server.agent_id)
             await ok.close()
             assert node.peers == [friend.agent_id]
+
+    run(main())
+
+
+# --- CA mode: only clients with a certificate of the node's CA, on TLS and on QUIC ---------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``ca.pem`` with server and client certificates, a stranger's from another CA, and an
+    expired one from the right CA."""
+    d = tmp_path_factory.mktemp("certs")
+    init_ca(d, ["server", "client"])
+    init_ca(d / "other", ["stranger"])
+    late = CertAuthority.load(d).issue(
+        "late", valid_from=dt.datetime.now(dt.UTC) - dt.timedelta(days=30), days=1
+    )
+    (d / "late.pem").write_bytes(late.cert_pem)
+    (d / "late.key").write_bytes(late.key_pem)
+    (d / "late.key").chmod(0o600)
+    return d
+
+
+def ca_config(certs: Path, cert: str | None = None, **kw: object) -> TransportConfig:
+    """CA mode with the node's CA; ``cert``: the certificate (and key) this side presents."""
+    files = (
+        {}
+        if cert is None
+        else {"cert_file": str(certs / f"{cert}.pem"), "key_file": str(certs / f"{cert}.key")}
+    )
+    return cfg(ca_file=str(certs / "ca.pem"), **files, **kw)
+
+
+#: What the client presents, and the TLS alert a refusal arrives with (QUIC: admission_denied).
+CLIENT_MATERIAL = {
+    "no_certificate": (None, "certificate required"),
+    "another_ca": ("other/stranger", "unknown ca"),
+    "expired": ("late", "certificate expired"),
+}
+
+
+@pytest.mark.parametrize("material", sorted(CLIENT_MATERIAL))
+@pytest.mark.parametrize("transport", ["quic", "tls"])
+def test_ca_mode_refuses_a_client_without_a_valid_certificate(
+    transport: str, material: str, certs: Path
+) -> None:
+    """A node in CA mode serves only clients whose certificate chains to its CA: no certificate,
+    one from another CA, and an expired one are refused on TLS and on QUIC alike (QUIC servers
+    once asked for none), and the refusal says why."""
+    server, client, friend = Identity.generate(), Identity.generate(), Identity.generate()
+    cert, alert = CLIENT_MATERIAL[material]
+    # the client trusts the server's CA (it verifies the server) but presents what it has
+    client_config = cfg() if cert is None else ca_config(certs, cert)
+
+    async def main() -> None:
+        node = EchoNode(server)
+        listener = await listen(f"{transport}://127.0.0.1:0", server, node, config=ca_config(certs, "server"))
+        async with listener:
+            url = listener.addresses[0]
+            if transport == "quic":
+                with pytest.raises(AdmissionDenied, match="client certificate"):
+                    await dial_and_use(url, client, server.agent_id, client_config)
+            else:
+                with pytest.raises(ConnectionClosed, match=f"TLS alert from the server: {alert}") as info:
+                    await dial_and_use(url, client, server.agent_id, client_config)
+                assert info.value.reason == f"tls alert: {alert}"
+            ok = await dial_and_use(url, friend, server.agent_id, ca_config(certs, "client"))
+            await ok.close()
+            assert node.peers == [friend.agent_id]
+            refused = getattr(listener, "refused", {})
+            assert refused == {"admission_denied" if transport == "quic" else "tls_handshake_failed": 1}
 
     run(main())
 

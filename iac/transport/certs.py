@@ -9,7 +9,10 @@ refused.
 CA mode (optional): ``iac certs init`` makes a private CA and node certificates
 in a folder (default ``certs/``). A node given ``ca_file``, ``cert_file`` and
 ``key_file`` presents its CA-signed certificate and verifies the peer's chain
-against the CA, on top of the binding.
+against the CA, on top of the binding. TLS/TCP verifies with OpenSSL; the QUIC
+server verifies client chains itself (:func:`verify_client_chain`: RFC 5280 path
+validation by ``cryptography``, which wants the leaf to carry a subjectAltName
+and, when it has an extendedKeyUsage, clientAuth — as ``iac certs init`` makes them).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from iac.errors import ConfigError
+from iac.errors import AdmissionDenied, ConfigError
 from iac.protocol.handshake import channel_binding
 
 DEFAULT_VALID_DAYS = 825
@@ -106,17 +110,22 @@ def _now() -> dt.datetime:
 
 
 def _leaf_builder(
-    common_name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, days: int
+    common_name: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    days: int,
+    valid_from: dt.datetime | None = None,
 ) -> x509.CertificateBuilder:
     now = _now()
+    start, end = (now - dt.timedelta(hours=1), now) if valid_from is None else (valid_from, valid_from)
     return (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(start)
+        .not_valid_after(end + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
@@ -216,10 +225,13 @@ class CertAuthority:
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, common_name: str, *, days: int = DEFAULT_VALID_DAYS) -> NodeCertificate:
-        """A node certificate signed by this CA."""
+    def issue(
+        self, common_name: str, *, days: int = DEFAULT_VALID_DAYS, valid_from: dt.datetime | None = None
+    ) -> NodeCertificate:
+        """A node certificate signed by this CA, valid for ``days`` from ``valid_from``
+        (default: an hour ago)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        builder = _leaf_builder(common_name, key, self.cert.subject, days).add_extension(
+        builder = _leaf_builder(common_name, key, self.cert.subject, days, valid_from).add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
         )
         cert = builder.sign(self.key, hashes.SHA256())
@@ -228,6 +240,39 @@ class CertAuthority:
             _key_pem(key),
             cert.public_bytes(serialization.Encoding.DER),
         )
+
+
+_ca_stores: dict[str, tuple[float, Store]] = {}
+
+
+def _ca_store(ca_file: str) -> Store:
+    """The CA certificates of ``ca_file`` (re-read when the file changes)."""
+    try:
+        mtime = os.stat(ca_file).st_mtime
+        cached = _ca_stores.get(ca_file)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        store = Store(x509.load_pem_x509_certificates(Path(ca_file).read_bytes()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{ca_file}: cannot load CA: {exc}") from None
+    _ca_stores[ca_file] = (mtime, store)
+    return store
+
+
+def verify_client_chain(chain: Sequence[bytes], ca_file: str, now: dt.datetime | None = None) -> None:
+    """Check a client's certificate chain (DER, leaf first) against the CA in ``ca_file`` at
+    ``now``; :class:`AdmissionDenied` saying why when there is none or it does not verify."""
+    if not chain:
+        raise AdmissionDenied("client certificate required: this node admits only certificates of its CA")
+    try:
+        leaf, *rest = (x509.load_der_x509_certificate(der) for der in chain)
+    except ValueError as exc:
+        raise AdmissionDenied(f"client certificate refused: cannot parse it ({exc})") from None
+    verifier = PolicyBuilder().store(_ca_store(ca_file)).time(now or _now()).build_client_verifier()
+    try:
+        verifier.verify(leaf, rest)
+    except VerificationError as exc:
+        raise AdmissionDenied(f"client certificate refused: {exc}") from None
 
 
 def _write_private(path: Path, data: bytes, overwrite: bool) -> None:
@@ -278,4 +323,5 @@ __all__ = [
     "generate_self_signed",
     "init_ca",
     "node_certificate",
+    "verify_client_chain",
 ]

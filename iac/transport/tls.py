@@ -8,17 +8,29 @@ after the TLS handshake (``getpeercert(binary_form=True)``).
 
 CA mode (``config.ca_file`` plus ``cert_file``/``key_file``): both sides present
 CA-signed certificates and verify the peer's chain against the CA, in addition
-to the binding.
+to the binding. A server refuses a client certificate in the TLS handshake with
+an alert (certificate required, unknown CA, certificate expired, ...); the
+client reports it in its error. (asyncio drops the alert of a failed server-side
+handshake and only closes the socket, so the listener runs its own subclass of
+asyncio's TLS protocol, :class:`_ServerTLS`, which sends it first.)
+
+The listener applies the handshake limit (``handshake_rate``) to each source IP
+address when the TCP connection arrives, before the TLS handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import re
 import socket
 import ssl
+from asyncio import sslproto
+from typing import Any, cast
 
-from iac.errors import ConfigError, TransportError
-from iac.protocol.handshake import ALPN, HelloOrder, NonceCache, ServerHandshake, channel_binding
+from iac.errors import ConfigError, ConnectionClosed, TransportError
+from iac.protocol.handshake import ALPN, HelloOrder, ServerHandshake, channel_binding
 from iac.transport.base import (
     Address,
     Connection,
@@ -34,6 +46,8 @@ from iac.transport.stream.connection import connect_errors, establish
 from iac.transport.stream.listener import StreamListener
 from iac.transport.stream.protocol import FrameProtocol
 from iac.wire.identity import Identity
+
+log = logging.getLogger("iac.transport")
 
 
 def _base_context(purpose: int) -> ssl.SSLContext:
@@ -94,6 +108,74 @@ def _peer_url(transport: asyncio.BaseTransport) -> str:
     return "tls://?"
 
 
+def tls_alert(exc: BaseException | None) -> str | None:
+    """The TLS alert an SSL error reports (``"certificate required"``), or None."""
+    if not isinstance(exc, ssl.SSLError):
+        return None
+    match = re.search(r"ALERT_([A-Z0-9_]+)", exc.reason or str(exc))
+    return match.group(1).lower().replace("_", " ") if match else None
+
+
+def _refused_by_alert(url: str, alert: str) -> ConnectionClosed:
+    hint = ""
+    if "certificate" in alert or alert in ("unknown ca", "access denied"):
+        hint = (
+            ": the server refused this client's certificate (in CA mode it accepts only a "
+            "certificate that chains to its CA: TransportConfig ca_file, cert_file, key_file)"
+        )
+    return ConnectionClosed(f"{url}: TLS alert from the server: {alert}{hint}", None, f"tls alert: {alert}")
+
+
+#: asyncio's TLS protocol has what :class:`_ServerTLS` extends (Python 3.11 to 3.13 do).
+_SERVER_TLS_OK = all(
+    hasattr(sslproto.SSLProtocol, name) for name in ("_on_handshake_complete", "_process_outgoing")
+)
+
+
+class _ServerTLS(sslproto.SSLProtocol):
+    """asyncio's server-side TLS, with two additions: the source's handshake limit is
+    checked before the TLS handshake starts, and a failed TLS handshake sends its alert
+    before the socket closes (asyncio would drop it) and is counted and logged."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, app: asyncio.Protocol, ctx: ssl.SSLContext, listener: Any
+    ) -> None:
+        super().__init__(
+            loop,
+            app,
+            ctx,
+            None,  # type: ignore[arg-type]  # no waiter (asyncio's own servers pass None too)
+            server_side=True,
+            ssl_handshake_timeout=listener.config.handshake_timeout,
+        )
+        self._listener = listener
+        self._peer = "tls://?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._peer = _peer_url(transport)
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self._listener.allow_source(source, self._peer):
+            cast(
+                asyncio.Transport, transport
+            ).abort()  # before the TLS handshake: nothing to say that it could read
+            return
+        super().connection_made(transport)
+
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        if handshake_exc is not None:
+            with contextlib.suppress(Exception):  # best effort: the socket may be gone already
+                self._process_outgoing()  # type: ignore[attr-defined]  # the alert, before the close
+            reason = getattr(handshake_exc, "reason", None) or type(handshake_exc).__name__
+            detail = getattr(handshake_exc, "verify_message", None) or str(handshake_exc)
+            self._listener.count_refusal("tls_handshake_failed")
+            log.info(
+                "refused tls connection from %s: TLS handshake failed: %s (%s)", self._peer, reason, detail,
+                extra={"transport": "tls", "reason": "tls_handshake_failed"},
+            )  # fmt: skip
+        super()._on_handshake_complete(handshake_exc)
+
+
 async def dial_tls(
     address: Address,
     identity: Identity,
@@ -132,7 +214,15 @@ async def dial_tls(
         expect=expect,
         session_id=session_id,
     )
-    return await establish(proto, hs, config=config, transport="tls", address=url, deadline=deadline)
+    try:
+        return await establish(proto, hs, config=config, transport="tls", address=url, deadline=deadline)
+    except ConnectionClosed:
+        # TLS 1.3: the server judges this client's certificate after the client finished its
+        # handshake, so a refusal arrives as an alert on the first read.
+        alert = tls_alert(proto.lost_exc)
+        if alert is None:
+            raise
+        raise _refused_by_alert(url, alert) from None
 
 
 async def listen_tls(
@@ -145,12 +235,9 @@ async def listen_tls(
     cert = node_certificate(identity.agent_id, config.cert_file, config.key_file)
     ctx = server_context(cert, config)
     binding = cert.binding
-    nonce_cache = config.nonce_cache or NonceCache(config.max_skew_us)
 
     def make_handshake() -> ServerHandshake:
-        return server_handshake(
-            identity, config, order=HelloOrder.CLIENT_FIRST, binding=binding, nonce_cache=nonce_cache
-        )
+        return server_handshake(identity, config, order=HelloOrder.CLIENT_FIRST, binding=binding)
 
     listener = StreamListener(
         config=config,
@@ -158,6 +245,8 @@ async def listen_tls(
         on_connection=on_connection,
         make_handshake=make_handshake,
         describe_peer=_peer_url,
+        # without _ServerTLS the limit is checked after the TLS handshake, by address
+        source=None if _SERVER_TLS_OK else (lambda t: str((t.get_extra_info("peername") or ("?",))[0])),
     )
 
     async def handle(proto: FrameProtocol) -> None:
@@ -169,14 +258,21 @@ async def listen_tls(
         set_keepalive(transport.get_extra_info("socket"), config.keepalive_interval)
         await listener.handle(proto)
 
+    loop = asyncio.get_running_loop()
+    app_factory = listener.protocol_factory(handle)
     try:
-        server = await asyncio.get_running_loop().create_server(
-            listener.protocol_factory(handle),
-            address.host,
-            address.port,
-            ssl=ctx,
-            ssl_handshake_timeout=config.handshake_timeout,
-        )
+        if _SERVER_TLS_OK:
+            server = await loop.create_server(
+                lambda: _ServerTLS(loop, app_factory(), ctx, listener), address.host, address.port
+            )
+        else:  # pragma: no cover - an asyncio without what _ServerTLS extends
+            server = await loop.create_server(
+                app_factory,
+                address.host,
+                address.port,
+                ssl=ctx,
+                ssl_handshake_timeout=config.handshake_timeout,
+            )
     except OSError as exc:
         raise TransportError(f"{address.url}: cannot listen: {exc.strerror or exc}") from None
     addrs = []

@@ -4,7 +4,9 @@ The server sends its HELLO first; the client's HELLO echoes the server's nonce
 (freshness instead of a channel binding) and names the server in
 ``peer_agent_id``. Before any HELLO, the server checks the connecting process's
 uid (``SO_PEERCRED``, Linux) against ``config.allowed_uids`` (default: only its
-own uid) and refuses others with GOAWAY ADMISSION_DENIED.
+own uid) and refuses others with GOAWAY ADMISSION_DENIED. The handshake limit
+counts new connections per peer uid (local peers are exempt unless
+``handshake_limit_local``).
 
 The socket file lives in a private directory (created with mode 0700 when
 missing; an existing one must belong to this user and give group and others no
@@ -23,7 +25,7 @@ import struct
 from pathlib import Path
 
 from iac.errors import AdmissionDenied, ConfigError, ProtocolError, TransportError
-from iac.protocol.handshake import HelloOrder, NonceCache, ServerHandshake
+from iac.protocol.handshake import HelloOrder, ServerHandshake
 from iac.transport.base import (
     Address,
     Connection,
@@ -119,13 +121,13 @@ async def listen_unix(
     path = Path(address.path)
     _prepare_dir(path)
     _remove_stale(path)
-    nonce_cache = config.nonce_cache or NonceCache(config.max_skew_us)
     allowed = config.allowed_uids if config.allowed_uids is not None else frozenset({os.getuid()})
 
     def make_handshake() -> ServerHandshake:
-        return server_handshake(
-            identity, config, order=HelloOrder.SERVER_FIRST, binding=b"", nonce_cache=nonce_cache
-        )
+        return server_handshake(identity, config, order=HelloOrder.SERVER_FIRST, binding=b"")
+
+    def source(transport: asyncio.BaseTransport) -> str:
+        return f"uid:{peer_uid(transport.get_extra_info('socket'))}"
 
     def precheck(transport: asyncio.BaseTransport) -> ProtocolError | None:
         uid = peer_uid(transport.get_extra_info("socket"))
@@ -141,6 +143,7 @@ async def listen_unix(
         make_handshake=make_handshake,
         describe_peer=lambda _w: address.url,
         precheck=precheck,
+        source=source,
     )
     try:
         server = await asyncio.get_running_loop().create_unix_server(

@@ -88,7 +88,7 @@ async def dial_quic(
     except (OSError, TimeoutError) as exc:
         raise TransportError(f"{url}: cannot resolve {addr.host}: {exc}") from None
     family, _, _, _, sockaddr = infos[0]
-    qc = client_configuration(config, addr.host, lib)
+    qc = client_configuration(config, addr.host, lib, identity)
     stored = tickets.pop(addr.url) if tickets is not None else None
     if stored is not None and expect is not None and stored.agent_id != expect:
         stored = None
@@ -217,6 +217,8 @@ async def _finish_early(
     try:
         hello = await conn._exchange_hellos(hs, deadline, initial_sent=True)
     except ProtocolError as exc:
+        if not conn._control.goaway_sent and conn._error is None:
+            conn._error = exc  # the server refused: send/recv raise its typed error, as dial would
         conn._refused(exc)
         return
     except TimeoutError:
@@ -231,7 +233,7 @@ async def _finish_early(
     if conn.peer.agent_id and hello.agent_id != conn.peer.agent_id:
         conn._protocol_error(HandshakeError("resumed server is not the one that issued the ticket"))
         return
-    conn._hello_verified(hs, hello, resumed=True)
+    conn._hello_verified(hs, hello)  # resumed: what the TLS handshake says (the server may refuse)
     resumption.save()
 
 

@@ -1,27 +1,60 @@
 """The QUIC server: :class:`QuicListener` and :func:`listen_quic`.
 
-One UDP socket serves many connections. Each new QUIC connection gets a
+One UDP socket serves many connections. Before the library's server takes a
+datagram that would open a new connection, the listener applies the handshake
+limit of its source address and decides whether to answer with Retry (address
+validation; ``TransportConfig.quic_retry``). Each new QUIC connection gets a
 :class:`QuicConn` at once, and the listener runs its HELLO exchange: a refusal
-closes it (and is counted in ``refused`` by error name), a verified peer goes to
-``on_connection`` in a task of its own. Session tickets are single-use by default
-(:class:`ServerTicketStore`).
+closes it (counted in ``refused`` by reason and logged), a verified peer goes to
+``on_connection`` in a task of its own. Session tickets are single-use
+(:class:`ServerTicketStore`), kept in ``TransportConfig.ticket_store`` when set.
+
+CA mode (``ca_file``): the server asks for a client certificate on every full
+handshake and verifies the chain against the CA itself when the client's HELLO
+arrives (aioquic neither asks on its own nor verifies, and accepts an empty
+certificate); a client without a valid chain is refused with
+``admission_denied``. A session ticket carries the chain its session verified,
+and a resumption (0-RTT included) is allowed only while that chain still verifies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, ProtocolError, TransportError
-from iac.protocol.handshake import HelloOrder, NonceCache, ServerHandshake, channel_binding
-from iac.transport.base import Address, Listener, OnConnection, TransportConfig, parse_address
-from iac.transport.quic.backend import Backend, get_backend
+from iac.errors import (
+    AdmissionDenied,
+    CloseCode,
+    ConfigError,
+    ConnectionClosed,
+    IacError,
+    ProtocolError,
+    TransportError,
+)
+from iac.protocol.handshake import HelloOrder, ServerHandshake, channel_binding
+from iac.transport.base import Address, Listener, OnConnection, TransportConfig, format_host, parse_address
+from iac.transport.certs import verify_client_chain
+from iac.transport.limits import HandshakeLimiter, RetryGate
+from iac.transport.quic.backend import AIOQUIC_PINNED, Backend, SessionTicketLike, get_backend
 from iac.transport.quic.configuration import server_configuration
 from iac.transport.quic.connection import QuicConn
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ServerTicketStore
+from iac.transport.session import nonce_cache
 from iac.wire.identity import Identity
+
+log = logging.getLogger("iac.transport.quic")
+
+
+@dataclass
+class _ClientAuth:
+    """One connection's client identity in CA mode: the chain a resumed session's ticket
+    carried (None: not resumed from a ticket)."""
+
+    resumed_chain: tuple[bytes, ...] | None = None
 
 
 class QuicListener(Listener):
@@ -40,13 +73,19 @@ class QuicListener(Listener):
         self.config = config
         self.on_connection = on_connection
         self.tickets = tickets
-        self.nonce_cache = config.nonce_cache or NonceCache(config.max_skew_us)
+        self.nonce_cache = nonce_cache(config)  # the one every listener of this config uses
+        self.limiter = HandshakeLimiter.from_config(config)
+        self.retry = RetryGate(config.quic_retry, config.retry_threshold)
+        self.ca_file = config.ca_file
         self.addresses: list[str] = []
         self._server: Any = None  # the library's QuicServer
         self._conns: set[QuicConn] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        #: Handshakes refused, by error name (``replayed_hello``, ``stale_hello``, ...).
+        #: Connections refused before or during the HELLO exchange, by reason (``busy``,
+        #: ``replayed_hello``, ``admission_denied``, ``handshake_timeout``, ...).
         self.refused: dict[str, int] = {}
+        #: New connections answered with Retry instead of a handshake.
+        self.retries = 0
         self.accepted = 0
         self.cert_der = b""
         self.cert_sha256 = b""
@@ -54,18 +93,36 @@ class QuicListener(Listener):
 
     async def _start(self, addr: Address) -> None:
         lib = self.backend
+        if self.ca_file is not None and (
+            lib.request_client_certificate is None
+            or lib.peer_certificate_chain is None
+            or lib.connection_tickets is None
+        ):
+            raise ConfigError(
+                f"CA mode over QUIC needs aioquic {AIOQUIC_PINNED} (the QUIC library in use, "
+                f"{lib.name} {lib.version}, cannot be made to verify client certificates)"
+            )
         qc, self.cert_der = server_configuration(self.identity, self.config, lib)
         self.configuration = qc
         self.cert_sha256 = channel_binding(self.cert_der)
+        per_connection = lib.connection_tickets is not None
         try:
-            self._server = await lib.serve(
-                addr.host,
-                addr.port,
-                configuration=qc,
-                create_protocol=self._protocol_factory(),
-                session_ticket_fetcher=self.tickets.fetch,
-                session_ticket_handler=self.tickets.add,
-            )
+            if lib.initial_gate is not None and lib.set_retry is not None and lib.QuicServer is not None:
+                server_cls = _gated_server(lib)
+                _, self._server = await asyncio.get_running_loop().create_datagram_endpoint(
+                    lambda: server_cls(configuration=qc, create_protocol=self._protocol_factory()),
+                    local_addr=(addr.host, addr.port),
+                )
+                self._server._iac_gate = self._admit_datagram
+            else:  # qh3: no limit before the handshake, no Retry
+                self._server = await lib.serve(
+                    addr.host,
+                    addr.port,
+                    configuration=qc,
+                    create_protocol=self._protocol_factory(),
+                    session_ticket_fetcher=None if per_connection else self.tickets.fetch,
+                    session_ticket_handler=None if per_connection else self.tickets.add,
+                )
         except OSError as exc:
             raise TransportError(f"cannot listen on {addr.url}: {exc.strerror or exc}") from None
         transport = self._server._transport
@@ -73,49 +130,163 @@ class QuicListener(Listener):
         sockname = transport.get_extra_info("sockname")
         self.addresses = [Address("quic", host=addr.host, port=sockname[1]).url]
 
+    # -- before the library's server: handshake limit and Retry --------------------------------
+
+    def _admit_datagram(self, server: Any, data: bytes, addr: Any) -> bool:
+        """Whether the library's server may take this datagram. Only a datagram that would
+        open a connection is judged: it counts toward the Retry threshold; with Retry on and
+        no token it is answered with Retry (not counted against its source, which may be
+        spoofed); otherwise it takes a token from its source's bucket or is dropped."""
+        lib = self.backend
+        assert lib.initial_gate is not None and lib.set_retry is not None
+        new, token = lib.initial_gate(server, data)
+        if not new:
+            return True
+        now = asyncio.get_running_loop().time()
+        self.retry.observe(now)
+        retry = self.retry.active(now)
+        lib.set_retry(server, retry or (token and self.retry.mode != "never"))
+        if retry and not token:
+            self.retries += 1
+            return True
+        source = str(addr[0])
+        if self.limiter.allow(source, now):
+            return True
+        self._count("busy")
+        if self.limiter.first_refusal(source):
+            log.info(
+                "refused quic connections from %s: busy: over the handshake limit", _url(addr),
+                extra={"transport": "quic", "reason": "busy"},
+            )  # fmt: skip
+        return False
+
+    # -- each connection -----------------------------------------------------------------------
+
     def _protocol_factory(self) -> Callable[..., QuicProtocol]:
         """For the library's server: each new QUIC connection gets a protocol carrying a
         :class:`QuicConn`, whose HELLO exchange starts at once."""
-        protocol = protocol_class(self.backend)
+        lib = self.backend
+        protocol = protocol_class(lib)
 
         def create(quic: Any, stream_handler: Any = None) -> QuicProtocol:
             proto = protocol(quic)
             conn = QuicConn(proto, self.identity, self.config, dialed=False, on_finished=self._forget)
             conn._cert_sha256 = self.cert_sha256
             proto.conn = conn
-            conn._handshake_task = asyncio.get_running_loop().create_task(self._handshake(conn))
+            auth = _ClientAuth()
+            if lib.connection_tickets is not None:
+                lib.connection_tickets(
+                    quic,
+                    lambda label: self._fetch_ticket(auth, label),
+                    lambda ticket: self._keep_ticket(quic, auth, ticket),
+                )
+            if self.ca_file is not None and lib.request_client_certificate is not None:
+                lib.request_client_certificate(quic)
+            conn._handshake_task = asyncio.get_running_loop().create_task(self._handshake(conn, auth))
             return proto
 
         return create
 
-    async def _handshake(self, conn: QuicConn) -> None:
+    def _fetch_ticket(self, auth: _ClientAuth, label: bytes) -> SessionTicketLike | None:
+        """The library asks for a ticket to resume with. In CA mode a ticket resumes only
+        while the client chain it carries still verifies (else a full handshake asks for a
+        certificate again)."""
+        issued = self.tickets.take(label)
+        if issued is None:
+            return None
+        if self.ca_file is not None:
+            try:
+                verify_client_chain(issued.client_chain, self.ca_file)
+            except AdmissionDenied as exc:
+                log.info("quic session ticket not resumed: %s", exc)
+                return None
+            auth.resumed_chain = issued.client_chain
+        return issued.ticket
+
+    def _keep_ticket(self, quic: Any, auth: _ClientAuth, ticket: SessionTicketLike) -> None:
+        """The library issued a ticket (after the client's Finished). In CA mode it is kept
+        with the client chain this session verified, and not kept without one."""
+        chain: tuple[bytes, ...] = ()
+        if self.ca_file is not None:
+            lib = self.backend
+            if lib.session_resumed(quic):
+                if auth.resumed_chain is None:
+                    return
+                chain = auth.resumed_chain
+            else:
+                assert lib.peer_certificate_chain is not None
+                chain = tuple(lib.peer_certificate_chain(quic))
+                try:
+                    verify_client_chain(chain, self.ca_file)
+                except AdmissionDenied:
+                    return  # the HELLO exchange refuses the connection
+        self.tickets.add(ticket, chain)
+
+    def _client_certificate_check(self, conn: QuicConn, auth: _ClientAuth) -> Callable[[], None] | None:
+        """CA mode: the check that runs when the client's HELLO arrives (then the TLS session
+        is either resumed from a ticket whose chain verified, or a full handshake that ended
+        with the client's certificate, if any)."""
+        ca_file = self.ca_file
+        lib = self.backend
+        if ca_file is None or lib.peer_certificate_chain is None:
+            return None
+        chain_of = lib.peer_certificate_chain
+
+        def check() -> None:
+            if lib.session_resumed(conn._quic):
+                if auth.resumed_chain is None:
+                    raise AdmissionDenied("resumed session without a verified client certificate")
+                return
+            verify_client_chain(chain_of(conn._quic), ca_file)
+
+        return check
+
+    async def _handshake(self, conn: QuicConn, auth: _ClientAuth) -> None:
         """One connection's HELLO exchange; a verified peer goes to ``on_connection``."""
         config = conn.config
+        peer = self.backend.peer_address(conn._quic)
+        if peer is not None:
+            conn.address = _url(peer)
         hs = ServerHandshake(
             conn.identity,
             HelloOrder.CLIENT_FIRST,
             params=conn._params(),
-            binding=channel_binding(self.cert_der),
+            binding=self.cert_sha256,
             max_skew_us=config.max_skew_us,
             hook=config.hello_hook,
             nonce_cache=self.nonce_cache,
             admission=config.admission,
         )
+        deadline = conn._loop.time() + config.handshake_timeout
         try:
-            hello = await conn._exchange_hellos(hs, conn._loop.time() + config.handshake_timeout)
+            hello = await conn._exchange_hellos(
+                hs, deadline, precheck=self._client_certificate_check(conn, auth)
+            )
         except ProtocolError as exc:
-            self.refused[exc.name] = self.refused.get(exc.name, 0) + 1
+            self._refused(conn, exc.name, str(exc))
             conn._refused(exc)
             return
         except TimeoutError:
+            self._refused(conn, "handshake_timeout", "HELLO did not arrive in time")
             conn._error = ConnectionClosed("HELLO did not arrive in time", int(CloseCode.HANDSHAKE_FAILED))
             conn._abort(int(CloseCode.HANDSHAKE_FAILED), "HELLO timeout", goaway=True)
             return
-        except IacError:
+        except IacError as exc:
+            self._refused(conn, exc.name, str(exc))
             conn._abort(int(CloseCode.HANDSHAKE_FAILED), "handshake failed", goaway=False)
             return
         conn._hello_verified(hs, hello)
         self._accepted(conn)
+
+    def _count(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def _refused(self, conn: QuicConn, reason: str, detail: str) -> None:
+        self._count(reason)
+        log.info(
+            "refused quic connection from %s: %s: %s", conn.address or "?", reason, detail,
+            extra={"transport": "quic", "reason": reason},
+        )  # fmt: skip
 
     def connections(self) -> list[QuicConn]:
         return [c for c in self._conns if not c.closed]
@@ -146,6 +317,34 @@ class QuicListener(Listener):
             self._server = None
 
 
+def _url(addr: Any) -> str:
+    return f"quic://{format_host(str(addr[0]))}:{addr[1]}"
+
+
+_gated: dict[str, type[Any]] = {}
+
+
+def _gated_server(lib: Backend) -> type[Any]:
+    """The library's server class, with the listener's look at each datagram first."""
+    cls = _gated.get(lib.name)
+    if cls is None:
+        base = lib.QuicServer
+        assert base is not None
+
+        def datagram_received(self: Any, data: bytes, addr: Any) -> None:
+            gate = self._iac_gate
+            if gate is None or gate(self, data, addr):
+                base.datagram_received(self, data, addr)
+
+        cls = type(
+            f"_{lib.name}GatedServer",
+            (base,),
+            {"_iac_gate": None, "datagram_received": datagram_received, "__module__": __name__},
+        )
+        _gated[lib.name] = cls
+    return cls
+
+
 async def listen_quic(
     url: str | Address,
     identity: Identity,
@@ -157,8 +356,9 @@ async def listen_quic(
 ) -> QuicListener:
     """Listen on ``quic://host:port`` (port 0: any). ``on_connection`` runs per verified peer.
 
-    ``tickets``: the server's session-ticket store; the default makes every ticket
-    single-use. Pass ``ServerTicketStore(reuse=True)`` only in tests.
+    ``tickets``: the server's session-ticket store; default: one over
+    ``config.ticket_store`` (in memory when None), every ticket single-use. Pass
+    ``ServerTicketStore(reuse=True)`` only in tests.
     ``backend``: the QUIC library, as for :func:`dial_quic`.
     """
     config = config or TransportConfig()
@@ -169,7 +369,7 @@ async def listen_quic(
         identity,
         config,
         on_connection,
-        tickets if tickets is not None else ServerTicketStore(),
+        tickets if tickets is not None else ServerTicketStore(config.ticket_store),
         get_backend(backend),
     )
     await listener._start(addr)

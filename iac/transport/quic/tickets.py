@@ -11,7 +11,12 @@ Server side, :class:`ServerTicketStore` hands the QUIC library a fetcher whose l
 *removes* the ticket, so that each ticket resumes at most one session and a
 replayed 0-RTT flight finds nothing to resume. ``reuse=True`` keeps tickets
 (aioquic's default behaviour); it exists for tests that show IAC's own replay
-defences without the ticket's help.
+defences without the ticket's help. The tickets live in a
+:class:`~iac.protocol.tickets.TicketStore` as bytes: in memory by default, or in a
+store that several servers with one identity share (:mod:`iac.stores.tickets`),
+taken atomically so that a ticket resumes one session in the whole cluster. In CA
+mode a ticket also carries the client certificate chain its session verified, and
+a resumption is refused when that chain no longer verifies.
 
 Tickets are the QUIC library's ``SessionTicket`` (aioquic and qh3 have the same
 fields); one read back from the file is built with the selected backend's class.
@@ -21,14 +26,20 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iac.errors import ConfigError
+from iac.errors import ConfigError, StoreUnavailable
+from iac.protocol.tickets import DEFAULT_MAX_TICKETS, MemoryTicketStore, TicketStore
 from iac.transport.quic.backend import SessionTicketLike, get_backend
+
+log = logging.getLogger("iac.transport.quic")
 
 SessionTicket = SessionTicketLike
 
@@ -136,35 +147,106 @@ class ClientTicketStore:
             self._tickets.clear()
 
 
-class ServerTicketStore:
-    """Tickets a server issued. A lookup removes the ticket unless ``reuse`` is set (tests only)."""
+@dataclass(frozen=True)
+class IssuedTicket:
+    """A ticket a server issued, and the client certificate chain (DER, leaf first) its
+    session verified in CA mode (empty otherwise)."""
 
-    def __init__(self, *, reuse: bool = False, max_entries: int = 65536) -> None:
+    ticket: SessionTicket
+    client_chain: tuple[bytes, ...] = ()
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _to_us(when: datetime.datetime) -> int:
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1_000_000)
+
+
+class ServerTicketStore:
+    """Tickets a server issued, kept in a :class:`~iac.protocol.tickets.TicketStore`
+    (default: in memory). A lookup removes the ticket unless ``reuse`` is set (tests only).
+
+    ``shared`` is the store's: True when other processes or hosts take the same tickets.
+    The store is called on the event loop (the QUIC library asks for a ticket in the
+    middle of a handshake), so a shared one should answer fast; when it fails, a lookup
+    finds nothing (a full handshake follows) and a new ticket is not kept.
+    """
+
+    def __init__(
+        self,
+        store: TicketStore | None = None,
+        *,
+        reuse: bool = False,
+        max_entries: int = DEFAULT_MAX_TICKETS,
+        clock: Callable[[], int] = _now_us,
+    ) -> None:
         if max_entries < 1:
             raise ConfigError("max_entries must be positive")
+        self.store: TicketStore = store if store is not None else MemoryTicketStore(max_entries)
         self.reuse = reuse
-        self.max_entries = max_entries
-        self._tickets: OrderedDict[bytes, SessionTicket] = OrderedDict()
+        self.clock = clock
         self.issued = 0
         self.resumed = 0
         self.refused = 0
+        self.failed = 0  # store calls that failed (StoreUnavailable)
 
-    def add(self, ticket: SessionTicket) -> None:
-        self._tickets[ticket.ticket] = ticket
+    @property
+    def shared(self) -> bool:
+        return bool(self.store.shared)
+
+    def add(self, ticket: SessionTicket, client_chain: Sequence[bytes] = ()) -> None:
+        """Keep a ticket the library issued (with the client chain its session verified)."""
+        blob = json.dumps(
+            {"ticket": _ticket_to_json(ticket), "client_chain": [c.hex() for c in client_chain]},
+            separators=(",", ":"),
+        ).encode()
+        try:
+            self.store.put(bytes(ticket.ticket), blob, _to_us(ticket.not_valid_after), self.clock())
+        except StoreUnavailable as exc:
+            self.failed += 1
+            log.warning("session ticket not kept: %s", exc)
+            return
         self.issued += 1
-        while len(self._tickets) > self.max_entries:
-            self._tickets.popitem(last=False)
 
-    def fetch(self, label: bytes) -> SessionTicket | None:
-        ticket = self._tickets.get(label) if self.reuse else self._tickets.pop(label, None)
-        if ticket is None:
+    def take(self, label: bytes) -> IssuedTicket | None:
+        """The ticket ``label`` names, taken out of the store (put back with ``reuse``)."""
+        now = self.clock()
+        try:
+            blob = self.store.take(label, now)
+            if blob is not None and self.reuse:
+                item = json.loads(blob)
+                self.store.put(label, blob, _to_us(_ticket_from_json(item["ticket"]).not_valid_after), now)
+        except StoreUnavailable as exc:
+            self.failed += 1
+            log.warning("session ticket lookup failed (full handshake instead): %s", exc)
+            blob = None
+        issued = None
+        if blob is not None:
+            try:
+                item = json.loads(blob)
+                issued = IssuedTicket(
+                    _ticket_from_json(item["ticket"]), tuple(bytes.fromhex(c) for c in item["client_chain"])
+                )
+            except (ValueError, KeyError, TypeError):  # a damaged entry only costs a full handshake
+                issued = None
+        if issued is None:
             self.refused += 1
         else:
             self.resumed += 1
-        return ticket
+        return issued
+
+    def fetch(self, label: bytes) -> SessionTicket | None:
+        """The library's ticket fetcher: :meth:`take` without the client chain."""
+        issued = self.take(label)
+        return None if issued is None else issued.ticket
 
     def __len__(self) -> int:
-        return len(self._tickets)
+        size = getattr(self.store, "__len__", None)
+        return int(size()) if size is not None else 0
 
 
-__all__ = ["ClientTicketStore", "ServerTicketStore", "StoredTicket"]
+__all__ = ["ClientTicketStore", "IssuedTicket", "ServerTicketStore", "StoredTicket"]

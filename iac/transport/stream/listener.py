@@ -1,4 +1,5 @@
-"""Accepting stream connections (TLS or UNIX): the HELLO exchange per socket, then the handler."""
+"""Accepting stream connections (TLS or UNIX): the handshake limit per source, the HELLO exchange
+per socket, then the handler. Every refusal is counted in ``refused`` by reason and logged."""
 
 from __future__ import annotations
 
