@@ -24,13 +24,17 @@ from urllib.parse import urlsplit
 
 from iac.errors import CloseCode, ConfigError, IacError
 from iac.protocol.clock import SYSTEM_CLOCK, Clock
-from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook, NonceCache
+from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook
+from iac.protocol.nonces import NonceCache, NonceStore
+from iac.protocol.tickets import TicketStore
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary, DictionarySet
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame
 
 MiB = 1024 * 1024
 TRANSPORTS = ("quic", "tls", "unix")
+#: ``TransportConfig.quic_retry``: when a QUIC listener validates addresses with Retry.
+RETRY_MODES = ("auto", "always", "never")
 #: QUIC congestion control algorithms (``TransportConfig.congestion``), and the default.
 CONGESTION_CONTROLS = ("reno", "cubic", "bbr")
 DEFAULT_CONGESTION = "reno"
@@ -91,8 +95,31 @@ class TransportConfig:
     capabilities: tuple[str, ...] = ()
     #: Where time comes from (tests skew it).
     clock: Clock = SYSTEM_CLOCK
-    #: HELLO nonce replay cache; a listener makes its own when None.
-    nonce_cache: NonceCache | None = None
+    #: The HELLO nonce cache (docs/PROTOCOL.md, "Nonce cache"), used by every listener given
+    #: this config, so that a HELLO accepted on one transport is a replay on every other.
+    #: None: a new in-memory :class:`~iac.protocol.nonces.NonceCache` is made here (copies made
+    #: with ``dataclasses.replace`` keep sharing it). Servers that share session tickets
+    #: (``ticket_store``) must share one too (:mod:`iac.stores.nonces`).
+    nonce_cache: NonceStore | None = field(default=None, compare=False, repr=False)
+    #: QUIC server session tickets (:class:`~iac.protocol.tickets.TicketStore`). None: each QUIC
+    #: listener keeps its own in memory. A shared store (:mod:`iac.stores.tickets`) lets servers
+    #: with one identity resume each other's sessions; see ``check_cluster_stores``.
+    ticket_store: TicketStore | None = field(default=None, compare=False, repr=False)
+    #: Per-source handshake limits, on every listener: a token bucket per source IP address
+    #: (UNIX sockets: per peer uid) allows ``handshake_burst`` new connections at once and
+    #: ``handshake_rate`` per second after that; more are refused before any signature is
+    #: checked (QUIC: before the TLS handshake). The table keeps ``handshake_sources`` sources
+    #: (the least recently seen is forgotten first). ``handshake_rate`` None: no limit.
+    handshake_rate: float | None = 20.0
+    handshake_burst: int = 40
+    handshake_sources: int = 10_000
+    #: Also limit loopback addresses and UNIX-socket peers (local processes; off by default).
+    handshake_limit_local: bool = False
+    #: QUIC address validation (Retry, RFC 9000 section 8.1): "auto" sends Retry while more
+    #: than ``retry_threshold`` new QUIC connections per second arrive at a listener (and for
+    #: a few seconds after), "always" for every new connection, "never" not at all.
+    quic_retry: str = "auto"
+    retry_threshold: float = 200.0
     #: Test hook: rewrite this side's HELLO (forged HELLOs in the conformance tests).
     hello_hook: HelloHook | None = None
     #: Debugging: write a qlog file (for qvis) per QUIC connection into this directory
@@ -108,6 +135,16 @@ class TransportConfig:
             raise ConfigError("recv_budget_bytes must be at least max_frame_size")
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("cert_file and key_file go together")
+        if self.nonce_cache is None:
+            object.__setattr__(self, "nonce_cache", NonceCache(self.max_skew_us))
+        if self.handshake_rate is not None and (self.handshake_rate <= 0 or self.handshake_burst < 1):
+            raise ConfigError("handshake_rate must be positive (or None) and handshake_burst at least 1")
+        if self.handshake_sources < 1:
+            raise ConfigError("handshake_sources must be at least 1")
+        if self.quic_retry not in RETRY_MODES:
+            raise ConfigError(f"quic_retry must be one of {', '.join(RETRY_MODES)}, not {self.quic_retry!r}")
+        if self.retry_threshold <= 0:
+            raise ConfigError("retry_threshold must be positive")
         if self.congestion not in CONGESTION_CONTROLS:
             raise ConfigError(
                 f"congestion must be one of {', '.join(CONGESTION_CONTROLS)}, not {self.congestion!r}"
@@ -327,6 +364,7 @@ class ConnectionTable:
 __all__ = [
     "CONGESTION_CONTROLS",
     "DEFAULT_CONGESTION",
+    "RETRY_MODES",
     "TRANSPORTS",
     "Address",
     "Connection",

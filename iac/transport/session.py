@@ -35,6 +35,7 @@ from iac.errors import (
     HandshakeError,
     IacError,
     ProtocolError,
+    StoreUnavailable,
     UnexpectedHello,
 )
 from iac.protocol.clock import Clock
@@ -42,7 +43,7 @@ from iac.protocol.handshake import (
     ClientHandshake,
     HelloOrder,
     HelloParams,
-    NonceCache,
+    NonceStore,
     ServerHandshake,
     decode_goaway,
     encode_goaway,
@@ -79,6 +80,7 @@ async def perform_handshake(
     *,
     clock: Clock,
     initial_sent: bool = False,
+    precheck: Callable[[], None] | None = None,
 ) -> Hello:
     """Run the HELLO exchange; return the peer's verified HELLO.
 
@@ -88,6 +90,9 @@ async def perform_handshake(
     closes the transport on any exception. ``initial_sent``: this side's first
     HELLO already went (QUIC 0-RTT sends it before ``dial`` returns). A refusal of
     this side sets ``chan.goaway_sent``; the adapter does not send GOAWAY again.
+    ``precheck``: called when the peer's HELLO arrived, before it is judged; a
+    :class:`ProtocolError` it raises refuses the handshake (QUIC in CA mode checks
+    the client's certificate there).
     """
     peer_error: IacError | None = None
     try:
@@ -102,7 +107,12 @@ async def perform_handshake(
                 break
             if frame.type != FrameType.HELLO:
                 raise HandshakeError(f"expected HELLO, got a {frame.type.name} frame")
-            out = hs.receive(frame.body, clock.now_us())
+            if precheck is not None:
+                precheck()
+            if isinstance(hs, ServerHandshake):
+                out = await _server_receive(hs, frame.body, clock)
+            else:
+                out = hs.receive(frame.body, clock.now_us())
             if out is not None:
                 await chan.send_frame(encode_frame(FrameType.HELLO, out, max_frame_size=1 << 30))
     except ProtocolError as exc:
@@ -115,6 +125,32 @@ async def perform_handshake(
     if hs.peer_hello is None:  # pragma: no cover - loop exits only with a HELLO or an error
         raise HandshakeError("handshake ended without a HELLO")
     return hs.peer_hello
+
+
+async def _server_receive(hs: ServerHandshake, data: bytes, clock: Clock) -> bytes | None:
+    """The server's side of :meth:`ServerHandshake.receive`: check the client's HELLO
+    (admission included), then record its nonce — off the event loop when the cache is a
+    shared store (SQLite, Redis) — then accept it."""
+    now_us = clock.now_us()
+    hello = hs.check(data, now_us)
+    cache = hs.nonce_cache
+    if cache is not None:
+        try:
+            if cache.shared:
+                await asyncio.to_thread(cache.check_and_add, hello.nonce, now_us, max_skew_us=hs.max_skew_us)
+            else:
+                cache.check_and_add(hello.nonce, now_us, max_skew_us=hs.max_skew_us)
+        except StoreUnavailable as exc:  # fail closed: an unchecked nonce could be a replay
+            raise HandshakeError(f"busy: the HELLO nonce store is unavailable ({exc})") from None
+    return hs.accept(hello, data, now_us)
+
+
+def nonce_cache(config: TransportConfig) -> NonceStore:
+    """The HELLO nonce cache of ``config``: the one every listener given it shares."""
+    cache = config.nonce_cache
+    if cache is None:  # pragma: no cover - TransportConfig makes one
+        raise ConfigError("TransportConfig without a nonce cache")
+    return cache
 
 
 def parse_hello(data: bytes | None) -> Hello:
@@ -163,9 +199,9 @@ def server_handshake(
     *,
     order: HelloOrder,
     binding: bytes,
-    nonce_cache: NonceCache,
 ) -> ServerHandshake:
-    """The accepting side's sans-IO handshake, set up from the config."""
+    """The accepting side's sans-IO handshake, set up from the config (its nonce cache and
+    admission policy included)."""
     return ServerHandshake(
         identity,
         order,
@@ -173,7 +209,7 @@ def server_handshake(
         binding=binding,
         max_skew_us=config.max_skew_us,
         hook=config.hello_hook,
-        nonce_cache=nonce_cache,
+        nonce_cache=nonce_cache(config),
         admission=config.admission,
     )
 
@@ -393,6 +429,7 @@ __all__ = [
     "goaway_frame",
     "hello_params",
     "local_protocol_error",
+    "nonce_cache",
     "parse_hello",
     "peer_closed_error",
     "perform_handshake",

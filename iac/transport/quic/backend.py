@@ -24,6 +24,25 @@ not in :data:`AUTO_ORDER`, only used when asked for, and no extra installs it):
   BUFFER_EXCEEDED instead of slowing the sender (:attr:`Backend.credit_control`).
 
 ``tests/test_quic_backends.py`` runs every client/server pair when qh3 is installed.
+
+Server hooks (aioquic only; each reaches a private attribute, so each is pinned to
+the aioquic minor it was written for, :data:`AIOQUIC_PINNED`, and left None on
+another version or on qh3):
+
+* ``request_client_certificate``: CA mode. aioquic's server asks for a client
+  certificate only through a test flag of its TLS context
+  (``tls.Context._request_client_certificate``), and would then also wait for
+  one on a resumed session, where a client never sends it; the hook wraps the
+  connection's traffic-key callback (``QuicConnection._update_traffic_key``) and
+  sets the flag when the server derives its handshake keys, on full handshakes only.
+* ``peer_certificate_chain``: the client's certificates (``tls._peer_certificate``
+  and ``tls._peer_certificate_chain``); aioquic's server never verifies them.
+* ``connection_tickets``: per-connection session-ticket callbacks
+  (``QuicConnection._session_ticket_fetcher`` / ``_session_ticket_handler``), so a
+  ticket can carry the client identity its connection verified.
+* ``initial_gate`` and ``set_retry``: the listener's look at each datagram before
+  the library's server takes it (``QuicServer._protocols``, ``_configuration``)
+  and Retry switched on and off (``QuicServer._retry``).
 """
 
 from __future__ import annotations
@@ -47,8 +66,18 @@ INSTALL_HINTS = {"qh3": "pip install qh3"}
 
 #: A session ticket of either library (same fields: a dataclass in both).
 SessionTicketLike = Any
+#: The aioquic minor version whose private attributes the server hooks use.
+AIOQUIC_PINNED = "1.7"
 
 _override: str | None = None
+
+
+def _peer_address(quic: Any) -> Any:
+    """The peer's address (host, port) on the connection's first network path, if known."""
+    paths = getattr(quic, "_network_paths", None)
+    return paths[0].addr if paths else None
+
+
 _cache: dict[str, Backend] = {}
 
 
@@ -76,6 +105,20 @@ class Backend:
     uni_streams_finished: Callable[[Any, bool], bool]
     is_closing: Callable[[Any], bool]
     zero_rtt_ready: Callable[[Any], bool]
+    #: The library's server (a ``DatagramProtocol``), for a listener that subclasses it.
+    QuicServer: type[Any] | None = None
+    #: Whether the TLS session of a connection was resumed / its 0-RTT data accepted.
+    session_resumed: Callable[[Any], bool] = lambda quic: bool(quic.tls.session_resumed)
+    early_data_accepted: Callable[[Any], bool] = lambda quic: bool(quic.tls.early_data_accepted)
+    peer_address: Callable[[Any], Any] = _peer_address
+    #: Server hooks (see the module docstring); None where unsupported.
+    request_client_certificate: Callable[[Any], None] | None = None
+    peer_certificate_chain: Callable[[Any], list[bytes]] | None = None
+    connection_tickets: Callable[[Any, Callable[[bytes], Any], Callable[[Any], None]], None] | None = None
+    #: ``(server, datagram) -> (opens a new connection, carries a token)``.
+    initial_gate: Callable[[Any, bytes], tuple[bool, bool]] | None = None
+    #: ``(server, on)``: answer new connections without a token with Retry.
+    set_retry: Callable[[Any, bool], None] | None = None
 
 
 # --- aioquic 1.7 ---------------------------------------------------------------------------------
@@ -83,12 +126,15 @@ class Backend:
 
 def _aioquic() -> Backend:
     import aioquic
+    from aioquic._buffer import Buffer
     from aioquic.asyncio.protocol import QuicConnectionProtocol
-    from aioquic.asyncio.server import serve
+    from aioquic.asyncio.server import QuicServer, serve
     from aioquic.quic import events
-    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
     from aioquic.quic.connection import QuicConnection
-    from aioquic.tls import CipherSuite, Epoch, SessionTicket
+    from aioquic.quic.packet import QuicPacketType, pull_quic_header
+    from aioquic.quic.retry import QuicRetryTokenHandler
+    from aioquic.tls import CipherSuite, Direction, Epoch, SessionTicket
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
@@ -125,6 +171,50 @@ def _aioquic() -> Backend:
                 return False
         return True
 
+    def request_client_certificate(quic: Any) -> None:
+        update = quic._update_traffic_key  # read by the TLS context when it is made
+
+        def hooked(direction: Any, epoch: Any, cipher_suite: Any, secret: bytes) -> None:
+            tls = quic.tls
+            if direction == Direction.ENCRYPT and epoch == Epoch.HANDSHAKE:
+                # the PSK is decided, the CertificateRequest not yet sent
+                tls._request_client_certificate = not tls.session_resumed
+            update(direction, epoch, cipher_suite, secret)
+
+        quic._update_traffic_key = hooked
+
+    def peer_certificate_chain(quic: Any) -> list[bytes]:
+        tls = quic.tls
+        if tls._peer_certificate is None:
+            return []
+        certs = [tls._peer_certificate, *tls._peer_certificate_chain]
+        return [bytes(c.public_bytes(serialization.Encoding.DER)) for c in certs]
+
+    def connection_tickets(quic: Any, fetch: Callable[[bytes], Any], add: Callable[[Any], None]) -> None:
+        quic._session_ticket_fetcher = fetch
+        quic._session_ticket_handler = add
+
+    def initial_gate(server: Any, data: bytes) -> tuple[bool, bool]:
+        config = server._configuration
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=config.connection_id_length)
+        except ValueError:
+            return False, False
+        new = (
+            header.packet_type == QuicPacketType.INITIAL
+            and len(data) >= SMALLEST_MAX_DATAGRAM_SIZE
+            and header.version in config.supported_versions
+            and header.destination_cid not in server._protocols
+        )
+        return new, bool(header.token)
+
+    def set_retry(server: Any, on: bool) -> None:
+        handler = getattr(server, "_iac_retry", None)
+        if handler is None:
+            handler = server._iac_retry = QuicRetryTokenHandler()
+        server._retry = handler if on else None
+
+    pinned = str(aioquic.__version__).startswith(AIOQUIC_PINNED + ".")
     return Backend(
         name="aioquic",
         version=str(aioquic.__version__),
@@ -145,6 +235,12 @@ def _aioquic() -> Backend:
         uni_streams_finished=uni_streams_finished,
         is_closing=lambda quic: quic._state.name in ("CLOSING", "DRAINING", "TERMINATED"),
         zero_rtt_ready=lambda quic: bool(quic._cryptos[Epoch.ZERO_RTT].send.is_valid()),
+        QuicServer=QuicServer,
+        request_client_certificate=request_client_certificate if pinned else None,
+        peer_certificate_chain=peer_certificate_chain if pinned else None,
+        connection_tickets=connection_tickets if pinned else None,
+        initial_gate=initial_gate if pinned else None,
+        set_retry=set_retry if pinned else None,
     )
 
 
@@ -276,6 +372,7 @@ def load(name: str) -> Backend:
 
 
 __all__ = [
+    "AIOQUIC_PINNED",
     "AUTO_ORDER",
     "BACKENDS",
     "ENV_VAR",

@@ -12,6 +12,7 @@ from typing import Any
 from iac.errors import CloseCode, IacError, ProtocolError
 from iac.protocol.handshake import ServerHandshake
 from iac.transport.base import Connection, Listener, OnConnection, TransportConfig
+from iac.transport.limits import HandshakeLimiter, busy_error
 from iac.transport.session import goaway_frame
 from iac.transport.stream.connection import establish
 from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
@@ -20,8 +21,10 @@ log = logging.getLogger("iac.transport")
 
 
 class StreamListener(Listener):
-    """Accepts stream connections (TLS or UNIX): optional pre-check of the socket
-    (UNIX peer uid), the HELLO exchange, then ``on_connection`` in the accepting task."""
+    """Accepts stream connections (TLS or UNIX): the handshake limit of the source
+    (``source``: UNIX peer uid; TLS checks the IP address before the TLS handshake, through
+    :meth:`allow_source`), optional pre-check of the socket (UNIX peer uid), the HELLO
+    exchange, then ``on_connection`` in the accepting task."""
 
     def __init__(
         self,
@@ -32,6 +35,7 @@ class StreamListener(Listener):
         make_handshake: Callable[[], ServerHandshake],
         describe_peer: Callable[[asyncio.BaseTransport], str],
         precheck: Callable[[asyncio.BaseTransport], ProtocolError | None] | None = None,
+        source: Callable[[asyncio.BaseTransport], str] | None = None,
     ) -> None:
         self.addresses: list[str] = []
         self.config = config
@@ -40,11 +44,32 @@ class StreamListener(Listener):
         self._make_handshake = make_handshake
         self._describe_peer = describe_peer
         self._precheck = precheck
+        self._source = source
+        self.limiter = HandshakeLimiter.from_config(config)
         self._server: asyncio.Server | None = None
         self._conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self.refused = 0  # handshakes refused (any reason)
+        #: Connections refused or failed before the HELLO verified, by reason (the error's
+        #: name: ``busy``, ``admission_denied``, ``replayed_hello``, ``transport_error``, ...).
+        self.refused: dict[str, int] = {}
+
+    def count_refusal(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def allow_source(self, source: str, peer_url: str) -> bool:
+        """Take a handshake token for ``source``; False (counted as ``busy``, logged once per
+        burst) when it has none left."""
+        if self.limiter.allow(source, asyncio.get_running_loop().time()):
+            return True
+        self.count_refusal("busy")
+        if self.limiter.first_refusal(source):
+            log.info(
+                "refused %s connections from %s: busy: over the handshake limit",
+                self.transport,
+                peer_url,
+            )
+        return False
 
     def attach(self, server: asyncio.Server, addresses: list[str]) -> None:
         self._server = server
@@ -78,6 +103,11 @@ class StreamListener(Listener):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.handshake_timeout
         peer_url = self._describe_peer(transport)
+        if self._source is not None:
+            source = self._source(transport)
+            if not self.allow_source(source, peer_url):
+                await self._refuse(proto, busy_error(source))
+                return
         try:
             refusal = self._precheck(transport) if self._precheck is not None else None
             if refusal is not None:
@@ -91,23 +121,19 @@ class StreamListener(Listener):
                 deadline=deadline,
             )
         except ProtocolError as exc:
-            self.refused += 1
+            self.count_refusal(exc.name)
             log.info(
                 "refused %s connection from %s: %s: %s", self.transport, peer_url, exc.name, exc,
                 extra={"transport": self.transport, "reason": exc.name, "code": exc.close_code.name},
             )  # fmt: skip
-            if not transport.is_closing():  # precheck refusal: nothing was sent yet
-                with contextlib.suppress(*NETWORK_ERRORS, IacError):
-                    await proto.send_frame(goaway_frame(exc.close_code, str(exc)))
-                await proto.wait_eof(self.config.linger_timeout)
-                await proto.close_transport(0.1)
+            await self._refuse(proto, exc)
             return
         except IacError as exc:
-            self.refused += 1
+            self.count_refusal(exc.name)
             log.info("%s connection from %s failed: %s", self.transport, peer_url, exc)
             return
         except NETWORK_ERRORS as exc:
-            self.refused += 1
+            self.count_refusal("network_error")
             log.info("%s connection from %s failed: %s", self.transport, peer_url, describe_error(exc))
             return
         self._conns = {c for c in self._conns if not c.closed}
@@ -124,6 +150,17 @@ class StreamListener(Listener):
         except Exception:
             log.exception("on_connection failed for %s", conn.peer.agent_id[:16])
             await conn.close(CloseCode.INTERNAL_ERROR, "connection handler failed")
+
+    async def _refuse(self, proto: FrameProtocol, exc: ProtocolError) -> None:
+        """A refusal before the HELLO exchange sent anything (limit, precheck): GOAWAY, linger,
+        close. (A refusal in the exchange already went out and the socket is closed.)"""
+        transport = proto.transport
+        if transport is None or transport.is_closing():
+            return
+        with contextlib.suppress(*NETWORK_ERRORS, IacError):
+            await proto.send_frame(goaway_frame(exc.close_code, str(exc)))
+        await proto.wait_eof(self.config.linger_timeout)
+        await proto.close_transport(0.1)
 
     async def close(self) -> None:
         if self._closing:
