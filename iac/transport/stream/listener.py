@@ -65,10 +65,9 @@ class StreamListener(Listener):
         self.count_refusal("busy")
         if self.limiter.first_refusal(source):
             log.info(
-                "refused %s connections from %s: busy: over the handshake limit",
-                self.transport,
-                peer_url,
-            )
+                "refused %s connections from %s: busy: over the handshake limit", self.transport, peer_url,
+                extra={"transport": self.transport, "reason": "busy", "code": "HANDSHAKE_FAILED"},
+            )  # fmt: skip
         return False
 
     def attach(self, server: asyncio.Server, addresses: list[str]) -> None:
