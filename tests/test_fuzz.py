@@ -40,7 +40,7 @@ from tests.fuzz.targets import dicts as dict_target
 
 #: Inputs per target under atheris in the test suite (after the corpus).
 FUZZ_RUNS = {
-    "frames": 3000,
+    "frames": 1500,
     "message": 3000,
     "hello": 2000,
     "forward": 2000,

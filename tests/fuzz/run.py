@@ -2,10 +2,11 @@
 
 The modules the target names are instrumented for coverage; every input goes through
 :class:`~tests.fuzz.bounds.Checked`, so a broken bound is a crash for libFuzzer (it saves the
-input and stops). Unless given, ``-max_len`` is the target's and ``-timeout`` is
-:data:`HANG_TIMEOUT`. libFuzzer adds the inputs it finds to the first
-directory given; pass a scratch directory first and the committed corpus after it. An input that
-breaks a bound is saved under ``build/fuzz/crashes/``.
+input and stops). Unless given, ``-max_len`` is the target's, ``-timeout`` is
+:data:`HANG_TIMEOUT` and ``-dict`` is ``tests/fuzz/tokens/<target>.dict`` when there is one.
+libFuzzer adds the inputs it finds to the first directory given; pass a scratch directory first
+and the committed corpus after it. An input that breaks a bound is saved under
+``build/fuzz/crashes/``.
 
 At the end (``-runs`` or ``-max_total_time`` reached) it prints one line with the bounds it
 measured, starting with ``iac-fuzz:``.
@@ -24,6 +25,8 @@ from tests.fuzz.instrument import INSTRUMENT
 
 #: Where libFuzzer saves an input that broke a bound, unless ``-artifact_prefix`` says otherwise.
 CRASHES = Path(__file__).resolve().parents[2] / "build" / "fuzz" / "crashes"
+#: libFuzzer dictionaries (``-dict``): tokens of a target's input format that mutations insert.
+TOKENS = Path(__file__).resolve().parent / "tokens"
 #: libFuzzer's -timeout (seconds) unless given: kills an input that never returns.
 HANG_TIMEOUT = 10
 
@@ -71,6 +74,9 @@ def main(argv: list[str]) -> None:
         options.insert(0, f"-max_len={target.max_len}")
     if not any(o.startswith("-timeout=") for o in options):
         options.insert(0, f"-timeout={HANG_TIMEOUT}")
+    tokens = TOKENS / f"{target_name}.dict"
+    if tokens.exists() and not any(o.startswith("-dict=") for o in options):
+        options.insert(0, f"-dict={tokens}")
     if not any(o.startswith("-artifact_prefix=") for o in options):
         CRASHES.mkdir(parents=True, exist_ok=True)
         options.insert(0, f"-artifact_prefix={CRASHES}/{target_name}-")

@@ -1,11 +1,12 @@
 """DICT and DICT_ACK frames: :class:`~iac.transport.session.DictState` of one new connection.
 
-Input: from the end, how many frames (1-4) and per frame its kind -- 0: a DICT body as it comes,
+Input: from the end, how many frames (1-4), per frame its kind -- 0: a DICT body as it comes,
 1: a DICT whose ``sha256`` matches its content (so that the content reaches zstd's dictionary
 loader), with the content's own id or a fuzzed one, 2: a DICT_ACK body as it comes, 3: this side
 pushes its dictionary to a peer (a fuzzed 32-byte key seed) and reads a DICT_ACK for it, with the
-right id or a fuzzed one -- and the lengths; the bodies and contents from the front. The
-connection decodes the vectors' dictionary (48879) and takes frames of 64 KiB.
+right id or a fuzzed one -- and the lengths, then whether the connection has pushing turned off
+(0 or 1); the bodies and contents from the front. The connection decodes the vectors'
+dictionary (48879) and takes frames of 64 KiB.
 
 Checked besides the bounds: at most ``MAX_PUSHED_DICTS`` dictionaries are installed on the
 connection, and every answer it sends is a DICT_ACK frame.
@@ -43,6 +44,7 @@ class Op:
 @dataclass(frozen=True)
 class Plan:
     ops: tuple[Op, ...]
+    disabled: bool = False  # the connection neither pushes nor acknowledges dictionaries
 
 
 def parse(data: bytes) -> Plan:
@@ -57,7 +59,7 @@ def parse(data: bytes) -> Plan:
             flag, number = False, 0
         size = 32 if kind == PUSH_ACK else fdp.ConsumeIntInRange(0, 65535)
         ops.append(Op(kind, flag, number, fdp.ConsumeBytes(size)))
-    return Plan(tuple(ops))
+    return Plan(tuple(ops), fdp.ConsumeIntInRange(0, 1) == 1)
 
 
 def layout(plan: Plan) -> bytes:
@@ -69,7 +71,7 @@ def layout(plan: Plan) -> bytes:
         if op.kind != PUSH_ACK:
             out.int(len(op.data), 0, 65535)
         out.bytes(op.data)
-    return out.build()
+    return out.int(int(plan.disabled), 0, 1).build()
 
 
 @cache
@@ -78,8 +80,10 @@ def vector_dictionary() -> Dictionary:
 
 
 @cache
-def config() -> TransportConfig:
-    return TransportConfig(dictionaries=DictionarySet([vector_dictionary()]), max_frame_size=MAX_FRAME)
+def config(push: bool = True) -> TransportConfig:
+    return TransportConfig(
+        dictionaries=DictionarySet([vector_dictionary()]), max_frame_size=MAX_FRAME, push_dictionaries=push
+    )
 
 
 @cache
@@ -100,7 +104,9 @@ def _body(op: Op, state: DictState) -> tuple[bytes, bool]:
     state.push_frame(local().agent_id, peer)
     pushed = state.pushed
     if pushed is None:
-        raise Finding("no dictionary pushed to a peer that shares one")
+        if state.enabled:
+            raise Finding("no dictionary pushed to a peer that shares one")
+        return Dict(dict_id=op.number).SerializeToString(), True
     ack = Dict(dict_id=pushed.dict_id if op.flag else op.number, sha256=pushed.sha256)
     return ack.SerializeToString(), True
 
@@ -119,7 +125,7 @@ def TestOneInput(data: bytes) -> None:
             known.clear()
     plan = parse(data)
     sent: list[bytes] = []
-    state = DictState(config(), send_control=sent.append)
+    state = DictState(config(not plan.disabled), send_control=sent.append)
     for op in plan.ops:
         body, is_ack = _body(op, state)
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -150,11 +151,16 @@ def seeds() -> dict[str, bytes]:
     transfer = vectors("mesh-v1")["file_transfer"]
     chunks = [(0, c["payload_json"], bytes.fromhex(c["extra_data_hex"])) for c in transfer["chunks"]]
     query = (0, transfer["query"]["payload_json"], b"")
+    first = json.loads(chunks[0][1])
+    other_id = chunks[0][1].replace(first["transfer_id"], "another-transfer")
     out = {
         "transfer-in-order": layout(Plan(RECEIVER, False, (*chunks, query))),
         "transfer-reversed": layout(Plan(RECEIVER, False, tuple(reversed(chunks)))),
         "transfer-restart": layout(Plan(RECEIVER, True, (chunks[0], query))),
         "transfer-two-origins": layout(Plan(RECEIVER, False, (chunks[0], (1, *chunks[0][1:]), chunks[1]))),
+        "transfer-then-a-chunk-again": layout(Plan(RECEIVER, False, (*chunks, chunks[1]))),
+        "transfer-then-the-same-name": layout(Plan(RECEIVER, False, (*chunks, (0, other_id, chunks[0][2])))),
+        "transfer-restart-in-the-middle": layout(Plan(RECEIVER, True, (chunks[0], chunks[2]))),
     }
     for neg in transfer["negative"]:
         out[f"refused-{neg['name']}"] = layout(

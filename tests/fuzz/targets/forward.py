@@ -2,10 +2,12 @@
 and :meth:`Router.on_forward <iac.protocol.routing.Router.on_forward>` with fuzzed bodies.
 
 Input: from the end, which test-vector agent the router is (0-2), which peer the bodies come from
-(0-3: the three agents or a fourth connected one), whether the router relays unicast (0 or 1),
-how many bodies (1-4) and the length of each (0-65535); the bodies from the front. One router
-(small caches: 8 seen keys, 8 routes) takes every body in turn, at the vectors' time, with all
-four agents connected.
+(0-3: the three agents or a fourth one), the options (bits: :data:`RELAY_UNICAST`,
+:data:`NO_FLOOD`, :data:`RECEIVER_AWAY`, :data:`LATE`), how many bodies (1-4) and the length of
+each (0-65535); the bodies from the front. One router, with small caches (:data:`MAX_SEEN` keys,
+:data:`MAX_ROUTES` routes) and, unless it is the receiver, a static route to the vectors'
+receiver through the fourth agent, takes every body in turn, at the vectors' time, with all four
+agents connected (or all but the receiver).
 
 Checked besides the bounds: ``on_forward`` never raises (it answers with a decision, refusals
 included); its caches stay within their bounds; a refusal carries a typed error of the peer's
@@ -32,14 +34,17 @@ from iac.wire.identity import Identity
 from tests.fuzz.bounds import Finding, check_error
 from tests.fuzz.common import FuzzedDataProvider, Layout, vectors
 
-MAX_SEEN = MAX_ROUTES = 8
+MAX_SEEN = MAX_ROUTES = 2
+#: Options: relay unicast; do not re-flood broadcasts; the receiver is not connected (reached by
+#: the route); the clock is 61 s late, past the vectors' freshness.
+RELAY_UNICAST, NO_FLOOD, RECEIVER_AWAY, LATE = 1, 2, 4, 8
 
 
 @dataclass(frozen=True)
 class Plan:
     me: int
     sender: int
-    relay_unicast: bool
+    options: int
     bodies: tuple[bytes, ...]
 
 
@@ -47,14 +52,14 @@ def parse(data: bytes) -> Plan:
     fdp = FuzzedDataProvider(data)
     me = fdp.ConsumeIntInRange(0, 2)
     sender = fdp.ConsumeIntInRange(0, 3)
-    relay_unicast = fdp.ConsumeIntInRange(0, 1) == 1
+    options = fdp.ConsumeIntInRange(0, 15)
     count = fdp.ConsumeIntInRange(1, 4)
     bodies = tuple(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 65535)) for _ in range(count))
-    return Plan(me, sender, relay_unicast, bodies)
+    return Plan(me, sender, options, bodies)
 
 
 def layout(plan: Plan) -> bytes:
-    out = Layout().int(plan.me, 0, 2).int(plan.sender, 0, 3).int(int(plan.relay_unicast), 0, 1)
+    out = Layout().int(plan.me, 0, 2).int(plan.sender, 0, 3).int(plan.options, 0, 15)
     out.int(len(plan.bodies), 1, 4)
     for body in plan.bodies:
         out.int(len(body), 0, 65535).bytes(body)
@@ -93,13 +98,13 @@ def check_decision(router: Router, dec: RouteDecision) -> None:
 def TestOneInput(data: bytes) -> None:
     plan = parse(data)
     ids = agents()
-    router = Router(
-        ids[plan.me],
-        RelayPolicy(relay_unicast=plan.relay_unicast),
-        max_seen=MAX_SEEN,
-        max_routes=MAX_ROUTES,
-    )
-    now = vectors("mesh-v1")["time_us"]
+    opts = plan.options
+    policy = RelayPolicy(relay_unicast=bool(opts & RELAY_UNICAST), relay_broadcasts=not opts & NO_FLOOD)
+    router = Router(ids[plan.me], policy, max_seen=MAX_SEEN, max_routes=MAX_ROUTES)
+    if plan.me != 2:
+        router.add_route(ids[2], ids[3])
+    peers = set(ids) - {ids[2]} if opts & RECEIVER_AWAY else set(ids)
+    now = vectors("mesh-v1")["time_us"] + (61_000_000 if opts & LATE else 0)
     for body in plan.bodies:
         for fn in (parse_forward, open_forward):
             try:
@@ -107,7 +112,7 @@ def TestOneInput(data: bytes) -> None:
             except IacError as exc:
                 check_error(exc)
         try:
-            dec = router.on_forward(body, ids[plan.sender], set(ids), now)
+            dec = router.on_forward(body, ids[plan.sender], peers, now)
         except Exception as exc:
             raise Finding(f"Router.on_forward raised {type(exc).__name__}: {exc}") from exc
         check_decision(router, dec)
@@ -125,14 +130,21 @@ def seeds() -> dict[str, bytes]:
         sender = ids.index(vec["path"][-1])
         to_relay = "first hop" in vec["name"] and "unicast" in vec["name"]
         me = 1 if to_relay else 2
-        out[vec["name"]] = layout(Plan(me, sender, to_relay, (body,)))
+        out[vec["name"]] = layout(Plan(me, sender, RELAY_UNICAST if to_relay else 0, (body,)))
         good.append(body)
-    out["all-good-at-receiver"] = layout(Plan(2, 1, True, tuple(good[:4])))
+        if to_relay:
+            routed = Plan(me, sender, RELAY_UNICAST | RECEIVER_AWAY, (body,))
+            out[f"{vec['name']}, by the route"] = layout(routed)
+        out[f"{vec['name']}, late"] = layout(
+            Plan(me, sender, LATE | (RELAY_UNICAST if to_relay else 0), (body,))
+        )
+    out["all-good-at-receiver"] = layout(Plan(2, 1, RELAY_UNICAST, tuple(good[:4])))
+    out["broadcast, not re-flooded"] = layout(Plan(2, 0, NO_FLOOD, (good[0],)))
     for vec in mesh["forward_negative"]:
         body = bytes.fromhex(vec["forward_hex"])
         me = ("origin", "relay", "receiver").index(vec["receiver"])
-        out[vec["name"]] = layout(Plan(me, ids.index(vec["from_peer"]), False, (body,)))
-    out["broadcast-full-path"] = layout(Plan(2, 1, False, (full_path_broadcast(),)))
+        out[vec["name"]] = layout(Plan(me, ids.index(vec["from_peer"]), 0, (body,)))
+    out["broadcast-full-path"] = layout(Plan(2, 1, 0, (full_path_broadcast(),)))
     return out
 
 

@@ -5,9 +5,10 @@ bytes each, used in turn; none: the whole stream at once). The last chunk is fed
 ``final=True``.
 
 Checked besides the bounds: the decoder never holds more than ``max_frame_size`` bytes between
-calls and never returns a body above it; and the chunking changes nothing -- the fuzzed chunking
-and the whole stream at once both fail or both return the same frames, and frames read still
-compressed (``feed_packed``) fail with the same error class in any chunking.
+calls, never returns a body above it, and refuses input after an error; and the chunking changes
+nothing -- the fuzzed chunking and the whole stream at once both fail or both return the same
+frames, and frames read still compressed (``feed_packed``) fail with the same error class in any
+chunking.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from iac.errors import IacError
+from iac.errors import FrameError, IacError
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary
 from iac.wire.frames import Frame, FrameDecoder
 from tests.fuzz.bounds import Finding, check_error
@@ -75,7 +76,11 @@ def decode(pieces: list[bytes], *, packed: bool = False) -> tuple[list[Any], typ
             frames.extend(got)
     except IacError as exc:
         check_error(exc)
-        return frames, type(exc)
+        try:
+            feed(b"")
+        except FrameError:
+            return frames, type(exc)
+        raise Finding("the decoder takes input after an error") from exc
     for frame in frames:
         size = len(frame.body) if isinstance(frame, Frame) else frame.size
         if size > MAX_FRAME:

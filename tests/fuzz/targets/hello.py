@@ -1,8 +1,9 @@
 """HELLO: :func:`~iac.wire.message.open_hello` and both handshake state machines, in both orders.
 
-Input: from the end, the entry point (0-5, see :data:`ENTRIES`) and whether to re-sign (0 or 1);
-the rest is the HELLO. Re-signing parses the bytes as a ``Hello`` (when they parse), sets
-``agent_id`` to the sender's and signs it with the sender's key, so that the checks after the
+Input: from the end, the entry point (0-5, see :data:`ENTRIES`) and who re-signs the HELLO (0:
+nobody, it goes as it is; 1: the side that sends it; 2: a key nobody expects; 3: a key the
+server does not admit); the rest is the HELLO. Re-signing parses the bytes as a ``Hello`` (when
+they parse), sets ``agent_id`` to the signer's and signs it, so that the checks after the
 signature -- version, freshness, nonce, binding, the named peer, the nonce cache, admission -- see
 fuzzed fields too. The identities, nonces and binding are those of the HELLO test vectors; the
 clock stands 0.4 ms after the client vector's timestamp.
@@ -39,6 +40,7 @@ ENTRIES = {
     CLIENT_SF: Role.SERVER,  # a client (UNIX) receives the server's first HELLO
     SERVER_SF: Role.CLIENT,  # a server (UNIX) that sent its HELLO receives the answer
 }
+AS_IS, SENDER, STRANGER, BANNED = range(4)
 CLIENT_NONCE = bytes(range(16))
 SERVER_NONCE = bytes(range(16, 32))
 BINDING = b"_" * 32
@@ -47,19 +49,19 @@ BINDING = b"_" * 32
 @dataclass(frozen=True)
 class Plan:
     entry: int
-    resign: bool
+    signer: int  # AS_IS, SENDER, STRANGER, BANNED
     hello: bytes
 
 
 def parse(data: bytes) -> Plan:
     fdp = FuzzedDataProvider(data)
     entry = fdp.ConsumeIntInRange(0, 5)
-    resign = fdp.ConsumeIntInRange(0, 1) == 1
-    return Plan(entry, resign, fdp.ConsumeBytes(fdp.remaining_bytes()))
+    signer = fdp.ConsumeIntInRange(0, 3)
+    return Plan(entry, signer, fdp.ConsumeBytes(fdp.remaining_bytes()))
 
 
 def layout(plan: Plan) -> bytes:
-    return Layout().int(plan.entry, 0, 5).int(int(plan.resign), 0, 1).bytes(plan.hello).build()
+    return Layout().int(plan.entry, 0, 5).int(plan.signer, 0, 3).bytes(plan.hello).build()
 
 
 @cache
@@ -77,16 +79,21 @@ def now_us() -> int:
 
 
 @cache
-def banned() -> str:
-    return Identity.from_seed(b"\x07" * 32).agent_id
+def stranger() -> Identity:
+    return Identity.from_seed(b"\x06" * 32)
 
 
-def resign(data: bytes, sender: Role) -> bytes:
+@cache
+def banned() -> Identity:
+    return Identity.from_seed(b"\x07" * 32)
+
+
+def resign(data: bytes, sender: Role, signer: int) -> bytes:
     try:
         hello = Hello.FromString(data)
     except DecodeError:
         return data
-    ident = identities()[sender]
+    ident = {SENDER: identities()[sender], STRANGER: stranger(), BANNED: banned()}[signer]
     hello.agent_id = ident.agent_id
     return sign_hello(ident, hello, sender.domain)
 
@@ -98,7 +105,7 @@ def _server(order: HelloOrder, cache_: NonceCache) -> ServerHandshake:
         binding=BINDING if order is HelloOrder.CLIENT_FIRST else b"",
         nonce=SERVER_NONCE,
         nonce_cache=cache_,
-        admission=lambda agent_id: agent_id != banned(),
+        admission=lambda agent_id: agent_id != banned().agent_id,
     )
 
 
@@ -128,7 +135,7 @@ def _again(hs: ClientHandshake | ServerHandshake, data: bytes, now: int, expecte
 def TestOneInput(data: bytes) -> None:
     plan = parse(data)
     sender = ENTRIES[plan.entry]
-    hello = resign(plan.hello, sender) if plan.resign else plan.hello
+    hello = resign(plan.hello, sender, plan.signer) if plan.signer != AS_IS else plan.hello
     now = now_us()
     if plan.entry in (OPEN_CLIENT, OPEN_SERVER):
         open_hello(hello, sender.domain)
@@ -157,20 +164,21 @@ def seeds() -> dict[str, bytes]:
         signed, unsigned = bytes.fromhex(vec["signed_hex"]), bytes.fromhex(vec["unsigned_hex"])
         client = vec["domain"] == Domain.HELLO_CLIENT.value.decode()
         for entry in (OPEN_CLIENT, SERVER_CF) if client else (OPEN_SERVER, CLIENT_CF):
-            out[f"{vec['name']}-{entry}"] = layout(Plan(entry, False, signed))
-            out[f"{vec['name']}-{entry}-resign"] = layout(Plan(entry, True, unsigned))
+            out[f"{vec['name']}-{entry}"] = layout(Plan(entry, AS_IS, signed))
+            for signer in (SENDER, STRANGER, BANNED):
+                out[f"{vec['name']}-{entry}-signed-{signer}"] = layout(Plan(entry, signer, unsigned))
     for vec in v1["hello_negative"]:
         _type, body = decode_frame_body(
             bytes.fromhex(vec["frame_hex"]), dictionaries(), DEFAULT_MAX_FRAME_SIZE
         )
         client = vec["domain"] == Domain.HELLO_CLIENT.value.decode()
         for entry in (OPEN_CLIENT, SERVER_CF) if client else (OPEN_SERVER, CLIENT_CF):
-            out[f"{vec['name']}-{entry}"] = layout(Plan(entry, False, body))
+            out[f"{vec['name']}-{entry}"] = layout(Plan(entry, AS_IS, body))
     now = now_us()
     server_first = _server(HelloOrder.SERVER_FIRST, NonceCache()).initial(now)
     assert server_first is not None
     answer = _client(HelloOrder.SERVER_FIRST).receive(server_first, now)
     assert answer is not None
-    out["unix-server-hello"] = layout(Plan(CLIENT_SF, False, server_first))
-    out["unix-client-answer"] = layout(Plan(SERVER_SF, False, answer))
+    out["unix-server-hello"] = layout(Plan(CLIENT_SF, AS_IS, server_first))
+    out["unix-client-answer"] = layout(Plan(SERVER_SF, AS_IS, answer))
     return out

@@ -13,13 +13,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from iac.protocol.records import SignedRecord, open_record
+from iac.protocol.canonical import canonical_json
+from iac.protocol.records import (
+    MAX_ADDRESSES,
+    MAX_ALIASES,
+    MAX_CAPABILITIES,
+    AgentRecord,
+    SignedRecord,
+    open_record,
+    sign_record,
+)
 from iac.protocol.statements import (
+    MAX_REASON_LEN,
     SignedRevocation,
     SignedRotation,
     open_revocation,
     open_rotation,
 )
+from iac.wire.identity import Domain, Identity
 from tests.fuzz.common import FuzzedDataProvider, Layout, vectors
 
 RECORD, ROTATION, REVOCATION, ENVELOPE = range(4)
@@ -84,10 +95,36 @@ def TestOneInput(data: bytes) -> None:
             open_revocation(SignedRevocation.from_json_obj(obj), now)
 
 
-def seeds() -> dict[str, bytes]:
-    """Every record, rotation and revocation vector, good and bad, as bytes and as envelopes."""
+def _at_the_limits() -> dict[str, bytes]:
+    """A signed record with as many aliases, addresses and capabilities as a record may hold, the
+    same with one more of each (its canonical bytes, since a record refuses to be built so), and a
+    revocation with the longest reason and one character more."""
     vec = vectors("records-v1")
+    ident = Identity.from_seed(bytes.fromhex(vec["records"][0]["seed_hex"]))
+    now = vec["now_us"]
+    fields = {
+        "aliases": [f"a{i:02d}" for i in range(MAX_ALIASES)],
+        "addresses": [f"quic://h{i}.example:4433" for i in range(MAX_ADDRESSES)],
+        "capabilities": [f"c{i:02d}" for i in range(MAX_CAPABILITIES)],
+    }
     out: dict[str, bytes] = {}
+    full = sign_record(ident, AgentRecord(ident.agent_id, 1, now + 3_600_000_000, **fields))
+    out["record-full-lists"] = layout(Plan(RECORD, 0, (full.signature,), full.data))
+    for key, values in fields.items():
+        over = {**json.loads(full.data), key: sorted([*values, f"{values[-1]}9"])}
+        out[f"record-one-{key}-too-many"] = layout(Plan(RECORD, 0, (full.signature,), canonical_json(over)))
+    for n in (MAX_REASON_LEN, MAX_REASON_LEN + 1):
+        statement = {"agent_id": ident.agent_id, "issued_us": now, "reason": "r" * n, "seq": 1}
+        data = canonical_json(statement)
+        out[f"revocation-reason-{n}"] = layout(Plan(REVOCATION, 0, (ident.sign(Domain.REVOKE, data),), data))
+    return out
+
+
+def seeds() -> dict[str, bytes]:
+    """Every record, rotation and revocation vector, good and bad, as bytes and as envelopes; and
+    payloads at their limits."""
+    vec = vectors("records-v1")
+    out: dict[str, bytes] = _at_the_limits()
     for rec in vec["records"]:
         sig = bytes.fromhex(rec["signature_hex"])
         out[f"record-{rec['name']}"] = layout(Plan(RECORD, 0, (sig,), rec["canonical"].encode()))
