@@ -30,7 +30,9 @@ from iac.protocol.routing import (
     parse_forward,
     wrap_forward,
 )
+from iac.wire._pb.iac_pb2 import Message
 from iac.wire.identity import Identity
+from iac.wire.message import sign_message
 from tests.fuzz.bounds import Finding, check_error
 from tests.fuzz.common import FuzzedDataProvider, Layout, vectors
 
@@ -145,6 +147,21 @@ def seeds() -> dict[str, bytes]:
         me = ("origin", "relay", "receiver").index(vec["receiver"])
         out[vec["name"]] = layout(Plan(me, ids.index(vec["from_peer"]), 0, (body,)))
     out["broadcast-full-path"] = layout(Plan(2, 1, 0, (full_path_broadcast(),)))
+    out["seen-cache-full"] = layout(Plan(2, 1, 0, tuple(fresh_broadcasts(MAX_SEEN + 1))))
+    return out
+
+
+def fresh_broadcasts(n: int) -> list[bytes]:
+    """``n`` broadcasts of the vectors' origin (its first broadcast with other msg_ids, signed
+    again), each relayed once."""
+    mesh = vectors("mesh-v1")
+    origin = Identity.from_seed(bytes.fromhex(mesh["agents"]["origin"]["seed_hex"]))
+    ids = agents()
+    out = []
+    for i in range(n):
+        msg = Message.FromString(bytes.fromhex(mesh["forward"][0]["message_hex"]))
+        msg.msg_id += 1000 + i
+        out.append(wrap_forward(sign_message(origin, msg), 8, [ids[0], ids[1]]))
     return out
 
 
