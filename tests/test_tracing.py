@@ -241,7 +241,6 @@ def test_one_trace_from_planner_through_a_relay_to_researcher_and_writer(sockdir
 # A unicast relay hop does not reach the relayed() hook yet: the Router's decision for a relayed
 # unicast (iac/protocol/routing/router.py, _on_unicast) carries no message_bytes, and
 # Inbound._on_forward calls observers.relayed only when it does. Broadcast relays do (below).
-@pytest.mark.xfail(strict=True, reason="a unicast relay hop does not call Observer.relayed yet")
 def test_a_unicast_relay_records_a_span_linked_to_the_trace(sockdir: Path) -> None:
     planner, relay, researcher, writer = (Traced(n) for n in ("planner", "relay", "researcher", "writer"))
     run(research_chain(sockdir, planner, relay, researcher, writer))

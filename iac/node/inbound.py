@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from iac.errors import (
+    ERROR_CODES,
     ErrorCode,
     IacError,
     MessageRejected,
@@ -240,7 +241,8 @@ class Inbound:
         mt = r.msg.msg_type
         if mt == _ERROR:
             code, text = error_fields(r.payload)
-            self._c.errors_received[code] += 1
+            # Counted by code from the closed list: a peer cannot grow the table with codes of its own.
+            self._c.errors_received[code if code in ERROR_CODES else "other"] += 1
             err = RemoteError(code, text)
             if (
                 self._streams.on_error(r.key, r.msg, err)

@@ -96,7 +96,7 @@ class NodeRuntime:
         obs = self._observers = Observers()
         self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c, obs)
         self._pending = Pending(config, self._outbox, self._peers, c, tasks, obs)
-        self._streams = Streams(self._outbox, self._pending)
+        self._streams = Streams(self._outbox, self._pending, obs)
         self._pipeline = ReceivePipeline(self.identity, config)
         self._answers = Answers(config, self._outbox, c)
         self._dispatch = Dispatcher(

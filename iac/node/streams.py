@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from iac.errors import ConfigError, RemoteError, RequestTimeout, StreamOverrun
+from iac.errors import ConfigError, IacError, RemoteError, RequestTimeout, StreamOverrun
+from iac.node.observe import Observers
 from iac.node.outbox import Outbox
 from iac.node.pending import Pending
 from iac.node.types import Key, Reply
@@ -127,9 +128,10 @@ class StreamOut:
 class Streams:
     """The streams this node consumes, by the key of their request: parts land here."""
 
-    def __init__(self, outbox: Outbox, pending: Pending) -> None:
+    def __init__(self, outbox: Outbox, pending: Pending, observers: Observers) -> None:
         self._outbox = outbox
         self._pending = pending
+        self._observers = observers
         self.open: dict[Key, StreamIn] = {}
 
     def on_reply(self, key: Key, msg: Message, reply: Reply) -> bool:
@@ -182,6 +184,7 @@ class Streams:
         st = StreamIn((peer, msg.session_id, msg.msg_id), window, granted=window)
         self.open[st.key] = st
         finished = False
+        outcome = "cancelled"  # closed before the end, unless said otherwise below
         try:
             await outbox.transmit(peer, msg, via, early=early)
             while True:
@@ -194,6 +197,7 @@ class Streams:
                     continue
                 if st.done:
                     finished = True
+                    outcome = "reply"
                     return
                 left = ends_at - loop.time()
                 if left <= 0:
@@ -206,10 +210,19 @@ class Streams:
                         raise RequestTimeout(
                             f"stream from {peer[:16]}…: no part for {idle_timeout:g} s"
                         ) from None
-        except RemoteError:
+        except RemoteError as exc:
             finished = True  # the producer ended it
+            outcome = exc.code
+            raise
+        except RequestTimeout:
+            outcome = "timeout"
+            raise
+        except IacError:
+            outcome = "transport"
             raise
         finally:
+            if self._observers:
+                self._observers.answered(peer, msg_type, loop.time() - (ends_at - timeout), outcome)
             del self.open[st.key]
             sem.release()
             if not finished:  # closed early, timed out, failed: the handler stops

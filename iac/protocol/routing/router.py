@@ -392,7 +392,9 @@ class Router:
                 self._relayed_requests.popitem(last=False)
         self.stats.forwarded += 1
         send = Send(hop, wrap_forward(env.message, limit, (*env.path, self.me)))
-        return RouteDecision(sends=(send,), origin=origin, hop_limit=env.hop_limit, path=env.path)
+        return RouteDecision(
+            sends=(send,), message_bytes=env.message, origin=origin, hop_limit=env.hop_limit, path=env.path
+        )
 
     def _relay_limit(self, env: ForwardEnvelope) -> int:
         """The hop limit to send ``env`` on with: one less, clamped by the policy, and no more hops
