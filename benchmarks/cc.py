@@ -64,9 +64,8 @@ from stats import median, percentile  # noqa: E402
 FRAME_BYTES = 16 * 1024
 REQUEST_BYTES = 200
 TCP_INFO_LEN = 232
-TRACE_EVERY = float(
-    os.environ.get("CC_TRACE_EVERY", "0.5")
-)  # seconds between two samples of the sender's congestion state
+MAX_FAILED_RUNS = 5  # the scenario gives up after this many failed runs
+TRACE_EVERY = 0.5  # seconds between two samples of the sender's congestion state
 ARRIVAL_GRAIN = 0.01  # the sink keeps one (time, bytes so far) per this many seconds
 TCPI_BYTES_SENT, TCPI_BYTES_RETRANS = 200, 208  # offsets of two u64 in struct tcp_info
 
@@ -595,6 +594,7 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
     settings = plan.settings()
     runs: list[dict[str, Any]] = []
     shares: list[dict[str, Any]] = []
+    errors: list[str] = []
     t0 = time.monotonic()
     try:
         link = netem.Link(Impairment(delay=settings[0].rtt / 2), seed=seed, tag=f"c{os.getpid() % 100000}")
@@ -609,20 +609,36 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
             b = netem.Bottleneck.for_path(s.rate_mbit, s.rtt, s.buffer_bdp)
             link.set_path(Impairment(delay=s.rtt / 2, loss=s.loss), b)
 
+        failed = 0
+
+        def attempt(flows: list[Contender], seconds: float, req: Contender | None, warmup: float) -> Any:
+            nonlocal failed
+            try:
+                out = bench.run(flows, seconds, req, warmup)
+            except (RuntimeError, OSError, ValueError, KeyError) as exc:  # one run, not the scenario
+                failed += 1
+                errors.append(f"{' + '.join(c.label for c in flows)}: {exc}"[:2000])
+                if failed >= MAX_FAILED_RUNS:
+                    raise RuntimeError(f"{failed} runs failed; the last: {exc}") from exc
+                return None
+            return out
+
         for i, s in enumerate(settings):
             path(s)
             for r, order in enumerate(turn_order(list(plan.contenders), plan.reps)):
                 for c in order:
                     progress(f"{s.label}: {c.label} ({r + 1}/{plan.reps}; setting {i + 1}/{len(settings)})")
-                    out = bench.run([c], plan.seconds, c, plan.warmup)
-                    runs.append({"setting": asdict(s), "contender": c.label, "rep": r, **out})
+                    out = attempt([c], plan.seconds, c, plan.warmup)
+                    if out is not None:
+                        runs.append({"setting": asdict(s), "contender": c.label, "rep": r, **out})
         for s in plan.share_settings:
             path(s)
             for r in range(plan.share_reps):
                 for a, b in plan.share_pairs:
                     progress(f"sharing {s.label}: {a.label} + {b.label} ({r + 1}/{plan.share_reps})")
-                    out = bench.run([a, b], plan.share_seconds, None, 0.0)
-                    shares.append({"setting": asdict(s), "pair": [a.label, b.label], "rep": r, **out})
+                    out = attempt([a, b], plan.share_seconds, None, 0.0)
+                    if out is not None:
+                        shares.append({"setting": asdict(s), "pair": [a.label, b.label], "rep": r, **out})
     finally:
         if bench is not None:
             bench.close()
@@ -646,6 +662,7 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         "duration_s": round(time.monotonic() - t0, 1),
         "runs": runs,
         "shares": shares,
+        "errors": errors,
     }
 
 

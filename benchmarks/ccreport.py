@@ -1,6 +1,11 @@
 """The cc scenario's figures (``benchmarks/cc.py``): medians per setting and contender, the
 targets as same-run ratios with verdicts, the suite's rows, and the plots.
 
+    .venv/bin/iac bench --only cc --out bench-results/cc            # the full scenario (about 85 min)
+    .venv/bin/python benchmarks/ccreport.py save bench-results/cc/results.json
+                                    # -> benchmarks/results/<date>-iac-bench-cc.json, as record.py keeps
+    .venv/bin/python benchmarks/ccreport.py show benchmarks/results/<date>-iac-bench-cc.json
+
 A figure is the median over a setting's repetitions; a ratio is of two medians of the same
 run of the scenario. A run is CPU-limited when any of its processes was above
 ``netem.CPU_LIMIT_PERCENT``; a contender is CPU-limited at a setting when most of its runs
@@ -9,6 +14,10 @@ were, and the targets that compare with the kernel leave such settings out (and 
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -377,4 +386,53 @@ def plots(sc: dict[str, Any] | None, out: Path) -> list[str]:
     return made
 
 
-__all__ = ["aggregate", "fill_result", "plots", "shares", "summary_lines", "target_summary", "targets"]
+def save(results_json: Path) -> Path:
+    """Keep the suite's ``results.json`` of a cc run as ``benchmarks/results/<date>-iac-bench-cc.json``
+    (without machine paths, as ``record.py`` keeps the suite's)."""
+    import record
+
+    doc = json.loads(results_json.read_text(encoding="utf-8"))
+    if doc.get("quick"):
+        raise SystemExit("a --quick run is a smoke test, not results")
+    if [s["name"] for s in doc["scenarios"]] != ["cc"]:
+        raise SystemExit("expected the results of `iac bench --only cc`")
+    date = dt.datetime.fromisoformat(doc["started"]).date()
+    path = record.RESULTS / f"{date.isoformat()}-iac-bench-cc.json"
+    text = record.without_paths(json.dumps(record.without_samples(doc), indent=1, ensure_ascii=False))
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("save", help="keep a full run's results.json in benchmarks/results/").add_argument("path")
+    sub.add_parser("show", help="print the figures and verdicts of a results file").add_argument("path")
+    args = ap.parse_args(argv)
+    if args.cmd == "save":
+        print(f"saved {save(Path(args.path))}", file=sys.stderr)
+        return 0
+    doc = json.loads(Path(args.path).read_text(encoding="utf-8"))
+    sc = next(s for s in doc["scenarios"] if s["name"] == "cc")
+    if sc["status"] != "ok":
+        print(f"cc: {sc['status']}: {sc['reason']}")
+        return 1
+    for line in summary_lines(sc["raw"]):
+        print(line)
+    return 0
+
+
+__all__ = [
+    "aggregate",
+    "fill_result",
+    "plots",
+    "save",
+    "shares",
+    "summary_lines",
+    "target_summary",
+    "targets",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
