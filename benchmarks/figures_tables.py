@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from figures_cc import render_cc
 from figures_results import (
     CODEC_RATIO_TARGET,
     DICT_SAVING_TARGET,
@@ -417,4 +418,5 @@ RENDERERS: dict[str, Renderer] = {
     "mesh": lambda s, d, r: render_mesh(s, d, r, full=False),
     "mesh-results": lambda s, d, r: render_mesh(s, d, r, full=True),
     "behind": render_behind,
+    "cc": render_cc,
 }
