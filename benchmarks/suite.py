@@ -706,6 +706,12 @@ def sc_a2a(ctx: Context, res: Result) -> None:
     a2a_calls.scenario(ctx, res, run_script)
 
 
+def sc_reconnect(ctx: Context, res: Result) -> None:
+    import reconnect
+
+    reconnect.scenario(ctx, res, run_script)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -725,6 +731,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("broadcast", "Broadcast completion for N agents", sc_broadcast),
     Scenario("filetransfer", "File transfer MB/s", sc_filetransfer),
     Scenario("a2a", "A2A calls: JSON-RPC over HTTP vs the IAC binding (QUIC, TLS, UNIX)", sc_a2a),
+    Scenario("reconnect", "First delivery after a reconnect through the Node API, 20 ms RTT", sc_reconnect),
     Scenario("cc", "Congestion control over a bottleneck: goodput and request p99 during bulk", sc_cc),
 ]
 #: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``.

@@ -433,7 +433,7 @@ class TcpDelayProxy:
         up = asyncio.ensure_future(self._pipe(creader, uwriter, opened + 2 * self.delay))
         down = asyncio.ensure_future(self._pipe(ureader, cwriter, 0.0))
         self._tasks.update((up, down))
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception, asyncio.CancelledError):  # closed under it: done
             await asyncio.gather(up, down)
         self._tasks.difference_update((up, down))
 

@@ -273,6 +273,7 @@ class NodeRuntime:
             "ordered_streams": self._ordered.streams,
             "routes": self._router.route_count,
             "answer_cache": len(self._answers.cache),
+            "session_tickets": len(self._peers.tickets) if self._peers.tickets is not None else 0,
         }
 
     @property
