@@ -74,6 +74,7 @@ def _secrets_file(path: str) -> TextIO:
         if f is None or f.closed:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             f = _secrets[path] = os.fdopen(fd, "a", buffering=1, encoding="ascii")
+            atexit.register(f.close)
         return f
 
 
