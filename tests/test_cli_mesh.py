@@ -176,6 +176,7 @@ def test_a_published_node_with_an_inbox_takes_files(
         kind, addr = node.line()
         assert kind == "listening"
         assert node.line() == ["inbox", str(inbox)]
+        assert node.line()[0] == "status"  # the status socket for `iac status`
         me = str(keys["me"])
         out = iac(
             "request", "--key", me, "--to", "files.test", "--registry", mesh["registry"], "--type", "RUN"
@@ -195,11 +196,11 @@ def test_a_published_node_with_an_inbox_takes_files(
 def test_errors_are_one_line_and_a_non_zero_exit(keys: dict[str, Path], mesh: dict[str, str]) -> None:
     me, reg = str(keys["me"]), mesh["registry"]
     cases = [
-        (["request", "--key", me, "--to", "Not An Id!", "--registry", reg], "neither an AgentId"),
+        (["request", "--key", me, "--to", "Not An Id!", "--registry", reg], "neither a valid AgentId"),
         # 64 hex characters, but the identity point (small order): not an AgentId
-        (["request", "--key", me, "--to", "01" + "00" * 31, "--registry", reg], "neither an AgentId"),
+        (["request", "--key", me, "--to", "01" + "00" * 31, "--registry", reg], "not a valid AgentId"),
         (["request", "--key", me, "--to", "nobody.test", "--registry", reg], "no agent has the alias"),
-        (["request", "--key", me, "--to", "target.test"], "needs --registry"),
+        (["request", "--key", me, "--to", "target.test"], "add --registry"),
         (
             ["request", "--key", me, "--to", "target.test", "--registry", reg, "--payload", "{oops"],
             "not JSON",

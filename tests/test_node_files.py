@@ -517,9 +517,10 @@ def test_cli_send_file_to_an_inbox_node_process(capsys: pytest.CaptureFixture[st
                 args = send_file_args(["--key", str(d / "tx.key"), "--to", node_id, "--addr", addr,
                                        str(src), "--name", "up.bin", "--quiet"])  # fmt: skip
                 assert await asyncio.to_thread(args.func, args) == 0
-                lines = [(await asyncio.wait_for(proc.stdout.readline(), 30)).decode() for _ in range(2)]
+                lines = [(await asyncio.wait_for(proc.stdout.readline(), 30)).decode() for _ in range(3)]
                 assert lines[0].startswith("inbox ")
-                assert lines[1].startswith(f"received up.bin 700000 sha256={digest} from ")
+                assert lines[1].startswith("status ")  # the status socket for `iac status`
+                assert lines[2].startswith(f"received up.bin 700000 sha256={digest} from ")
                 assert hashlib.sha256((d / "inbox" / "up.bin").read_bytes()).hexdigest() == digest
             finally:
                 proc.terminate()
@@ -542,7 +543,7 @@ def test_cli_send_file_errors_are_config_errors(tmp_path: Path) -> None:
     missing = send_file_args(
         ["--key", str(tmp_path / "k"), "--to", aid, "--addr", "tls://127.0.0.1:1", "nofile"]
     )
-    with pytest.raises(ConfigError, match="not a readable file"):
+    with pytest.raises(ConfigError, match="no such file"):
         missing.func(missing)
 
 

@@ -22,26 +22,30 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from iac.cli import checks
 from iac.cli.options import (
     add_listen_option,
-    add_tls_options,
+    add_server_options,
+    add_transport_options,
+    integer,
     print_error,
     print_listening,
+    seconds,
     serve_until_signal,
     transport_config,
 )
 from iac.errors import ConfigError, IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
-from iac.wire.identity import Identity
 
 
 def _a2a() -> Any:
     try:
         from iac.integrations import a2a
-    except ImportError as exc:
-        raise ConfigError(f"{exc}") from None
+    except ImportError:
+        raise ConfigError("iac a2a needs the A2A SDK: pip install 'iac[a2a]'") from None
     return a2a
 
 
@@ -55,7 +59,7 @@ def _run(main: Any) -> Callable[[argparse.Namespace], int]:
             if type(exc).__module__.startswith(("a2a.", "iac.integrations.a2a")) and not isinstance(
                 exc, IacError
             ):
-                print_error(args.verb, exc)
+                print_error(f"a2a {args.a2a_verb}", exc)
                 return 1
             raise
 
@@ -63,11 +67,13 @@ def _run(main: Any) -> Callable[[argparse.Namespace], int]:
 
 
 def _node(args: argparse.Namespace, listen: list[str] | None = None) -> Node:
+    identity = checks.load_key(args.key)
     config = NodeConfig(transport=transport_config(args))
-    return Node(Identity.load(args.key), listen=listen or [], config=config)
+    return Node(identity, listen=checks.listen_urls(listen) if listen else [], config=config)
 
 
 async def run_gateway(args: argparse.Namespace) -> int:
+    checks.agent_id("--to", args.to)
     a2a = _a2a()
     if bool(args.tokens) == bool(args.api_keys):
         raise ConfigError("give exactly one of --tokens FILE (bearer) and --api-keys FILE")
@@ -90,14 +96,43 @@ async def run_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def _http_url(flag: str, url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{flag} {url!r:.80}: give the agent's base URL, http://HOST:PORT or https://HOST:PORT"
+        )
+    return url
+
+
+def _token(path: str) -> str:
+    p = Path(path)
+    try:
+        token = p.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--bearer-token-file {path}: no such file; write the token into it (mode 0600)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(
+            f"--bearer-token-file {path}: cannot read it ({why}); give a text file with the token"
+        ) from None
+    if not token:
+        raise ConfigError(f"--bearer-token-file {path}: is empty; write the token into it")
+    return token
+
+
 async def run_bridge(args: argparse.Namespace) -> int:
+    _http_url("--to", args.to)
+    headers = {}
+    if args.bearer_token_file:
+        headers["Authorization"] = f"Bearer {_token(args.bearer_token_file)}"
+    for gateway in args.trust_gateway:
+        checks.agent_id("--trust-gateway", gateway)
     a2a = _a2a()
     import httpx
 
-    headers = {}
-    if args.bearer_token_file:
-        token = Path(args.bearer_token_file).read_text(encoding="utf-8").strip()
-        headers["Authorization"] = f"Bearer {token}"
     http = httpx.AsyncClient(headers=headers, timeout=args.timeout)
     async with _node(args, args.listen) as node, http:
         bridge = await a2a.serve_remote(node, args.to, http=http, trusted_gateways=args.trust_gateway)
@@ -110,6 +145,7 @@ async def run_bridge(args: argparse.Namespace) -> int:
 
 
 async def run_card(args: argparse.Namespace) -> int:
+    checks.agent_id("--to", args.to)
     a2a = _a2a()
     from google.protobuf.json_format import MessageToDict
 
@@ -132,12 +168,20 @@ def register(sub: Any) -> None:
     g.add_argument("--tokens", default=None, metavar="FILE", help="bearer tokens: PRINCIPAL TOKEN lines")
     g.add_argument("--api-keys", default=None, metavar="FILE", help="API keys: PRINCIPAL KEY lines")
     g.add_argument("--api-key-header", default="X-API-Key", help="the API key's header (default X-API-Key)")
-    g.add_argument("--max-body", type=int, default=1 << 20, help="largest request body (bytes)")
-    g.add_argument("--timeout", type=float, default=30.0, help="seconds a forwarded call may take")
+    g.add_argument(
+        "--max-body",
+        type=integer(minimum=1, what="size in bytes"),
+        default=1 << 20,
+        help="largest request body (bytes)",
+    )
+    g.add_argument(
+        "--timeout", type=seconds(example="30"), default=30.0, help="seconds a forwarded call may take"
+    )
     g.add_argument("--https-cert", default=None, help="serve https:// with this certificate (PEM)")
     g.add_argument("--https-key", default=None, help="... and this key (PEM)")
     g.add_argument("--no-advertise-iac", action="store_true", help="publish only the JSON-RPC interface")
-    add_tls_options(g)
+    add_transport_options(g)
+    add_server_options(g, admin=False, metrics=False)
     g.set_defaults(func=_run(run_gateway))
 
     b = verbs.add_parser("bridge", help="answer A2A over IAC for an HTTP A2A agent")
@@ -152,14 +196,17 @@ def register(sub: Any) -> None:
         metavar="AGENT",
         help="believe this gateway's principal",
     )
-    b.add_argument("--timeout", type=float, default=30.0, help="seconds an HTTP call may take")
-    add_tls_options(b)
+    b.add_argument(
+        "--timeout", type=seconds(example="30"), default=30.0, help="seconds an HTTP call may take"
+    )
+    add_transport_options(b)
+    add_server_options(b, admin=False, metrics=False)
     b.set_defaults(func=_run(run_bridge))
 
     c = verbs.add_parser("card", help="print an IAC agent's A2A card")
     c.add_argument("--key", required=True, help="a key file to dial with")
     c.add_argument("--to", required=True, metavar="AGENT", help="the IAC agent's AgentId")
     c.add_argument("--addr", action="append", default=[], metavar="URL", help="an address of the agent")
-    c.add_argument("--timeout", type=float, default=10.0)
-    add_tls_options(c)
+    c.add_argument("--timeout", type=seconds(example="10"), default=10.0, help="seconds to wait for the card")
+    add_transport_options(c)
     c.set_defaults(func=_run(run_card))

@@ -56,8 +56,37 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def scenarios(bench_dir: Path) -> list[str]:
+    """The scenario names the suite knows (``suite.py --list``, first column)."""
+    run = subprocess.run(
+        [sys.executable, str(bench_dir / SUITE), "--list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if run.returncode != 0:
+        raise ConfigError(
+            f"{bench_dir / SUITE} --list failed (exit {run.returncode}); run it by hand to see why, or point "
+            "IAC_BENCH_DIR at a working checkout's benchmarks/"
+        )
+    return [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     bench_dir = find_benchmarks()
+    if args.only:
+        known = scenarios(bench_dir)
+        bad = [name for name in args.only if name not in known]
+        if bad:
+            raise ConfigError(
+                f"--only {' '.join(bad)}: no such scenario; choose from {', '.join(known)} "
+                "(`iac bench --list` describes them)"
+            )
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(
+            f"--out {args.out}: is a file; give a directory for the results (created if missing)"
+        )
     argv = suite_argv(args)
     command = shlex.join(["iac", "bench", *argv])
     child = [sys.executable, str(bench_dir / SUITE), *argv, "--command", command]

@@ -26,22 +26,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from iac.cli import checks
 from iac.cli.options import (
-    add_tls_options,
+    add_transport_options,
+    integer,
     node_default,
+    seconds,
     transport_config,
 )
-from iac.errors import ConfigError, IacError
+from iac.errors import ConfigError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.node.types import ReceivedFile
-from iac.protocol.files import TransferProgress
-from iac.wire.identity import Identity, check_agent_id
+from iac.protocol.files import MAX_WINDOW, TransferProgress
 
 _BAR = 30
 
@@ -81,19 +84,21 @@ class ProgressBar:
 
 
 async def _run_send_file(args: argparse.Namespace) -> int:
-    identity = Identity.load(args.key)
+    identity = checks.load_key(args.key)
     for flag, value in (("--to", args.to), ("--via", args.via)):
-        if value is None:
-            continue
-        try:
-            check_agent_id(value)
-        except IacError:
-            raise ConfigError(f"{flag} {value!r} is not an AgentId (64 lowercase hex characters)") from None
+        if value is not None:
+            checks.agent_id(flag, value)
+    for url in args.addr:
+        checks.address("--addr", url)
     path = Path(args.path)
+    if path.is_dir():
+        raise ConfigError(
+            f"{path}: is a directory; send-file sends one file (pack a directory with tar first)"
+        )
     if not path.is_file():
-        raise ConfigError(f"{path}: not a readable file")
-    if args.timeout <= 0:
-        raise ConfigError("--timeout must be positive")
+        raise ConfigError(f"{path}: no such file; give the path of the file to send")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"{path}: not readable by this user; check its permissions")
     name = args.name if args.name is not None else path.name
     bar = ProgressBar(sys.stderr, name, enabled=not args.quiet and sys.stderr.isatty())
 
@@ -139,10 +144,9 @@ def inbox_options(args: argparse.Namespace) -> dict[str, Any]:
         if max_size is not None:
             raise ConfigError("--max-file-size bounds the files of an inbox: it needs --inbox DIR")
         return {}
+    checks.output_dir("--inbox", inbox)
     out: dict[str, Any] = {"inbox_dir": inbox}
     if max_size is not None:
-        if max_size < 0:
-            raise ConfigError("--max-file-size must not be negative")
         out["max_file_size"] = max_size
     return out
 
@@ -169,15 +173,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--name", default=None, help="file name in the receiver's inbox (default: PATH's name)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds(example="30"),
         default=30.0,
         help="give up after this many seconds without progress (default %(default)g)",
     )
     p.add_argument(
-        "--window", type=int, default=None, help=f"chunks in flight (default {node_default('file_window')})"
+        "--window",
+        type=integer(minimum=1, maximum=MAX_WINDOW, what="number of chunks"),
+        default=None,
+        help=f"chunks in flight (default {node_default('file_window')})",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_tls_options(p)
+    add_transport_options(p)
     p.set_defaults(func=_cmd_send_file)
 
 

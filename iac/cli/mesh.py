@@ -11,9 +11,14 @@ reach a peer by AgentId (with its addresses, or looked up in the registry) or by
 alias (through the registry), re-resolving once after a failed dial:
 
 * ``send --type RUN --payload JSON [--ack]`` sends one message and prints
-  ``sent TO TYPE session_id=… msg_id=…`` (``acked`` once acknowledged);
-* ``request --type RUN --payload JSON`` prints the REPLY payload as JSON;
+  ``sent TO TYPE session_id=… msg_id=…`` (``acked`` once acknowledged; ``--timeout`` bounds the
+  whole run, dial and ACK);
+* ``request --type RUN --payload JSON`` prints the REPLY payload as JSON (``--type PING``: who
+  answered and the round trip);
 * ``call NAME [ARG_JSON ...] [--kwargs JSON]`` prints the remote function's result as JSON.
+
+``--task JSON`` gives ``send`` and ``request`` a task envelope (``DELEGATE_TASK`` needs one):
+``{"task_id": "t1", "intent": "ASSIGN_TASK", "step": 1, "steps": 3, "state_ref": "..."}``.
 
 Errors are one line on stderr and a non-zero exit (``iac.cli.main.main``).
 """
@@ -23,32 +28,44 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
+import importlib
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
+
+from iac.cli import checks
 from iac.cli.options import (
+    MAX_LIFETIME,
     add_listen_option,
     add_registry_option,
-    add_tls_options,
+    add_server_options,
+    add_transport_options,
     json_arg,
     print_listening,
+    seconds,
     serve_until_signal,
     transport_config,
 )
-from iac.errors import ConfigError, DeliveryError, IacError
-from iac.mesh import MeshClient, parse_registry, serve_registry
+from iac.cli.serving import metrics_of, print_lines, running
+from iac.errors import ConfigError, DeliveryError
+from iac.mesh import MeshClient, serve_registry
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.protocol.records import is_alias
 from iac.protocol.registry import RegistryConfig, RegistryState
 from iac.stores.records import open_record_store
-from iac.wire.enums import MessageType, type_name
-from iac.wire.identity import Identity, is_agent_id
+from iac.transport.base import TransportConfig
+from iac.wire._pb.iac_pb2 import TaskState
+from iac.wire.enums import Intent, MessageType, type_name
+from iac.wire.identity import is_agent_id
 from iac.wire.jsonutil import dumps_compact
 
 DEFAULT_STORE = "sqlite:./iac-registry.db"
 _NOT_SENDABLE = ("UNKNOWN", "REPLY", "ERROR", "ACK", "CANCEL", "COMMAND")
+_TASK_EXAMPLE = """'{"task_id": "t1", "intent": "ASSIGN_TASK", "step": 1, "steps": 1}'"""
 
 
 def _msg_type(name: str) -> int:
@@ -58,40 +75,107 @@ def _msg_type(name: str) -> int:
     names = [t.name for t in MessageType]
     if key not in names or key in _NOT_SENDABLE:
         allowed = ", ".join(k for k in names if k not in _NOT_SENDABLE)
-        raise ConfigError(f"--type {name!r}: not a message type to send (one of {allowed})")
+        raise ConfigError(f"--type {name!r:.40}: not a message type to send; give one of {allowed}")
     return int(MessageType[key])
 
 
-def _node_config(args: argparse.Namespace) -> NodeConfig:
-    base = NodeConfig()
-    transport = transport_config(args)
-    timeout = getattr(args, "timeout", None) or base.request_timeout
-    return dataclasses.replace(base, transport=transport, request_timeout=timeout)
+def _task(text: str | None, msg_type: int) -> TaskState | None:
+    """The task envelope of ``--task JSON``; DELEGATE_TASK needs one."""
+    if text is None:
+        if msg_type == MessageType.DELEGATE_TASK:
+            raise ConfigError(f"--type DELEGATE_TASK carries a task envelope: add --task {_TASK_EXAMPLE}")
+        return None
+    obj = json_arg(text, "--task")
+    if not isinstance(obj, dict):
+        raise ConfigError(f"--task must be a JSON object, e.g. --task {_TASK_EXAMPLE}")
+    intents = ", ".join(i.name for i in Intent if i != Intent.INTENT_UNSPECIFIED)
+    intent = obj.get("intent")
+    if isinstance(intent, str) and intent not in Intent.__members__:
+        raise ConfigError(f"--task: intent {intent!r:.40} is not one of {intents}")
+    try:
+        task = json_format.ParseDict(obj, TaskState())
+    except json_format.ParseError as exc:
+        raise ConfigError(
+            f"--task: {str(exc).splitlines()[0][:120]}; the fields are task_id, intent, step, steps and "
+            f"state_ref, e.g. --task {_TASK_EXAMPLE}"
+        ) from None
+    if not task.task_id:
+        raise ConfigError(f"--task needs a task_id, e.g. --task {_TASK_EXAMPLE}")
+    if int(task.intent) == int(Intent.INTENT_UNSPECIFIED):
+        raise ConfigError(f"--task needs an intent, one of {intents}")
+    if not 1 <= task.step <= task.steps:
+        raise ConfigError(
+            f"--task: step {task.step} of {task.steps}: give 1 <= step <= steps, e.g. step 1 of 1"
+        )
+    return task
+
+
+def _client_config(args: argparse.Namespace) -> NodeConfig:
+    """A client's node: it waits for nothing at close (the verb waited already), and no dial takes
+    longer than ``--timeout``."""
+    handshake = min(TransportConfig().handshake_timeout, args.timeout)
+    transport = transport_config(args, handshake_timeout=handshake)
+    return NodeConfig(transport=transport, request_timeout=args.timeout, drain_timeout=0.0)
 
 
 # --- iac registry ---------------------------------------------------------------------------------
 
 
+def _store_spec(spec: str) -> str:
+    forms = "memory, sqlite:PATH or redis://HOST:PORT[/DB]"
+    if spec == "memory":
+        return spec
+    if spec.startswith("sqlite:"):
+        path = Path(spec.removeprefix("sqlite:"))
+        if not str(path) or str(path) == ".":
+            raise ConfigError(f"--store {spec}: give the database file, e.g. --store {DEFAULT_STORE}")
+        if path.is_dir():
+            raise ConfigError(
+                f"--store {spec}: is a directory; name the database file in it, "
+                f"e.g. sqlite:{path / 'registry.db'}"
+            )
+        if not path.parent.is_dir():
+            raise ConfigError(
+                f"--store {spec}: {path.parent} does not exist; create it first (mkdir -p {path.parent})"
+            )
+        return spec
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        try:
+            importlib.import_module("redis")
+        except ImportError:
+            raise ConfigError(f"--store {spec}: needs the Redis client: pip install 'iac[redis]'") from None
+        return spec
+    raise ConfigError(f"--store {spec!r:.60}: not a registry store; give {forms}")
+
+
 async def _run_registry(args: argparse.Namespace) -> int:
-    identity = Identity.load(args.key)
+    identity = checks.load_key(args.key)
+    listen = checks.listen_urls(args.listen)
     defaults = RegistryConfig()
-    try:
-        config = RegistryConfig(
-            max_ttl_us=int(args.max_ttl * 1e6) if args.max_ttl else defaults.max_ttl_us,
-            hold_us=max(defaults.hold_us, int(args.max_ttl * 1e6) if args.max_ttl else 0),
-            rotation_grace_us=int(args.grace * 1e6) if args.grace is not None else defaults.rotation_grace_us,
-        )
-    except (OverflowError, ValueError) as exc:
-        raise ConfigError(f"bad registry limits: {exc}") from None
-    store = open_record_store(args.store)
+    max_ttl_us = int(args.max_ttl * 1e6) if args.max_ttl is not None else defaults.max_ttl_us
+    config = RegistryConfig(
+        max_ttl_us=max_ttl_us,
+        hold_us=max(defaults.hold_us, max_ttl_us),
+        rotation_grace_us=int(args.grace * 1e6) if args.grace is not None else defaults.rotation_grace_us,
+    )
+    node_config = NodeConfig(transport=transport_config(args))
+    metrics = metrics_of(args)
+    store = open_record_store(_store_spec(args.store))
     try:
         state = RegistryState(store, config)
-        async with Node(identity, listen=args.listen, config=_node_config(args)) as node:
+        node = Node(identity, listen=listen, config=node_config, metrics=metrics)
+        with checks.listen_errors(listen):
+            await node.start()
+        try:
             serve_registry(node, state)
-            print(f"registry {identity.agent_id}", flush=True)
-            print(f"store {args.store}", flush=True)
-            print_listening(node.addresses)
-            await serve_until_signal()
+            async with running(node, args, metrics) as lines:
+                print(f"registry {identity.agent_id}", flush=True)
+                print(f"store {args.store}", flush=True)
+                print_listening(node.addresses)
+                print_lines(lines)
+                await serve_until_signal()
+        finally:
+            await node.close()
     finally:
         store.close()
     return 0
@@ -104,23 +188,35 @@ def _cmd_registry(args: argparse.Namespace) -> int:
 # --- iac send / request / call --------------------------------------------------------------------
 
 
+def _target(args: argparse.Namespace, has_registry: bool) -> str:
+    to: str = args.to
+    if is_agent_id(to):
+        if not args.addr and not has_registry:
+            raise ConfigError("--to AGENT_ID needs the peer's address: add --addr URL (or --registry ID@URL)")
+        return to
+    if is_alias(to):
+        if not has_registry:
+            raise ConfigError(f"--to {to!r}: an alias is resolved by a registry: add --registry ID@URL")
+        if args.addr:
+            raise ConfigError("--addr goes with --to AGENT_ID; an alias's addresses come from the registry")
+        return to
+    if len(to) == 64:
+        checks.agent_id("--to", to)  # 64 characters: meant as an AgentId; says why it is not one
+    raise ConfigError(
+        f"--to {to!r:.80}: neither a valid AgentId ({checks.AGENT_ID_TEXT}) nor an alias (lowercase "
+        "labels joined by dots, e.g. writer.team-a)"
+    )
+
+
 @contextlib.asynccontextmanager
 async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
-    identity = Identity.load(args.key)
-    registries = parse_registry(args.registry or ())
-    to = args.to
-    if is_agent_id(to):
-        if not args.addr and not registries:
-            raise ConfigError("--to AGENT_ID needs --addr URL or --registry ID@URL")
-    elif is_alias(to):
-        if not registries:
-            raise ConfigError(f"--to {to!r} is an alias: resolving it needs --registry ID@URL")
-        if args.addr:
-            raise ConfigError("--addr goes with --to AGENT_ID (an alias's addresses come from the registry)")
-    else:
-        raise ConfigError(f"--to {to!r:.80} is neither an AgentId (64 lowercase hex) nor an alias")
+    identity = checks.load_key(args.key)
+    registries = checks.registries(args.registry or ())
+    to = _target(args, bool(registries))
+    for url in args.addr:
+        checks.address("--addr", url)
     bootstrap = {to: list(args.addr)} if args.addr else None
-    async with Node(identity, config=_node_config(args)) as node:
+    async with Node(identity, config=_client_config(args)) as node:
         mesh = MeshClient(
             node, registries=registries, bootstrap=bootstrap, publish=False, timeout=args.timeout
         )
@@ -128,21 +224,26 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
             yield mesh
 
 
-def _message(args: argparse.Namespace) -> tuple[int, Any]:
-    """The message type and JSON payload of ``send`` and ``request`` (see :func:`_add_message_options`)."""
+def _message(args: argparse.Namespace) -> tuple[int, Any, TaskState | None]:
+    """The message type, JSON payload and task envelope of ``send`` and ``request``."""
+    msg_type = _msg_type(args.type)
     payload = json_arg(args.payload, "--payload") if args.payload is not None else None
-    return _msg_type(args.type), payload
+    return msg_type, payload, _task(args.task, msg_type)
 
 
 async def _run_send(args: argparse.Namespace) -> int:
-    msg_type, payload = _message(args)
+    msg_type, payload, task = _message(args)
     async with _client(args) as mesh:
-        sent = await mesh.send(args.to, msg_type, payload, ack=args.ack)
-        if args.ack:
-            try:
-                await asyncio.wait_for(sent.wait(), args.timeout)
-            except TimeoutError:
-                raise DeliveryError(f"no ACK within {args.timeout:g} s") from None
+        try:
+            async with asyncio.timeout(args.timeout):
+                sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task)
+                if args.ack:
+                    await sent.wait()
+        except TimeoutError:
+            what = "no ACK" if args.ack else "not sent"
+            raise DeliveryError(
+                f"{what} within {args.timeout:g} s; the peer is slow or unreachable: try a larger --timeout"
+            ) from None
         print(
             f"sent {sent.peer} {type_name(msg_type)} session_id={sent.session_id:#x} "
             f"msg_id={sent.msg_id}" + (" acked" if args.ack else "")
@@ -151,10 +252,15 @@ async def _run_send(args: argparse.Namespace) -> int:
 
 
 async def _run_request(args: argparse.Namespace) -> int:
-    msg_type, payload = _message(args)
+    msg_type, payload, task = _message(args)
     async with _client(args) as mesh:
-        reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout)
-        print(dumps_compact(reply.payload))
+        t0 = time.perf_counter()
+        reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout, task=task)
+        took = (time.perf_counter() - t0) * 1000.0
+        if msg_type == MessageType.PING and reply.payload is None:
+            print(f"PING answered by {reply.sender} in {took:.3f} ms (with connection set-up)")
+        else:
+            print(dumps_compact(reply.payload))
     return 0
 
 
@@ -162,7 +268,7 @@ async def _run_call(args: argparse.Namespace) -> int:
     call_args = [json_arg(a, f"argument {i + 1}") for i, a in enumerate(args.args)]
     kwargs = json_arg(args.kwargs, "--kwargs") if args.kwargs is not None else {}
     if not isinstance(kwargs, dict):
-        raise ConfigError("--kwargs must be a JSON object")
+        raise ConfigError("""--kwargs must be a JSON object, e.g. --kwargs '{"text": "hi"}'""")
     async with _client(args) as mesh:
         result = await mesh.invoke(args.to, args.name, call_args, kwargs, timeout=args.timeout)
         print(dumps_compact(result))
@@ -173,14 +279,7 @@ def _sync(
     run: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
 ) -> Callable[[argparse.Namespace], int]:
     def cmd(args: argparse.Namespace) -> int:
-        if args.timeout <= 0:
-            raise ConfigError("--timeout must be positive")
-        try:
-            return int(asyncio.run(run(args)))
-        except IacError:
-            raise
-        except (ValueError, TypeError) as exc:  # anything left that a bad argument can cause
-            raise ConfigError(str(exc)) from None
+        return int(asyncio.run(run(args)))
 
     return cmd
 
@@ -193,14 +292,23 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     )
     add_registry_option(p, "registry to resolve through: AGENT_ID@ADDRESS (repeatable)")
     p.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the answer (default %(default)g)"
+        "--timeout",
+        type=seconds(example="10"),
+        default=10.0,
+        help="seconds to wait for the answer (default %(default)g)",
     )
-    add_tls_options(p)
+    add_transport_options(p)
 
 
 def _add_message_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", default="RUN", help="message type name or number (default RUN)")
     p.add_argument("--payload", default=None, metavar="JSON", help="JSON payload")
+    p.add_argument(
+        "--task",
+        default=None,
+        metavar="JSON",
+        help="task envelope (DELEGATE_TASK needs one): task_id, intent, step, steps, state_ref",
+    )
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -214,11 +322,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="SPEC",
         help=f"sqlite:PATH, redis://HOST:PORT[/DB] or memory (default {DEFAULT_STORE})",
     )
-    p.add_argument("--max-ttl", type=float, default=None, metavar="SECONDS", help="longest record lifetime")
     p.add_argument(
-        "--grace", type=float, default=None, metavar="SECONDS", help="how long a rotated key stays valid"
+        "--max-ttl",
+        type=seconds(maximum=MAX_LIFETIME, example="604800"),
+        default=None,
+        metavar="SECONDS",
+        help="longest record lifetime, at most a year (default: a week)",
     )
-    add_tls_options(p)
+    p.add_argument(
+        "--grace",
+        type=seconds(maximum=MAX_LIFETIME, zero=True, example="3600"),
+        default=None,
+        metavar="SECONDS",
+        help="how long a rotated key stays valid (default: an hour)",
+    )
+    add_transport_options(p)
+    add_server_options(p)
     p.set_defaults(func=_cmd_registry)
 
     p = sub.add_parser("send", help="send one message to a peer (by AgentId or alias)")

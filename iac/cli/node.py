@@ -13,6 +13,11 @@ bounds them): it prints ``inbox DIR`` after the addresses and one
 it prints anything, and keep its record fresh. A ``--registry`` that is not a registry, or
 that cannot be reached, ends it with one line on stderr.
 
+It serves its status to ``iac status`` on a private UNIX socket (``--admin PATH``; by default
+``$XDG_RUNTIME_DIR/iac/ID.sock`` or ``~/.iac/run/ID.sock``; ``--no-admin`` for none) and prints
+``status PATH``; ``--metrics HOST:PORT`` serves Prometheus metrics and prints ``metrics URL``.
+``-v``/``-vv`` and ``--log-format json`` set up its logging (:mod:`iac.cli.logs`).
+
 Errors are one line on stderr and a non-zero exit (``iac.cli.main.main``).
 """
 
@@ -23,32 +28,59 @@ import asyncio
 import contextlib
 from typing import Any
 
+from iac.cli import checks
 from iac.cli.files import inbox_options, print_received
 from iac.cli.options import (
+    MAX_LIFETIME,
     add_listen_option,
     add_registry_option,
-    add_tls_options,
+    add_server_options,
+    add_transport_options,
+    integer,
     node_default,
     print_listening,
+    seconds,
     serve_until_signal,
     transport_config,
 )
+from iac.cli.serving import metrics_of, print_lines, running
 from iac.errors import ConfigError, ErrorCode, RemoteError
-from iac.mesh import MeshClient, parse_registry
+from iac.mesh import MeshClient
 from iac.node.config import NodeConfig
 from iac.node.node import Node
-from iac.wire.identity import Identity
+from iac.protocol.records import is_alias, is_capability
+
+
+def _check_publish(args: argparse.Namespace, has_registry: bool) -> None:
+    if not has_registry and (args.alias or args.capability):
+        raise ConfigError("--alias and --capability are published to a registry: add --registry ID@URL")
+    for alias in args.alias:
+        if not is_alias(alias):
+            raise ConfigError(
+                f"--alias {alias!r:.80}: an alias is lowercase labels of a-z, 0-9 and '-', joined by dots "
+                "(e.g. writer.team-a)"
+            )
+    for cap in args.capability:
+        if not is_capability(cap):
+            raise ConfigError(
+                f"--capability {cap!r:.80}: a capability is 1-64 characters of a-z, 0-9 and ._:/- starting "
+                "with a letter or digit (e.g. write)"
+            )
 
 
 async def run_node(args: argparse.Namespace) -> int:
     """``iac node``: a :class:`~iac.Node` on ``args.listen``, with the inbox (``args.inbox``)
     and the registries (``args.registry``) it is given; serves until SIGINT or SIGTERM."""
-    identity = Identity.load(args.key)
-    registries = parse_registry(args.registry or ())
-    if not registries and (args.alias or args.capability):
-        raise ConfigError("--alias and --capability are published to a registry: they need --registry")
+    identity = checks.load_key(args.key)
+    registries = checks.registries(args.registry or ())
+    _check_publish(args, bool(registries))
+    listen = checks.listen_urls(args.listen)
     config = NodeConfig(transport=transport_config(args), **inbox_options(args))
-    async with Node(identity, listen=args.listen, config=config) as node:
+    metrics = metrics_of(args)
+    node = Node(identity, listen=listen, config=config, metrics=metrics)
+    with checks.listen_errors(listen):
+        await node.start()
+    try:
         if args.inbox is not None:
             node.on_file(print_received)
         async with contextlib.AsyncExitStack() as stack:
@@ -66,12 +98,19 @@ async def run_node(args: argparse.Namespace) -> int:
                     if exc.code != ErrorCode.NO_HANDLER.value:
                         raise
                     named = " ".join(args.registry)
-                    raise ConfigError(f"--registry {named}: not a registry (it answered {exc})") from None
+                    raise ConfigError(
+                        f"--registry {named}: not a registry (it answered {exc}); give the AgentId@URL of "
+                        "an `iac registry`"
+                    ) from None
+            lines = await stack.enter_async_context(running(node, args, metrics))
             print(f"node {identity.agent_id}", flush=True)
             print_listening(node.addresses)
             if args.inbox is not None:
                 print(f"inbox {args.inbox}", flush=True)
+            print_lines(lines)
             await serve_until_signal()
+    finally:
+        await node.close()
     return 0
 
 
@@ -90,19 +129,23 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--alias", action="append", default=[], help="alias to register (with --registry)")
     p.add_argument("--capability", action="append", default=[], help="capability to offer (with --registry)")
     p.add_argument(
-        "--ttl", type=float, default=600.0, help="record lifetime in seconds (default %(default)g)"
+        "--ttl",
+        type=seconds(maximum=MAX_LIFETIME, example="600"),
+        default=600.0,
+        help="record lifetime in seconds, at most a year (default %(default)g)",
     )
     p.add_argument(
         "--inbox", default=None, metavar="DIR", help="take files sent with `iac send-file` into DIR"
     )
     p.add_argument(
         "--max-file-size",
-        type=int,
+        type=integer(minimum=0, what="size in bytes"),
         default=None,
         metavar="BYTES",
         help=f"largest file taken, with --inbox (default {node_default('max_file_size')})",
     )
-    add_tls_options(p)
+    add_transport_options(p)
+    add_server_options(p)
     p.set_defaults(func=_cmd_node)
 
 

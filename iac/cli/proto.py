@@ -126,10 +126,23 @@ def _system_protoc(explicit: str | None) -> Protoc | None:
         return None
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
-        version = out.stdout.strip() or "protoc"
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot run protoc: {exc.strerror}") from None
-    return Protoc((path,), f"{version} ({path})")
+        raise ConfigError(
+            f"--protoc {path}: cannot run it ({exc.strerror}); give the path of a protoc binary"
+            if explicit
+            else f"{path}: cannot run protoc ({exc.strerror}); reinstall protobuf-compiler"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"{path} --version did not answer within 30 s; give a working protoc with --protoc"
+        ) from None
+    first = (out.stdout.strip().splitlines() or [""])[0].strip()
+    if out.returncode != 0 or not first:
+        raise ConfigError(
+            f"--protoc {path}: not a protoc (`{Path(path).name} --version` failed); "
+            "give the path of protoc (Debian package protobuf-compiler)"
+        )
+    return Protoc((path,), f"{first} ({path})")
 
 
 def _bundled_protoc() -> Protoc | None:
@@ -200,10 +213,14 @@ def compile_schema(
     Raises :class:`ConfigError` with one line naming the missing tool and the
     package that provides it, or protoc's own message when it fails.
     """
+    out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(
+            f"--out {out}: is a file; give a folder for the generated code (created if missing)"
+        )
     p = plan(lang, protoc=protoc, cwd=cwd)
     if p.problem is not None or p.protoc is None:
         raise ConfigError(p.problem or _PROTOC_HINT)
-    out_dir = Path(out)
     with tempfile.TemporaryDirectory(prefix="iac-proto-") as tmp:
         gen = Path(tmp) / "out"
         gen.mkdir()
@@ -242,8 +259,13 @@ def compile_schema(
         for f in sorted(gen.rglob("*")):
             if f.is_file():
                 dest = out_dir / f.relative_to(gen)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f, dest)
+                try:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(f, dest)
+                except OSError as exc:
+                    raise ConfigError(
+                        f"--out {out}: cannot write {dest} ({exc.strerror}); give a writable folder"
+                    ) from None
                 written.append(dest)
     return written
 
