@@ -114,8 +114,7 @@ def test_errors_deadlines_and_misuse_are_explicit() -> None:
             await eventually(lambda: server.stats().cancelled == 1)  # the idle consumer cancelled it
 
             assert [p.payload async for p in client.stream(server.agent_id, "TERMINATE")] == [{"plain": True}]
-            with pytest.raises(RemoteError, match=r"ask with node\.stream"):
-                await client.request(server.agent_id, "RUN", timeout=5)
+            assert (await client.request(server.agent_id, "RUN", timeout=5)).payload == 1  # its first part
             with pytest.raises(RemoteError) as err:
                 async for _ in client.stream(server.agent_id, "BROADCAST"):
                     pass
@@ -140,5 +139,23 @@ def test_a_stream_ends_when_the_connection_does() -> None:
                     assert conn is not None
                     await conn.close()
             assert type(err.value).__name__ == "ConnectionClosed"
+
+    run(main())
+
+
+def test_a_principal_travels_signed_and_is_bounded() -> None:
+    async def main() -> None:
+        async with node_pair() as pair:
+            server, client = pair.server, pair.client
+            server.on("RUN")(lambda ctx: {"principal": ctx.principal, "sender": ctx.sender})
+            reply = await client.request(server.agent_id, "RUN", principal="alice@example.org", timeout=5)
+            assert reply.payload == {"principal": "alice@example.org", "sender": client.agent_id}
+            assert (await client.request(server.agent_id, "RUN", timeout=5)).payload["principal"] == ""
+            for bad in ("x" * 257, "line\nbreak"):
+                with pytest.raises(RemoteError) as err:
+                    await client.request(server.agent_id, "RUN", principal=bad, timeout=5)
+                assert err.value.code == "bad_request" and "principal" in err.value.message
+            parts = [p.payload async for p in client.stream(server.agent_id, "RUN", principal="bob")]
+            assert parts == [{"principal": "bob", "sender": client.agent_id}]
 
     run(main())

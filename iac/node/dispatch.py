@@ -212,11 +212,26 @@ class Dispatcher:
     async def _produce(self, item: Item, func: Callable[..., Any], invoke: Callable[[], Any]) -> None:
         """Answer a STREAM request: each value the handler yields (an async generator) is a REPLY
         part, sent once the consumer granted credit for it; then END, or ERROR if it failed. A
-        plain handler's result is one part. A generator handler asked without STREAM: ERROR."""
+        plain handler's result is one part. A generator handler asked without STREAM answers its
+        first part as the REPLY (then it is closed)."""
         msg = item.msg
         if not msg.flags & FLAG_STREAM:
-            text = "this handler streams its reply: ask with node.stream()"
-            await self._refused(item, Refusal.BAD_CALL, ErrorCode.BAD_REQUEST, text)
+
+            async def first() -> Any:
+                parts = invoke()
+                try:
+                    async for value in parts:
+                        return value
+                    return None
+                finally:
+                    await parts.aclose()
+
+            try:
+                result = await self._scoped(item, first())
+            except Exception as exc:
+                await self._failed(item, exc)
+                return
+            await self._complete(item, result)
             return
         out = self._streams[item.key] = StreamOut(int(msg.credit))
 

@@ -84,6 +84,12 @@ class Context:
         return self.message.extra_data
 
     @property
+    def principal(self) -> str:
+        """Field 19: the caller a gateway authenticated and sends this for ("" when none). It is
+        the gateway's word (``sender`` is the gateway): believe it only from gateways you trust."""
+        return self.message.principal
+
+    @property
     def broadcast(self) -> bool:
         """True for a broadcast (empty ``to``): it is never answered."""
         return not self.message.to
@@ -191,6 +197,7 @@ class Node(NodeRuntime):
         payload_json: str | None = None,
         via: str | None = None,
         early: bool = True,
+        principal: str = "",
     ) -> Sent:
         """Send a one-way message. ``payload`` is any JSON value (or pass ``payload_json``).
 
@@ -199,13 +206,15 @@ class Node(NodeRuntime):
         for the ACK. ``ordered=True`` (ORDERED): delivered in order per session.
         ``via``: send it inside FORWARD through this relay (else: directly when connected, then
         a route of :meth:`add_route` or a learned reverse route, then the peer book).
+        ``principal``: for a gateway, the caller it authenticated (field 19, signed with the
+        message; the receiver sees it as ``ctx.principal``).
         ``early=False``: never in 0-RTT early data (docs/PROTOCOL.md, "0-RTT": on a resumed QUIC
         connection it waits until the peer's HELLO verified).
         """
         self._check_open()
         mt = message_type(msg_type)
         build: dict[str, Any] = {"payload_json": payload_json, "extra_data": extra_data, "task": task}
-        build["sealed"] = sealed
+        build |= {"sealed": sealed, "principal": principal}
         if ack:
             return await self._pending.send_reliable(
                 peer, mt, payload, ordered=ordered, via=via, early=early, **build
@@ -229,6 +238,7 @@ class Node(NodeRuntime):
         payload_json: str | None = None,
         via: str | None = None,
         early: bool = True,
+        principal: str = "",
     ) -> Reply:
         """Send a request and wait for its REPLY. Raises :class:`~iac.RemoteError` for an ERROR
         answer, :class:`~iac.RequestTimeout` after ``timeout`` (a CANCEL is sent), or a
@@ -248,6 +258,7 @@ class Node(NodeRuntime):
             payload_json=payload_json,
             extra_data=extra_data,
             sealed=sealed,
+            principal=principal,
         )
 
     def stream(
@@ -265,6 +276,7 @@ class Node(NodeRuntime):
         payload_json: str | None = None,
         via: str | None = None,
         early: bool = True,
+        principal: str = "",
     ) -> AsyncIterator[Reply]:
         """A request answered by a sequence of parts: ``async for part in node.stream(peer, "RUN")``.
 
@@ -290,6 +302,7 @@ class Node(NodeRuntime):
             extra_data=extra_data,
             task=task,
             payload_json=payload_json,
+            principal=principal,
         )
 
     async def call(

@@ -68,6 +68,7 @@ class Outbox:
         reply_to: int = 0,
         reply_session_id: int = 0,
         sealed: bool = False,
+        principal: str = "",
     ) -> Message:
         check_agent_id_cached(peer)
         text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
@@ -85,6 +86,8 @@ class Outbox:
             reply_to=reply_to,
             reply_session_id=reply_session_id,
         )
+        if principal:
+            msg.principal = principal
         if self._observers:
             self._observers.outgoing(msg)
         if sealed:

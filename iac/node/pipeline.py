@@ -34,6 +34,7 @@ from iac.protocol.guards import (
     RESPONSE_TYPES,
     check_call,
     check_deadline,
+    check_principal,
     check_task,
     check_type,
     decode_payload,
@@ -252,6 +253,7 @@ class ReceivePipeline:
             check_type(msg, c.allowed_types)
             or check_task(msg, c.delegators, sender)
             or check_deadline(msg, now)
+            or check_principal(msg)
         )
         if r is None and msg.msg_type == _COMMAND:
             r = check_call(payload)

@@ -93,6 +93,18 @@ def check_deadline(msg: Message, now_us: int) -> Check:
     return None
 
 
+#: The longest principal (Message field 19) accepted, in UTF-8 bytes.
+MAX_PRINCIPAL = 256
+
+
+def check_principal(msg: Message) -> Check:
+    """Field 19, when set: a gateway's authenticated caller -- short, printable text."""
+    p = msg.principal
+    if p and (len(p.encode("utf-8")) > MAX_PRINCIPAL or any(ord(c) < 0x20 or ord(c) == 0x7F for c in p)):
+        return Refusal.BAD_PAYLOAD, f"the principal is over {MAX_PRINCIPAL} bytes or holds control characters"
+    return None
+
+
 def check_call(payload: Any) -> Check:
     """A COMMAND is ``{"name": str, "args": [...], "kwargs": {...}}`` (args and kwargs optional)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -192,11 +204,13 @@ class TokenBucket:
 __all__ = [
     "KNOWN_INTENTS",
     "KNOWN_TYPES",
+    "MAX_PRINCIPAL",
     "RESPONSE_TYPES",
     "ContentGuard",
     "TokenBucket",
     "check_call",
     "check_deadline",
+    "check_principal",
     "check_task",
     "check_type",
     "decode_payload",
