@@ -114,6 +114,7 @@ class QuicConn(Connection):
         self.peer_hello_verified = False
         self._verified = asyncio.Event()
         self.early_data = False
+        self.early_data_accepted: bool | None = None  # 0-RTT accepted? Set once the HELLOs verified
 
     # -- Connection API -------------------------------------------------------------------------
 
@@ -177,15 +178,6 @@ class QuicConn(Connection):
     @property
     def close_error(self) -> IacError | None:
         return self._error
-
-    @property
-    def early_data_accepted(self) -> bool | None:
-        """Whether the server accepted 0-RTT early data on this connection. Dialing side: None
-        when it sent none (no ticket) or before the server's HELLO verified. Accepting side:
-        None before the client's HELLO verified, then whether early data was accepted."""
-        if not self.peer_hello_verified or (self.dialed and not self.early_data):
-            return None
-        return bool(self.backend.early_data_accepted(self._quic))
 
     # -- send machinery -------------------------------------------------------------------------
 
@@ -458,24 +450,17 @@ class QuicConn(Connection):
         return self._ctl_frames.popleft()
 
     async def _exchange_hellos(
-        self,
-        hs: ClientHandshake | ServerHandshake,
-        deadline: float,
-        *,
-        initial_sent: bool = False,
-        precheck: Callable[[], None] | None = None,
+        self, hs: ClientHandshake | ServerHandshake, deadline: float, *, initial_sent: bool = False
     ) -> Hello:
         """The HELLO exchange on the control stream, for both roles (``initial_sent``: the
-        client's HELLO already went as 0-RTT data; ``precheck``: see :func:`perform_handshake`);
-        returns the peer's verified HELLO. Raises what :func:`perform_handshake` raises, or
-        TimeoutError at ``deadline``."""
+        client's HELLO already went as 0-RTT data); returns the peer's verified HELLO.
+        Raises what :func:`perform_handshake` raises, or TimeoutError at ``deadline``."""
         async with asyncio.timeout_at(deadline):
             return await perform_handshake(
                 hs,
                 self._control,
                 clock=self.config.clock,
                 initial_sent=initial_sent,
-                precheck=precheck,
             )
 
     def _hello_verified(

@@ -43,7 +43,7 @@ from iac.transport.quic.configuration import server_configuration
 from iac.transport.quic.connection import QuicConn
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ServerTicketStore
-from iac.transport.session import nonce_cache
+from iac.transport.session import nonce_cache, perform_handshake
 from iac.wire.identity import Identity
 
 log = logging.getLogger("iac.transport.quic")
@@ -258,10 +258,10 @@ class QuicListener(Listener):
             admission=config.admission,
         )
         deadline = conn._loop.time() + config.handshake_timeout
+        precheck = self._client_certificate_check(conn, auth)
         try:
-            hello = await conn._exchange_hellos(
-                hs, deadline, precheck=self._client_certificate_check(conn, auth)
-            )
+            async with asyncio.timeout_at(deadline):
+                hello = await perform_handshake(hs, conn._control, clock=config.clock, precheck=precheck)
         except ProtocolError as exc:
             self._refused(conn, exc.name, str(exc))
             conn._refused(exc)
@@ -276,6 +276,7 @@ class QuicListener(Listener):
             conn._abort(int(CloseCode.HANDSHAKE_FAILED), "handshake failed", goaway=False)
             return
         conn._hello_verified(hs, hello)
+        conn.early_data_accepted = self.backend.early_data_accepted(conn._quic)
         self._accepted(conn)
 
     def _count(self, reason: str) -> None:
