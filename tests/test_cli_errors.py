@@ -67,6 +67,7 @@ class Env:
     key: str
     other_id: str
     busy_port: int
+    busy_udp_port: int
 
 
 def _cases(e: Env) -> list[Case]:
@@ -123,6 +124,13 @@ def _cases(e: Env) -> list[Case]:
         ["node", "--key", key, "--listen", f"tls://127.0.0.1:{e.busy_port}"],
         "the address is in use",
         "port 0 picks a free one",
+    )
+    # the same words on every transport
+    case(
+        "node",
+        ["node", "--key", key, "--listen", f"quic://127.0.0.1:{e.busy_udp_port}"],
+        "the address is in use",
+        "choose another address or port",
     )
     case("node", ["node", "--key", key, "--listen", "bogus"], "not an address", "quic://HOST:PORT")
     case("node", [*node, "--metrics", "nope"], "--metrics", "give HOST:PORT")
@@ -260,9 +268,11 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Case], 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
+    busy_udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy_udp.bind(("127.0.0.1", 0))
     env = {k: v for k, v in os.environ.items() if k not in ("SSLKEYLOGFILE", "PYTHONWARNINGS")}
     env["XDG_RUNTIME_DIR"] = str(tmp / "dir")
-    e = Env(tmp, str(key), other.agent_id, busy.getsockname()[1])
+    e = Env(tmp, str(key), other.agent_id, busy.getsockname()[1], busy_udp.getsockname()[1])
     cases = _cases(e)
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -270,6 +280,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Case], 
         yield cases, results
     finally:
         busy.close()
+        busy_udp.close()
 
 
 def test_every_verb_has_a_bad_argument_case(ran: tuple[list[Case], dict[Case, Result]]) -> None:

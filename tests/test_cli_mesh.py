@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+#: Nodes serve their status socket in a directory of their own, not in the user's runtime dir.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="iac-run-")}
 
 
 IAC = [sys.executable, "-m", "iac"]

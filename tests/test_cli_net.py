@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +22,8 @@ from iac.transport.base import TransportConfig
 from iac.transport.certs import init_ca
 from iac.wire.identity import Identity
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+#: Nodes serve their status socket in a directory of their own, not in the user's runtime dir.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="iac-run-")}
 
 
 def iac(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
@@ -159,6 +163,76 @@ def test_bad_to_is_one_line(keys: tuple[Path, Path, str]) -> None:
     akey, _, _ = keys
     out = iac("ping", "--key", str(akey), "--to", "planner", "--addr", "tls://127.0.0.1:9")
     assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_request_ping_prints_who_answered_and_the_round_trip(
+    keys: tuple[Path, Path, str], node: dict[str, str]
+) -> None:
+    akey, _, bid = keys
+    out = iac("request", "--key", str(akey), "--to", bid, "--addr", node["tls"], "--type", "PING")
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(
+        rf"PING answered by {bid} in \d+\.\d{{3}} ms \(with connection set-up\)\n", out.stdout
+    )
+
+
+def test_delegate_task_carries_the_task_envelope(keys: tuple[Path, Path, str], node: dict[str, str]) -> None:
+    """With --task the envelope passes the node's checks (a plain node then has no handler); a
+    bad one is refused by the node as bad_task."""
+    akey, _, bid = keys
+    to = ["--key", str(akey), "--to", bid, "--addr", node["tls"], "--type", "DELEGATE_TASK"]
+    task = '{"task_id": "t1", "intent": "ASSIGN_TASK", "step": 1, "steps": 2, "state_ref": "s3://x"}'
+    out, took = timed("request", *to, "--task", task)
+    _one_quick_error(out, took, "iac request: error:", "no_handler")
+    out, took = timed("send", *to, "--task", task, "--ack")
+    _one_quick_error(out, took, "iac send: error:", "no_handler")
+
+
+def test_ping_stopped_with_ctrl_c_prints_what_it_measured(
+    keys: tuple[Path, Path, str], node: dict[str, str]
+) -> None:
+    akey, _, bid = keys
+    cmd = [sys.executable, "-m", "iac", "ping", "--key", str(akey), "--to", bid, "--addr", node["tls"]]
+    proc = subprocess.Popen(
+        [*cmd, "--count", "1000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+    )
+    time.sleep(4)  # started and pinging
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    match = re.match(r"tls \S+ \w{16}… count=(\d+) of 1000000 \(interrupted\) rtt_ms min=", out)
+    assert match is not None and int(match.group(1)) > 0, out
+    assert err == ""
+
+
+def test_send_ack_gives_up_after_its_timeout(keys: tuple[Path, Path, str]) -> None:
+    """A node that stopped answering (SIGSTOP: the kernel still accepts the TCP connection):
+    `send --ack --timeout 2` gives up after about 2 s, dial included (it used to wait 5 s more)."""
+    akey, bkey, bid = keys
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iac", "node", "--key", str(bkey), "--listen", "tls://127.0.0.1:0",
+         "--no-admin"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        addr = proc.stdout.readline().split()[1]
+        t0 = time.monotonic()
+        startup = iac(
+            "send", "--key", str(akey), "--to", bid, "--addr", "tls://127.0.0.1:9", "--timeout", "2"
+        )
+        baseline = time.monotonic() - t0  # a process that fails at once: start-up and exit
+        assert startup.returncode == 1
+        proc.send_signal(signal.SIGSTOP)
+        out, took = timed("send", "--key", str(akey), "--to", bid, "--addr", addr, "--ack", "--timeout", "2")
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+        assert "within 2 s" in out.stderr and "larger --timeout" in out.stderr, out.stderr
+        assert took < baseline + 2 + 2.5, (took, baseline)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.communicate(timeout=30)
 
 
 def test_percentile() -> None:
