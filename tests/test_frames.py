@@ -123,6 +123,35 @@ def test_lying_content_size_is_refused():
         decode_frame(bytes((1, 1)) + encode_varint(len(lie)) + lie)
 
 
+def test_declared_content_size_of_zero_is_refused():
+    """zstd returns b"" for a frame that declares 0 bytes without reading the blocks after
+    the header (or their checksum): such a frame would decode to nothing whatever it holds."""
+    hidden = bytes((len(TEXT[:200]) << 3 | 1).to_bytes(3, "little")) + TEXT[:200]  # a raw block
+    empty_declared = b"\x28\xb5\x2f\xfd" + bytes((0x20, 0)) + hidden  # 1-byte content size 0
+    assert zstandard.ZstdDecompressor().decompress(empty_declared) == b""  # what the library does
+    four_byte = b"\x28\xb5\x2f\xfd" + bytes((0xA0,)) + bytes(4) + hidden  # 4-byte content size 0
+    for body in (empty_declared, four_byte, _zstd_frame(b"")):
+        data = bytes((1, 1)) + encode_varint(len(body)) + body
+        with pytest.raises(iac.errors.ZeroContentSize) as info:
+            decode_frame(data)
+        assert info.value.name == "zero_content_size"
+        assert info.value.close_code == iac.errors.CloseCode.BAD_COMPRESSION
+        with pytest.raises(iac.errors.ZeroContentSize):
+            FrameDecoder().feed(data)
+
+
+def test_the_encoder_never_declares_a_content_size_of_zero():
+    d = _dictionary()
+    for frame in (
+        encode_frame(FrameType.MESSAGE, b"", plain_zstd=True),
+        encode_frame(FrameType.MESSAGE, b"", compress_with=d),
+    ):
+        assert frame == bytes((FrameType.MESSAGE, 0, 0))  # an empty body goes raw
+    for body in (b"x", TEXT):
+        frame = encode_frame(FrameType.MESSAGE, body, compress_with=d)
+        assert decode_frame(frame, dictionaries=iac.wire.DictionarySet([d])).body == body
+
+
 def test_checksum_frames_are_accepted():
     body = _zstd_frame(TEXT, write_checksum=True)
     assert decode_frame(bytes((1, 1)) + encode_varint(len(body)) + body).body == TEXT

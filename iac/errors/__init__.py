@@ -125,6 +125,7 @@ from iac.errors.peer import (
     UnknownFrameType,
     UnsafeFileName,
     WrongPeer,
+    ZeroContentSize,
 )
 from iac.errors.transport import (
     Attempt,
@@ -238,5 +239,6 @@ __all__ = [
     "UnsafeFileName",
     "WorkerFailed",
     "WrongPeer",
+    "ZeroContentSize",
     "all_error_classes",
 ]

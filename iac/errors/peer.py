@@ -74,6 +74,12 @@ class MissingContentSize(CompressionError):
     name = "missing_content_size"
 
 
+class ZeroContentSize(CompressionError):
+    """A zstd body declares a content size of 0 (such a frame decodes to nothing, whatever follows)."""
+
+    name = "zero_content_size"
+
+
 class DecompressionBomb(CompressionError, FrameTooLarge):
     """A zstd body declares a content size above ``max_frame_size``."""
 

@@ -26,6 +26,7 @@ from iac.errors import (
     TruncatedFrame,
     UnknownFrameFlag,
     UnknownFrameType,
+    ZeroContentSize,
 )
 from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
 from iac.wire.scan import decode_varint, encode_varint
@@ -118,6 +119,8 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     if fcs_size == 2:
         content_size += 256
     pos += fcs_size
+    if content_size == 0:
+        raise ZeroContentSize("zstd frame declares a content size of 0")
     if content_size > max_size:
         raise DecompressionBomb(f"zstd frame declares {content_size} bytes, above max_frame_size {max_size}")
     while True:
