@@ -163,6 +163,8 @@ function zstdInfo(body, maxSize) {
   let size = leUint(body, pos, fcsSize);
   if (fcsSize === 2) size += 256n;
   pos += fcsSize;
+  // zstd returns nothing for a declared size of 0 without reading the blocks after it
+  if (size === 0n) fail("zero_content_size", "the frame header declares a content size of 0");
   if (size > BigInt(maxSize)) fail("decompression_bomb", `declares ${size} bytes > ${maxSize}`);
   for (;;) {
     if (pos + 3 > n) fail("compression_error", "truncated inside a block header");

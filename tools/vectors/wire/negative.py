@@ -21,6 +21,7 @@ from tools.vectors.wire.common import (
     SMALL_MAX,
     T0,
     WRONG_DICT_ID,
+    ZSTD_MAGIC,
     field,
     frame,
     raw_block,
@@ -362,5 +363,18 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
         "zstd frame declaring one byte more than its raw block holds",
         frame(FrameType.MESSAGE, 1, zstd_header(DICT_ID, len(cmd) + 1) + raw_block(cmd)),
         "compression_error",
+    )
+    # A declared content size of 0: a zstd library may return b"" without reading what follows.
+    add(
+        "zstd_zero_content_size",
+        "zstd frame declaring 0 bytes (4-byte field), then a raw block holding the signed message",
+        frame(FrameType.MESSAGE, 1, zstd_header(DICT_ID, 0) + raw_block(cmd)),
+        "zero_content_size",
+    )
+    add(
+        "zstd_zero_content_size_empty",
+        "the zstd frame a compressor writes for an empty body: 1-byte content size 0, one empty raw block",
+        frame(FrameType.MESSAGE, 1, ZSTD_MAGIC + bytes((0x20, 0)) + raw_block(b"")),
+        "zero_content_size",
     )
     return out
