@@ -318,3 +318,22 @@ def test_missing_backend_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(_quic_backend.ENV_VAR, "qh3")
     with pytest.raises(ConfigError, match="pip install qh3"):
         _quic_backend.get_backend()
+
+
+def test_withheld_stream_credit_never_drops_below_what_was_advertised() -> None:
+    """aioquic sets a limit's ``sent`` to 0 when the MAX_STREAMS frame carrying it is lost (to
+    send it again). Withholding credit then must not lower the limit below what the peer was
+    already granted: its next stream would be a STREAM_LIMIT_ERROR."""
+    from types import SimpleNamespace
+
+    from aioquic.quic.connection import Limit
+
+    backend = _quic_backend.get_backend("aioquic")
+    limit = Limit(frame_type=0x13, name="max_streams_uni", value=128)
+    quic = SimpleNamespace(_local_max_streams_uni=limit)
+    backend.withhold_credit(quic, False, 0)  # a transmit advertised 128
+    limit.value = 130  # two streams finished: the library grants two more
+    limit.sent = 0  # ... and the packet that carried 128 was lost
+    withheld = backend.withhold_credit(quic, True, 0)
+    assert limit.value == 128 and withheld == 2
+    assert backend.withhold_credit(quic, False, withheld) == 0 and limit.value == 130

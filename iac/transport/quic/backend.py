@@ -21,7 +21,9 @@ not in :data:`AUTO_ORDER`, only used when asked for, and no extra installs it):
 * it offers no control over the stream credit it grants (the MAX_STREAMS it
   sends), so receive-side backpressure cannot withhold credit: a reader that
   falls behind fills ``recv_budget_bytes`` and the connection closes with
-  BUFFER_EXCEEDED instead of slowing the sender (:attr:`Backend.credit_control`).
+  BUFFER_EXCEEDED instead of slowing the sender (:attr:`Backend.credit_control`);
+* the stream data its core holds for reassembly (behind a gap) is out of reach,
+  so it is not counted against the receive budget (:attr:`Backend.reassembly_bytes`).
 
 ``tests/test_quic_backends.py`` runs every client/server pair when qh3 is installed.
 
@@ -105,6 +107,10 @@ class Backend:
     uni_streams_finished: Callable[[Any, bool], bool]
     is_closing: Callable[[Any], bool]
     zero_rtt_ready: Callable[[Any], bool]
+    #: Bytes of stream data the library holds for reassembly (out of order, behind a gap).
+    reassembly_bytes: Callable[[Any], int]
+    #: Lower the receive window a new peer-opened unidirectional stream starts with.
+    limit_stream_window: Callable[[Any, int], None]
     #: The library's server (a ``DatagramProtocol``), for a listener that subclasses it.
     QuicServer: type[Any] | None = None
     #: Whether the TLS session of a connection was resumed / its 0-RTT data accepted.
@@ -155,15 +161,30 @@ def _aioquic() -> Backend:
             space.ack_at = now
 
     def withhold_credit(quic: Any, withhold: bool, withheld: int) -> int:
+        # Never below what was ever advertised: aioquic sets ``sent`` to 0 when a MAX_STREAMS
+        # frame is lost (to send it again), and a limit lowered to that would make the peer's
+        # next stream a STREAM_LIMIT_ERROR.
         limit = quic._local_max_streams_uni
+        floor = max(limit.sent, getattr(quic, "_iac_advertised", 0))
+        quic._iac_advertised = floor
         if withhold:
-            if limit.value > limit.sent:
-                withheld += limit.value - limit.sent
-                limit.value = limit.sent
+            if limit.value > floor:
+                withheld += limit.value - floor
+                limit.value = floor
             return withheld
         if withheld:
             limit.value += withheld
         return 0
+
+    def reassembly_bytes(quic: Any) -> int:
+        # Data after a gap waits in the stream's receive buffer, the gap filled with zeros:
+        # one small packet at a high offset makes aioquic allocate the whole gap.
+        return sum(len(stream.receiver._buffer) for stream in quic._streams.values())
+
+    def limit_stream_window(quic: Any, nbytes: int) -> None:
+        # What one fresh stream can make the library hold behind a gap (it doubles the
+        # window as the stream's data arrives in order).
+        quic._local_max_stream_data_uni = min(quic._local_max_stream_data_uni, nbytes)
 
     def uni_streams_finished(quic: Any, client: bool) -> bool:
         for sid, stream in quic._streams.items():
@@ -235,6 +256,8 @@ def _aioquic() -> Backend:
         uni_streams_finished=uni_streams_finished,
         is_closing=lambda quic: quic._state.name in ("CLOSING", "DRAINING", "TERMINATED"),
         zero_rtt_ready=lambda quic: bool(quic._cryptos[Epoch.ZERO_RTT].send.is_valid()),
+        reassembly_bytes=reassembly_bytes,
+        limit_stream_window=limit_stream_window,
         QuicServer=QuicServer,
         request_client_certificate=request_client_certificate if pinned else None,
         peer_certificate_chain=peer_certificate_chain if pinned else None,
@@ -304,6 +327,8 @@ def _qh3() -> Backend:
         uni_streams_finished=uni_streams_finished,
         is_closing=lambda quic: quic._close_event is not None or quic._state.name == "TERMINATED",
         zero_rtt_ready=lambda quic: bool(quic._early_data_attempted),
+        reassembly_bytes=lambda quic: 0,  # inside the native core, out of reach
+        limit_stream_window=lambda quic, nbytes: None,
     )
 
 
