@@ -137,7 +137,7 @@ def test_declared_content_size_of_zero_is_refused():
         assert info.value.name == "zero_content_size"
         assert info.value.close_code == iac.errors.CloseCode.BAD_COMPRESSION
         with pytest.raises(iac.errors.ZeroContentSize):
-            FrameDecoder().feed(data)
+            FrameDecoder().feed_packed(data)
 
 
 def test_the_encoder_never_declares_a_content_size_of_zero():
@@ -150,6 +150,34 @@ def test_the_encoder_never_declares_a_content_size_of_zero():
     for body in (b"x", TEXT):
         frame = encode_frame(FrameType.MESSAGE, body, compress_with=d)
         assert decode_frame(frame, dictionaries=iac.wire.DictionarySet([d])).body == body
+
+
+def test_packed_frames_stay_compressed_until_unpacked():
+    """A read full of small frames each declaring 4 MiB: the decoder checks each zstd header
+    and hands the frames out compressed, their decompressed size known; nothing is inflated
+    until one is unpacked."""
+    body = _zstd_frame(bytes(4 * 1024 * 1024), write_content_size=True)
+    wire = bytes((1, 1)) + encode_varint(len(body)) + body
+    packed = FrameDecoder().feed_packed(wire * 100)
+    assert len(packed) == 100
+    first = packed[0]
+    assert first.size == 4 * 1024 * 1024 and first.payload == body and first.dict_id == 0
+    assert first.wire_size == len(wire) and first.cost == 4 * 1024 * 1024
+    assert first.unpack(iac.wire.DictionarySet()).body == bytes(4 * 1024 * 1024)
+    raw = FrameDecoder().feed_packed(encode_frame(FrameType.MESSAGE, TEXT))[0]
+    assert (raw.dict_id, raw.size, raw.payload) == (None, len(TEXT), TEXT)
+    assert raw.unpack(iac.wire.DictionarySet()).body == TEXT
+
+
+def test_a_partial_body_counts_every_byte_held():
+    body = b"y" * 70000
+    data = encode_frame(FrameType.MESSAGE, body)
+    dec = FrameDecoder()
+    for i in range(0, len(data) - 1, 1000):
+        assert dec.feed_packed(data[i : min(i + 1000, len(data) - 1)]) == []
+    assert dec.buffered == len(body) - 1  # the header is parsed, not held
+    [frame] = dec.feed_packed(data[-1:])
+    assert frame.payload == body and dec.buffered == 0 and dec.idle
 
 
 def test_checksum_frames_are_accepted():

@@ -4,8 +4,13 @@ Sans-IO: :func:`encode_frame` returns bytes, :func:`decode_frame` reads exactly
 one frame, and :class:`FrameDecoder` accepts bytes in any chunking (TCP, UNIX
 sockets, QUIC streams) and returns whole frames. Limits are checked before any
 memory is committed: a declared length above ``max_frame_size`` is refused as
-soon as the varint is read, and a zstd body must declare a content size at most
-``max_frame_size`` in its header, with nothing after the zstd frame.
+soon as the varint is read, and a zstd body must declare a content size between
+1 and ``max_frame_size`` in its header, with nothing after the zstd frame.
+
+A receiver that must not inflate what it is not ready to take reads
+:class:`PackedFrame` objects (:meth:`FrameDecoder.feed_packed`): header and zstd
+layout checked, the body still compressed, its decompressed ``size`` known from the
+zstd header. :meth:`PackedFrame.unpack` decompresses one when it is taken.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
 _ZSTD_MAGIC = 0xFD2FB528
 _ZSTD_BLOCK_MAX = 128 * 1024
+#: A partial body is held as pieces; chunks smaller than _SMALL are gathered into pieces of
+#: up to _PIECE bytes.
+_SMALL = 4096
+_PIECE = 64 * 1024
 
 
 class FrameType(IntEnum):
@@ -54,14 +63,44 @@ _TYPE_BY_CODE = {int(t): t for t in FrameType}
 _ZSTD_MAGIC_BYTES = _ZSTD_MAGIC.to_bytes(4, "little")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Frame:
-    """A decoded frame. ``body`` is already decompressed; ``wire_size`` counts header and body."""
+    """A decoded frame. ``body`` is already decompressed; ``wire_size`` counts header and body.
+    (Weak references to it are allowed: a receiver learns when its reader dropped it.)"""
 
     type: FrameType
     body: bytes
     dict_id: int | None = None  # None: sent raw; 0: zstd without dictionary
     wire_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PackedFrame:
+    """A received frame whose header and zstd layout were checked, its body not yet decompressed.
+
+    ``payload`` is the body as it came (compressed when ``dict_id`` is not None);
+    ``size`` is the body's size once decompressed: the content size the zstd header
+    declares, or the raw body's length. A receiver counts ``cost`` against its budget
+    before it inflates anything.
+    """
+
+    type: FrameType
+    payload: bytes
+    dict_id: int | None  # None: sent raw; 0: zstd without dictionary
+    size: int
+    wire_size: int
+
+    @property
+    def cost(self) -> int:
+        """Bytes this frame holds, compressed or decompressed, whichever is larger."""
+        return max(self.size, self.wire_size)
+
+    def unpack(self, dictionaries: DictionarySet) -> Frame:
+        """The decoded frame (decompressed with its dictionary from ``dictionaries``)."""
+        if self.dict_id is None:
+            return Frame(self.type, self.payload, None, self.wire_size)
+        plain = _inflate(self.payload, self.dict_id, self.size, dictionaries)
+        return Frame(self.type, plain, self.dict_id, self.wire_size)
 
 
 def encode_frame(
@@ -152,6 +191,11 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
 def decompress_body(body: bytes, dictionaries: DictionarySet, max_frame_size: int) -> tuple[bytes, int]:
     """Check and decompress a zstd frame body; return ``(plain, dict_id)``."""
     dict_id, content_size = zstd_frame_info(body, max_frame_size)
+    return _inflate(body, dict_id, content_size, dictionaries), dict_id
+
+
+def _inflate(body: bytes, dict_id: int, content_size: int, dictionaries: DictionarySet) -> bytes:
+    """Decompress a zstd frame that :func:`zstd_frame_info` checked."""
     dctx = dictionaries.require(dict_id)
     try:
         plain = dctx.decompress(body)
@@ -159,7 +203,7 @@ def decompress_body(body: bytes, dictionaries: DictionarySet, max_frame_size: in
         raise CompressionError(f"zstd frame does not decompress: {exc}") from None
     if len(plain) != content_size:
         raise CompressionError("zstd frame content differs from its declared size")
-    return plain, dict_id
+    return plain
 
 
 def _check_header(ftype: int, flags: int) -> FrameType:
@@ -170,18 +214,12 @@ def _check_header(ftype: int, flags: int) -> FrameType:
     return FrameType(ftype)
 
 
-def _finish(
-    ftype: FrameType,
-    flags: int,
-    body: bytes,
-    dictionaries: DictionarySet,
-    max_frame_size: int,
-    wire: int,
-) -> Frame:
+def _pack(ftype: FrameType, flags: int, body: bytes, max_frame_size: int, wire: int) -> PackedFrame:
+    """A whole frame, its zstd layout checked (not decompressed)."""
     if flags & FLAG_ZSTD:
-        plain, dict_id = decompress_body(body, dictionaries, max_frame_size)
-        return Frame(ftype, plain, dict_id, wire)
-    return Frame(ftype, body, None, wire)
+        dict_id, content_size = zstd_frame_info(body, max_frame_size)
+        return PackedFrame(ftype, body, dict_id, content_size, wire)
+    return PackedFrame(ftype, body, None, len(body), wire)
 
 
 def _parse_header(
@@ -262,16 +300,19 @@ def decode_frame(
 ) -> Frame:
     """Decode exactly one frame that fills ``data``."""
     ftype, flags, hend = _whole_frame(data, max_frame_size)
-    return _finish(ftype, flags, data[hend:], dictionaries, max_frame_size, len(data))
+    return _pack(ftype, flags, data[hend:], max_frame_size, len(data)).unpack(dictionaries)
 
 
 class FrameDecoder:
     """Incremental frame reader for one byte stream.
 
-    ``feed`` takes any chunk and returns the frames it completed. The bytes kept
-    between calls never exceed :data:`MAX_HEADER_SIZE` or ``max_frame_size``,
-    whichever phase the decoder is in. After an error the decoder refuses
-    further input (close the connection).
+    ``feed_packed`` takes any chunk and returns the frames it completed, still
+    compressed (:class:`PackedFrame`): a receiver decompresses each when it is
+    ready to take it. ``feed`` returns them decoded — every frame the chunk
+    completed, decompressed at once (for tools and tests; a receiver that bounds
+    its memory uses ``feed_packed``). The bytes kept between calls never exceed
+    :data:`MAX_HEADER_SIZE` or ``max_frame_size``, whichever phase the decoder is
+    in. After an error the decoder refuses further input (close the connection).
     """
 
     def __init__(
@@ -282,14 +323,16 @@ class FrameDecoder:
     ) -> None:
         self.dictionaries = dictionaries
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
+        self._buf = bytearray()  # a partial header
+        self._parts: list[bytes | bytearray] = []  # a partial body
+        self._have = 0
         self._header: tuple[FrameType, int, int, int] | None = None
         self._failed = False
 
     @property
     def buffered(self) -> int:
         """Bytes held for a frame not yet complete."""
-        return len(self._buf)
+        return len(self._buf) + self._have
 
     @property
     def idle(self) -> bool:
@@ -297,7 +340,17 @@ class FrameDecoder:
         return self._header is None and not self._buf
 
     def feed(self, data: bytes | bytearray | memoryview, *, final: bool = False) -> list[Frame]:
-        """Add bytes; return the frames they completed. ``final=True``: the stream ended here."""
+        """Add bytes; return the frames they completed, decoded. ``final=True``: the stream ended here."""
+        packed = self.feed_packed(data, final=final)
+        try:
+            return [p.unpack(self.dictionaries) for p in packed]
+        except BaseException:
+            self.discard()
+            raise
+
+    def feed_packed(self, data: bytes | bytearray | memoryview, *, final: bool = False) -> list[PackedFrame]:
+        """Add bytes; return the frames they completed, not decompressed. ``final=True``:
+        the stream ended here."""
         if self._failed:
             raise FrameError("frame decoder used after an error")
         try:
@@ -306,12 +359,19 @@ class FrameDecoder:
                 raise TruncatedFrame("stream ends inside a frame")
             return out
         except BaseException:
-            self._failed = True
-            self._buf = bytearray()
+            self.discard()
             raise
 
-    def _feed(self, mv: memoryview) -> list[Frame]:
-        out: list[Frame] = []
+    def discard(self) -> None:
+        """Drop the partial frame held and refuse further input (the connection is over)."""
+        self._failed = True
+        self._buf = bytearray()
+        self._parts = []
+        self._have = 0
+        self._header = None
+
+    def _feed(self, mv: memoryview) -> list[PackedFrame]:
+        out: list[PackedFrame] = []
         pos = 0
         n = len(mv)
         buf = self._buf
@@ -338,16 +398,33 @@ class FrameDecoder:
                     pos += parsed[3]
                 self._header = parsed
             ftype, flags, length, hend = self._header
-            if not buf and n - pos >= length:
+            have = self._have
+            body: bytes | bytearray
+            if not have and n - pos >= length:
                 body = bytes(mv[pos : pos + length])
                 pos += length
             else:
-                take = mv[pos : pos + length - len(buf)]
-                buf += take
+                take = mv[pos : pos + length - have]
                 pos += len(take)
-                if len(buf) < length:
+                self._keep(take)
+                if self._have < length:
                     return out
-                body = bytes(buf)
-                buf.clear()
+                body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+                self._parts = []
+                self._have = 0
             self._header = None
-            out.append(_finish(ftype, flags, body, self.dictionaries, max_size, hend + length))
+            out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
+
+    def _keep(self, take: memoryview) -> None:
+        """Hold part of a body: as pieces, not one growing buffer (no copies as it grows, and
+        no heap left behind by them); small pieces are gathered into one piece of at most
+        :data:`_PIECE` bytes (no per-object overhead on bytes that came one by one)."""
+        parts = self._parts
+        last = parts[-1] if parts else None
+        if len(take) < _SMALL and isinstance(last, bytearray) and len(last) + len(take) <= _PIECE:
+            last += take
+        elif len(take) < _SMALL:
+            parts.append(bytearray(take))
+        else:
+            parts.append(bytes(take))
+        self._have += len(take)
