@@ -27,6 +27,7 @@ from iac.protocol.clock import SYSTEM_CLOCK, Clock
 from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook
 from iac.protocol.nonces import NonceCache, NonceStore
 from iac.protocol.tickets import TicketStore
+from iac.transport.budget import MemoryBudget
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary, DictionarySet
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame
@@ -63,13 +64,26 @@ class TransportConfig:
     #: Send-side backpressure: ``send()`` waits while this many frames / bytes are queued.
     send_queue_frames: int = 1024
     send_queue_bytes: int = 8 * MiB
-    #: Receive side: decoded frames waiting for ``recv()``; reading stops while full.
+    #: Receive side: frames waiting for ``recv()``; reading stops while full.
     recv_queue_frames: int = 1024
-    #: Bytes of partly received frames (all streams of a connection) plus frames
-    #: waiting for ``recv()``.
+    #: One connection's receive budget, in bytes *after decompression*: partly received
+    #: frames (all streams of a connection), frames waiting for ``recv()`` (kept compressed,
+    #: counted at their declared decompressed size) and the frames ``recv()`` handed out last
+    #: (until the next ``recv()``). A connection whose budget is spent stops reading (QUIC:
+    #: grants no new stream credit); a QUIC peer that sends more than this on the streams it
+    #: already has is closed with BUFFER_EXCEEDED. At least ``max_frame_size``.
     recv_budget_bytes: int = 16 * MiB
-    #: Frames a server holds before the HELLO verifies (QUIC uni streams can overtake it).
+    #: Node-wide cap on what all connections using this config hold on their receive side,
+    #: counted as for ``recv_budget_bytes`` (one counter, ``memory_budget``, shared by the
+    #: node's listeners and dials). A connection that cannot draw from it stops reading until
+    #: readers take frames. At least ``recv_budget_bytes``. See docs/THREAT_MODEL.md,
+    #: "Memory exhaustion".
+    memory_budget_bytes: int = 256 * MiB
+    #: Frames a side holds before the peer's HELLO verifies (QUIC uni streams can overtake
+    #: it), kept compressed: at most this many frames and bytes (with partly received frames
+    #: counted too, one ``max_frame_size`` more, for the HELLO); beyond: BUFFER_EXCEEDED.
     early_frames_limit: int = 256
+    early_frames_bytes: int = DEFAULT_MAX_FRAME_SIZE
     #: How long a closing side waits for the peer to read its GOAWAY and hang up.
     linger_timeout: float = 1.0
     #: Dictionaries this side decodes (announced in HELLO, preferred first).
@@ -125,6 +139,16 @@ class TransportConfig:
     #: Debugging: write a qlog file (for qvis) per QUIC connection into this directory
     #: (:mod:`iac.transport.debug`; session secrets go to ``SSLKEYLOGFILE`` when it is set).
     qlog_dir: str | None = None
+    #: The counter behind ``memory_budget_bytes``. None: a new one is made; copies made with
+    #: ``dataclasses.replace`` keep sharing it (unless they change ``memory_budget_bytes``).
+    memory_budget: MemoryBudget | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """The node-wide receive budget (``memory_budget``)."""
+        if self.memory_budget is None:  # pragma: no cover - set in __post_init__
+            raise ConfigError("TransportConfig without a memory budget")
+        return self.memory_budget
 
     def __post_init__(self) -> None:
         if self.max_frame_size < 1024:
@@ -133,6 +157,12 @@ class TransportConfig:
             raise ConfigError("send queue bounds must be positive")
         if self.recv_queue_frames < 1 or self.recv_budget_bytes < self.max_frame_size:
             raise ConfigError("recv_budget_bytes must be at least max_frame_size")
+        if self.memory_budget_bytes < self.recv_budget_bytes:
+            raise ConfigError("memory_budget_bytes must be at least recv_budget_bytes")
+        if self.early_frames_limit < 0 or self.early_frames_bytes < 0:
+            raise ConfigError("early frame bounds must not be negative")
+        if self.memory_budget is None or self.memory_budget.limit != self.memory_budget_bytes:
+            object.__setattr__(self, "memory_budget", MemoryBudget(self.memory_budget_bytes))
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("cert_file and key_file go together")
         if self.nonce_cache is None:

@@ -3,20 +3,50 @@
 :class:`SendQueue` holds encoded frames on their way out: ``send()`` waits while
 it is full, and an adapter takes out everything queued in one event-loop turn
 (one write) or, on QUIC, a few frames at a time as stream credit allows.
-:class:`RecvQueue` holds judged frames waiting for ``recv()``; an adapter checks
-for room before it queues and stops reading while there is none.
+:class:`Inbox` holds received frames, compressed, until ``recv()`` takes them,
+each counted at its decompressed size against the connection's receive budget
+(:mod:`iac.transport.budget`); an adapter stops reading while it is blocked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from iac.errors import ConnectionClosed, IacError
+from iac.errors import ConnectionClosed, IacError, ProtocolError
 from iac.transport.base import Incoming
+from iac.transport.budget import MemoryBudget, RecvBudget
+from iac.wire.dicts import DictionarySet
+from iac.wire.frames import Frame, PackedFrame
 
 T = TypeVar("T")
+
+
+#: A batch this large handed to ``recv()`` stays counted after a close until its frames are dropped.
+LEASE_BYTES = 64 * 1024
+#: How long a connection waiting for the node's budget waits before it asks for leased
+#: budget to be reclaimed (:meth:`MemoryBudget.reclaim`).
+RECLAIM_DELAY = 0.05
+
+
+class _Lease:
+    """Lent bytes of a closed connection: given back to the node when the last frame goes."""
+
+    def __init__(self, node: MemoryBudget, nbytes: int, frames: list[Frame]) -> None:
+        self.node = node
+        self.nbytes = nbytes
+        self.left = len(frames)
+        node.lease(nbytes)
+        for frame in frames:
+            weakref.finalize(frame, self._dropped)
+
+    def _dropped(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.node.settle(self.nbytes)
 
 
 def _wake(waiters: deque[asyncio.Future[None]]) -> None:
@@ -151,61 +181,222 @@ class SendQueue(_Bounded[bytes]):
             self._getter.set_result(None)
 
 
-class RecvQueue(_Bounded[Incoming]):
-    """Frames waiting for ``recv()``. ``put`` waits while full (the adapter stops
-    reading, which pushes back on the peer). After ``fail`` the queued frames are
-    still handed out, then ``get`` raises the error."""
+class Inbox:
+    """The receive side of one connection, between its frame decoder(s) and ``recv()``.
 
-    def __init__(self, max_frames: int, max_bytes: int) -> None:
-        super().__init__(max_frames, max_bytes)
+    Frames come in as they were received (:class:`PackedFrame`: compressed bodies stay
+    compressed) and every byte is counted against the connection's :class:`RecvBudget`
+    (which draws from the node's) from the moment it arrived:
+
+    * partly received frames: the bytes the decoders hold (:meth:`set_partial`);
+    * received, not yet judged (the backlog, :meth:`arrived`): their wire size;
+    * judged and waiting for ``recv()`` (the queue): their *decompressed* size, known from
+      the zstd header (:meth:`next_frame` takes the difference, or stops while the budget
+      cannot give it);
+    * handed out by the last ``recv()``: the same, until the next ``recv()``.
+
+    A frame is decompressed only when ``recv()`` takes it, and one ``recv()`` takes at most
+    ``batch_bytes`` of decompressed bytes (at least one frame). The adapter stops reading
+    while :attr:`blocked`; ``on_room`` is called when budget came back (a ``recv()``, or
+    another connection of the node giving budget back), so the adapter can judge its
+    backlog and read again. A frame that does not decompress is passed to ``on_fault``
+    (the adapter closes the connection). After :meth:`close` the queued frames are still
+    handed out (unless this side closed), then ``get_many`` raises the error; once
+    nothing is queued or handed out, nothing is counted any more.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_frames: int,
+        budget: RecvBudget,
+        dictionaries: DictionarySet,
+        batch_bytes: int,
+        on_room: Callable[[], None],
+        on_fault: Callable[[ProtocolError], None],
+    ) -> None:
+        self.max_frames = max_frames
+        self.budget = budget
+        self.dictionaries = dictionaries
+        self.batch_bytes = batch_bytes
+        self._on_room = on_room
+        self._on_fault = on_fault
+        self.backlog: deque[PackedFrame] = deque()
+        #: Wire bytes of the backlog.
+        self.backlog_bytes = 0
+        self._queue: deque[PackedFrame] = deque()
+        self._partial = 0
+        self._lent = 0
+        self._handed: list[weakref.ref[Frame]] = []  # the last batch, when it was large
         self._error: IacError | None = None
-        self._putters: deque[asyncio.Future[None]] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
+        self._waiting_node = False
+        self._reclaim_handle: asyncio.TimerHandle | None = None
 
-    def put_nowait(self, item: Incoming) -> None:
-        """Queue regardless of the bound: the caller checked :meth:`has_room`, or bounds
-        the queue another way (QUIC withholds stream credit). Also after ``fail``: frames
-        the peer sent before it closed still reach ``get``."""
-        self._items.append(item)
-        self._bytes += item.frame.wire_size or len(item.frame.body)
+    def __len__(self) -> int:
+        """Frames waiting for ``recv()``."""
+        return len(self._queue)
+
+    @property
+    def closed(self) -> bool:
+        return self._error is not None
+
+    @property
+    def blocked(self) -> bool:
+        """Read no further: frames wait to be judged, or the budget (this connection's or
+        the node's) is spent. While the node's is, ``on_room`` follows when it comes back."""
+        if self._error is not None:
+            return False
+        if self.budget.node.spent:
+            self._wait_node()
+        return bool(self.backlog) or self.budget.spent
+
+    # --- fed by the adapter ---------------------------------------------------------------------
+
+    def set_partial(self, nbytes: int) -> None:
+        """The decoders now hold ``nbytes`` of partly received frames."""
+        if self._error is None:
+            self.budget.take(nbytes - self._partial)
+            self._partial = nbytes
+
+    def arrived(self, frames: list[PackedFrame]) -> None:
+        """Whole frames received, to be judged in order (they are here: counted even past the budget)."""
+        if self._error is not None:
+            return
+        size = sum(frame.wire_size for frame in frames)
+        self.budget.take(size)
+        self.backlog_bytes += size
+        self.backlog.extend(frames)
+
+    def drop_backlog(self) -> None:
+        """Forget the frames not judged yet (the connection is ending)."""
+        self.budget.give(self.backlog_bytes)
+        self.backlog.clear()
+        self.backlog_bytes = 0
+
+    def next_frame(self) -> PackedFrame | None:
+        """The first backlog frame, once the queue has room and the budget can hold it
+        decompressed (the difference is taken); None while it cannot: read no further."""
+        backlog = self.backlog
+        if not backlog or self._error is not None or len(self._queue) >= self.max_frames:
+            return None
+        frame = backlog[0]
+        extra = frame.cost - frame.wire_size
+        if not self.budget.try_take(extra):
+            if not self.budget.node.room_for(extra):
+                self._wait_node()
+            return None
+        backlog.popleft()
+        self.backlog_bytes -= frame.wire_size
+        return frame
+
+    def judged(self, frame: PackedFrame, *, keep: bool) -> None:
+        """A frame from :meth:`next_frame` was judged: ``keep`` queues it for ``recv()``,
+        else (a control frame, handled) its budget comes back."""
+        if not keep or self._error is not None:
+            self.budget.give(frame.cost)
+            return
+        self.budget.lend(frame.cost)
+        self._queue.append(frame)
         if self._getters:
             _wake(self._getters)
 
-    async def put(self, item: Incoming) -> None:
-        size = item.frame.wire_size or len(item.frame.body)
-        while self._error is None and not self.has_room(size):
-            fut = asyncio.get_running_loop().create_future()
-            self._putters.append(fut)
-            await fut
-        if self._error is not None:
-            return
-        self._items.append(item)
-        self._bytes += size
-        _wake(self._getters)
-
-    async def get(self) -> Incoming:
-        return (await self.get_many(1))[0]
+    # --- the reader -----------------------------------------------------------------------------
 
     async def get_many(self, limit: int) -> list[Incoming]:
-        """Wait for one frame; return it with up to ``limit - 1`` more that are already queued."""
-        while not self._items:
+        """Wait for one frame; return it decoded, with up to ``limit - 1`` more that are
+        already queued while their decompressed bytes stay within ``batch_bytes``. What the
+        previous call handed out is given back to the budget now."""
+        if self._lent:
+            self.budget.returned(self._lent)
+            self._lent = 0
+            self._handed = []
+            self._on_room()
+        queue = self._queue
+        while not queue:
             if self._error is not None:
                 raise self._error
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
             await fut
-        items = self._items
-        out = [items.popleft() for _ in range(min(limit, len(items)))]
-        self._bytes -= sum(item.frame.wire_size or len(item.frame.body) for item in out)
-        if self._putters:
-            _wake(self._putters)
+        out: list[Incoming] = []
+        size = lent = 0
+        while queue and len(out) < limit:
+            frame = queue[0]
+            if out and size + frame.size > self.batch_bytes:
+                break
+            queue.popleft()
+            try:
+                out.append(Incoming(frame.unpack(self.dictionaries)))
+            except ProtocolError as exc:
+                self.budget.returned(frame.cost)
+                self._on_fault(exc.with_traceback(None))  # the adapter closes the connection
+                if not out:
+                    raise (self._error or exc) from None
+                break
+            size += frame.size
+            lent += frame.cost
+        self._lent = lent
+        if lent >= LEASE_BYTES:  # if the connection closes before the next call, follow them
+            self._handed = [weakref.ref(inc.frame) for inc in out]
+        if self._error is not None and not queue:
+            self._settle()
+        else:
+            self._on_room()  # the queue has room again
         return out
 
-    def fail(self, error: IacError) -> None:
+    def close(self, error: IacError, *, drop: bool = False) -> None:
+        """The connection is closing: judge nothing more, wake readers. ``drop`` (this side
+        closed it): the queued frames go too. Otherwise readers still take what is queued
+        (counted until taken, or until this inbox is dropped), then get ``error``. Frames
+        handed out last stay counted until the reader comes back or drops them."""
         if self._error is None:
             self._error = error
-        _wake(self._putters)
+            self.budget.node.forget(self._node_room)
+            if self._reclaim_handle is not None:
+                self._reclaim_handle.cancel()
+                self._reclaim_handle = None
+            self.budget.give(self._partial + self.backlog_bytes)
+            self.backlog.clear()
+            self.backlog_bytes = self._partial = 0
+        if drop and self._queue:
+            self.budget.returned(sum(frame.cost for frame in self._queue))
+            self._queue.clear()
+        if self._queue:
+            weakref.finalize(self, self.budget.release)
+        else:
+            self._settle()
         _wake(self._getters)
 
+    def _settle(self) -> None:
+        """Closed, nothing queued: give back everything but what the reader still holds."""
+        held = [frame for ref in self._handed if (frame := ref()) is not None]
+        self.budget.release(keep=self._lent if held else 0)
+        if held:
+            _Lease(self.budget.node, self._lent, held)
+        self._lent = 0
+        self._handed = []
 
-__all__ = ["RecvQueue", "SendQueue"]
+    def _wait_node(self) -> None:
+        node = self.budget.node
+        if not self._waiting_node:
+            self._waiting_node = True
+            node.notify(self._node_room)
+        if node.leased and self._reclaim_handle is None:
+            # Frames handed out by closed connections may be held only by reference cycles.
+            self._reclaim_handle = asyncio.get_running_loop().call_later(RECLAIM_DELAY, self._reclaim)
+
+    def _reclaim(self) -> None:
+        self._reclaim_handle = None
+        if self._error is None and self._waiting_node:
+            self.budget.node.reclaim(asyncio.get_running_loop().time())
+            if self._waiting_node:
+                self._wait_node()
+
+    def _node_room(self) -> None:
+        self._waiting_node = False
+        if self._error is None:
+            self._on_room()
+
+
+__all__ = ["Inbox", "SendQueue"]

@@ -52,7 +52,7 @@ from iac.protocol.handshake import (
 from iac.transport.base import Incoming, TransportConfig
 from iac.wire._pb.iac_pb2 import Dict, Hello
 from iac.wire.dicts import MAX_DICT_SIZE, Dictionary, DictionarySet, derive_dictionary, message_prefix
-from iac.wire.frames import Frame, FrameType, encode_frame
+from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameType, PackedFrame, encode_frame
 from iac.wire.identity import Identity
 
 # --- the HELLO exchange over any channel ---------------------------------------------------------
@@ -367,11 +367,28 @@ class SessionLogic:
     def __init__(self, peer_agent_id: str, dicts: DictState | None = None) -> None:
         self.peer_agent_id = peer_agent_id
         self.dicts = dicts
+        self.dictionaries = dicts.decode if dicts is not None else DictionarySet()
+
+    def judge(self, frame: PackedFrame) -> PackedFrame | PeerGoaway | None:
+        """A frame as received, not decompressed. MESSAGE and FORWARD come back as they are,
+        to wait for ``recv()`` compressed (their dictionary is checked now: a pushed one is
+        installed before the frames that use it arrive). Any other frame is decoded and
+        handled now, as by :meth:`on_frame`."""
+        ftype = frame.type
+        if ftype == FrameType.MESSAGE or ftype == FrameType.FORWARD:
+            if frame.dict_id:
+                self.dictionaries.require(frame.dict_id)
+            return frame
+        return self._control(frame.unpack(self.dictionaries))
 
     def on_frame(self, frame: Frame) -> Incoming | PeerGoaway | None:
         ftype = frame.type
         if ftype == FrameType.MESSAGE or ftype == FrameType.FORWARD:
             return Incoming(frame)
+        return self._control(frame)
+
+    def _control(self, frame: Frame) -> PeerGoaway | None:
+        ftype = frame.type
         if ftype == FrameType.GOAWAY:
             return PeerGoaway(*decode_goaway(frame.body))
         if ftype == FrameType.HELLO:
@@ -385,19 +402,30 @@ class SessionLogic:
 
 
 class EarlyFrames:
-    """Frames that arrived before the HELLO verified (QUIC uni streams). Bounded."""
+    """Frames that arrived before the HELLO verified (QUIC uni streams), kept as they came
+    (compressed: nothing is decompressed before the peer is known). Bounded in count
+    (``limit``) and in wire bytes (``max_bytes``); one more is :class:`BufferExceeded`."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_bytes: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.limit = limit
-        self._frames: list[Frame] = []
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._frames: list[PackedFrame | Frame] = []
 
-    def hold(self, frame: Frame) -> None:
+    def hold(self, frame: PackedFrame | Frame) -> None:
+        size = frame.wire_size or len(frame.payload if isinstance(frame, PackedFrame) else frame.body)
         if len(self._frames) >= self.limit:
             raise BufferExceeded(f"more than {self.limit} frames arrived before the HELLO verified")
+        if self.nbytes + size > self.max_bytes:
+            raise BufferExceeded(
+                f"more than {self.max_bytes} bytes of frames arrived before the HELLO verified"
+            )
+        self.nbytes += size
         self._frames.append(frame)
 
-    def release(self) -> list[Frame]:
+    def release(self) -> list[PackedFrame | Frame]:
         out, self._frames = self._frames, []
+        self.nbytes = 0
         return out
 
     def __len__(self) -> int:

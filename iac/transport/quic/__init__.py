@@ -18,12 +18,15 @@ How IAC maps onto QUIC (docs/PROTOCOL.md, "QUIC mapping"):
   as the ACK; a packet that carries frames also carries any pending ACK (aioquic
   would otherwise hold it for its 1 ms ack delay and send it alone).
 * Received stream data is handled as raw QUIC events (the stock protocol keeps
-  a reader per stream forever): one frame decoder per open stream, and the
-  bytes of partly received frames plus frames waiting for ``recv()`` stay
-  within ``recv_budget_bytes`` (else :class:`~iac.errors.BufferExceeded` closes
-  the connection). A receiver whose application is behind withholds new stream
-  credit. Frames that overtake the HELLO are held (``early_frames_limit``)
-  until it verifies.
+  a reader per stream forever) by :mod:`.inbound`: one frame decoder per open
+  stream; frames stay compressed until ``recv()`` takes them, counted at their
+  decompressed size against ``recv_budget_bytes`` and the node's
+  ``memory_budget_bytes``. A receiver whose budget is spent withholds new stream
+  credit; partly received frames, the stream data the library holds behind
+  gaps and unjudged frames beyond ``recv_budget_bytes`` close the connection
+  (:class:`~iac.errors.BufferExceeded`). Frames that overtake the HELLO are
+  held compressed (``early_frames_limit``, ``early_frames_bytes``) until it
+  verifies.
 * Refusals close the connection with the close code as QUIC application error
   code and the reason as reason phrase; the dialing side raises the typed error
   (:func:`iac.protocol.handshake.error_from_close`).
@@ -38,7 +41,8 @@ How IAC maps onto QUIC (docs/PROTOCOL.md, "QUIC mapping"):
   library-specific internals live in :mod:`.backend`. The two interoperate.
 
 Modules: :mod:`.protocol` (the asyncio protocol: raw events in, flushes out),
-:mod:`.streams` (frames into and out of QUIC streams), :mod:`.connection`
+:mod:`.streams` (frames into and out of QUIC streams), :mod:`.inbound` (the
+receive path and its bounds), :mod:`.connection`
 (:class:`QuicConn`), :mod:`.dial` (:func:`dial_quic`, 1-RTT and 0-RTT),
 :mod:`.listener` (:class:`QuicListener`, :func:`listen_quic`),
 :mod:`.configuration` (certificates and the library's configuration),

@@ -12,30 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from iac.errors import (
-    BufferExceeded,
     CloseCode,
     ConnectionClosed,
     HandshakeError,
     IacError,
     ProtocolError,
     TransportError,
-    UnexpectedHello,
 )
 from iac.protocol.handshake import ALPN, ClientHandshake, HelloParams, ServerHandshake, error_from_close
 from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
-from iac.transport.queues import RecvQueue, SendQueue
+from iac.transport.queues import SendQueue
+from iac.transport.quic.inbound import QuicInbound
 from iac.transport.quic.protocol import QuicProtocol
-from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, StreamDecoders, write_streams
+from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, write_streams
 from iac.transport.session import (
     DictState,
-    EarlyFrames,
     HandshakeChannel,
-    PeerGoaway,
     SessionLogic,
     goaway_frame,
     local_protocol_error,
@@ -45,7 +41,7 @@ from iac.transport.session import (
 )
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
-from iac.wire.frames import Frame, FrameType
+from iac.wire.frames import Frame
 from iac.wire.identity import Identity
 
 
@@ -92,15 +88,24 @@ class QuicConn(Connection):
         # send side
         self._queue = SendQueue(config.send_queue_frames, config.send_queue_bytes)
         self._drain_waiters: list[asyncio.Future[None]] = []
-        # receive side: the queue is bounded by withholding stream credit (``_recv_full``)
-        self._streams = StreamDecoders(self.dicts.decode, config.max_frame_size)
-        self._ready = RecvQueue(config.recv_queue_frames, config.recv_budget_bytes)
-        self._recv_full = False  # recv() is behind: new stream credit is withheld
+        # receive side (:mod:`.inbound`): frames stay compressed until recv() takes them, counted
+        # against this connection's and the node's budget; while it is blocked, new stream
+        # credit is withheld
+        self._rx = QuicInbound(
+            config,
+            self.backend,
+            self._quic,
+            self.dicts.decode,
+            self.stats,
+            on_room=self._room,
+            on_fault=self._protocol_error,
+        )
+        self._inbox = self._rx.inbox
+        self._recv_full = False  # the inbox is blocked: new stream credit is withheld
         self._withheld = 0
-        self._ctl_frames: deque[Frame] = deque()
+        self._room_handle: asyncio.Handle | None = None
         self._ctl_waiter: asyncio.Future[None] | None = None
         self._control = _ControlChannel(self)  # the HELLO exchange's view of the control stream
-        self._early = EarlyFrames(config.early_frames_limit)
         self._session: SessionLogic | None = None
         # state
         self._error: IacError | None = None
@@ -135,11 +140,7 @@ class QuicConn(Connection):
         return (await self.recv_many(1))[0]
 
     async def recv_many(self, limit: int) -> list[Incoming]:
-        items = await self._ready.get_many(limit)
-        if self._recv_full and len(self._ready) <= self.config.recv_queue_frames // 2:
-            self._recv_full = False
-            self._proto._transmit_soon()  # grant the withheld stream credit
-        return items
+        return await self._inbox.get_many(limit)
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         if self._closing or self._terminated.is_set():
@@ -191,21 +192,30 @@ class QuicConn(Connection):
         return write_streams(self._queue, self._quic, self.backend, self.stats) > 0
 
     def _before_transmit(self) -> None:
-        """Called by the protocol before each flush: queued frames go into streams (and
+        """Called by the protocol before each flush (after every received datagram): what
+        the library holds for reassembly is counted, queued frames go into streams (and
         then a pending ACK goes with them), stream credit is adjusted."""
+        if not self._closing:
+            try:
+                self._rx.count_reassembly()
+            except ProtocolError as exc:
+                self._protocol_error(exc)
         if self._pump():
             self.backend.ack_now(self._quic, self._loop.time())
         self._stream_credit()
         self.stats.transmits += 1
 
     def _stream_credit(self) -> None:
-        """Receive-side backpressure: while ``recv()`` is behind, grant the peer no new
+        """Receive-side backpressure: while the inbox is blocked (``recv()`` is behind, or
+        this connection's or the node's budget is spent), grant the peer no new
         unidirectional streams (the library would return one per finished stream).
         Not on a backend without ``credit_control`` (qh3)."""
+        self._recv_full = self._inbox.blocked
         if self._recv_full or self._withheld:
             self._withheld = self.backend.withhold_credit(self._quic, self._recv_full, self._withheld)
 
     def _after_transmit(self) -> None:
+        self.backend.withhold_credit(self._quic, False, 0)  # notes the stream credit just advertised
         if self._drain_waiters and self._drained():
             waiters, self._drain_waiters = self._drain_waiters, []
             for fut in waiters:
@@ -238,7 +248,7 @@ class QuicConn(Connection):
             if isinstance(event, events.StreamDataReceived):
                 self._on_stream_data(event)
             elif isinstance(event, events.StreamReset):
-                self._streams.reset(event.stream_id)
+                self._rx.streams.reset(event.stream_id)
             elif isinstance(event, events.ConnectionTerminated):
                 self._on_terminated(event)
             elif isinstance(event, events.HandshakeCompleted):
@@ -250,58 +260,46 @@ class QuicConn(Connection):
         if self._terminated.is_set() or self._error is not None:
             return
         sid = event.stream_id
-        unidirectional = bool(sid & 2)
-        if not unidirectional and sid != CONTROL_STREAM:
+        if not sid & 2 and sid != CONTROL_STREAM:
             raise ProtocolError(f"unexpected bidirectional stream {sid} (only the control stream is used)")
-        if not event.data and event.end_stream and sid not in self._streams:
+        if not event.data and event.end_stream and sid not in self._rx.streams:
             return
-        end = event.end_stream
-        frames = self._streams.feed(sid, event.data, end_stream=end, final=end and unidirectional)
-        if self._streams.buffered + self._ready.nbytes > self.config.recv_budget_bytes:
-            raise BufferExceeded(
-                "partly received and unread frames exceed recv_budget_bytes "
-                f"({self.config.recv_budget_bytes})"
-            )
-        if not frames:
+        if not self._rx.stream_data(sid, event.data, event.end_stream):
             return
         self._last_activity = self._loop.time()
-        if not unidirectional:
-            for frame in frames:
-                self._on_control_frame(frame)
-            return
-        self.stats.frames_received += len(frames)
-        if self._session is None:
-            for frame in frames:
-                if frame.type == FrameType.HELLO:
-                    raise UnexpectedHello("HELLO on a unidirectional stream")
-                self._early.hold(frame)
-            self.stats.early_frames += len(frames)
-            return
-        for frame in frames:
-            self._deliver(frame)
+        if self._session is not None:
+            self._judge()
+        elif self._rx.ctl_frames and self._ctl_waiter is not None and not self._ctl_waiter.done():
+            self._ctl_waiter.set_result(None)
 
-    def _on_control_frame(self, frame: Frame) -> None:
-        if self._session is None:
-            self._ctl_frames.append(frame)
-            if self._ctl_waiter is not None and not self._ctl_waiter.done():
-                self._ctl_waiter.set_result(None)
+    def _judge(self) -> None:
+        """Judge what arrived, in order, while the inbox has room; withhold stream credit
+        while it has not."""
+        if self._error is not None:
             return
-        self._deliver(frame)
-
-    def _deliver(self, frame: Frame) -> None:
-        assert self._session is not None
-        result = self._session.on_frame(frame)
-        if result is None:
+        try:
+            goaway = self._rx.judge()
+        except ProtocolError as exc:
+            self._protocol_error(exc)
             return
-        if isinstance(result, PeerGoaway):
+        if goaway is not None:
             if self._error is None:
-                self._error = peer_closed_error(result.code, result.reason)
+                self._error = peer_closed_error(goaway.code, goaway.reason)
             self._closing = True
             self._wake_all()
             return
-        self._ready.put_nowait(result)  # wakes recv()
-        if len(self._ready) >= self.config.recv_queue_frames:
-            self._recv_full = True
+        if self._inbox.blocked != self._recv_full:
+            self._proto._transmit_soon()  # withhold or grant stream credit
+
+    def _room(self) -> None:
+        """Budget came back or the queue has room: judge the backlog (next turn)."""
+        idle = self._room_handle is None and not self._terminated.is_set()
+        if idle and (self._inbox.backlog or self._recv_full):
+            self._room_handle = self._loop.call_soon(self._room_now)
+
+    def _room_now(self) -> None:
+        self._room_handle = None
+        self._judge()
 
     # -- TLS and termination --------------------------------------------------------------------
 
@@ -337,6 +335,7 @@ class QuicConn(Connection):
             self._finish()
 
     def _protocol_error(self, exc: ProtocolError, *, goaway: bool = True) -> None:
+        exc = exc.with_traceback(None)  # kept as the close error's cause: it must hold no frames
         if self._error is None:
             self._error = local_protocol_error(exc)
         self._abort(int(exc.close_code), str(exc)[:200], goaway=goaway)
@@ -357,14 +356,15 @@ class QuicConn(Connection):
                 self._proto.transmit()
         self._quic.close(error_code=code, reason_phrase=reason)
         self._proto.transmit()
-        self._wake_all()
+        self._wake_all(drop=True)
 
-    def _wake_all(self) -> None:
+    def _wake_all(self, *, drop: bool = False) -> None:
         """The connection is closing: waiting ``send``/``recv`` calls raise the close error
-        (``recv`` once it handed out what arrived before)."""
+        (``recv`` once it handed out what arrived before, unless this side closed: ``drop``)."""
         error = self._error
         if error is not None:
-            self._ready.fail(error)
+            # closed by this side: what is queued goes; by the peer: it is still handed out
+            self._inbox.close(error, drop=drop)
         self._queue.finish(error)
         if self._ctl_waiter is not None and not self._ctl_waiter.done():
             self._ctl_waiter.set_result(None)
@@ -380,7 +380,10 @@ class QuicConn(Connection):
         self._closing = True
         self._queue.fail(self._error)  # drop what was not sent
         self._verified.set()  # a send held out of early data raises the error now
-        self._streams.clear()
+        self._rx.clear()
+        if self._room_handle is not None:
+            self._room_handle.cancel()
+            self._room_handle = None
         if self._keepalive is not None:
             self._keepalive.cancel()
             self._keepalive = None
@@ -439,7 +442,7 @@ class QuicConn(Connection):
         )
 
     async def _read_control(self) -> Frame:
-        while not self._ctl_frames:
+        while (frame := self._rx.read_control()) is None:
             if self._error is not None:
                 raise self._error
             if self._terminated.is_set():
@@ -447,7 +450,7 @@ class QuicConn(Connection):
             self._ctl_waiter = self._loop.create_future()
             await self._ctl_waiter
             self._ctl_waiter = None
-        return self._ctl_frames.popleft()
+        return frame  # decoded one at a time, as the HELLO exchange reads it
 
     async def _exchange_hellos(
         self, hs: ClientHandshake | ServerHandshake, deadline: float, *, initial_sent: bool = False
@@ -484,14 +487,8 @@ class QuicConn(Connection):
         push = self.dicts.push_frame(self.identity.agent_id, hello)
         if push is not None:
             self._send_control_soon(push)  # on the control stream, behind our HELLO
-        try:
-            for frame in self._ctl_frames:
-                self._deliver(frame)
-            for frame in self._early.release():
-                self._deliver(frame)
-        except ProtocolError as exc:
-            self._protocol_error(exc)
-        self._ctl_frames.clear()
+        self._rx.start(self._session)  # what came behind the HELLO and what overtook it
+        self._judge()
         if len(self._queue):
             self._proto._transmit_soon()
 

@@ -7,8 +7,8 @@ waits in the connection's :class:`~iac.transport.queues.SendQueue` (the library'
 own queue of blocked streams is scanned on every packet build, so it is never used).
 
 Receiving (:class:`StreamDecoders`): one frame decoder per open stream, and a count
-of the bytes they hold (partly received frames), which the connection keeps within
-``recv_budget_bytes``.
+of the bytes they hold (partly received frames), which the connection counts against
+its receive budget. Whole frames come out compressed (:class:`PackedFrame`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from typing import Any
 
 from iac.transport.queues import SendQueue
 from iac.transport.quic.backend import Backend
-from iac.wire.dicts import DictionarySet
-from iac.wire.frames import Frame, FrameDecoder
+from iac.wire.frames import FrameDecoder, PackedFrame
 
 #: Frames smaller than this share a stream with the other frames queued in the same turn.
 SHARE_LIMIT = 1024
 #: The control stream (client-initiated, bidirectional): HELLO, GOAWAY, DICT, DICT_ACK.
 CONTROL_STREAM = 0
+#: The receive window a new peer-opened stream starts with (the QUIC library widens it as the
+#: stream's data arrives): what one packet at a high offset can make the library hold.
+STREAM_WINDOW = 256 * 1024
 
 
 @dataclass
@@ -65,12 +67,11 @@ def write_streams(queue: SendQueue, quic: Any, backend: Backend, stats: QuicStat
 class StreamDecoders:
     """One :class:`FrameDecoder` per open stream; ``buffered`` is the bytes they hold.
 
-    The decoders share the connection's :class:`DictionarySet`, so a dictionary the
-    peer pushed decodes the frames that follow on any stream.
+    Frames come out as received (:class:`PackedFrame`): the connection decompresses
+    them, with its dictionaries, only when ``recv()`` takes them.
     """
 
-    def __init__(self, dictionaries: DictionarySet, max_frame_size: int) -> None:
-        self._dictionaries = dictionaries
+    def __init__(self, max_frame_size: int) -> None:
         self._max_frame_size = max_frame_size
         self._decoders: dict[int, FrameDecoder] = {}
         self.buffered = 0
@@ -78,16 +79,14 @@ class StreamDecoders:
     def __contains__(self, stream_id: int) -> bool:
         return stream_id in self._decoders
 
-    def feed(self, stream_id: int, data: bytes, *, end_stream: bool, final: bool) -> list[Frame]:
+    def feed(self, stream_id: int, data: bytes, *, end_stream: bool, final: bool) -> list[PackedFrame]:
         """The frames completed by ``data``. ``end_stream`` forgets the stream's decoder;
         ``final`` also refuses a frame cut off by the end (unidirectional streams)."""
         dec = self._decoders.get(stream_id)
         if dec is None:
-            dec = self._decoders[stream_id] = FrameDecoder(
-                dictionaries=self._dictionaries, max_frame_size=self._max_frame_size
-            )
+            dec = self._decoders[stream_id] = FrameDecoder(max_frame_size=self._max_frame_size)
         before = dec.buffered
-        frames = dec.feed(data, final=final)
+        frames = dec.feed_packed(data, final=final)
         self.buffered += dec.buffered - before
         if end_stream:
             self._decoders.pop(stream_id, None)
@@ -105,4 +104,4 @@ class StreamDecoders:
         self.buffered = 0
 
 
-__all__ = ["CONTROL_STREAM", "SHARE_LIMIT", "QuicStats", "StreamDecoders", "write_streams"]
+__all__ = ["CONTROL_STREAM", "SHARE_LIMIT", "STREAM_WINDOW", "QuicStats", "StreamDecoders", "write_streams"]

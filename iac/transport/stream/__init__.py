@@ -8,9 +8,12 @@ which runs the HELLO exchange and returns a :class:`StreamConnection`.
 socket. No task sits between the socket and the application:
 
 * reading: the transport's ``data_received`` decodes and judges the frames
-  (:class:`SessionLogic`) and puts them straight into the bounded receive queue,
-  waking ``recv()``. Frames that do not fit stay in a backlog (at most one read's
-  worth) and reading stops until ``recv()`` made room.
+  (:class:`SessionLogic`) and puts them straight into the bounded receive queue
+  (:class:`~iac.transport.queues.Inbox`), waking ``recv()``. They stay
+  compressed there, counted at their decompressed size against the connection's
+  and the node's receive budget; ``recv()`` decompresses what it takes. Frames
+  that do not fit stay in a backlog (at most one read's worth) and reading stops
+  until ``recv()`` (or another connection of the node) gave budget back.
 * writing: ``send()`` queues the frame and, once per event-loop turn, one
   callback writes everything queued in that turn with one ``write``. While the
   transport is above its high-water mark nothing is written; frames wait in the

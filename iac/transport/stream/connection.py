@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError, TruncatedFrame
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
 from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
-from iac.transport.queues import RecvQueue, SendQueue
+from iac.transport.budget import RecvBudget
+from iac.transport.queues import Inbox, SendQueue
 from iac.transport.session import (
     DictState,
     PeerGoaway,
@@ -25,7 +25,6 @@ from iac.transport.session import (
 from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
-from iac.wire.frames import Frame
 
 log = logging.getLogger("iac.transport")
 
@@ -111,9 +110,18 @@ class StreamConnection(Connection):
         self.dicts.send_control = self._send_control
         self._logic = SessionLogic(peer.agent_id, self.dicts)
         self._sendq = SendQueue(config.send_queue_frames, config.send_queue_bytes)
-        self._recvq = RecvQueue(config.recv_queue_frames, config.recv_budget_bytes)
-        self._backlog: deque[Frame] = deque()  # decoded, waiting for room in the receive queue
+        # received frames, compressed, counted against this connection's and the node's budget
+        self._inbox = Inbox(
+            max_frames=config.recv_queue_frames,
+            budget=RecvBudget(config.recv_budget_bytes, config.memory),
+            dictionaries=self.dicts.decode,
+            batch_bytes=config.max_frame_size,
+            on_room=self._room,
+            on_fault=self._protocol_fault,
+        )
         self._eof_pending = False  # the peer hung up behind the backlog
+        #: Called once the connection is closed (the listener forgets it then).
+        self.on_closed: Callable[[StreamConnection], None] | None = None
         self._error: IacError | None = None
         self._closing = False
         self._closed = asyncio.Event()
@@ -134,8 +142,9 @@ class StreamConnection(Connection):
         if push is not None:
             self._send_control(push)
         # What arrived behind the HELLO, and what happened to the stream since.
-        self._backlog.extend(proto.pending)
+        self._inbox.arrived(list(proto.pending))
         proto.pending.clear()
+        self._inbox.set_partial(self._decoder.buffered)
         self._pump()
         if proto.read_error is not None:
             self._protocol_fault(proto.read_error)
@@ -171,10 +180,7 @@ class StreamConnection(Connection):
         return (await self.recv_many(1))[0]
 
     async def recv_many(self, limit: int) -> list[Incoming]:
-        items = await self._recvq.get_many(limit)
-        if self._proto.reading_paused and self._pump_handle is None:
-            self._pump()
-        return items
+        return await self._inbox.get_many(limit)
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         if not self._closing:
@@ -193,64 +199,70 @@ class StreamConnection(Connection):
         if self._closing:
             return  # lingering: discard until the peer hangs up
         self._activity = self._loop.time()
+        inbox = self._inbox
         try:
-            frames = self._decoder.feed(data)
+            frames = self._decoder.feed_packed(data)
         except ProtocolError as exc:
             self._protocol_fault(exc)
             return
+        inbox.set_partial(self._decoder.buffered)
         if frames:
-            self._backlog.extend(frames)
+            inbox.arrived(frames)
             if self._pump_handle is None:
                 self._pump()
+        elif inbox.blocked:  # a partial frame spent the budget
+            self._proto.pause_reading()
+
+    def _room(self) -> None:
+        """Budget came back or the queue has room: judge the backlog, read again (next turn)."""
+        idle = self._pump_handle is None and not self._closing
+        if idle and (self._proto.reading_paused or self._inbox.backlog):
+            self._pump_handle = self._loop.call_soon(self._pump)
 
     def _pump(self) -> None:
-        """Judge backlog frames into the receive queue while it has room, at most
-        :data:`FRAMES_PER_TURN` per event-loop turn; stop reading while a backlog is left."""
+        """Judge backlog frames into the receive queue while the budget holds them, at most
+        :data:`FRAMES_PER_TURN` per event-loop turn; read again once nothing is left and
+        the budget has room."""
         self._pump_handle = None
-        backlog = self._backlog
-        recvq = self._recvq
+        inbox = self._inbox
         logic = self._logic
-        budget = FRAMES_PER_TURN
+        turn = FRAMES_PER_TURN
         try:
-            while backlog:
+            while inbox.backlog:
                 if self._closing:
-                    backlog.clear()
                     return
-                frame = backlog[0]
-                if not recvq.has_room(frame.wire_size or len(frame.body)):
+                if turn == 0:  # let the application work on what it has; go on next turn
+                    self._proto.pause_reading()
+                    self._pump_handle = self._loop.call_soon(self._pump)
+                    return
+                frame = inbox.next_frame()
+                if frame is None:  # no room: a recv() (or another connection) gives budget back
                     self._proto.pause_reading()
                     return
-                if budget == 0:  # let the application work on what it has; go on next turn
-                    self._proto.pause_reading()
-                    if self._pump_handle is None:
-                        self._pump_handle = self._loop.call_soon(self._pump)
-                    return
-                budget -= 1
-                backlog.popleft()
-                event = logic.on_frame(frame)
-                if event is None:
-                    continue
-                if type(event) is Incoming:
-                    recvq.put_nowait(event)
-                elif isinstance(event, PeerGoaway):
-                    backlog.clear()
+                turn -= 1
+                event = logic.judge(frame)
+                if isinstance(event, PeerGoaway):
+                    inbox.judged(frame, keep=False)
                     self._start_close(
                         peer_closed_error(event.code, event.reason), goaway=None, graceful=False
                     )
                     return
+                inbox.judged(frame, keep=event is not None)
         except ProtocolError as exc:
-            backlog.clear()
             self._protocol_fault(exc)
             return
         if self._eof_pending:
             self._eof_pending = False
             self._on_eof()
         elif not self._closing:
-            self._proto.resume_reading()
+            if inbox.blocked:
+                self._proto.pause_reading()
+            else:
+                self._proto.resume_reading()
 
     def _on_eof(self) -> None:
         if not self._closing:
-            if self._backlog:
+            if self._inbox.backlog:
                 self._eof_pending = True  # deliver what was read first
                 return
             if not self._decoder.idle:
@@ -265,7 +277,7 @@ class StreamConnection(Connection):
         if not self._closing:
             if exc is None:
                 self._eof_pending = False
-                self._backlog.clear()
+                self._inbox.drop_backlog()
                 self._on_eof()
             else:
                 self._start_close(
@@ -275,6 +287,7 @@ class StreamConnection(Connection):
         self._write_done.set()
 
     def _protocol_fault(self, exc: ProtocolError) -> None:
+        exc = exc.with_traceback(None)  # kept as the close error's cause: it must hold no frames
         log.info(
             "closing connection to %s: %s: %s", self.peer.agent_id[:16], exc.name, exc,
             extra={"peer": self.peer.agent_id[:16], "transport": self.peer.transport, "reason": exc.name,
@@ -316,8 +329,9 @@ class StreamConnection(Connection):
             return
         self._closing = True
         self._error = error
-        self._recvq.fail(error)
-        self._backlog.clear()
+        # closed by this side: what is queued goes; by the peer: it is still handed out
+        self._inbox.close(error, drop=goaway is not None)
+        self._decoder.discard()
         self._proto.resume_reading()  # lingering reads and discards until the peer hangs up
         if self._idle_handle is not None:
             self._idle_handle.cancel()
@@ -351,6 +365,8 @@ class StreamConnection(Connection):
                     handle.cancel()
             self._flush_handle = self._pump_handle = None
             self._closed.set()
+            if self.on_closed is not None:
+                self.on_closed(self)
 
     def _check_idle(self) -> None:
         self._idle_handle = None

@@ -135,8 +135,9 @@ class StreamListener(Listener):
             self.count_refusal("network_error")
             log.info("%s connection from %s failed: %s", self.transport, peer_url, describe_error(exc))
             return
-        self._conns = {c for c in self._conns if not c.closed}
-        self._conns.add(conn)
+        conn.on_closed = self._conns.discard  # forgotten as soon as it is closed
+        if not conn._closed.is_set():
+            self._conns.add(conn)
         try:
             await self._on_connection(conn)
         except asyncio.CancelledError:

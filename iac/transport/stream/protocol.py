@@ -13,7 +13,7 @@ from typing import Protocol, cast
 from iac.errors import ConnectionClosed, ProtocolError
 from iac.transport.base import TransportConfig
 from iac.transport.session import DictState, HandshakeChannel
-from iac.wire.frames import Frame, FrameDecoder
+from iac.wire.frames import Frame, FrameDecoder, PackedFrame
 
 #: What the network raises under us; translated to :class:`ConnectionClosed` at this boundary.
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, ssl.SSLError, EOFError)
@@ -37,9 +37,10 @@ class StreamEvents(Protocol):
 class FrameProtocol(HandshakeChannel, asyncio.Protocol):
     """One stream socket: a bounded frame decoder on the way in, the transport on the way out.
 
-    Until a connection attaches (:meth:`attach`), decoded frames wait in ``pending``
-    for :meth:`read_frame` (the HELLO exchange) and reading stops while any wait;
-    afterwards every event goes to the connection.
+    Until a connection attaches (:meth:`attach`), received frames wait in ``pending``
+    (compressed: nothing is decompressed before :meth:`read_frame` takes it, one at a
+    time, for the HELLO exchange) and reading stops while any wait; afterwards every
+    event goes to the connection.
     """
 
     def __init__(
@@ -48,7 +49,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
         self.config = config
         self.dicts = DictState(config)  # this connection's dictionaries (pushed ones join them)
         self.decoder = FrameDecoder(dictionaries=self.dicts.decode, max_frame_size=config.max_frame_size)
-        self.pending: deque[Frame] = deque()
+        self.pending: deque[PackedFrame] = deque()
         self.transport: asyncio.Transport | None = None
         self.over_ssl = False
         self.eof = False  # the peer finished sending
@@ -82,9 +83,9 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
         if self.discarding or self.read_error is not None or self.eof:
             return
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.feed_packed(data)
         except ProtocolError as exc:
-            self.read_error = exc
+            self.read_error = exc.with_traceback(None)
         else:
             if frames:
                 self.pending.extend(frames)
@@ -176,7 +177,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
                 await self._read_waiter
             finally:
                 self._read_waiter = None
-        return self.pending.popleft()
+        return self.pending.popleft().unpack(self.dicts.decode)
 
     # --- closing --------------------------------------------------------------------------------
 
