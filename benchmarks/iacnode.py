@@ -140,15 +140,20 @@ class IacClient(Client):
         else:
             with contextlib.suppress(Exception):
                 await conn.close()
+        # no idle timer of its own; a loaded machine may take a while to answer a handshake
+        config = dataclasses.replace(floor.CONFIG, idle_timeout=None, handshake_timeout=30.0)
         if self.backend:
             _set_quic_backend(self.backend)
         try:
-            conn = self.oneway_conn = await dial(
-                self.url,
-                self.oneway_identity,
-                expect=self.peer,
-                config=dataclasses.replace(floor.CONFIG, idle_timeout=None),  # no idle timer of its own
-            )
+            for attempt in range(3):
+                try:
+                    conn = self.oneway_conn = await dial(
+                        self.url, self.oneway_identity, expect=self.peer, config=config
+                    )
+                    break
+                except Exception:
+                    if attempt == 2:
+                        raise
         finally:
             if self.backend:
                 _set_quic_backend(None)
