@@ -5,9 +5,12 @@ figure that needs client and server to run at once (latency, requests/s, one-way
 moves with it. :class:`Calibrator` measures it between the repetitions of a benchmark:
 
 * **scaling** — two worker processes (started once) run the same fixed CPU-bound loop:
-  one alone, both at once, the other alone; with ``t_alone`` the faster of the two lone
-  runs, scaling = ``t_alone / t_a + t_alone / t_b``: 2.0 when both got a core of their
-  own, 1.0 when they shared one. About 0.4 s.
+  one alone, both at once, the other alone. Throughput scaling = ``t_alone / t_a +
+  t_alone / t_b`` (``t_alone`` the faster lone run, ``t_a`` and ``t_b`` the two runs at
+  once): 2.0 when both got a core of their own, 1.0 when they shared one. A lone run that
+  other programs slowed down inflates it (above 2.0 at times), so the CPU share of the run
+  at once is taken too: ``cpu_a / t_a + cpu_b / t_b`` (each worker's own CPU time over its
+  wall time; at most 2.0). **scaling** is the lower of the two. About 0.4 s.
 * **load** — ``/proc/loadavg`` (1, 5 and 15 minute averages, runnable / all tasks) and,
   from ``/proc/stat`` between two calibrations, how many cores were busy (all processes,
   this benchmark included) and the share of time the hypervisor kept (steal).
@@ -109,11 +112,12 @@ class Calibrator:
             )
         probe = 200_000
         self._ask([0], probe)  # warm: imports done, loop compiled
-        t = min(self._ask([0], probe)[0], self._ask([1], probe)[0])
+        t = min(self._ask([0], probe)[0][0], self._ask([1], probe)[0][0])
         self.n = max(10_000, int(probe * self.loop_seconds / max(t, 1e-6)))
         self._stat = cpu_times()
 
-    def _ask(self, which: list[int], n: int) -> list[float]:
+    def _ask(self, which: list[int], n: int) -> list[tuple[float, ...]]:
+        """Run the loop ``n`` times in the workers ``which`` at once: ``(wall, cpu)`` of each."""
         for w in which:
             stdin = self._workers[w].stdin
             assert stdin is not None
@@ -126,25 +130,29 @@ class Calibrator:
             line = stdout.readline()
             if not line:
                 raise RuntimeError("calibration worker exited")
-            out.append(float(line))
+            out.append(tuple(float(v) for v in line.split()))
         return out
 
     def measure(self) -> dict[str, Any]:
         """One calibration: scaling, the load average, and the CPU use since the previous one."""
         stat = cpu_times()
         usage = cpu_usage(self._stat, stat)
-        alone_a = self._ask([0], self.n)[0]
+        alone_a = self._ask([0], self.n)[0][0]
         both = self._ask([0, 1], self.n)
-        alone = min(alone_a, self._ask([1], self.n)[0])
+        alone = min(alone_a, self._ask([1], self.n)[0][0])
         self._stat = cpu_times()
-        scaling = alone / both[0] + alone / both[1]
+        throughput = alone / both[0][0] + alone / both[1][0]
+        share = both[0][1] / both[0][0] + both[1][1] / both[1][0]
+        scaling = min(throughput, share)
         # keep the loop near loop_seconds (start() may have sized it on a busy machine)
         self.n = max(10_000, int(self.n * min(4.0, self.loop_seconds / max(alone, 1e-6))))
         return {
             "time": round(time.time(), 1),
             "scaling": round(scaling, 2),
+            "throughput_scaling": round(throughput, 2),
+            "cpu_share": round(share, 2),
             "alone_s": round(alone, 4),
-            "both_s": [round(b, 4) for b in both],
+            "both_s": [round(b[0], 4) for b in both],
             "loadavg": loadavg(),
             "since_previous": usage,
         }
@@ -165,9 +173,9 @@ class Calibrator:
 def _worker() -> None:
     for line in sys.stdin:
         n = int(line)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         spin(n)
-        sys.stdout.write(f"{time.perf_counter() - t:.6f}\n")
+        sys.stdout.write(f"{time.perf_counter() - t:.6f} {time.process_time() - c:.6f}\n")
         sys.stdout.flush()
 
 
@@ -180,7 +188,10 @@ def main() -> None:
     try:
         for _ in range(5):
             m = cal.measure()
-            print(f"scaling {m['scaling']:.2f}  alone {m['alone_s'] * 1e3:.0f} ms  load {m['loadavg']}")
+            print(
+                f"scaling {m['scaling']:.2f} (throughput {m['throughput_scaling']:.2f}, "
+                f"CPU share {m['cpu_share']:.2f})  alone {m['alone_s'] * 1e3:.0f} ms  load {m['loadavg']}"
+            )
     finally:
         cal.close()
 

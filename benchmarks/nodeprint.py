@@ -59,7 +59,8 @@ def _calibration(cal: dict[str, Any]) -> None:
     print(f"\nTwo-process scaling per repetition (valid: >= {cal['min_scaling']}; the lower of before/after)")
     for r in cal["reps"]:
         print(
-            f"  rep {r['rep']}: scaling {r['scaling']:.2f}  load(1m) {_n(r['loadavg_1m'], 2)}  "
+            f"  rep {r['rep']}: scaling {r['scaling']:.2f} (throughput {_n(r.get('throughput_scaling'), 2)}, "
+            f"CPU share {_n(r.get('cpu_share'), 2)})  load(1m) {_n(r['loadavg_1m'], 2)}  "
             f"busy cores {_n(r['busy_cores'], 2)}  steal {_n(r['steal_pct'], 1)}%  "
             f"{'valid' if r['valid'] else 'INVALID: not judged where two cores are needed'}"
         )
@@ -184,10 +185,16 @@ def _previous(prev: dict[str, Any] | None) -> None:
     if not prev:
         print("\nNo previous results file to compare CPU per request with.")
         return
-    print(f"\nCPU µs per request (server + client, at 64) against {prev['file']}")
+    machine = prev.get("machine_ratio")
+    print(
+        f"\nCPU µs per request (server + client, at 64) against {prev['file']}; adjusted: divided by "
+        f"http-ed25519's own ratio ({_n(machine, 3)}), the machine's drift"
+    )
+    print(f"  {'contender':<22} {'now':>6} {'previous':>9} {'change':>9} {'adjusted':>9}")
     for name, row in prev["contenders"].items():
         change = "-" if row["change_pct"] is None else f"{row['change_pct']:+.1f} %"
-        print(f"  {name:<22} {_n(row['now']):>6}  previous {_n(row['previous']):>6}  {change:>9}")
+        adjusted = "-" if row.get("adjusted_change_pct") is None else f"{row['adjusted_change_pct']:+.1f} %"
+        print(f"  {name:<22} {_n(row['now']):>6} {_n(row['previous']):>9} {change:>9} {adjusted:>9}")
 
 
 def _profile(p: dict[str, Any]) -> None:

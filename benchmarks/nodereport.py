@@ -80,11 +80,14 @@ def calibration(measurements: list[dict[str, Any]], reps: int) -> dict[str, Any]
     rows = []
     for i in range(reps):
         before, after = measurements[i], measurements[min(i + 1, len(measurements) - 1)]
-        scaling = min(before["scaling"], after["scaling"])
+        worse = min(before, after, key=lambda m: m["scaling"])
+        scaling = worse["scaling"]
         rows.append(
             {
                 "rep": i + 1,
                 "scaling": scaling,
+                "throughput_scaling": worse.get("throughput_scaling"),
+                "cpu_share": worse.get("cpu_share"),
                 "valid": scaling >= MIN_SCALING,
                 "loadavg_1m": (after.get("loadavg") or {}).get("1m"),
                 "busy_cores": (after.get("since_previous") or {}).get("busy_cores"),
@@ -277,15 +280,18 @@ def targets(
         for name in iac:
             p = previous["contenders"].get(name)
             if p and p.get("previous"):
+                # against the reference's own change when it ran in both (the machine's drift)
+                r = p["adjusted_ratio"] or p["now"] / p["previous"]
                 rows.append(
                     {
                         "contender": name,
                         "baseline": "previous",
                         "metric": "cpu_us_per_request_at_64",
-                        "ratio": round(p["now"] / p["previous"], 3),
+                        "ratio": round(r, 3),
                         "target": f"<= {CPU_VS_PREVIOUS}",
-                        "met": p["now"] / p["previous"] <= CPU_VS_PREVIOUS,
+                        "met": r <= CPU_VS_PREVIOUS,
                         "previous_file": previous["file"],
+                        "adjusted_by_reference": p["adjusted_ratio"] is not None,
                     }
                 )
     for name, base in (
@@ -369,19 +375,31 @@ def iac_ratios(contenders: dict[str, Any], valid: list[int]) -> dict[str, Any]:
 def cpu_vs_previous(
     contenders: dict[str, Any], previous: tuple[str, dict[str, Any]] | None
 ) -> dict[str, Any] | None:
+    """Every contender's CPU per request beside the previous file's, with the change; and the
+    change once the machine's own drift is taken out: the reference's code did not change, so
+    its ratio (now / previous) is how much the machine moved; ``adjusted`` divides by it."""
     if previous is None:
         return None
     file, prev = previous
-    rows = {}
-    for name, c in contenders.items():
-        now = c.get("cpu_us_per_request_at_64")
+
+    def ratio(name: str) -> tuple[float | None, float | None, float | None]:
+        now = contenders.get(name, {}).get("cpu_us_per_request_at_64")
         before = (prev.get(name) or {}).get("cpu_us_per_request_at_64")
+        return now, before, (now / before if now and before else None)
+
+    machine = ratio(REFERENCE)[2]
+    rows = {}
+    for name in contenders:
+        now, before, r = ratio(name)
+        adjusted = r / machine if r and machine else None
         rows[name] = {
             "now": now,
             "previous": before,
-            "change_pct": round((now / before - 1) * 100, 1) if now and before else None,
+            "change_pct": round((r - 1) * 100, 1) if r else None,
+            "adjusted_ratio": round(adjusted, 3) if adjusted else None,
+            "adjusted_change_pct": round((adjusted - 1) * 100, 1) if adjusted else None,
         }
-    return {"file": file, "contenders": rows}
+    return {"file": file, "machine_ratio": round(machine, 3) if machine else None, "contenders": rows}
 
 
 # --- cProfile ---------------------------------------------------------------------------------
