@@ -10,9 +10,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from conftest import run
 
-from iac import Identity, Node, NodeConfig
+from iac import ConfigError, Identity, Node, NodeConfig
 from iac.testing import Captured, UdpRelay, eventually
 
 PAYLOAD = os.urandom(3000).hex()  # 6 KB that do not compress: visible in the packet sizes
@@ -91,3 +92,33 @@ def test_a_node_reconnects_with_0rtt_after_a_drop_and_after_a_restart(tmp_path: 
             assert got == ["first", "after-drop", "held-back", "after-restart"]  # each handled once
 
     run(main(), timeout=60)
+
+
+def test_a_cluster_that_shares_tickets_but_not_replay_state_is_refused_at_start(tmp_path: Path) -> None:
+    """Servers sharing session tickets resume each other's sessions: without one replay store and
+    one HELLO nonce cache, a 0-RTT flight replayed to a second server would run twice."""
+    from iac.stores import SqliteReplayStore
+    from iac.stores.nonces import SqliteNonceCache
+    from iac.stores.tickets import SqliteTicketStore
+    from iac.transport import TransportConfig
+
+    async def main() -> None:
+        tickets = SqliteTicketStore(tmp_path / "tickets.db")
+        nonces = SqliteNonceCache(tmp_path / "nonces.db")
+        replay = SqliteReplayStore(tmp_path / "replay.db")
+        for transport, store, missing in (
+            (TransportConfig(ticket_store=tickets), None, "replay store"),
+            (TransportConfig(ticket_store=tickets, nonce_cache=nonces), None, "replay store"),
+            (TransportConfig(ticket_store=tickets), replay, "HELLO nonce cache"),
+        ):
+            node = Node(
+                listen="quic://127.0.0.1:0", config=NodeConfig(transport=transport), replay_store=store
+            )
+            with pytest.raises(ConfigError, match=missing):
+                await node.start()
+            await node.close()
+        config = NodeConfig(transport=TransportConfig(ticket_store=tickets, nonce_cache=nonces))
+        async with Node(listen="quic://127.0.0.1:0", config=config, replay_store=replay) as node:
+            assert node.addresses  # a properly configured cluster member starts
+
+    run(main())

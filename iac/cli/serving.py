@@ -16,7 +16,6 @@ from iac.cli.options import print_listening, serve_until_signal
 from iac.errors import ConfigError
 from iac.integrations.admin import AdminSocket
 from iac.integrations.scrape import parse_listen
-from iac.node.config import PeerEvent
 from iac.node.node import Node
 
 log = logging.getLogger("iac.cli")
@@ -70,7 +69,6 @@ async def running(node: Node, args: argparse.Namespace, metrics: Any = None) -> 
     """Around a started node: its status socket; yields the lines to print once it is ready
     (``status PATH``, and ``metrics URL`` for the node's ``metrics``)."""
     path, detach = start_admin(node, args)
-    remove = node.on_peer(log_peer_event)
     lines: list[str] = []
     if path is not None:
         lines.append(f"status {path}")
@@ -80,20 +78,7 @@ async def running(node: Node, args: argparse.Namespace, metrics: Any = None) -> 
     try:
         yield lines
     finally:
-        remove()
         detach()
-
-
-def log_peer_event(event: PeerEvent) -> None:
-    """Log a peer's connection coming up or going down (INFO, with the peer and transport fields)."""
-    log.info(
-        "peer %s… %s (%s %s)",
-        event.agent_id[:16],
-        "up" if event.up else "down",
-        event.transport,
-        event.address,
-        extra={"peer": event.agent_id[:16], "transport": event.transport},
-    )
 
 
 def print_lines(lines: list[str]) -> None:
@@ -108,7 +93,6 @@ def node_listen(args: argparse.Namespace) -> list[str]:
 
 
 __all__ = [
-    "log_peer_event",
     "metrics_of",
     "node_listen",
     "print_lines",

@@ -41,7 +41,10 @@ class Answers:
         is False (broadcasts, and refusals that have no code). The ERROR is cached like a handler's
         answer: a retransmission of the refused message gets the same ERROR, never an ACK."""
         self._c.refused[reason.value] += 1
-        log.debug("refused %s from %s…: %s", reason.value, sender_of(msg)[:16], detail)
+        sender = sender_of(msg)
+        log.info("refused %s from %s…: %s", reason.value, sender[:16], detail,
+                 extra={"peer": sender[:16], "transport": conn.peer.transport, "reason": reason.value,
+                        "msg_type": type_name(msg.msg_type), "msg_id": msg.msg_id})  # fmt: skip
         code = reason.code
         if answer and code is not None and msg.msg_type not in RESPONSE_TYPES:
             await self.send_error(conn, sender_of(msg), msg, code, detail, cache=True)

@@ -414,7 +414,9 @@ class Dispatcher:
             else:
                 await self._outcome(item, ErrorCode.TIMEOUT, "deadline passed while the handler ran")
         else:
-            log.exception("handler for %s failed", type_name(item.msg.msg_type), exc_info=exc)
+            log.exception("handler for %s failed", type_name(item.msg.msg_type), exc_info=exc,
+                          extra={"peer": item.key[0][:16], "msg_type": type_name(item.msg.msg_type),
+                                 "msg_id": item.msg.msg_id, "reason": "internal"})  # fmt: skip
             await self._outcome(item, ErrorCode.INTERNAL, "the handler failed")
 
     async def _complete(self, item: Item, result: Any) -> None:
@@ -440,6 +442,10 @@ class Dispatcher:
     async def _refused(self, item: Item, reason: Refusal, code: ErrorCode, text: str) -> None:
         self._ended(item)
         self._c.refused[reason.value] += 1
+        log.info("refused %s from %s…: %s", reason.value, item.key[0][:16], text,
+                 extra={"peer": item.key[0][:16], "transport": item.conn.peer.transport,
+                        "reason": reason.value, "msg_type": type_name(item.msg.msg_type),
+                        "msg_id": item.msg.msg_id})  # fmt: skip
         self.commit(item)
         await self._answers.error(item, code, text)
 

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from iac.errors import (
     ERROR_CODES,
+    CloseCode,
     ErrorCode,
     IacError,
     MessageRejected,
@@ -113,7 +114,9 @@ class Inbound:
             while True:
                 incs = await conn.recv_many(BATCH)
                 await self._throttle(peer, float(len(incs)))
-                await self._on_batch(conn, incs)
+                if not await self._on_batch(conn, incs):
+                    break
+                del incs
                 await asyncio.sleep(0)
         except (IacError, OSError):
             pass
@@ -140,7 +143,8 @@ class Inbound:
             self._c.throttled += 1
             await asyncio.sleep(wait)
 
-    async def _on_batch(self, conn: Connection, incs: list[Incoming]) -> None:
+    async def _on_batch(self, conn: Connection, incs: list[Incoming]) -> bool:
+        """Act on a batch of frames in order; False when the connection was closed for a fault."""
         peer = conn.peer.agent_id
         c = self._c
         c.received += len(incs)
@@ -169,15 +173,18 @@ class Inbound:
             if isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
                 await self._on_bad_signature(conn, frame.body)
             elif isinstance(result, ProtocolError):  # malformed, or an impersonation: close it
-                log.info("closing the connection from %s…: %s: %s", peer[:16], result.name, result)
+                log.info("closing the connection from %s…: %s: %s", peer[:16], result.name, result,
+                         extra={"peer": peer[:16], "transport": conn.peer.transport, "reason": result.name,
+                                "code": CloseCode(result.close_code).name})  # fmt: skip
                 await conn.close(result.close_code, str(result)[:200])
-                raise result
+                return False  # not raised: a traceback would keep the batch's frames alive
             elif isinstance(result, IacError):  # pragma: no cover - open() raises only the two above
-                raise result
+                return False
             else:
                 msg, check = result
                 verdict = check if isinstance(check, Refuse) else next(verdicts)
                 await self._act(conn, msg, now, verdict)
+        return True
 
     async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
         """One verified message (a FORWARD's inner message: its origin's signature was checked)."""

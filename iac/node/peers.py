@@ -213,6 +213,9 @@ class Peers:
                 q.put_nowait(None)
 
     def _emit(self, event: PeerEvent) -> None:
+        state = "up" if event.up else "down"
+        log.info("peer %s… %s (%s %s)", event.agent_id[:16], state, event.transport, event.address,
+                 extra={"peer": event.agent_id[:16], "transport": event.transport})  # fmt: skip
         for cb in list(self._callbacks):
             try:
                 res = cb(event)

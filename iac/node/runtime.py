@@ -43,6 +43,7 @@ from iac.node.verify import Verifier
 from iac.protocol.clock import Clock
 from iac.protocol.replay import ReplayConfig, ReplayGuard, ReplayStore
 from iac.protocol.routing import Router, RouteRefusal
+from iac.protocol.tickets import check_cluster_stores
 from iac.stores.memory import MemoryReplayStore
 from iac.transport import listen as transport_listen
 from iac.transport.base import Connection, Listener
@@ -159,6 +160,8 @@ class NodeRuntime:
             )
         if store.max_skew_us != c.transport.max_skew_us:
             raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
+        # Servers that share session tickets must share what stops a replayed 0-RTT flight.
+        check_cluster_stores(c.transport.ticket_store, store, c.transport.nonce_cache)
         self._pipeline.start(StoreRunner(ReplayGuard(store)))
         self._started_store = True
         self._files.start()
