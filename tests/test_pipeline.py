@@ -206,12 +206,20 @@ def test_threat_stale_message_never_reaches_handler(offset_us: int) -> None:
     run(main())
 
 
-def test_message_from_before_the_node_started_is_stale() -> None:
+def test_message_from_before_the_node_started_is_refused_until_sent_again() -> None:
+    """Fresh, but older than the in-memory store's history: refused as ``before_history``, a
+    request answered ``busy``; the same message stamped afresh (a retransmission) is handled."""
+
     async def main() -> None:
         async with serving() as (node, woke), RawPeer.connect(node) as peer:
-            msg = peer.message(MessageType.RUN, "x", timestamp_us=node.clock.now_us() - 5_000_000)
-            assert errors(await peer.exchange(msg)) == ["bad_request"]
-            assert woke == [] and refused(node) == {"stale": 1}
+            early = node.clock.now_us() - 5_000_000
+            msg = peer.message(MessageType.RUN, "x", timestamp_us=early)
+            assert errors(await peer.exchange(msg)) == []
+            req = peer.request(MessageType.RUN, "y", timestamp_us=early)
+            assert errors(await peer.exchange(req)) == ["busy"]
+            assert woke == [] and refused(node) == {"before_history": 2}
+            msg.timestamp = node.clock.now_us()
+            assert errors(await peer.exchange(msg)) == [] and woke == ["x"]
 
     run(main())
 

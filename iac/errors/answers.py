@@ -45,6 +45,9 @@ class Refusal(StrEnum):
     #: the replay store failed; a plain request is answered ``busy`` (retry), an ACK_REQUESTED
     #: message is not answered (its sender retransmits), a response is delivered unmarked
     STORE_UNAVAILABLE = "store_unavailable"
+    #: fresh, but older than the replay store's history (a store that forgot everything started
+    #: after it was sent): answered like store_unavailable, so that a retransmission gets through
+    BEFORE_HISTORY = "before_history"
     NOT_ADDRESSED = "not_addressed"
     #: a unicast FORWARD that crossed no relay (origin = neighbour, ``to`` = this node): such a
     #: message travels in a MESSAGE frame, where the impersonation check applies
@@ -75,6 +78,7 @@ _REFUSAL_CODES: dict[Refusal, ErrorCode] = {
     Refusal.STALE: ErrorCode.BAD_REQUEST,
     Refusal.REPLAY_STORE_FULL: ErrorCode.BUSY,
     Refusal.STORE_UNAVAILABLE: ErrorCode.BUSY,
+    Refusal.BEFORE_HISTORY: ErrorCode.BUSY,
     Refusal.NOT_ADDRESSED: ErrorCode.POLICY_DENIED,
     Refusal.POLICY_DENIED: ErrorCode.POLICY_DENIED,
     Refusal.UNSEAL_FAILED: ErrorCode.BAD_REQUEST,

@@ -38,6 +38,7 @@ from iac.node.streams import Streams
 from iac.node.tasks import TaskSet
 from iac.node.types import Reply, error_fields
 from iac.node.verify import Verifier
+from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
 from iac.protocol.replay import Verdict
 from iac.protocol.routing import Router, RouteRefusal, parse_forward
@@ -83,6 +84,7 @@ class Inbound:
         tasks: TaskSet,
         observers: Observers,
         streams: Streams,
+        clock: Clock,
     ) -> None:
         self.config = config
         self._pipeline = pipeline
@@ -99,7 +101,7 @@ class Inbound:
         self._streams = streams
         self._c = counters
         self._tasks = tasks
-        self._clock = config.transport.clock
+        self._clock: Clock = clock
         self._buckets: dict[str, TokenBucket] = {}
         self._relay_dials: set[str] = set()
         self.error_callbacks: list[ErrorCallback] = []

@@ -149,10 +149,21 @@ class ReceivePipeline:
         """Freshness (no store needed), then the store check to make: single-phase for a response,
         a reservation for anything a handler takes."""
         is_response = msg.msg_type in RESPONSE_TYPES
+        answer = not is_response and not (forwarded and not msg.to)
+        guard = self.store.guard
         try:
-            self.store.guard.check_fresh(msg.timestamp, now)
+            guard.check_fresh(msg.timestamp, now)
         except StaleMessage as exc:
-            return Refuse(Refusal.STALE, f"stale: {exc}", not is_response and not (forwarded and not msg.to))
+            retried = bool(msg.flags & FLAG_ACK_REQUESTED)
+            if abs(now - msg.timestamp) > guard.store.max_skew_us:
+                # An ACK_REQUESTED message is not answered: its sender retransmits, each copy
+                # stamped afresh, and the first one after its clock is right gets through (an
+                # ORDERED session needs every id; an ERROR would end the message for good).
+                return Refuse(Refusal.STALE, f"stale: {exc}", answer and not retried)
+            # Fresh, but before the store's history (it forgot everything when it started): not
+            # the sender's fault. A retransmission (a fresh timestamp) gets through; a plain
+            # request gets busy at once, like a store that cannot answer.
+            return Refuse(Refusal.BEFORE_HISTORY, str(exc), answer and bool(msg.deadline) and not retried)
         return Check((sender_of(msg), msg.session_id, msg.msg_id), is_response)
 
     def judge(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -40,7 +41,7 @@ from iac.node.streams import Streams
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
 from iac.node.verify import Verifier
-from iac.protocol.clock import Clock
+from iac.protocol.clock import Clock, SteadyClock
 from iac.protocol.replay import ReplayConfig, ReplayGuard, ReplayStore
 from iac.protocol.routing import Router, RouteRefusal
 from iac.protocol.tickets import check_cluster_stores
@@ -49,6 +50,8 @@ from iac.transport import listen as transport_listen
 from iac.transport.base import Connection, Listener
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.identity import Identity
+
+log = logging.getLogger("iac.node")
 
 
 class NodeRuntime:
@@ -95,15 +98,19 @@ class NodeRuntime:
         )
         self._peers = Peers(self.identity, config, self._sessions, self._router, c, tasks)
         obs = self._observers = Observers()
+        #: What the receive side judges freshness, replay windows and expiry by: the node's clock,
+        #: except where it jumps (docs/PROTOCOL.md, "Replay and freshness").
+        rx_clock = self._rx_clock = SteadyClock(self.clock)
+        self._clock_off = False
         self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c, obs)
         self._pending = Pending(config, self._outbox, self._peers, c, tasks, obs)
         self._streams = Streams(self._outbox, self._pending, obs)
         self._pipeline = ReceivePipeline(self.identity, config)
         self._answers = Answers(config, self._outbox, c)
         self._dispatch = Dispatcher(
-            config, self._pipeline, self._answers, c, tasks, self.clock, self._context, obs
+            config, self._pipeline, self._answers, c, tasks, rx_clock, self._context, obs
         )
-        self._ordered = OrderedDelivery(config, self._dispatch, self._answers, c, tasks, self.clock)
+        self._ordered = OrderedDelivery(config, self._dispatch, self._answers, c, tasks, rx_clock)
         self._files = Files(config, self._outbox, self._peers, self._pipeline, self._answers, c, tasks)
         self._verifier = Verifier()
         self._inbound = Inbound(
@@ -122,6 +129,7 @@ class NodeRuntime:
             tasks,
             obs,
             self._streams,
+            rx_clock,
         )
         self._peers.on_peer(self._on_peer_event)
         self._peers.start_reader = self._start_reader
@@ -243,7 +251,15 @@ class NodeRuntime:
     async def _housekeep(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            now = self.clock.now_us()
+            now = self._rx_clock.now_us()
+            off = abs(self._rx_clock.offset_us) > self._rx_clock.slack_us
+            if off != self._clock_off:
+                self._clock_off = off
+                if off:
+                    log.warning("the clock jumped %+.1f s: freshness and replay windows keep the steady time",
+                                -self._rx_clock.offset_us / 1e6)  # fmt: skip
+                else:
+                    log.info("the clock agrees with the steady time again")
             self._pipeline.store.expire(now)
             self._expire_peer_state(now)
             self._router.expire(now)

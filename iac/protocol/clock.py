@@ -73,6 +73,47 @@ class ManualClock:
         return f"ManualClock(now_us={self._now_us})"
 
 
+class SteadyClock:
+    """A clock that follows ``clock`` except where it jumps: time never runs backwards, and never
+    ahead of the real time elapsed (``clock.monotonic()``) by more than ``slack_us``.
+
+    What a receiver judges freshness and replay windows by: if its wall clock jumped (a bad time
+    server, a manual change), following it would make every live replay window look expired at
+    the next expiry -- after which a captured, still-fresh message is new again -- or make fresh
+    messages look stale. Gradual corrections (NTP slewing, within ``slack_us`` per read) are
+    followed. ``jumps`` counts the reads that did not follow; a clock that was wrong when this
+    one started stays wrong until a restart."""
+
+    def __init__(self, clock: Clock, slack_us: int = 1_000_000) -> None:
+        self._clock = clock
+        self.slack_us = slack_us
+        self._last = clock.now_us()
+        self._mono = clock.monotonic()
+        self.jumps = 0
+        #: How far the followed clock is from ``clock`` now (µs; 0 while it follows).
+        self.offset_us = 0
+
+    def now_us(self) -> int:
+        wall = self._clock.now_us()
+        mono = self._clock.monotonic()
+        expected = self._last + int((mono - self._mono) * 1_000_000)
+        if abs(wall - expected) <= self.slack_us:
+            now = wall
+        else:
+            now = expected
+            self.jumps += 1
+        now = max(now, self._last)
+        self._last, self._mono = now, mono
+        self.offset_us = now - wall
+        return now
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+    def __repr__(self) -> str:
+        return f"SteadyClock({self._clock!r}, jumps={self.jumps})"
+
+
 SYSTEM_CLOCK: Clock = SystemClock()
 
 
@@ -81,4 +122,4 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "OffsetClock", "SystemClock", "now_us"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "ManualClock", "OffsetClock", "SteadyClock", "SystemClock", "now_us"]
