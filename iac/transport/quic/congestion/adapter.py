@@ -16,7 +16,10 @@ into aioquic's private ``QuicPacketRecovery`` -- hence the pin on aioquic 1.7
 * *app-limited*: after each flush, a connection that neither the window nor the pacer held
   back had nothing more to send (:meth:`BbrHooks.after_transmit`); the data of the next
   flush after that goes out marked app-limited too (as Linux marks a write to an empty
-  send queue).
+  send queue). So does the data of a flush that comes too late after the pacer held the
+  previous one back (a busy event loop or a starved CPU fell behind the pacing rate): the
+  delivery rate then measures the sender, and taking it for the path's made BBR pace ever
+  slower on a loaded machine.
 
 aioquic skips the pacer for a packet that carries an overdue ACK. So that such a packet
 does not go out beyond the pacing rate, a flush while the pacer holds back moves the ACK's
@@ -149,6 +152,7 @@ class BbrHooks:
         recovery._pacer = self.pacer
         self._space: QuicPacketSpace | None = None
         self._ran_out = False
+        self._paced_until: float | None = None  # when the pacer let the held-back flush go
         original = recovery.on_ack_received
 
         def on_ack_received(
@@ -161,12 +165,14 @@ class BbrHooks:
         recovery.on_ack_received = on_ack_received
 
     def before_transmit(self, now: float) -> None:
-        """Right before ``datagrams_to_send``: data that arrives after the sender ran out goes
-        out app-limited; an overdue ACK waits for the pacer."""
+        """Right before ``datagrams_to_send``: data that arrives after the sender ran out, or
+        after the sender fell behind its own pacing, goes out app-limited; an overdue ACK waits
+        for the pacer."""
         cc = self.cc
-        if self._ran_out:
+        if self._ran_out or self._fell_behind(now):
             cc.bbr.on_app_limited(cc.bytes_in_flight)
             self._ran_out = False
+        self._paced_until = None
         space = self._space
         if space is None:
             space = self._space = self.quic._spaces.get(Epoch.ONE_RTT)
@@ -182,9 +188,21 @@ class BbrHooks:
         the window nor the pacer cut short means the sender ran out of data."""
         self.pacer.settle()
         cc = self.cc
-        if self.quic._pacing_at is None and cc.bytes_in_flight + cc.max_datagram_size <= cc.congestion_window:
+        self._paced_until = self.quic._pacing_at
+        if self._paced_until is None and cc.bytes_in_flight + cc.max_datagram_size <= cc.congestion_window:
             cc.bbr.on_app_limited(cc.bytes_in_flight)
             self._ran_out = True
+
+    def _fell_behind(self, now: float) -> bool:
+        """The last flush stopped for the pacer, and this one comes so late that the pacer's
+        bucket overflowed by a datagram or more: the sender (its event loop, its CPU) did not
+        keep up with its own pacing rate. What is delivered meanwhile measures the sender, not
+        the path, so it must not lower the bandwidth estimate (it would pace slower, fall
+        behind less, measure less again: a spiral down to whatever the loop can do)."""
+        paced_until, core = self._paced_until, self.pacer.core
+        if paced_until is None or not core.rate:
+            return False
+        return now - paced_until > core.capacity / core.rate
 
 
 def attach(quic: Any) -> BbrHooks | None:
