@@ -128,6 +128,11 @@ class NodeConfig:
     tickets_file: str | os.PathLike[str] | None = None
     #: Peer events kept for ``peer_events()`` readers that fall behind (oldest dropped, counted).
     event_queue: int = 1024
+    #: QUIC dials leave from the node's QUIC listener socket (one UDP socket per node), so the
+    #: address a peer or a registry observes is the one peers can reach (docs/PROTOCOL.md,
+    #: "Through NATs"). Needs aioquic 1.7: on another QUIC library ``start()`` refuses; False
+    #: dials from a socket per connection.
+    one_socket: bool = True
 
     # --- relays and broadcast (docs/PROTOCOL.md, "Relays and broadcast") ---
     #: What this node relays for others. Default: re-flood broadcasts, relay no unicast.

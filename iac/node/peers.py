@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -59,9 +60,30 @@ class Peers:
         self.on_connection: Callable[[Connection, bool], None] = lambda conn, new: None
         self.closed = False
         self.tickets: Any = None
+        #: The node's listeners (set by the runtime); QUIC dials leave from a QUIC one's socket.
+        self.listeners: list[Any] = []
 
     def start(self, transport: TransportConfig) -> None:
+        if self.config.one_socket:
+            for lst in self._quic_listeners():
+                lst.check_dial()  # ConfigError on a QUIC library other than aioquic 1.7
         self._dialer = Dialer(self.identity, transport, dial_fn=self._dial_one)
+
+    def _quic_listeners(self) -> list[Any]:
+        return [lst for lst in self.listeners if hasattr(lst, "can_dial")]
+
+    def quic_listener(self, host: str = "") -> Any:
+        """The QUIC listener a dial to ``host`` leaves from: one of the host's address family
+        (an IPv6 literal: IPv6), else any (the dial uses a socket of its own when the family
+        turns out not to fit), else None."""
+        if not self.config.one_socket:
+            return None
+        usable = [lst for lst in self._quic_listeners() if lst.can_dial]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        for lst in usable:
+            if lst.family == family:
+                return lst
+        return usable[0] if usable else None
 
     # --- the peer book and routes -----------------------------------------------------------------
 
@@ -137,6 +159,12 @@ class Peers:
     ) -> Connection:
         sid = self._sessions.session(expect).session_id if expect else 0
         tickets = self._ticket_store() if addr.scheme == "quic" and self.config.zero_rtt else None
+        listener = self.quic_listener(addr.host) if addr.scheme == "quic" else None
+        if listener is not None:
+            conn: Connection = await listener.dial(
+                addr, expect=expect, tickets=tickets, session_id=sid, config=config
+            )
+            return conn
         return await transport_dial(
             addr, identity, expect=expect, config=config, session_id=sid, tickets=tickets
         )

@@ -97,6 +97,7 @@ class NodeRuntime:
             unicast_hop_limit=config.unicast_hop_limit,
         )
         self._peers = Peers(self.identity, config, self._sessions, self._router, c, tasks)
+        self._peers.listeners = self._listeners  # QUIC dials leave from a QUIC listener's socket
         obs = self._observers = Observers()
         #: What the receive side judges freshness, replay windows and expiry by: the node's clock,
         #: except where it jumps (docs/PROTOCOL.md, "Replay and freshness").

@@ -45,6 +45,13 @@ another version or on qh3):
 * ``initial_gate`` and ``set_retry``: the listener's look at each datagram before
   the library's server takes it (``QuicServer._protocols``, ``_configuration``)
   and Retry switched on and off (``QuicServer._retry``).
+* ``attach_dialed``: a dialed connection on the listener's own UDP socket (one
+  socket per node, so that the address a peer observes for the node's dials is
+  the address it listens on: docs/PROTOCOL.md, "Through NATs"). The server's
+  transport goes to the dialed protocol, and the dialed connection's connection
+  IDs go into the server's table (``QuicServer._transport``, ``_protocols``,
+  ``_connection_id_issued`` / ``_retired`` / ``_terminated``), so that the
+  server hands it the datagrams addressed to it.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from iac.errors import ConfigError
@@ -125,6 +133,8 @@ class Backend:
     initial_gate: Callable[[Any, bytes], tuple[bool, bool]] | None = None
     #: ``(server, on)``: answer new connections without a token with Retry.
     set_retry: Callable[[Any, bool], None] | None = None
+    #: ``(server, protocol) -> detach``: a dialed connection on the server's socket.
+    attach_dialed: Callable[[Any, Any], Callable[[], None]] | None = None
 
 
 # --- aioquic 1.7 ---------------------------------------------------------------------------------
@@ -235,6 +245,18 @@ def _aioquic() -> Backend:
             handler = server._iac_retry = QuicRetryTokenHandler()
         server._retry = handler if on else None
 
+    def attach_dialed(server: Any, proto: Any) -> Callable[[], None]:
+        transport = server._transport
+        if transport is None or transport.is_closing():
+            raise ConfigError("the listener's socket is closed")
+        proto.connection_made(transport)
+        proto._connection_id_issued_handler = partial(server._connection_id_issued, protocol=proto)
+        proto._connection_id_retired_handler = partial(server._connection_id_retired, protocol=proto)
+        terminated = partial(server._connection_terminated, protocol=proto)
+        proto._connection_terminated_handler = terminated
+        server._protocols[proto._quic.host_cid] = proto
+        return terminated
+
     pinned = str(aioquic.__version__).startswith(AIOQUIC_PINNED + ".")
     return Backend(
         name="aioquic",
@@ -264,6 +286,7 @@ def _aioquic() -> Backend:
         connection_tickets=connection_tickets if pinned else None,
         initial_gate=initial_gate if pinned else None,
         set_retry=set_retry if pinned else None,
+        attach_dialed=attach_dialed if pinned else None,
     )
 
 

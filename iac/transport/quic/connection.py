@@ -120,6 +120,8 @@ class QuicConn(Connection):
         self._verified = asyncio.Event()
         self.early_data = False
         self.early_data_accepted: bool | None = None  # 0-RTT accepted? Set once the HELLOs verified
+        #: Dialed from a listener's socket (which outlives this connection), not from its own.
+        self.shared_socket = False
 
     # -- Connection API -------------------------------------------------------------------------
 
@@ -390,7 +392,7 @@ class QuicConn(Connection):
         self._wake_all()
         if self._on_finished is not None:
             self._on_finished(self)
-        if self.dialed and self._terminated.is_set():
+        if self.dialed and self._terminated.is_set() and not self.shared_socket:
             transport = self._proto._transport
             if transport is not None:
                 transport.close()

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from iac.errors import CloseCode, ConfigError, HandshakeError, IacError, ProtocolError, TransportError
 from iac.protocol.handshake import ClientHandshake, HelloOrder, HelloParams, channel_binding
 from iac.transport.base import Address, PeerInfo, TransportConfig, parse_address
-from iac.transport.quic.backend import SessionTicketLike, get_backend
+from iac.transport.quic.backend import Backend, SessionTicketLike, get_backend
 from iac.transport.quic.configuration import client_configuration
 from iac.transport.quic.connection import QuicConn
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
@@ -29,6 +30,17 @@ from iac.transport.session import parse_hello
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
+
+
+class DialSocket(Protocol):
+    """A listener whose UDP socket dials can leave from (:class:`~.listener.QuicListener`)."""
+
+    backend: Backend
+
+    @property
+    def family(self) -> int | None: ...
+
+    def _attach_dialed(self, proto: QuicProtocol) -> Callable[[], None]: ...
 
 
 class _Resumption:
@@ -64,6 +76,7 @@ async def dial_quic(
     tickets: ClientTicketStore | None = None,
     session_id: int = 0,
     backend: str | None = None,
+    listener: DialSocket | None = None,
 ) -> QuicConn:
     """Dial ``quic://host:port``; return the connection once the HELLOs verified.
 
@@ -75,12 +88,18 @@ async def dial_quic(
 
     ``backend``: the QUIC library (``"aioquic"`` or ``"qh3"``); default: the selected
     one (:func:`set_backend`, ``IAC_QUIC_BACKEND``, else automatic).
+
+    ``listener``: dial from this listener's UDP socket when its address family fits the
+    peer's address (else from a socket of the dial's own), so that the peer, and any NAT
+    on the way, sees this side at the address it listens on (the listener's backend is
+    used; on a QUIC library other than aioquic :data:`~.backend.AIOQUIC_PINNED` this
+    raises :class:`~iac.errors.ConfigError`).
     """
     config = config or TransportConfig()
     addr = url if isinstance(url, Address) else parse_address(url)
     if addr.scheme != "quic":
         raise ConfigError(f"{url!r} is not a quic:// address")
-    lib = get_backend(backend)
+    lib = listener.backend if listener is not None else get_backend(backend)
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(config.handshake_timeout):
@@ -100,13 +119,26 @@ async def dial_quic(
         configuration=qc, session_ticket_handler=resumption.on_ticket if tickets is not None else None
     )
     protocol = protocol_class(lib)
-    try:
-        _, proto = await loop.create_datagram_endpoint(
-            lambda: protocol(quic), remote_addr=cast(tuple[str, int], sockaddr), family=family
-        )
-    except OSError as exc:
-        raise TransportError(f"{url}: {exc.strerror or exc}") from None
-    conn = QuicConn(proto, identity, config, dialed=True, address=addr.url)
+    detach: Callable[[], None] | None = None
+    if listener is not None and listener.family == family:
+        proto = protocol(quic)
+        detach = listener._attach_dialed(proto)
+    else:
+        try:
+            _, proto = await loop.create_datagram_endpoint(
+                lambda: protocol(quic), remote_addr=cast(tuple[str, int], sockaddr), family=family
+            )
+        except OSError as exc:
+            raise TransportError(f"{url}: {exc.strerror or exc}") from None
+    conn = QuicConn(
+        proto,
+        identity,
+        config,
+        dialed=True,
+        address=addr.url,
+        on_finished=None if detach is None else (lambda _conn: detach()),
+    )
+    conn.shared_socket = detach is not None
     proto.conn = conn
     resumption.conn = conn
     try:
@@ -125,7 +157,9 @@ async def dial_quic(
             conn._abort(int(CloseCode.NO_ERROR), "dial failed", goaway=False)
             conn._terminated.set()
             conn._finish()
-        if proto._transport is not None:
+        if detach is not None:
+            detach()
+        elif proto._transport is not None:
             proto._transport.close()
         raise
 

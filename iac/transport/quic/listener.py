@@ -41,6 +41,7 @@ from iac.transport.limits import HandshakeLimiter, RetryGate
 from iac.transport.quic.backend import AIOQUIC_PINNED, Backend, SessionTicketLike, get_backend
 from iac.transport.quic.configuration import server_configuration
 from iac.transport.quic.connection import QuicConn
+from iac.transport.quic.dial import dial_quic
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ServerTicketStore
 from iac.transport.session import nonce_cache, perform_handshake
@@ -129,6 +130,63 @@ class QuicListener(Listener):
         assert transport is not None
         sockname = transport.get_extra_info("sockname")
         self.addresses = [Address("quic", host=addr.host, port=sockname[1]).url]
+
+    # -- dials from this socket ------------------------------------------------------------------
+
+    @property
+    def family(self) -> int | None:
+        """The address family of the listener's socket (None once closed)."""
+        server = self._server
+        transport = None if server is None else server._transport
+        if transport is None or transport.is_closing():
+            return None
+        sock = transport.get_extra_info("socket")
+        return None if sock is None else int(sock.family)
+
+    @property
+    def can_dial(self) -> bool:
+        """Whether dials can leave from this listener's socket (aioquic :data:`AIOQUIC_PINNED`)."""
+        return self.backend.attach_dialed is not None and self.family is not None
+
+    def check_dial(self) -> None:
+        """Raise :class:`~iac.errors.ConfigError` unless dials can leave from this socket."""
+        lib = self.backend
+        if lib.attach_dialed is None:
+            raise ConfigError(
+                f"dialing from a QUIC listener's socket needs aioquic {AIOQUIC_PINNED} (the QUIC "
+                f"library in use is {lib.name} {lib.version}); set NodeConfig.one_socket=False "
+                "to dial from a socket per connection"
+            )
+        if self._server is None:
+            raise TransportError("the QUIC listener is closed")
+
+    def _attach_dialed(self, proto: QuicProtocol) -> Callable[[], None]:
+        """Put a dialed connection on this listener's socket; return what takes it off."""
+        self.check_dial()
+        assert self.backend.attach_dialed is not None
+        return self.backend.attach_dialed(self._server, proto)
+
+    async def dial(
+        self,
+        url: str | Address,
+        *,
+        expect: str | None = None,
+        tickets: Any = None,
+        session_id: int = 0,
+        config: TransportConfig | None = None,
+    ) -> QuicConn:
+        """Dial ``url`` from this listener's UDP socket (:func:`~iac.transport.quic.dial_quic`
+        with ``listener=self``): the peer sees this side at the listener's address."""
+        return await dial_quic(
+            url,
+            self.identity,
+            expect=expect,
+            config=config or self.config,
+            tickets=tickets,
+            session_id=session_id,
+            backend=self.backend.name,
+            listener=self,
+        )
 
     # -- before the library's server: handshake limit and Retry --------------------------------
 
