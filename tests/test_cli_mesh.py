@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,3 +248,47 @@ def test_two_registry_processes_share_one_redis(
     finally:
         r1.stop()
         r2.stop()
+
+
+def test_a_node_restarted_with_its_ticket_file_resumes_in_0rtt(tmp_path: Path, keys: dict[str, Path]) -> None:
+    """`iac node --tickets FILE --registry ID@quic://...`: the registry's session ticket is kept
+    in FILE (mode 0600); the node run again dials the registry with it, in 0-RTT, and
+    `iac status --json` counts the early data the registry accepted."""
+    reg = Proc([*IAC, "registry", "--key", str(keys["reg"]), "--listen", "quic://127.0.0.1:0",
+                "--store", "memory"], tmp_path)  # fmt: skip
+    try:
+        kind, rid = reg.line()
+        assert kind == "registry" and reg.line() == ["store", "memory"]
+        kind, url = reg.line()
+        assert kind == "listening" and url.startswith("quic://")
+        tickets = tmp_path / "tickets.json"
+        cmd = [*IAC, "node", "--key", str(keys["me"]), "--listen", "tls://127.0.0.1:0",
+               "--registry", f"{rid}@{url}", "--tickets", str(tickets)]  # fmt: skip
+        for run in ("first", "restarted"):
+            node = Proc(cmd)
+            try:
+                lines: dict[str, list[str]] = {}
+                while "status" not in lines:
+                    kind, *rest = node.line()
+                    lines[kind] = rest
+                status = ["status", "--admin", lines["status"][0], "--json"]
+                if run == "first":
+                    deadline = time.monotonic() + 10
+                    while url not in (tickets.read_text() if tickets.exists() else ""):
+                        assert time.monotonic() < deadline, "no session ticket saved"
+                        time.sleep(0.05)  # polls a file another process writes
+                    assert tickets.stat().st_mode & 0o077 == 0
+                    zero = json.loads(iac(*status).stdout)["stats"]["zero_rtt"]
+                    assert zero["early_dials"] == 0
+                else:
+                    zero = json.loads(iac(*status).stdout)["stats"]["zero_rtt"]
+                    assert zero["early_dials"] == 1 and zero["early_accepted"] == 1 and zero["resumed"] == 1
+            finally:
+                node.stop()
+        (tmp_path / "shared.json").write_text("{}")
+        (tmp_path / "shared.json").chmod(0o644)
+        out = iac("node", "--key", str(keys["me"]), "--listen", "tls://127.0.0.1:0",
+                  "--tickets", str(tmp_path / "shared.json"))  # fmt: skip
+        assert out.returncode == 1 and "readable by others" in out.stderr and "Traceback" not in out.stderr
+    finally:
+        reg.stop()

@@ -241,7 +241,7 @@ def test_bounds_hold_for_codes_a_peer_chooses() -> None:
 
 def _stats(**kw: Any) -> iac.NodeStats:
     base: dict[str, Any] = {f: 0 for f in iac.NodeStats.__dataclass_fields__}
-    tables = ("refused", "errors_sent", "errors_received", "routing", "route_refused", "files")
+    tables = ("refused", "errors_sent", "errors_received", "routing", "route_refused", "files", "zero_rtt")
     base.update({t: {} for t in (*tables, "peer_links", "peer_state", "file_refused")})
     base.update(kw)
     return iac.NodeStats(**base)
@@ -260,6 +260,7 @@ def test_endpoint_answers_only_metrics_and_stops_with_the_node(sockdir: Path) ->
             )
             assert status == 200 and ctype.startswith("application/openmetrics-text")
             assert "iac_messages_sent" in text and text.endswith("# EOF\n")
+            assert 'iac_zero_rtt_total{event="early_dials"} 0' in text
             # A client that never finishes its request does not stop the others.
             _r, w = await asyncio.open_connection(host, port)
             w.write(b"GET /metr")

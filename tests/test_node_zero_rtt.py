@@ -86,10 +86,23 @@ def test_a_node_reconnects_with_0rtt_after_a_drop_and_after_a_restart(tmp_path: 
                     assert tickets.stat().st_mode & 0o077 == 0
                     assert await request_once(alice, "after-drop") > len(PAYLOAD)  # HELLO + request early
                     assert await request_once(alice, "held-back", early=False) < len(PAYLOAD) // 2
+                    zero = {"resumed": 2, "early_dials": 2, "early_accepted": 2, "early_rejected": 0}
+                    assert alice.stats().zero_rtt == zero | {"early_received": 0}
+                used = tickets.read_text()
                 async with Node(me, config=config) as restarted:  # a new process would read the same file
                     restarted.add_peer(bob.agent_id, url)
                     assert await request_once(restarted, "after-restart") > len(PAYLOAD)
-            assert got == ["first", "after-drop", "held-back", "after-restart"]  # each handled once
+                tickets.write_text(used)  # a ticket the server took already: it refuses the early data
+                async with Node(me, config=config) as stale:
+                    stale.add_peer(bob.agent_id, url)
+                    assert await request_once(stale, "rejected") > len(PAYLOAD)  # sent early, refused,
+                    zero = {"resumed": 0, "early_dials": 1, "early_accepted": 0, "early_rejected": 1}
+                    assert stale.stats().zero_rtt == zero | {"early_received": 0}
+            # each handled once (the rejected request was sent again after the handshake)
+            assert got == ["first", "after-drop", "held-back", "after-restart", "rejected"]
+            assert bob.stats().zero_rtt == {
+                "resumed": 3, "early_dials": 0, "early_accepted": 0, "early_rejected": 0, "early_received": 3
+            }  # fmt: skip
 
     run(main(), timeout=60)
 

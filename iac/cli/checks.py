@@ -115,6 +115,25 @@ def output_file(flag: str, path: str, *, force: bool, example: str = "out", lost
     return p
 
 
+def tickets_file(path: str | None, flag: str = "--tickets") -> Path | None:
+    """A session ticket file: read if it is there, written (mode 0600) as tickets come; its
+    directory must exist, and it must not be a directory or readable by others."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; name the file, e.g. {flag} {p / 'tickets.json'}")
+    parent = p.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ConfigError(f"{flag} {path}: {parent} {what}; create the directory first (mkdir -p {parent})")
+    if p.exists() and p.stat().st_mode & 0o077:
+        raise ConfigError(
+            f"{flag} {path}: readable by others; session tickets are secret like a key (chmod 600 {path})"
+        )
+    return p
+
+
 def output_dir(flag: str, path: str) -> Path:
     """A directory to write into (created if missing): not an existing file."""
     p = Path(path)

@@ -75,7 +75,8 @@ async def run_node(args: argparse.Namespace) -> int:
     registries = checks.registries(args.registry or ())
     _check_publish(args, bool(registries))
     listen = checks.listen_urls(args.listen)
-    config = NodeConfig(transport=transport_config(args), **inbox_options(args))
+    tickets = checks.tickets_file(args.tickets)
+    config = NodeConfig(transport=transport_config(args), tickets_file=tickets, **inbox_options(args))
     metrics = metrics_of(args)
     node = Node(identity, listen=listen, config=config, metrics=metrics)
     with checks.listen_errors(listen):
@@ -143,6 +144,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         metavar="BYTES",
         help=f"largest file taken, with --inbox (default {node_default('max_file_size')})",
+    )
+    p.add_argument(
+        "--tickets",
+        default=None,
+        metavar="FILE",
+        help="keep QUIC session tickets in FILE (mode 0600, secret like a key): a restarted node "
+        "resumes its sessions and sends its first messages as 0-RTT early data",
     )
     add_transport_options(p)
     add_server_options(p)

@@ -100,6 +100,9 @@ def render(answer: Mapping[str, Any]) -> str:
     )
     lines.append(f"refused  {shown or 'none'}")
     lines.append("messages  " + "  ".join(f"{k} {stats.get(k, 0)}" for k in COUNTERS))
+    zero_rtt: Mapping[str, int] = stats.get("zero_rtt", {})
+    if zero_rtt.get("resumed"):
+        lines.append("0-RTT  " + "  ".join(f"{k} {v}" for k, v in zero_rtt.items()))
     state: Mapping[str, int] = stats.get("peer_state", {})
     if state:
         lines.append("peer_state  " + "  ".join(f"{k} {v}" for k, v in state.items()))

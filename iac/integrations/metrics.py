@@ -183,6 +183,8 @@ class _StatsCollector:
         yield _counter(f"{p}_route_refused", "FORWARD frames refused, by reason.", "reason", s.route_refused)
         yield _counter(f"{p}_files", "File transfer events, by event.", "event", s.files)
         yield _counter(f"{p}_file_refused", "File messages refused, by reason.", "reason", s.file_refused)
+        zero_rtt = s.zero_rtt
+        yield _counter(f"{p}_zero_rtt", "QUIC resumption and 0-RTT early data, by event.", "event", zero_rtt)
         depths = (([q], getattr(s, attr)) for attr, q in _QUEUES)
         yield _gauge(f"{p}_queue_depth", "Queue depths now.", ["queue"], depths)
         peaks = ((["backlog"], s.backlog_peak), (["running"], s.running_peak))

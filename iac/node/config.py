@@ -263,6 +263,11 @@ class NodeStats:
     peer_state: Mapping[str, int] = field(default_factory=dict)
     #: Refused FILE_TRANSFER chunks and queries, by error name (``chunk_hash_mismatch``, …).
     file_refused: Mapping[str, int] = field(default_factory=dict)
+    #: QUIC session resumption: ``resumed`` (connections whose TLS session resumed, dialed or
+    #: accepted), ``early_dials`` (dials that sent their HELLO and first messages as 0-RTT early
+    #: data), ``early_accepted`` / ``early_rejected`` (what the server did with that early data),
+    #: ``early_received`` (accepted connections whose early data this node took).
+    zero_rtt: Mapping[str, int] = field(default_factory=dict)
 
 
 __all__ = ["NodeConfig", "NodeStats", "PeerEvent", "Topology"]

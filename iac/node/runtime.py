@@ -147,8 +147,34 @@ class NodeRuntime:
         self._conn_tasks.spawn(self._inbound.read_loop(conn))
 
     def _on_registered(self, conn: Connection, new: bool) -> None:
+        self._count_resumption(conn)
         if new:  # a (re)connection: resend what is unacknowledged at once
             self._pending.resend(conn.peer.agent_id)
+
+    def _count_resumption(self, conn: Connection) -> None:
+        """Count a QUIC connection's resumption and what became of its 0-RTT early data."""
+        c, peer = self._c, conn.peer
+        if not peer.dialed or not getattr(conn, "early_data", False):
+            c.resumed += peer.resumed
+            if not peer.dialed and getattr(conn, "early_data_accepted", None):
+                c.early_received += 1
+            return
+        c.early_dials += 1
+
+        def outcome(accepted: bool) -> None:  # once the server's HELLO verified
+            c.resumed += conn.peer.resumed
+            if accepted:
+                c.early_accepted += 1
+            else:
+                c.early_rejected += 1
+                what = "0-RTT early data rejected by %s…; sent again after the handshake"
+                log.info(what, peer.agent_id[:16], extra={"peer": peer.agent_id, "transport": "quic"})
+
+        known: bool | None = getattr(conn, "early_data_accepted", None)
+        if known is None:
+            conn.on_early_outcome = outcome  # type: ignore[attr-defined]
+        else:
+            outcome(known)
 
     # --- lifecycle --------------------------------------------------------------------------------
 

@@ -21,6 +21,10 @@ class Counters:
         "bytes_sent",
         "cancelled",
         "delivery_failures",
+        "early_accepted",
+        "early_dials",
+        "early_received",
+        "early_rejected",
         "errors_received",
         "errors_sent",
         "files_failed",
@@ -35,6 +39,7 @@ class Counters:
         "refused",
         "relayed",
         "replies_sent",
+        "resumed",
         "retransmits",
         "running_peak",
         "sent",
@@ -49,6 +54,8 @@ class Counters:
         self.backlog_peak = self.running_peak = 0
         self.relayed = self.answers_too_large = 0
         self.files_sent = self.files_received = self.files_failed = self.files_resumed = 0
+        self.resumed = self.early_dials = self.early_accepted = self.early_rejected = 0
+        self.early_received = 0
         #: Refusals by :class:`~iac.errors.Refusal` value; ERRORs sent and received by code.
         self.refused: Counter[str] = Counter()
         self.errors_sent: Counter[str] = Counter()
@@ -62,10 +69,13 @@ class Counters:
             refused=dict(self.refused),
             errors_sent=dict(self.errors_sent),
             errors_received=dict(self.errors_received),
+            zero_rtt={name: getattr(self, name) for name in ZERO_RTT},
             **gauges,
         )
 
 
-_PLAIN = frozenset(Counters.__slots__) - {"refused", "errors_sent", "errors_received"}
+#: Counters that NodeStats groups in its ``zero_rtt`` mapping.
+ZERO_RTT = ("resumed", "early_dials", "early_accepted", "early_rejected", "early_received")
+_PLAIN = frozenset(Counters.__slots__) - {"refused", "errors_sent", "errors_received", *ZERO_RTT}
 
 __all__ = ["Counters"]

@@ -268,7 +268,9 @@ async def _finish_early(
         conn._protocol_error(HandshakeError("resumed server is not the one that issued the ticket"))
         return
     conn._hello_verified(hs, hello)  # resumed: what the TLS handshake says (the server may refuse)
-    conn.early_data_accepted = conn.backend.early_data_accepted(conn._quic)
+    conn.early_data_accepted = accepted = conn.backend.early_data_accepted(conn._quic)
+    if conn.on_early_outcome is not None:
+        conn.on_early_outcome(accepted)
     resumption.save()
 
 
