@@ -194,16 +194,9 @@ def _catch_alls(path: Path) -> list[int]:
     return found
 
 
-_SESSION_CATCH_ALL = pytest.mark.xfail(
-    strict=True,
-    reason="finding: DictState reads a DICT/DICT_ACK body under `except Exception` (raise BadDictionary); "
-    "Dict.FromString raises DecodeError, which is what it should catch",
-)
-
-
 @pytest.mark.parametrize(
     "path",
-    [pytest.param(p, marks=_SESSION_CATCH_ALL) if p.name == "session.py" else p for p in _reached_files()],
+    _reached_files(),
     ids=lambda p: p.relative_to(ROOT).as_posix(),
 )
 def test_no_catch_all_turns_an_exception_into_a_typed_error(path: Path) -> None:
@@ -250,18 +243,7 @@ def _rss() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-_UNBOUNDED_CACHES = pytest.mark.xfail(
-    strict=True,
-    reason="finding (dict target, RSS over the run): the dictionaries DictState installs from pushes and "
-    "derives for pushing are cached for all connections and never trimmed (_DICT_CACHE_SIZE is unused); "
-    "a peer that reconnects, or a new key each time, grows the node's memory without bound "
-    "(a 1 MiB pushed dictionary keeps about 3.4 MiB). When fixed, also drop KNOWN_UNBOUNDED in "
-    "tests/fuzz/targets/dicts.py",
-)
-
-
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="measures RSS through /proc")
-@_UNBOUNDED_CACHES
 def test_pushed_dictionaries_are_cached_within_a_bound() -> None:
     base = dict_target.vector_dictionary().content
     before = _rss()
@@ -275,7 +257,6 @@ def test_pushed_dictionaries_are_cached_within_a_bound() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="measures RSS through /proc")
-@_UNBOUNDED_CACHES
 def test_derived_dictionaries_are_cached_within_a_bound() -> None:
     local = dict_target.local().agent_id
     dict_ids = [dict_target.vector_dictionary().dict_id]

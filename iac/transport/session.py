@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zstandard
+from google.protobuf.message import DecodeError
 
 from iac.errors import (
     BadDictionary,
@@ -157,7 +158,7 @@ def parse_hello(data: bytes | None) -> Hello:
     """A HELLO this side sent, parsed (empty if a test hook sent bytes that do not parse)."""
     try:
         return Hello.FromString(data or b"")
-    except Exception:
+    except DecodeError:
         return Hello()
 
 
@@ -243,13 +244,15 @@ def _cache_get(cache: OrderedDict[Any, Any], key: Any) -> Any:
 def _cache_put(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
     cache[key] = value
     cache.move_to_end(key)
+    while len(cache) > _DICT_CACHE_SIZE:  # the least recently used go
+        cache.popitem(last=False)
 
 
 def _dict_body(body: bytes, frame: str) -> Dict:
     """The ``Dict`` message in a DICT or DICT_ACK frame body (:class:`BadDictionary` if it is not one)."""
     try:
         return Dict.FromString(body)
-    except Exception:
+    except DecodeError:
         raise BadDictionary(f"{frame} body is not a Dict message") from None
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from functools import cache
 
 from iac.errors import IacError
-from iac.transport import session
 from iac.transport.base import TransportConfig
 from iac.transport.session import MAX_PUSHED_DICTS, DictState
 from iac.wire._pb.iac_pb2 import Dict, Hello
@@ -111,18 +110,7 @@ def _body(op: Op, state: DictState) -> tuple[bytes, bool]:
     return ack.SerializeToString(), True
 
 
-#: The dictionaries a connection derives or installs are cached for all connections without a
-#: bound (see ``test_pushed_dictionaries_are_cached_within_a_bound`` in tests/test_fuzz.py): a
-#: run would end on that finding within about a thousand inputs, so each input starts with the
-#: caches empty until they are bounded.
-KNOWN_UNBOUNDED = ("_install_cache", "_push_cache")
-
-
 def TestOneInput(data: bytes) -> None:
-    for name in KNOWN_UNBOUNDED:
-        known: dict[object, object] | None = getattr(session, name, None)
-        if known is not None:
-            known.clear()
     plan = parse(data)
     sent: list[bytes] = []
     state = DictState(config(not plan.disabled), send_control=sent.append)
