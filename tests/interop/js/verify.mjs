@@ -215,13 +215,15 @@ const VARINT = 0,
   I32 = 5;
 
 const TASK_STATE = { name: "TaskState", wt: { 1: [LEN], 2: [VARINT], 3: [VARINT], 4: [VARINT], 5: [LEN] } };
+const TRACE_CONTEXT = { name: "TraceContext", wt: { 1: [LEN], 2: [LEN] } };
 const MESSAGE = {
   name: "Message",
   sig: 8,
-  nested: { 11: TASK_STATE },
+  nested: { 11: TASK_STATE, 16: TRACE_CONTEXT },
   wt: {
     1: [LEN], 2: [LEN], 3: [VARINT], 4: [LEN], 5: [VARINT], 6: [VARINT], 7: [VARINT], 8: [LEN],
     9: [LEN], 10: [VARINT], 11: [LEN], 12: [VARINT], 13: [LEN], 14: [VARINT], 15: [VARINT],
+    16: [LEN], 17: [VARINT], 18: [VARINT], 19: [LEN],
   },
 };
 const HELLO = {
