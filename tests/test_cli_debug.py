@@ -146,6 +146,28 @@ def test_qlog_option_refuses_a_file(tmp_path: Path) -> None:
     assert "--qlog" in out.stderr and "give a directory" in out.stderr
 
 
+def test_iac_ping_with_bbr(tmp_path: Path) -> None:
+    """`iac ping --congestion bbr` over QUIC: the ping succeeds and the client's qlog shows BBR
+    (its state in every metrics update); an unknown algorithm is a usage error, no traceback."""
+    key, qlogs = tmp_path / "a.key", tmp_path / "qlog"
+    iac.Identity.generate().save(key)
+
+    async def main() -> subprocess.CompletedProcess[str]:
+        async with iac.Node(listen=["quic://127.0.0.1:0"]) as bob:
+            return await asyncio.to_thread(
+                run_cli, "ping", "--key", str(key), "--to", bob.agent_id, "--addr", bob.addresses[0],
+                "--count", "3", "--congestion", "bbr", "--qlog", str(qlogs),
+            )  # fmt: skip
+
+    out = run(main(), timeout=90)
+    assert out.returncode == 0, out.stderr
+    (qlog,) = qlogs.iterdir()
+    assert '"bbr_state"' in qlog.read_text()
+    bad = run_cli("ping", "--key", str(key), "--to", iac.Identity.generate().agent_id,
+                  "--addr", "quic://127.0.0.1:9", "--congestion", "vegas")  # fmt: skip
+    assert bad.returncode == 2 and "invalid choice: 'vegas'" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SSLKEYLOGFILE"}
     return subprocess.run(

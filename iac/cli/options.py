@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 from iac.cli.logs import add_logging_options
 from iac.errors import ConfigError
 from iac.node.config import NodeConfig
-from iac.transport.base import TransportConfig
+from iac.transport.base import CONGESTION_CONTROLS, DEFAULT_CONGESTION, TransportConfig
 
 #: The longest wait a ``--timeout`` may ask for (a week).
 MAX_TIMEOUT = 7 * 86400.0
@@ -133,7 +133,7 @@ def add_registry_option(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_transport_options(p: argparse.ArgumentParser) -> None:
-    """``--ca``, ``--cert`` and ``--cert-key`` (CA mode), and ``--qlog DIR`` (see
+    """``--ca``, ``--cert`` and ``--cert-key`` (CA mode), ``--qlog DIR`` and ``--congestion`` (see
     :func:`transport_config`)."""
     p.add_argument("--ca", default=None, help="CA mode: CA certificate (PEM) that peers must chain to")
     p.add_argument("--cert", default=None, help="CA mode: this node's certificate (PEM)")
@@ -143,6 +143,13 @@ def add_transport_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="write a qlog file per QUIC connection into DIR (for qvis; created if missing)",
+    )
+    p.add_argument(
+        "--congestion",
+        choices=CONGESTION_CONTROLS,
+        default=None,
+        help=f"QUIC congestion control (default {DEFAULT_CONGESTION}; bbr: paced, model-based, "
+        "for lossy or deep-buffered links)",
     )
 
 
@@ -188,6 +195,9 @@ def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
     qlog = getattr(args, "qlog", None)
     if qlog is not None:
         extra["qlog_dir"] = _qlog_dir(qlog)
+    congestion = getattr(args, "congestion", None)
+    if congestion is not None:
+        extra["congestion"] = congestion
     return TransportConfig(ca_file=ca, cert_file=cert, key_file=cert_key, **extra)
 
 
