@@ -111,6 +111,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class Plan:
+    name: str = "full"
     rates: tuple[float, ...] = (10.0, 50.0)
     rtts: tuple[float, ...] = (0.02, 0.1)
     losses: tuple[float, ...] = (0.0, 0.01, 0.03)
@@ -142,6 +143,7 @@ class Plan:
 
 FULL_PLAN = Plan()
 QUICK_PLAN = Plan(
+    name="quick",
     rates=(10.0,),
     rtts=(0.02,),
     losses=(0.01,),
@@ -153,6 +155,26 @@ QUICK_PLAN = Plan(
     share_pairs=(),
     share_settings=(),
 )
+#: The settings the targets are judged at (20 ms; 10 and 50 Mbit/s; no loss and 1%; both
+#: buffers), two repetitions, and the sharing of BBR with BBR and with CUBIC: about 20 minutes.
+TARGETS_PLAN = Plan(
+    name="targets",
+    rates=(10.0, 50.0),
+    rtts=(0.02,),
+    losses=(0.0, 0.01),
+    reps=2,
+    share_pairs=((BBR, BBR), (BBR, CUBIC)),
+    share_settings=(Setting(10.0, 0.02, 0.0, "deep"),),
+    share_reps=1,
+)
+#: ``IAC_CC_PLAN`` picks the plan of ``iac bench --only cc`` (default: full; --quick: quick).
+PLANS = {"full": FULL_PLAN, "targets": TARGETS_PLAN, "quick": QUICK_PLAN}
+
+
+def plan_named(name: str) -> Plan:
+    if name not in PLANS:
+        raise SystemExit(f"IAC_CC_PLAN must be one of {', '.join(PLANS)}, not {name!r}")
+    return PLANS[name]
 
 
 # --- endpoints (run inside the namespaces) ------------------------------------------------------
@@ -647,6 +669,7 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         "status": "ok",
         "reason": None,
         "plan": {
+            "name": plan.name,
             "seconds": plan.seconds,
             "reps": plan.reps,
             "warmup_s": plan.warmup,
@@ -681,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--run", default="r0")
         f.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--plan", choices=tuple(PLANS), default=None, help="full (default), targets, quick")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.role in ("sink", "echo"):
@@ -692,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     import ccreport
 
-    res = run_cc(QUICK_PLAN if args.quick else FULL_PLAN, lambda m: print(m, file=sys.stderr, flush=True))
+    plan = plan_named(args.plan or ("quick" if args.quick else "full"))
+    res = run_cc(plan, lambda m: print(m, file=sys.stderr, flush=True))
     if res["status"] != "ok":
         print(f"cc scenario skipped: {res['reason']}")
         return 0

@@ -2,6 +2,8 @@
 targets as same-run ratios with verdicts, the suite's rows, and the plots.
 
     .venv/bin/iac bench --only cc --out bench-results/cc            # the full scenario (about 85 min)
+    IAC_CC_PLAN=targets .venv/bin/iac bench --only cc --out bench-results/cc
+                                    # only the settings the targets are judged at (about 20 min)
     .venv/bin/python benchmarks/ccreport.py save bench-results/cc/results.json
                                     # -> benchmarks/results/<date>-iac-bench-cc.json, as record.py keeps
     .venv/bin/python benchmarks/ccreport.py show benchmarks/results/<date>-iac-bench-cc.json
@@ -397,7 +399,10 @@ def save(results_json: Path) -> Path:
     if [s["name"] for s in doc["scenarios"]] != ["cc"]:
         raise SystemExit("expected the results of `iac bench --only cc`")
     date = dt.datetime.fromisoformat(doc["started"]).date()
-    path = record.RESULTS / f"{date.isoformat()}-iac-bench-cc.json"
+    sc = doc["scenarios"][0]
+    name = ((sc.get("raw") or {}).get("plan") or {}).get("name", "full")
+    suffix = "" if name == "full" else f"-{name}"  # IAC_CC_PLAN=targets: ...-iac-bench-cc-targets.json
+    path = record.RESULTS / f"{date.isoformat()}-iac-bench-cc{suffix}.json"
     text = record.without_paths(json.dumps(record.without_samples(doc), indent=1, ensure_ascii=False))
     path.write_text(text + "\n", encoding="utf-8")
     return path

@@ -693,7 +693,8 @@ def sc_cc(ctx: Context, res: Result) -> None:
     import cc
     import ccreport
 
-    out = cc.run_cc(cc.QUICK_PLAN if ctx.quick else cc.FULL_PLAN, ctx.progress)
+    plan = cc.QUICK_PLAN if ctx.quick else cc.plan_named(os.environ.get("IAC_CC_PLAN", "full"))
+    out = cc.run_cc(plan, ctx.progress)
     if out["status"] != "ok":
         res.status, res.reason = "skipped", out["reason"]
         return
