@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection, Sequence
 
 import pytest
 from conftest import run
@@ -60,6 +61,20 @@ class FlakyStore:
 
     def expire(self, now_us: int) -> int:
         return self._inner.expire(now_us)
+
+    @property
+    def reservation_lease_us(self) -> int | None:
+        return self._inner.reservation_lease_us
+
+    def renew(self, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
+        self._check()
+        return self._inner.renew(keys, now_us)
+
+    def frontier(
+        self, sender: str, session_id: int, now_us: int, exclude: Collection[int] = ()
+    ) -> int | None:
+        self._check()
+        return self._inner.frontier(sender, session_id, now_us, exclude)
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["worker-thread", "on-loop"])

@@ -31,6 +31,7 @@ from iac.errors import (
     TransportError,
 )
 from iac.protocol.replay import (
+    DEFAULT_RESERVATION_LEASE_US,
     ReplayConfig,
     ReplayGuard,
     ReplayStore,
@@ -404,6 +405,56 @@ def test_guard_two_phase_and_require_new(make_store):
     assert guard.expire(T0 + 2 * SKEW + 1) == 1
 
 
+# --- where a session stands, and leases ------------------------------------------------------
+
+
+def test_frontier_is_the_highest_id_done(make_store):
+    s = make_store()
+    assert s.frontier(A, 1, T0) is None  # no window
+    assert s.reserve(A, 1, 1, T0) is Verdict.NEW
+    assert s.frontier(A, 1, T0, exclude={1}) is None  # reserved by the caller: nothing done yet
+    s.commit(A, 1, 1, T0)
+    assert s.frontier(A, 1, T0) == 1
+    assert s.check_and_mark(A, 1, 3, T0) is Verdict.NEW
+    assert s.check_and_mark(A, 1, 2, T0) is Verdict.NEW
+    assert s.reserve(A, 1, 5, T0) is Verdict.NEW
+    assert s.reserve(A, 1, 4, T0) is Verdict.NEW
+    assert s.frontier(A, 1, T0, exclude={4, 5}) == 3
+    s.release(A, 1, 5, T0)
+    s.commit(A, 1, 4, T0)
+    assert s.frontier(A, 1, T0) == 4
+    assert s.frontier(B, 1, T0) is None
+    assert s.frontier(A, 2, T0) is None
+    assert s.frontier(A, 1, T0 + 2 * SKEW + 1) is None  # the window expired
+
+
+def test_frontier_across_the_wrap_and_far_behind(make_store):
+    s = make_store()
+    assert s.check_and_mark(A, 7, U64 - 2, T0) is Verdict.NEW
+    assert s.reserve(A, 7, 1, T0) is Verdict.NEW
+    assert s.frontier(A, 7, T0, exclude={1}) == U64 - 2
+    assert s.reserve(A, 7, 5000, T0) is Verdict.NEW  # the done id left the window
+    assert s.frontier(A, 7, T0, exclude={1, 5000}) is None
+    assert s.check_and_mark(A, 7, 4990, T0) is Verdict.NEW
+    assert s.frontier(A, 7, T0, exclude={1, 5000}) == 4990
+
+
+def test_renew_reports_what_is_still_held(make_store, kind):
+    s = make_store()
+    assert s.reservation_lease_us == (None if kind == "memory" else DEFAULT_RESERVATION_LEASE_US)
+    assert s.renew([], T0) == 0
+    assert s.reserve(A, 1, 1, T0) is Verdict.NEW
+    assert s.reserve(A, 1, 2, T0) is Verdict.NEW
+    assert s.check_and_mark(A, 1, 3, T0) is Verdict.NEW
+    # held, held, done (not reserved), unknown id, unknown session
+    assert s.renew([(A, 1, 1), (A, 1, 2), (A, 1, 3), (A, 1, 9), (B, 1, 1)], T0 + 1) == 2
+    s.commit(A, 1, 1, T0 + 2)
+    s.release(A, 1, 2, T0 + 2)
+    assert s.renew([(A, 1, 1), (A, 1, 2)], T0 + 3) == 0
+    # renewing never reserves: a copy of a released id is new
+    assert s.reserve(A, 1, 2, T0 + 4) is Verdict.NEW
+
+
 # === what the persistent stores add ============================================================
 
 
@@ -447,10 +498,10 @@ def test_reopened_store_refuses_what_it_saw_before(persistent):
 
 
 def test_reservation_lapses_when_its_holder_never_finishes(persistent):
-    first = persistent(reservation_ttl_us=10_000_000)
+    first = persistent(reservation_lease_us=10_000_000)
     assert first.reserve(A, 1, 7, T0) is Verdict.NEW
     # the holder "crashes"; a second process sees the reservation until it lapses
-    second = persistent(reservation_ttl_us=10_000_000)
+    second = persistent(reservation_lease_us=10_000_000)
     assert second.reserve(A, 1, 7, T0 + 10_000_000) is Verdict.IN_PROGRESS
     assert second.reserve(A, 1, 7, T0 + 10_000_001) is Verdict.NEW
     second.commit(A, 1, 7, T0 + 10_000_002)
@@ -459,6 +510,41 @@ def test_reservation_lapses_when_its_holder_never_finishes(persistent):
     assert first.reserve(A, 1, 8, T0 + 10_000_003) is Verdict.NEW
     first.commit(A, 1, 8, T0 + 30_000_000)
     assert second.check_and_mark(A, 1, 8, T0 + 30_000_001) is Verdict.DUPLICATE
+
+
+def test_a_renewed_reservation_outlives_its_lease(persistent):
+    """The holder renews every third of the lease; a reservation it stopped renewing (it died)
+    lapses a lease after the last renewal, and is never renewed again."""
+    s = persistent(reservation_lease_us=1_000_000)
+    other = persistent(reservation_lease_us=1_000_000)  # another process on the same store
+    assert s.reservation_lease_us == 1_000_000
+    assert s.reserve(A, 1, 7, T0) is Verdict.NEW
+    assert s.renew([(A, 1, 7)], T0 + 900_000) == 1
+    assert other.reserve(A, 1, 7, T0 + 1_800_000) is Verdict.IN_PROGRESS  # lapses at T0 + 1.9 s now
+    assert s.renew([(A, 1, 7), (A, 1, 8), (B, 1, 7)], T0 + 1_900_000) == 1
+    assert other.reserve(A, 1, 7, T0 + 2_900_000) is Verdict.IN_PROGRESS
+    # the holder fell silent: lapsed a lease after its last renewal, and no renewal brings it back
+    assert s.renew([(A, 1, 7)], T0 + 2_900_001) == 0
+    assert other.reserve(A, 1, 7, T0 + 2_900_002) is Verdict.NEW
+    other.commit(A, 1, 7, T0 + 2_900_003)
+    assert s.renew([(A, 1, 7)], T0 + 2_900_004) == 0
+    assert s.check_and_mark(A, 1, 7, T0 + 2_900_005) is Verdict.DUPLICATE
+
+
+def test_frontier_counts_what_another_holder_reserved(persistent):
+    """A process killed between its answer and its commit leaves its ids reserved: they count
+    (their senders may never send them again) until their lease lapses."""
+    first = persistent(reservation_lease_us=1_000_000)
+    for i in (1, 2, 3):
+        assert first.check_and_mark(A, 1, i, T0) is Verdict.NEW
+    assert first.reserve(A, 1, 4, T0) is Verdict.NEW
+    assert first.reserve(A, 1, 5, T0) is Verdict.NEW
+    first.close()  # type: ignore[attr-defined]
+    second = persistent(reservation_lease_us=1_000_000)
+    assert second.reserve(A, 1, 6, T0 + 1) is Verdict.NEW
+    assert second.frontier(A, 1, T0 + 2, exclude={6}) == 5
+    assert second.frontier(A, 1, T0 + 2) == 6  # without the caller's own
+    assert second.frontier(A, 1, T0 + 1_000_001, exclude={6}) == 3  # 4 and 5 lapsed
 
 
 def test_pending_is_bounded(persistent):
@@ -483,7 +569,7 @@ def test_store_window_is_capped():
     with pytest.raises(ConfigError):
         SqliteReplayStore(":memory:", ReplayConfig(window_size=(1 << 16) + 1))
     with pytest.raises(ConfigError):
-        SqliteReplayStore(":memory:", reservation_ttl_us=0)
+        SqliteReplayStore(":memory:", reservation_lease_us=0)
 
 
 # --- SQLite ----------------------------------------------------------------------------------
@@ -723,6 +809,10 @@ def test_redis_accepts_a_caller_client_and_decoded_responses(redis_url):
     s = RedisReplayStore(client, key_prefix=f"t:{uuid.uuid4().hex}", started_at_us=T0)
     assert s.check_and_mark(A, 1, 1, T0) is Verdict.NEW
     assert s.check_and_mark(A, 1, 1, T0) is Verdict.DUPLICATE
+    assert s.reserve(A, 1, 3, T0) is Verdict.NEW
+    assert s.renew([(A, 1, 3)], T0) == 1
+    assert s.frontier(A, 1, T0) == 3
+    assert s.frontier(A, 1, T0, exclude={3}) == 1
     assert s.expire(T0 + 2 * SKEW + 1) == 1
     s.close()  # not ours: the client stays open
     assert client.ping()

@@ -28,10 +28,24 @@ or two-phase (:meth:`~ReplayStore.reserve`, then :meth:`~ReplayStore.commit` onc
 handler accepted the message, or :meth:`~ReplayStore.release` if it failed, so that a
 retransmission can be handled). While an id is reserved, a duplicate gets
 :attr:`Verdict.IN_PROGRESS`.
+
+* **Lease** (stores that other processes share): a reservation lasts
+  :attr:`~ReplayStore.reservation_lease_us` (default
+  :data:`DEFAULT_RESERVATION_LEASE_US`, 5 s) unless its holder renews it
+  (:meth:`~ReplayStore.renew`; a node does so every third of the lease while it
+  holds the id), so the reservation of a process that died lapses within a
+  lease and the sender's retransmission is handled. The in-memory store dies
+  with its holder: its reservations never lapse.
+* **Frontier** (:meth:`~ReplayStore.frontier`): the highest id of a session
+  that is done or reserved by another holder, which is where a node that has no
+  reorder buffer for the session (it restarted) goes on from. A reserved id
+  counts because its holder may have answered it already (a process killed
+  between its ACK and its commit): its sender then never sends it again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -48,6 +62,8 @@ MIN_WINDOW_SIZE = 1024
 DEFAULT_WINDOW_SIZE = 1024
 DEFAULT_MAX_SKEW_US = 60_000_000
 DEFAULT_MAX_SESSIONS = 100_000
+#: How long a reservation in a shared store lasts unless its holder renews it.
+DEFAULT_RESERVATION_LEASE_US = 5_000_000
 
 
 def serial_diff(a: int, b: int) -> int:
@@ -59,6 +75,17 @@ def serial_diff(a: int, b: int) -> int:
     """
     d = (a - b) & _MASK64
     return d - _MOD if d >= _HALF else d
+
+
+def highest_of(top: int, window_size: int, done: int, reserved: Collection[int]) -> int | None:
+    """The highest of a window's done ids (bitmap ``done``: bit ``i`` is id ``top - i``) and the
+    ``reserved`` ids inside it; None if there is none."""
+    best = (done & -done).bit_length() - 1 if done else window_size
+    for r in reserved:
+        back = serial_diff(top, r)
+        if 0 <= back < best:
+            best = back
+    return (top - best) & _MASK64 if best < window_size else None
 
 
 def serial_add(a: int, n: int) -> int:
@@ -180,13 +207,36 @@ class ReplayStore(Protocol):
         """Drop windows whose retention has passed; return how many were dropped."""
         ...
 
+    @property
+    def reservation_lease_us(self) -> int | None:
+        """How long a reservation lasts unless renewed; None if it never lapses (a store of one
+        process, which dies with the holder)."""
+        ...
+
+    def renew(self, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
+        """Extend each reservation ``(sender, session_id, msg_id)`` that has not lapsed to a lease
+        from ``now_us``; return how many were extended. A lapsed, committed, released or unknown
+        id is left as it is (never reserved again by this call)."""
+        ...
+
+    def frontier(
+        self, sender: str, session_id: int, now_us: int, exclude: Collection[int] = ()
+    ) -> int | None:
+        """Where a session stands: the highest id of its live window that is done or reserved by
+        another holder (a lease not lapsed; ``exclude``: the caller's own reservations, not
+        counted). None if there is none, or no live window for the session."""
+        ...
+
 
 class StoreSettings:
     """The read-only settings every replay store exposes (``config``, ``max_skew_us``,
-    ``history_start_us``), from ``_config`` and ``_history_start_us``."""
+    ``history_start_us``, ``reservation_lease_us``), from ``_config``, ``_history_start_us`` and
+    ``_reservation_lease_us``."""
 
     _config: ReplayConfig
     _history_start_us: int | None
+    #: None: reservations never lapse (the in-memory store).
+    _reservation_lease_us: int | None = None
 
     @property
     def config(self) -> ReplayConfig:
@@ -199,6 +249,10 @@ class StoreSettings:
     @property
     def history_start_us(self) -> int | None:
         return self._history_start_us
+
+    @property
+    def reservation_lease_us(self) -> int | None:
+        return self._reservation_lease_us
 
 
 class ReplayGuard:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 
 from iac.errors import ConfigError, StoreUnavailable
-from iac.protocol.replay import ReplayConfig
+from iac.protocol.replay import DEFAULT_RESERVATION_LEASE_US, ReplayConfig
 
 _MASK64 = (1 << 64) - 1
 
@@ -30,16 +30,16 @@ def check_args(sender: str, session_id: int, msg_id: int) -> None:
         raise ConfigError(f"sender must be a non-empty string of at most {MAX_SENDER_LEN} characters")
 
 
-def check_store_config(config: ReplayConfig, reservation_ttl_us: int | None) -> int:
-    """Check a config for a store with history; return the reservation lifetime."""
+def check_store_config(config: ReplayConfig, reservation_lease_us: int | None) -> int:
+    """Check a config for a store with history; return the reservation lease."""
     if config.window_size > MAX_STORE_WINDOW_SIZE:
         raise ConfigError(
             f"window_size {config.window_size} is above {MAX_STORE_WINDOW_SIZE}, the most a store keeps"
         )
-    ttl = config.retention_us if reservation_ttl_us is None else reservation_ttl_us
-    if ttl <= 0:
-        raise ConfigError(f"reservation_ttl_us must be positive, got {ttl}")
-    return ttl
+    lease = DEFAULT_RESERVATION_LEASE_US if reservation_lease_us is None else reservation_lease_us
+    if lease <= 0:
+        raise ConfigError(f"reservation_lease_us must be positive, got {lease}")
+    return lease
 
 
 def json_list(values: Iterable[str]) -> str:

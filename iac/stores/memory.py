@@ -8,10 +8,11 @@ and Redis stores keep the same windows where other processes can share them.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from iac.errors import ReplayStoreFull
-from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, serial_diff
+from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_u64
 
 
@@ -35,7 +36,9 @@ class MemoryReplayStore(StoreSettings):
     lazily (once a session holds more than ``2 * window_size``), so a session holds
     at most that many and the common case costs nothing per message. The caller must :meth:`commit` or
     :meth:`release` every reservation (``try``/``finally``); a commit or
-    release for a window that has since expired is a no-op.
+    release for a window that has since expired is a no-op. Reservations have no
+    lease (:attr:`reservation_lease_us` is None): the store dies with the process
+    that holds them.
     """
 
     #: Whether other processes can share this store (this process only): see
@@ -82,6 +85,25 @@ class MemoryReplayStore(StoreSettings):
 
     def expire(self, now_us: int) -> int:
         return self._expire_due(now_us)
+
+    def renew(self, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
+        """Nothing to extend (reservations never lapse here); return how many are still held."""
+        self._expire_due(now_us)
+        held = 0
+        for sender, session_id, msg_id in keys:
+            w = self._windows.get((sender, session_id))
+            if w is not None and msg_id in w.pending:
+                held += 1
+        return held
+
+    def frontier(
+        self, sender: str, session_id: int, now_us: int, exclude: Collection[int] = ()
+    ) -> int | None:
+        """The highest id done: every reservation here is the caller's own (one process)."""
+        check_u64("session_id", session_id)
+        self._expire_due(now_us)
+        w = self._windows.get((sender, session_id))
+        return None if w is None else highest_of(w.highest, self._window_size, w.bitmap, ())
 
     # --- introspection -----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 :class:`RedisReplayStore` implements :class:`~iac.protocol.replay.ReplayStore`
 with the semantics of :class:`~iac.stores.sqlite.SqliteReplayStore` (the
-in-memory store's windows, plus history and reservation lapse). Each call is
+in-memory store's windows, plus history and reservation leases). Each call is
 one Lua script run with ``EVALSHA``, atomic in Redis.
 :attr:`RedisReplayStore.history_start_us` is the moment this key prefix first
 appeared in Redis, so a Redis that restarted without persistence is detected and
@@ -15,11 +15,13 @@ may call it through ``asyncio.to_thread`` (each call is one Redis round trip).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from iac.errors import ConfigError, ReplayStoreFull, StaleMessage, StoreUnavailable
-from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict
+from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of
 from iac.stores.common import check_args, check_store_config
+from iac.stores.redis_scripts import CHECK, FRONTIER, RENEW
 
 if TYPE_CHECKING:
     import redis as redis_lib
@@ -32,172 +34,6 @@ _VERDICTS = {
     _IN_PROGRESS: Verdict.IN_PROGRESS,
     _TOO_OLD: Verdict.TOO_OLD,
 }
-
-# One script for every operation, so each call is one atomic step in Redis.
-# Lua numbers are doubles: 64-bit ids travel as two 32-bit halves (hi, lo) and
-# serial arithmetic is done on the halves; every number given to redis.call is
-# formatted with %.0f (Lua would otherwise print 1.7e+15).
-_LUA = r"""
-local TWO32 = 4294967296
-local TWO31 = 2147483648
-local function str(x) return string.format('%.0f', x) end
-local function sub64(ahi, alo, bhi, blo)
-  local lo = alo - blo
-  local borrow = 0
-  if lo < 0 then lo = lo + TWO32; borrow = 1 end
-  return (ahi - bhi - borrow) % TWO32, lo
-end
-
-local k_epoch, k_clock, k_index, k_w, k_b, k_p = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local op = ARGV[1]
-local now = tonumber(ARGV[2])
-local retention = tonumber(ARGV[3])
-local ttl_ms = ARGV[4]
-local n = tonumber(ARGV[5])
-local r = tonumber(ARGV[6])
-local max_sessions = tonumber(ARGV[7])
-local member = ARGV[8]
-local mhi = tonumber(ARGV[9])
-local mlo = tonumber(ARGV[10])
-local mhex = ARGV[11]
-local res_ttl = tonumber(ARGV[12])
-
--- Redis lost our keys (restart without persistence, eviction): history starts again now.
-if redis.call('EXISTS', k_epoch) == 0 then
-  redis.call('SET', k_epoch, str(now))
-  return {5, str(now)}
-end
-
-local clock = tonumber(redis.call('GET', k_clock) or '0')
-if now > clock then clock = now end
-redis.call('SET', k_clock, str(clock), 'PX', ttl_ms)
-local limit = clock - retention
-local dropped = redis.call('ZREMRANGEBYSCORE', k_index, '-inf', '(' .. str(limit))
-redis.call('PEXPIRE', k_index, ttl_ms)
-if op == 'expire' then return {6, dropped} end
-
-local function touch()
-  redis.call('PEXPIRE', k_w, ttl_ms)
-  redis.call('PEXPIRE', k_b, ttl_ms)
-  redis.call('PEXPIRE', k_p, ttl_ms)
-end
-local function slot(lo) return lo % r end
-local function clear_span(a, cnt)
-  local i = a
-  local e = a + cnt
-  while i < e and i % 8 ~= 0 do redis.call('SETBIT', k_b, i, 0); i = i + 1 end
-  local full = math.floor((e - i) / 8)
-  if full > 0 then
-    redis.call('SETRANGE', k_b, i / 8, string.rep('\0', full))
-    i = i + full * 8
-  end
-  while i < e do redis.call('SETBIT', k_b, i, 0); i = i + 1 end
-end
-local function mark(reserve)
-  if reserve then
-    redis.call('HSET', k_p, mhex, str(clock + res_ttl))
-  else
-    redis.call('SETBIT', k_b, slot(mlo), 1)
-  end
-end
-
-local w = redis.call('HMGET', k_w, 'hh', 'hl', 'ls', 'r')
-local exists = w[1] ~= false
-if exists and tonumber(w[3]) < limit then
-  redis.call('DEL', k_w, k_b, k_p)
-  exists = false
-end
-if not exists then
-  if op == 'commit' or op == 'release' then return {6, 0} end
-  if redis.call('ZCARD', k_index) >= max_sessions then return {4, 0} end
-  redis.call('DEL', k_b, k_p)
-  redis.call('HSET', k_w, 'hh', str(mhi), 'hl', str(mlo), 'ls', str(clock), 'r', str(r))
-  mark(op == 'reserve')
-  redis.call('ZADD', k_index, str(clock), member)
-  touch()
-  return {0, 0}
-end
-
-local hhi, hlo = tonumber(w[1]), tonumber(w[2])
-if tonumber(w[4]) ~= r then
-  -- window_size changed: which ids are done is unknown, so count every id in the window as done
-  redis.call('DEL', k_b)
-  redis.call('SETRANGE', k_b, 0, string.rep('\255', r / 8))
-  redis.call('HSET', k_w, 'r', str(r))
-end
-
-local dhi, dlo = sub64(mhi, mlo, hhi, hlo)
-local ahead = (dhi ~= 0 or dlo ~= 0) and dhi < TWO31
-local behind = 0
-if not ahead then
-  local bhi, blo = sub64(hhi, hlo, mhi, mlo)
-  if bhi == 0 and blo < n then behind = blo else behind = n end
-end
-
-local function advance()
-  local s = r
-  if dhi == 0 and dlo < r then s = dlo end
-  if s >= r then
-    redis.call('DEL', k_b)
-  else
-    local start = (hlo + 1) % r
-    if start + s <= r then
-      clear_span(start, s)
-    else
-      clear_span(start, r - start)
-      clear_span(0, s - (r - start))
-    end
-  end
-  redis.call('HSET', k_w, 'hh', str(mhi), 'hl', str(mlo))
-  if redis.call('HLEN', k_p) > n then
-    -- prune reservations that left the window or lapsed (amortized: at most n + 1 are kept)
-    local all = redis.call('HGETALL', k_p)
-    for i = 1, #all, 2 do
-      local f = all[i]
-      local fhi = tonumber(string.sub(f, 1, 8), 16)
-      local flo = tonumber(string.sub(f, 9, 16), 16)
-      local bhi, blo = sub64(mhi, mlo, fhi, flo)
-      if tonumber(all[i + 1]) < clock or bhi ~= 0 or blo >= n then redis.call('HDEL', k_p, f) end
-    end
-  end
-end
-
-local function check()
-  if ahead then
-    advance()
-    mark(op == 'reserve')
-    return 0
-  end
-  if behind >= n then return 3 end
-  if redis.call('GETBIT', k_b, slot(mlo)) == 1 then return 1 end
-  local lapse = redis.call('HGET', k_p, mhex)
-  if lapse then
-    if tonumber(lapse) >= clock then return 2 end
-    redis.call('HDEL', k_p, mhex)
-  end
-  mark(op == 'reserve')
-  return 0
-end
-
-if op == 'mark' or op == 'reserve' then
-  redis.call('HSET', k_w, 'ls', str(clock))
-  redis.call('ZADD', k_index, str(clock), member)
-  local verdict = check()
-  touch()  -- after the writes: a key that check() created gets its TTL too
-  return {verdict, 0}
-end
-
-redis.call('HDEL', k_p, mhex)
-if op == 'commit' then
-  if ahead then
-    advance()
-    behind = 0
-  end
-  if behind < n then redis.call('SETBIT', k_b, slot(mlo), 1) end
-  touch()
-end
-return {6, 0}
-"""
 
 
 def _ring_size(window_size: int) -> int:
@@ -248,7 +84,8 @@ class RedisReplayStore(StoreSettings):
         key_prefix: prefix of every key (nodes that share it share replay state).
         started_at_us: the start of history if this prefix is new in Redis
             (default: Redis' own ``TIME``).
-        reservation_ttl_us: how long a reservation lasts without commit or release.
+        reservation_lease_us: how long a reservation lasts unless it is committed,
+            released or renewed (default 5 s).
         timeout_s: socket connect and read timeout of a client made from a URL.
     """
 
@@ -263,7 +100,7 @@ class RedisReplayStore(StoreSettings):
         *,
         key_prefix: str = "iac:replay",
         started_at_us: int | None = None,
-        reservation_ttl_us: int | None = None,
+        reservation_lease_us: int | None = None,
         timeout_s: float = 2.0,
     ) -> None:
         try:
@@ -272,7 +109,7 @@ class RedisReplayStore(StoreSettings):
             raise ConfigError("RedisReplayStore needs the redis client: pip install 'iac[redis]'") from None
         self._errors = redis_mod.exceptions
         self._config = config if config is not None else ReplayConfig()
-        self._reservation_ttl_us = check_store_config(self._config, reservation_ttl_us)
+        self._reservation_lease_us: int = check_store_config(self._config, reservation_lease_us)
         if not key_prefix:
             raise ConfigError("key_prefix must not be empty")
         self._prefix = key_prefix
@@ -285,7 +122,9 @@ class RedisReplayStore(StoreSettings):
             )
         else:
             self._client = redis
-        self._script = self._client.register_script(_LUA)
+        self._script = self._client.register_script(CHECK)
+        self._renew_script = self._client.register_script(RENEW)
+        self._frontier_script = self._client.register_script(FRONTIER)
         self._k_epoch = f"{key_prefix}:epoch"
         self._k_clock = f"{key_prefix}:clock"
         self._k_index = f"{key_prefix}:sessions"
@@ -321,6 +160,51 @@ class RedisReplayStore(StoreSettings):
         """
         code, value = self._run("expire", "-", 0, 0, now_us)
         return value if code == _OK else 0
+
+    def renew(self, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
+        by_session: dict[tuple[str, int], list[int]] = {}
+        for sender, session_id, msg_id in keys:
+            check_args(sender, session_id, msg_id)
+            by_session.setdefault((sender, session_id), []).append(msg_id)
+        if not by_session:
+            return 0
+        rkeys = [self._k_epoch, self._k_clock]
+        args = [str(now_us), str(self._reservation_lease_us), self._ttl_ms]
+        for (sender, session_id), ids in by_session.items():
+            rkeys.append(self.session_key("p", sender, session_id))
+            args.append(str(len(ids)))
+            args.extend(f"{m:016x}" for m in ids)
+        return int(self._call(self._renew_script, rkeys, args))
+
+    def frontier(
+        self, sender: str, session_id: int, now_us: int, exclude: Collection[int] = ()
+    ) -> int | None:
+        check_args(sender, session_id, 0)
+        rkeys = [
+            self._k_epoch,
+            self._k_clock,
+            self.session_key("w", sender, session_id),
+            self.session_key("b", sender, session_id),
+            self.session_key("p", sender, session_id),
+        ]
+        row = self._call(self._frontier_script, rkeys, [str(self._config.window_size)])
+        if not row:
+            return None
+        clock_s, hh, hl, last_seen, ring, back, pend = row
+        clock = max(int(clock_s), now_us)
+        if int(last_seen) < clock - self._config.retention_us:
+            return None  # expired
+        highest = (int(hh) << 32) | int(hl)
+        if int(ring) != self._ring:
+            return highest  # stored with another window size: the script counts every id as done
+        n = self._config.window_size
+        done = 1 << int(back) if int(back) >= 0 else 0
+        others = [
+            m
+            for m, lapse in ((int(pend[i], 16), int(pend[i + 1])) for i in range(0, len(pend), 2))
+            if lapse >= clock and m not in exclude
+        ]
+        return highest_of(highest, n, done, others)
 
     # --- introspection and lifetime ----------------------------------------------------------
 
@@ -404,7 +288,7 @@ class RedisReplayStore(StoreSettings):
             str(msg_id >> 32),
             str(msg_id & 0xFFFFFFFF),
             f"{msg_id:016x}",
-            str(self._reservation_ttl_us),
+            str(self._reservation_lease_us),
         ]
         code, value = self._call(self._script, keys, args)
         code = int(code)

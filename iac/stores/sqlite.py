@@ -15,11 +15,12 @@ What it adds over the in-memory store:
 * **History.** A replay captured before a restart is still refused after it.
   :attr:`SqliteReplayStore.history_start_us` is None unless the database was
   created with a recorded start.
-* **Reservation lapse.** A reservation belongs to a process that may crash while
-  its handler runs. It therefore lapses ``reservation_ttl_us`` after it was made
-  (default ``2 * max_skew``, the time after which no copy of the message is
-  fresh any more); a duplicate then gets NEW instead of IN_PROGRESS forever.
-  :meth:`~SqliteReplayStore.commit` after a lapse still marks the id done.
+* **Reservation lease.** A reservation belongs to a process that may crash while
+  its handler runs. It therefore lapses ``reservation_lease_us`` (default 5 s)
+  after it was made or last renewed (:meth:`~SqliteReplayStore.renew`, which
+  its holder calls every third of the lease); a copy then gets NEW instead of
+  IN_PROGRESS, so the sender's retransmission is handled soon after the holder
+  died. :meth:`~SqliteReplayStore.commit` after a lapse still marks the id done.
 
 The interface is synchronous and the store is thread-safe, so an asyncio node
 may call it through ``asyncio.to_thread`` (each call is one short transaction).
@@ -31,12 +32,12 @@ import os
 import sqlite3
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from iac.errors import ConfigError, ReplayStoreFull, StoreUnavailable
-from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, serial_diff
+from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_args, check_store_config
 
 _T = TypeVar("_T")
@@ -113,8 +114,9 @@ class SqliteReplayStore(StoreSettings):
             the start of its history (:attr:`history_start_us`). The default,
             None, declares a database that has all history (use it when no other
             store accepted messages for this node before).
-        reservation_ttl_us: how long a reservation lasts without commit or
-            release (default ``2 * max_skew``).
+        reservation_lease_us: how long a reservation lasts unless it is
+            committed, released or renewed (default 5 s). A holder that cannot
+            renew it for that long (its process died, or stalled) loses it.
         synchronous: SQLite's ``synchronous`` pragma. ``"FULL"`` (default) makes
             every accepted id durable across a power loss; ``"NORMAL"`` is faster
             and survives a process crash, but a power loss may forget the last
@@ -133,12 +135,12 @@ class SqliteReplayStore(StoreSettings):
         config: ReplayConfig | None = None,
         *,
         started_at_us: int | None = None,
-        reservation_ttl_us: int | None = None,
+        reservation_lease_us: int | None = None,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
         busy_timeout_s: float = 5.0,
     ) -> None:
         self._config = config if config is not None else ReplayConfig()
-        self._reservation_ttl_us = check_store_config(self._config, reservation_ttl_us)
+        self._reservation_lease_us: int = check_store_config(self._config, reservation_lease_us)
         if synchronous not in ("FULL", "NORMAL"):
             raise ConfigError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
         if busy_timeout_s <= 0:
@@ -185,6 +187,19 @@ class SqliteReplayStore(StoreSettings):
 
     def expire(self, now_us: int) -> int:
         return self._transaction(lambda db: self._expire_due(db, now_us)[1])
+
+    def renew(self, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
+        for sender, session_id, msg_id in keys:
+            check_args(sender, session_id, msg_id)
+        if not keys:
+            return 0
+        return self._transaction(lambda db: self._renew(db, keys, now_us))
+
+    def frontier(
+        self, sender: str, session_id: int, now_us: int, exclude: Collection[int] = ()
+    ) -> int | None:
+        check_args(sender, session_id, 0)
+        return self._transaction(lambda db: self._frontier(db, sender, session_id, now_us, exclude))
 
     # --- introspection and lifetime ----------------------------------------------------------
 
@@ -300,7 +315,7 @@ class SqliteReplayStore(StoreSettings):
 
     def _mark(self, st: _State, msg_id: int, offset: int, clock: int, reserve: bool) -> None:
         if reserve:
-            st.pending[msg_id] = clock + self._reservation_ttl_us
+            st.pending[msg_id] = clock + self._reservation_lease_us
         else:
             st.bitmap |= 1 << offset
 
@@ -343,6 +358,38 @@ class SqliteReplayStore(StoreSettings):
             del st.pending[msg_id]  # the holder never finished (crashed): the reservation lapsed
         self._mark(st, msg_id, offset, clock, reserve)
         return Verdict.NEW
+
+    def _renew(self, db: sqlite3.Connection, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
+        clock, _ = self._expire_due(db, now_us)
+        by_session: dict[tuple[str, int], list[int]] = {}
+        for sender, session_id, msg_id in keys:
+            by_session.setdefault((sender, session_id), []).append(msg_id)
+        renewed = 0
+        lapse = clock + self._reservation_lease_us
+        for (sender, session_id), ids in by_session.items():
+            st = self._load(db, sender, session_id)
+            if st is None:
+                continue
+            n = 0
+            for msg_id in ids:
+                held = st.pending.get(msg_id)
+                if held is not None and held >= clock:  # a lapsed reservation is no longer its holder's
+                    st.pending[msg_id] = lapse
+                    n += 1
+            if n:
+                self._save(db, sender, session_id, st)
+                renewed += n
+        return renewed
+
+    def _frontier(
+        self, db: sqlite3.Connection, sender: str, session_id: int, now_us: int, exclude: Collection[int]
+    ) -> int | None:
+        clock, _ = self._expire_due(db, now_us)
+        st = self._load(db, sender, session_id)
+        if st is None:
+            return None
+        others = [m for m, lapse in st.pending.items() if lapse >= clock and m not in exclude]
+        return highest_of(st.highest, self._n, st.bitmap, others)
 
     def _finish(
         self, db: sqlite3.Connection, sender: str, session_id: int, msg_id: int, now_us: int, commit: bool
