@@ -123,6 +123,10 @@ class Dispatcher:
         self._streams: dict[Key, StreamOut] = {}
         self.draining = False
 
+    @property
+    def pipeline(self) -> ReceivePipeline:
+        return self._pipeline
+
     # --- registration ---------------------------------------------------------------------------
 
     def on(self, msg_type: int, func: Handler) -> None:

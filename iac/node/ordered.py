@@ -1,5 +1,10 @@
 """Ordered delivery: a reorder buffer per sender session (ORDERED messages), and a worker per
-session that hands the released messages to their handlers one at a time, in order."""
+session that hands the released messages to their handlers one at a time, in order.
+
+A session's buffer starts where the replay store says the session stands (its highest id done or
+held by another process, :meth:`~iac.protocol.replay.ReplayStore.frontier`), so a node that
+restarted, or forgot an idle session, goes on at once instead of waiting for ids handled before. While the store is
+asked (a store off the loop answers in a thread), the session's messages wait in arrival order."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from iac.node.stats import Counters
 from iac.node.tasks import TaskSet
 from iac.protocol.clock import Clock
 from iac.protocol.reorder import Delivered, Duplicate, GapSkipped, Late, ReorderBuffer, ReorderConfig
+from iac.protocol.replay import serial_add
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED, sender_of
 
@@ -26,10 +32,13 @@ log = logging.getLogger("iac.node")
 class _Stream:
     """Reorder state of one sender session: the buffer, and the queue its worker drains in order."""
 
-    __slots__ = ("buffer", "last_us", "queue", "timer", "timer_at", "worker")
+    __slots__ = ("buffer", "early", "last_us", "queue", "timer", "timer_at", "worker")
 
     def __init__(self, buffer: ReorderBuffer[Item], now_us: int) -> None:
         self.buffer = buffer
+        #: While the store is asked where the session stands: the messages (and refused ids, as
+        #: ``(None, msg, now)``) that came meanwhile, in arrival order; None once the buffer runs.
+        self.early: list[tuple[Item | None, Message, int]] | None = None
         self.queue: deque[Item] = deque()
         self.worker: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -62,12 +71,18 @@ class OrderedDelivery:
 
     def push(self, item: Item, now: int) -> None:
         st = self._stream(item.msg, now)
+        if st.early is not None:
+            st.early.append((item, item.msg, now))
+            return
         self._apply(st, st.buffer.push(item.msg.msg_id, item, now, item.msg.timestamp))
 
     def skip(self, msg: Message, now: int) -> None:
         """A refused ORDERED message still advances its session's buffer."""
         if msg.flags & FLAG_ORDERED:
             st = self._stream(msg, now)
+            if st.early is not None:
+                st.early.append((None, msg, now))
+                return
             self._apply(st, st.buffer.skip(msg.msg_id, now))
 
     @property
@@ -76,13 +91,14 @@ class OrderedDelivery:
 
     @property
     def held(self) -> int:
-        return sum(len(st.buffer) for st in self._streams.values())
+        return sum(len(st.buffer) + len(st.early or ()) for st in self._streams.values())
 
     def expire(self, now: int) -> None:
         """Forget sessions idle for 2 × max_skew (a message older than that is stale anyway)."""
         retention = 2 * self.config.transport.max_skew_us
         for skey, st in list(self._streams.items()):
-            if not len(st.buffer) and not st.queue and st.worker is None and now - st.last_us > retention:
+            idle = not len(st.buffer) and not st.queue and st.worker is None and st.early is None
+            if idle and now - st.last_us > retention:
                 del self._streams[skey]
 
     def close(self) -> None:
@@ -102,12 +118,40 @@ class OrderedDelivery:
                 reliable=bool(msg.flags & FLAG_ACK_REQUESTED),
                 retransmit_deadline_us=int(self.config.delivery_timeout * 1e6),
             )
-            # Sessions start at msg_id 1; a session first seen further on (this node restarted)
-            # starts where it is seen.
-            first = 1 if msg.msg_id < self.config.reorder_max_buffered else msg.msg_id
-            st = self._streams[skey] = _Stream(ReorderBuffer(cfg, first_id=first), now)
+            st = self._streams[skey] = _Stream(ReorderBuffer(cfg, first_id=1), now)
+            # Asked now, so the store answers before any commit this node makes for the session.
+            asked = self._dispatcher.pipeline.store.frontier(skey[0], skey[1], now)
+            if asked.done():
+                st.buffer = ReorderBuffer(cfg, first_id=self._first(msg.msg_id, asked.result()))
+            else:
+                st.early = []
+                asked.add_done_callback(lambda f: self._begin(st, cfg, msg.msg_id, f))
         st.last_us = now
         return st
+
+    def _first(self, msg_id: int, frontier: int | None) -> int:
+        """Where a new buffer starts: after the session's highest id done or held by another
+        process (one killed before its commit may have answered it), if the store knows the
+        session; else at msg_id 1, or where it is first seen if that is further on (the store
+        forgot the session, or never had it: a node that restarted with the memory store)."""
+        if frontier is not None:
+            return serial_add(frontier, 1)
+        return 1 if msg_id < self.config.reorder_max_buffered else msg_id
+
+    def _begin(self, st: _Stream, cfg: ReorderConfig, msg_id: int, asked: asyncio.Future[int | None]) -> None:
+        """The store answered: start the buffer, then give it what came meanwhile, in order."""
+        frontier = None if asked.cancelled() or asked.exception() is not None else asked.result()
+        st.buffer = ReorderBuffer(cfg, first_id=self._first(msg_id, frontier))
+        early, st.early = st.early or [], None
+        for item, msg, now in early:
+            if self.closed:
+                if item is not None:
+                    self._dispatcher.release(item)
+                continue
+            if item is None:
+                self._apply(st, st.buffer.skip(msg.msg_id, now))
+            else:
+                self._apply(st, st.buffer.push(msg.msg_id, item, now, msg.timestamp))
 
     def _apply(self, st: _Stream, events: list[Any]) -> None:
         for ev in events:

@@ -5,6 +5,12 @@ transaction with ``synchronous=FULL``) or a Redis store (a network round trip) w
 peer if called on the loop for each message: their calls go to one worker thread, in order, a
 batch of checks at a time. A store that fails (:class:`~iac.errors.StoreUnavailable`) fails only
 the calls that hit it; the node counts and answers them, and the next call tries the store again.
+
+The runner also knows which ids this node holds (reserved, neither committed nor released): it
+renews their leases (:meth:`StoreRunner.renew`, every third of the store's lease) so that a
+shared store lets them lapse only when this node died, and it answers IN_PROGRESS for a copy of
+one whose lease lapsed all the same (the store stalled), so this node never handles an id twice
+at once.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 from iac.errors import IacError, StoreUnavailable, WorkerFailed
 from iac.node.types import Key
+from iac.protocol.clock import Clock
 from iac.protocol.replay import ReplayGuard, Verdict
 from iac.stores.memory import MemoryReplayStore
 
@@ -43,19 +50,87 @@ class StoreRunner:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: Store calls that failed (commits and releases included).
         self.failures = 0
+        #: How long the store's reservations last unless renewed (None: they never lapse).
+        self.lease_us = store.reservation_lease_us
+        #: Ids this node reserved and has neither committed nor released, by session: when each
+        #: was reserved.
+        self._held: dict[tuple[str, int], dict[int, int]] = {}
+        self._retention_us = 2 * store.max_skew_us
 
     async def check(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
         """The verdict of each check, in order; a failed call gives its typed error in its place."""
+        verdicts: list[Verdict | IacError]
         if not self.blocking:
-            return self._check_all(checks, now)
-        verdicts: list[Verdict | IacError] = await self._run(self._check_all, checks, now)
+            verdicts = self._check_all(checks, now)
+        else:
+            verdicts = await self._run(self._check_all, checks, now)
+        if self.lease_us is None:  # reservations that never lapse need no renewal
+            return verdicts
+        held = self._held
+        for i, c in enumerate(checks):
+            if c.mark or verdicts[i] is not Verdict.NEW:
+                continue
+            sender, session_id, msg_id = c.key
+            ids = held.setdefault((sender, session_id), {})
+            if msg_id in ids:  # its lease lapsed while this node holds it: still in progress here
+                verdicts[i] = Verdict.IN_PROGRESS
+            else:
+                ids[msg_id] = now
         return verdicts
 
     def commit(self, key: Key, now: int) -> None:
+        self._unhold(key)
         self._call(self.guard.store.commit, *key, now)
 
     def release(self, key: Key, now: int) -> None:
+        self._unhold(key)
         self._call(self.guard.store.release, *key, now)
+
+    @property
+    def held(self) -> int:
+        """How many ids this node holds (reserved, not yet committed or released)."""
+        return sum(len(ids) for ids in self._held.values())
+
+    def renew(self, now: int) -> None:
+        """Renew the leases of the ids this node holds. One held longer than 2 × max_skew is
+        forgotten (every copy of its message is stale by now: nothing to guard)."""
+        if not self._held:
+            return
+        old = now - self._retention_us
+        keys: list[Key] = []
+        for session, ids in list(self._held.items()):
+            for msg_id in [m for m, at in ids.items() if at < old]:
+                del ids[msg_id]
+            if not ids:
+                del self._held[session]
+            keys.extend((session[0], session[1], m) for m in ids)
+        if keys:
+            self._call(self.guard.store.renew, keys, now)
+
+    async def renew_forever(self, clock: Clock) -> None:
+        """Renew every third of the store's lease, for as long as the node runs."""
+        if self.lease_us is None:
+            return
+        every = max(self.lease_us / 3e6, 0.001)
+        while True:
+            await asyncio.sleep(every)
+            self.renew(clock.now_us())
+
+    def frontier(self, sender: str, session_id: int, now: int) -> asyncio.Future[int | None]:
+        """Where the store says a session stands (:meth:`~iac.protocol.replay.ReplayStore.frontier`,
+        this node's reservations aside), asked at once, in order with every store call made
+        before; None if the store fails."""
+        loop = asyncio.get_running_loop()
+        # This node's own reservations in the session (the messages now waiting for the answer).
+        mine = frozenset(self._held.get((sender, session_id), ()))
+        if self.blocking:
+            with contextlib.suppress(RuntimeError, concurrent.futures.BrokenExecutor):
+                return loop.run_in_executor(
+                    self._pool_or_new(), self._frontier, sender, session_id, now, mine
+                )
+        fut: asyncio.Future[int | None] = loop.create_future()
+        fut.set_result(None if self.blocking else self._frontier(sender, session_id, now, mine))
+        return fut
 
     def expire(self, now: int) -> None:
         self._call(self.guard.expire, now)
@@ -80,6 +155,20 @@ class StoreRunner:
                 continue
             out.append(verdict)
         return out
+
+    def _unhold(self, key: Key) -> None:
+        sender, session_id, msg_id = key
+        ids = self._held.get((sender, session_id))
+        if ids is not None and ids.pop(msg_id, None) is not None and not ids:
+            del self._held[(sender, session_id)]
+
+    def _frontier(self, sender: str, session_id: int, now: int, mine: frozenset[int]) -> int | None:
+        try:
+            return self.guard.store.frontier(sender, session_id, now, mine)
+        except IacError as exc:
+            if isinstance(exc, StoreUnavailable):
+                self._failed(exc)
+            return None
 
     def _call(self, fn: Any, *args: Any) -> None:
         """A call whose result nobody waits for (commit, release, expire), in order."""
