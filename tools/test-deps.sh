@@ -4,6 +4,7 @@
 #   zstd                     the independent decoder of the JS interop verifier
 #   redis-server             Redis replay-store and registry tests (tests start their own server)
 #   node + npm               the JS interop verifier and buf (tests/interop/js, npm ci)
+#   iptables + conntrack     the NAT tests (tests/test_nat.py builds NATs in network namespaces)
 # Debian packages are installed with apt-get when this runs as root (or with sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,8 @@ command -v zstd >/dev/null || need+=(zstd)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+command -v iptables >/dev/null || need+=(iptables)
+command -v conntrack >/dev/null || need+=(conntrack)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""

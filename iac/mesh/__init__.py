@@ -8,6 +8,8 @@
 * :class:`MeshClient` publishes its node's record and keeps it fresh, resolves aliases and
   capabilities, retries once after a failed dial, delegates by capability, and rotates or
   revokes its key.
+* :class:`Traversal` takes a node through NATs: observed addresses, candidates, QUIC hole
+  punching coordinated over a relay path, relay fallback and upgrade (:mod:`iac.mesh.nat`).
 * :class:`KeyBook` is a client's verified cache; :func:`registry_admission` and
   :meth:`KeyBook.guard` turn a registry state or a key book into the node's HELLO admission
   policy and a content guard that refuses ended keys.
@@ -19,6 +21,7 @@ again when closed.
 
 from iac.mesh.client import DelegationPolicy, MeshClient
 from iac.mesh.keybook import KeyBook, move_peer, registry_admission
+from iac.mesh.nat import Traversal
 from iac.mesh.registries import RegistryAddr, parse_registry
 from iac.mesh.service import RegistryService, serve_registry
 from iac.mesh.wire import (
@@ -39,6 +42,7 @@ __all__ = [
     "MeshClient",
     "RegistryAddr",
     "RegistryService",
+    "Traversal",
     "entry_from_json",
     "entry_to_json",
     "lookup_request",

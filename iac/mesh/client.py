@@ -52,6 +52,7 @@ from iac.protocol.records import (
     decode_rotation,
     is_address,
     is_alias,
+    is_private_address,
     sign_record,
     sign_revocation,
     sign_rotation,
@@ -211,15 +212,21 @@ class MeshClient:
     def make_record(self, *, seq: int | None = None) -> AgentRecord:
         """This node's record as it would be published now."""
         addrs = self._addresses if self._addresses is not None else tuple(self.node.addresses)
-        usable = tuple(dict.fromkeys(a for a in addrs if is_address(a)))[:16]
+        private_ok = self.node.config.publish_private_addresses
+        usable = tuple(
+            dict.fromkeys(a for a in addrs if is_address(a) and (private_ok or not is_private_address(a)))
+        )
+        traversal = self._dispatcher.traversal
+        candidates = tuple(traversal.candidates()) if traversal is not None else ()
         return AgentRecord(
             agent_id=self.node.agent_id,
             seq=self.next_seq() if seq is None else seq,
             expires_us=self.clock.now_us() + int(self.ttl * 1e6),
             aliases=self.aliases,
-            addresses=usable,
+            addresses=usable[:16],
             capabilities=self.capabilities,
             next_key_digest=self.next_key_digest,
+            candidates=candidates,
         )
 
     async def publish(self, record: AgentRecord | None = None) -> AgentRecord:
@@ -232,8 +239,14 @@ class MeshClient:
         return record
 
     async def publish_signed(self, signed: SignedRecord) -> dict[str, Any]:
-        """Send an already signed record (tests send forged ones); raise the registry's refusal."""
+        """Send an already signed record (tests send forged ones); raise the registry's refusal.
+        An address the registry saw this node at (``observed``, in its signed reply) goes to the
+        node's NAT traversal role, if any, as a candidate for the next record."""
         result: dict[str, Any] = await self._to_registries(publish_request(signed), every=True)
+        traversal = self._dispatcher.traversal
+        seen = result.get("observed") if isinstance(result, dict) else None
+        if traversal is not None and isinstance(seen, str) and self.registries:
+            traversal.note_observed(self.registries[0].agent_id, seen)
         return result
 
     async def wait_published(self, count: int) -> None:

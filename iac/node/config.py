@@ -133,6 +133,10 @@ class NodeConfig:
     #: "Through NATs"). Needs aioquic 1.7: on another QUIC library ``start()`` refuses; False
     #: dials from a socket per connection.
     one_socket: bool = True
+    #: Whether private, loopback and link-local addresses go into what this node publishes (its
+    #: registry record, the candidates it sends when hole punching). False keeps LAN addresses
+    #: to the LAN (docs/PROTOCOL.md, "Through NATs").
+    publish_private_addresses: bool = True
 
     # --- relays and broadcast (docs/PROTOCOL.md, "Relays and broadcast") ---
     #: What this node relays for others. Default: re-flood broadcasts, relay no unicast.

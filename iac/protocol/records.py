@@ -13,6 +13,7 @@ Nothing here knows about a registry: :mod:`iac.protocol.registry` keeps the stat
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,12 @@ MAX_CAPABILITIES = 64
 MAX_ALIAS_LEN = 253
 MAX_ADDRESS_LEN = 256
 MAX_CAPABILITY_LEN = 64
+#: Candidates per record (docs/PROTOCOL.md, "Through NATs"): a signature does not make an address
+#: honest, so a record cannot point punching at more than this many addresses.
+MAX_CANDIDATES = 8
+#: Kinds of candidate: an address the node listens on, an address a peer observed it at (its NAT's
+#: mapping), a relay (an AgentId) it can be reached through.
+CANDIDATE_KINDS = ("local", "observed", "relay")
 
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _ALIAS_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -88,6 +95,29 @@ def is_address(value: str) -> bool:
         return _UNIX_ADDRESS_RE.fullmatch(value) is not None and '"' not in value and "\\" not in value
     m = _NET_ADDRESS_RE.fullmatch(value)
     return m is not None and _HOST_RE.fullmatch(m.group(2)) is not None and int(m.group(3)) <= 65535
+
+
+def is_private_address(value: str) -> bool:
+    """True for a ``quic://``/``tls://`` address whose host is a private, loopback, link-local
+    or unspecified IP literal (a LAN address; host names are not private)."""
+    m = _NET_ADDRESS_RE.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        return False
+    try:
+        ip = ipaddress.ip_address(m.group(2).strip("[]"))
+    except ValueError:
+        return False
+    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified
+
+
+def _check_candidate(kind: Any, value: Any, exc: type[Exception]) -> None:
+    if kind not in CANDIDATE_KINDS:
+        raise exc(f"candidate kind must be one of {', '.join(CANDIDATE_KINDS)}: {kind!r:.40}")
+    if kind == "relay":
+        if not isinstance(value, str) or not is_agent_id(value):
+            raise exc(f"a relay candidate names an AgentId: {value!r:.80}")
+    elif not isinstance(value, str) or not is_address(value) or value.startswith("unix:"):
+        raise exc(f"a {kind} candidate is a quic:// or tls:// address: {value!r:.80}")
 
 
 def _check_unique(name: str, values: tuple[str, ...], exc: type[Exception]) -> None:
@@ -125,6 +155,9 @@ class AgentRecord:
     capabilities: tuple[str, ...] = ()
     #: lowercase hex SHA-256 of the successor's 32-byte public key (see :func:`key_digest`)
     next_key_digest: str | None = None
+    #: ``(kind, value)`` pairs, in preference order: ``("local", url)``, ``("observed", url)``,
+    #: ``("relay", agent_id)`` (docs/PROTOCOL.md, "Through NATs"); at most :data:`MAX_CANDIDATES`.
+    candidates: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not is_agent_id(self.agent_id):
@@ -158,6 +191,13 @@ class AgentRecord:
             not isinstance(self.next_key_digest, str) or HEX64_RE.fullmatch(self.next_key_digest) is None
         ):
             raise ConfigError("next_key_digest must be 64 lowercase hex characters (SHA-256)")
+        candidates = tuple((kind, value) for kind, value in self.candidates)
+        object.__setattr__(self, "candidates", candidates)
+        if len(candidates) > MAX_CANDIDATES:
+            raise ConfigError(f"candidates: {len(candidates)} entries, over the limit of {MAX_CANDIDATES}")
+        _check_unique("candidates", tuple(f"{k} {v}" for k, v in candidates), ConfigError)
+        for kind, value in candidates:
+            _check_candidate(kind, value, ConfigError)
 
     def to_json_obj(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -170,6 +210,8 @@ class AgentRecord:
         }
         if self.next_key_digest is not None:
             obj["next_key_digest"] = self.next_key_digest
+        if self.candidates:  # left out when empty: a record without candidates reads as before
+            obj["candidates"] = [{"kind": k, "value": v} for k, v in self.candidates]
         return obj
 
     def encode(self) -> bytes:
@@ -178,7 +220,22 @@ class AgentRecord:
 
 
 _RECORD_REQUIRED = frozenset({"addresses", "agent_id", "aliases", "capabilities", "expires_us", "seq"})
-_RECORD_OPTIONAL = frozenset({"next_key_digest"})
+_RECORD_OPTIONAL = frozenset({"next_key_digest", "candidates"})
+
+
+def _candidates(obj: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    value = obj.get("candidates", [])
+    if "candidates" in obj and (not isinstance(value, list) or not value):
+        raise BadRecord("candidates must be a non-empty array (left out when there are none)")
+    if len(value) > MAX_CANDIDATES:
+        raise BadRecord(f"candidates has {len(value)} entries, over the limit of {MAX_CANDIDATES}")
+    out: list[tuple[str, str]] = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"kind", "value"}:
+            raise BadRecord('a candidate is {"kind": ..., "value": ...}')
+        _check_candidate(item["kind"], item["value"], BadRecord)
+        out.append((item["kind"], item["value"]))
+    return tuple(out)
 
 
 def decode_record(data: bytes, *, max_size: int = MAX_RECORD_SIZE) -> AgentRecord:
@@ -200,6 +257,7 @@ def decode_record(data: bytes, *, max_size: int = MAX_RECORD_SIZE) -> AgentRecor
             addresses=_str_list(obj, "addresses", MAX_ADDRESSES),
             capabilities=_str_list(obj, "capabilities", MAX_CAPABILITIES),
             next_key_digest=digest,
+            candidates=_candidates(obj),
         )
     except ConfigError as exc:
         raise as_bad_record(exc) from None
@@ -244,11 +302,13 @@ def open_record(
 
 
 __all__ = [
+    "CANDIDATE_KINDS",
     "DEFAULT_STATEMENT_SKEW_US",
     "MAX_ADDRESSES",
     "MAX_ADDRESS_LEN",
     "MAX_ALIASES",
     "MAX_ALIAS_LEN",
+    "MAX_CANDIDATES",
     "MAX_CAPABILITIES",
     "MAX_CAPABILITY_LEN",
     "MAX_REASON_LEN",
@@ -269,6 +329,7 @@ __all__ = [
     "is_address",
     "is_alias",
     "is_capability",
+    "is_private_address",
     "key_digest",
     "open_record",
     "open_revocation",

@@ -9,11 +9,13 @@
   records every frame that crossed, decoded.
 * :class:`UdpRelay` and :class:`Impairment`: a seeded UDP relay that adds delay,
   jitter, loss, reordering and duplication (QUIC under bad network conditions).
+* :class:`NatLab`: hosts behind real NATs in Linux network namespaces (root only).
 
 Nothing in the library imports this package.
 """
 
 from iac.protocol.clock import ManualClock
+from iac.testing.nat import NatLab
 from iac.testing.nodes import NodePair, node_pair
 from iac.testing.relay import Captured, Impairment, RelayStats, UdpRelay
 from iac.testing.tap import DOWN, UP, TappedFrame, UnixTap
@@ -25,6 +27,7 @@ __all__ = [
     "Captured",
     "Impairment",
     "ManualClock",
+    "NatLab",
     "NodePair",
     "RelayStats",
     "TappedFrame",

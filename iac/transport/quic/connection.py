@@ -122,8 +122,7 @@ class QuicConn(Connection):
         self.early_data_accepted: bool | None = None  # 0-RTT accepted? Set once the HELLOs verified
         #: Called with ``early_data_accepted`` once a 0-RTT dial's HELLOs verified.
         self.on_early_outcome: Callable[[bool], None] | None = None
-        #: Dialed from a listener's socket (which outlives this connection), not from its own.
-        self.shared_socket = False
+        self.shared_socket = False  #: dialed from a listener's socket, which outlives it
 
     # -- Connection API -------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -165,6 +166,20 @@ class QuicListener(Listener):
         self.check_dial()
         assert self.backend.attach_dialed is not None
         return self.backend.attach_dialed(self._server, proto)
+
+    def punch(self, dest: tuple[str, int], data: bytes = b"\x00") -> bool:
+        """Send one punch datagram from this listener's socket to ``dest`` (host, port), so that
+        a NAT in front of this side opens a mapping toward it (docs/PROTOCOL.md, "Through
+        NATs"). False when the socket is closed or cannot reach ``dest``'s address family."""
+        server = self._server
+        transport = None if server is None else server._transport
+        if transport is None or transport.is_closing():
+            return False
+        host = dest[0]
+        if (":" in host) != (self.family == socket.AF_INET6):
+            return False
+        transport.sendto(data, dest)
+        return True
 
     async def dial(
         self,

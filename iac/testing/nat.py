@@ -1,0 +1,212 @@
+"""NATs built from Linux network namespaces, for tests and benchmarks: :class:`NatLab`.
+
+Topology (one lab; the names carry a tag so that labs of several processes do not meet)::
+
+    host a (10.77.1.2) -- nat a -- |                      | -- nat b -- host b (10.77.2.2)
+                      (10.77.1.1)  |  public 198.51.100.1 |  (10.77.2.1)
+                    WAN 198.51.100.2                    WAN 198.51.100.6 (or 198.51.100.2
+                                                                          when b shares nat a)
+
+* ``public`` routes between the NATs' WAN sides and hosts what every host can reach (a
+  registry, a relay) at :data:`PUBLIC_ADDR`.
+* Each NAT masquerades its LAN behind its WAN address (``iptables -t nat ... MASQUERADE``;
+  ``random_fully``: a symmetric NAT, a new random port per destination) and drops unsolicited
+  inbound packets on its WAN side (``-m conntrack --ctstate NEW -j DROP``), as real NATs do.
+* ``shared``: both hosts sit behind NAT a (hairpin: a host reaching the other through the
+  NAT's WAN address needs the NAT to loop the packet back, which MASQUERADE alone does not).
+
+Code runs inside a namespace with :func:`in_namespace` (the calling thread enters it; a
+socket keeps the namespace it was made in, so a node started inside stays there). Needs root,
+``ip``, ``iptables`` and ``conntrack`` (:func:`unavailable` says what is missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+CLONE_NEWNET = 0x40000000
+
+#: Where the public namespace is reached from behind either NAT.
+PUBLIC_ADDR = "198.51.100.1"
+HOST_A = "10.77.1.2"
+HOST_B = "10.77.2.2"
+
+
+def unavailable() -> str | None:
+    """Why a lab cannot be built here, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"needs Linux network namespaces (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "needs root (ip netns, iptables); run the suite as root to include it"
+    for tool, package in (("ip", "iproute2"), ("iptables", "iptables"), ("conntrack", "conntrack")):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (apt-get install {package}; tools/test-deps.sh installs it)"
+    return None
+
+
+class LabError(RuntimeError):
+    """A step of building the lab failed (the message names it)."""
+
+
+def run(*argv: str, ns: str | None = None, check: bool = True) -> str:
+    """Run a command (inside namespace ``ns`` when given); return its output."""
+    full = ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
+    res = subprocess.run(full, capture_output=True, text=True, timeout=20, check=False)
+    if check and res.returncode != 0:
+        raise LabError(f"`{' '.join(full)}` failed: {res.stderr.strip() or res.returncode}")
+    return res.stdout
+
+
+def _setns(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "setns"):  # Python 3.12+
+            os.setns(fd, CLONE_NEWNET)
+        else:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def in_namespace(ns: str) -> Iterator[None]:
+    """The calling thread is in network namespace ``ns`` inside the block (sockets made there
+    stay in it), and back in its own afterwards."""
+    own = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+    try:
+        _setns(f"/var/run/netns/{ns}")
+        try:
+            yield
+        finally:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(own, CLONE_NEWNET) != 0:  # pragma: no cover - only if the kernel refuses
+                raise OSError(ctypes.get_errno(), "setns back failed")
+    finally:
+        os.close(own)
+
+
+@dataclass
+class NatLab:
+    """Public namespace, two NATs (or one shared), two hosts; a context manager."""
+
+    tag: str = field(default_factory=lambda: str(os.getpid()))
+    symmetric: bool = False
+    shared: bool = False
+    _made: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        t = self.tag
+        self.public, self.nat_a, self.nat_b = f"iacn{t}p", f"iacn{t}na", f"iacn{t}nb"
+        self.host_a, self.host_b = f"iacn{t}a", f"iacn{t}b"
+        self.wan_a = "198.51.100.2"
+        self.wan_b = self.wan_a if self.shared else "198.51.100.6"
+        self.addr_a = HOST_A
+        self.addr_b = "10.77.1.3" if self.shared else HOST_B
+
+    def __enter__(self) -> NatLab:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ns(self, name: str) -> None:
+        run("ip", "netns", "add", name)
+        self._made.append(name)
+        run("ip", "-n", name, "link", "set", "lo", "up")
+
+    def _veth(self, ns1: str, if1: str, addr1: str, ns2: str, if2: str, addr2: str) -> None:
+        run("ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", if2, "netns", ns2)
+        run("ip", "-n", ns1, "addr", "add", addr1, "dev", if1)
+        run("ip", "-n", ns2, "addr", "add", addr2, "dev", if2)
+        run("ip", "-n", ns1, "link", "set", if1, "up")
+        run("ip", "-n", ns2, "link", "set", if2, "up")
+
+    def _nat(self, ns: str, lan_net: str) -> None:
+        run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=ns)
+        masq = ["iptables", "-t", "nat", "-A", "POSTROUTING", "-s", lan_net, "-o", "wan", "-j", "MASQUERADE"]
+        if self.symmetric:
+            masq.append("--random-fully")
+        run(*masq, ns=ns)
+        for chain in ("FORWARD", "INPUT"):  # unsolicited inbound: dropped, routed on or addressed to it
+            drop = ["-i", "wan", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP"]
+            run("iptables", "-A", chain, *drop, ns=ns)
+
+    def start(self) -> None:
+        reason = unavailable()
+        if reason:
+            raise LabError(reason)
+        try:
+            for ns in (self.public, self.nat_a, self.host_a, self.host_b):
+                self._ns(ns)
+            if not self.shared:
+                self._ns(self.nat_b)
+            run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=self.public)
+            # counters only: UDP packets routed between the NATs, and received in public
+            run("iptables", "-A", "FORWARD", "-p", "udp", ns=self.public)
+            run("iptables", "-A", "INPUT", "-p", "udp", ns=self.public)
+            self._veth(self.public, "pa", "198.51.100.1/30", self.nat_a, "wan", "198.51.100.2/30")
+            self._veth(self.nat_a, "lan", "10.77.1.1/24", self.host_a, "eth0", f"{self.addr_a}/24")
+            run("ip", "-n", self.host_a, "route", "add", "default", "via", "10.77.1.1")
+            run("ip", "-n", self.nat_a, "route", "add", "default", "via", "198.51.100.1")
+            self._nat(self.nat_a, "10.77.1.0/24")
+            if self.shared:
+                run("ip", "link", "add", "lan2", "netns", self.nat_a, "type", "veth", "peer", "eth0",
+                    "netns", self.host_b)  # fmt: skip
+                run("ip", "-n", self.host_b, "addr", "add", f"{self.addr_b}/24", "dev", "eth0")
+                run("ip", "-n", self.host_b, "link", "set", "eth0", "up")
+                run("ip", "-n", self.nat_a, "link", "set", "lan2", "up")
+                # both hosts on one LAN: a bridge in the NAT joins its two LAN ports
+                run("ip", "-n", self.nat_a, "link", "add", "br0", "type", "bridge")
+                run("ip", "-n", self.nat_a, "addr", "del", "10.77.1.1/24", "dev", "lan")
+                for port in ("lan", "lan2"):
+                    run("ip", "-n", self.nat_a, "link", "set", port, "master", "br0")
+                run("ip", "-n", self.nat_a, "addr", "add", "10.77.1.1/24", "dev", "br0")
+                run("ip", "-n", self.nat_a, "link", "set", "br0", "up")
+                run("ip", "-n", self.host_b, "route", "add", "default", "via", "10.77.1.1")
+            else:
+                self._veth(self.public, "pb", "198.51.100.5/30", self.nat_b, "wan", "198.51.100.6/30")
+                self._veth(self.nat_b, "lan", "10.77.2.1/24", self.host_b, "eth0", f"{self.addr_b}/24")
+                run("ip", "-n", self.host_b, "route", "add", "default", "via", "10.77.2.1")
+                run("ip", "-n", self.nat_b, "route", "add", "default", "via", "198.51.100.5")
+                self._nat(self.nat_b, "10.77.2.0/24")
+        except BaseException:
+            self.close()
+            raise
+
+    def flush_mappings(self, nat: str) -> None:
+        """Drop every UDP mapping of NAT namespace ``nat`` (``conntrack -D``), as a NAT that
+        forgets its mappings mid-conversation does."""
+        run("conntrack", "-D", "-p", "udp", ns=nat, check=False)
+
+    def _counter(self, chain: str) -> int:
+        out = run("iptables", "-L", chain, "-v", "-x", "-n", ns=self.public)
+        return sum(int(line.split()[0]) for line in out.splitlines()[2:] if line.strip())
+
+    def forwarded(self) -> int:
+        """UDP packets the public namespace routed from one NAT to the other so far (a direct
+        path between the hosts crosses it there)."""
+        return self._counter("FORWARD")
+
+    def received_public(self) -> int:
+        """UDP packets addressed to the public namespace so far (what its relay received)."""
+        return self._counter("INPUT")
+
+    def close(self) -> None:
+        for ns in reversed(self._made):
+            run("ip", "netns", "del", ns, check=False)
+        self._made.clear()
+
+
+__all__ = ["HOST_A", "HOST_B", "PUBLIC_ADDR", "LabError", "NatLab", "in_namespace", "unavailable"]
