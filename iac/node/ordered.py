@@ -3,8 +3,9 @@ session that hands the released messages to their handlers one at a time, in ord
 
 A session's buffer starts where the replay store says the session stands (its highest id done or
 held by another process, :meth:`~iac.protocol.replay.ReplayStore.frontier`), so a node that
-restarted, or forgot an idle session, goes on at once instead of waiting for ids handled before. While the store is
-asked (a store off the loop answers in a thread), the session's messages wait in arrival order."""
+restarted, or forgot an idle session, goes on at once instead of waiting for ids handled before.
+While the store is asked (a store off the loop answers in a thread), the session's messages wait
+in arrival order."""
 
 from __future__ import annotations
 
