@@ -58,7 +58,6 @@ class QuicProtocol(asyncio.DatagramProtocol):
     if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
 
         def _process_events(self) -> None: ...
-        def _transmit_soon(self) -> None: ...
         def connect(self, addr: Any) -> None: ...
         async def wait_connected(self) -> None: ...
 
@@ -67,23 +66,47 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self.conn._on_event(event)
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        # As aioquic's, but the flush waits for the end of this loop turn: the tasks this
+        # As aioquic's, but the flush waits (see _transmit_after_receive): the tasks this
         # datagram woke (a recv() waiter) run first, so a reply they send leaves in the same
         # packet as the ACK instead of a packet of its own right after an ACK-less one.
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
         self._process_events()
-        self._transmit_soon()
+        self._transmit_after_receive()
 
     def datagrams_received(self, data: list[bytes], addr: Any) -> None:
         # qh3's batched receive path (its GRO transport; unused with asyncio's own), same rule.
         self._quic.receive_many_datagrams(data, addr, now=self._loop.time())
         self._process_events()
-        self._transmit_soon()
+        self._transmit_after_receive()
+
+    #: A send asked for a flush since the last one (``_transmit_soon``).
+    _send_waiting = False
+
+    def _transmit_soon(self) -> None:
+        self._send_waiting = True
+        if self._transmit_task is None:
+            self._transmit_task = self._loop.call_soon(self.transmit)
+
+    def _transmit_after_receive(self) -> None:
+        """The flush after received datagrams: at the end of this loop turn if a send is
+        waiting by then (a reply the woken reader sent), else one turn later. A reply wakes
+        the reader in one turn and the task that asked in the next: if that task sends its
+        next request, the request and the pending ACK leave in one packet and one flush,
+        instead of a flush that finds nothing to send (the ACK is not due yet) and another."""
+        if self._transmit_task is None:
+            self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
+
+    def _transmit_if_sending(self) -> None:
+        if self._send_waiting:
+            self.transmit()
+        else:
+            self._transmit_task = self._loop.call_soon(self.transmit)
 
     def transmit(self) -> None:
         handle = self._transmit_task
         if handle is not None:  # a direct flush makes the scheduled one redundant
             handle.cancel()
+        self._send_waiting = False
         conn = self.conn
         if conn is not None:
             conn._before_transmit()
