@@ -108,9 +108,10 @@ class Inbound:
 
     async def read_loop(self, conn: Connection) -> None:
         """Read ``conn`` until it closes: frames in batches (what is already received, up to
-        ``BATCH``), opened together, acted on in order. After each batch the loop yields, so that
-        every connection with frames waiting gets its turn (one peer's flood does not hold the
-        others up)."""
+        ``BATCH``), opened together, acted on in order; the answers they got are written at once.
+        After a batch the loop yields if more frames are waiting, so that every connection with
+        frames waiting gets its turn (one peer's flood does not hold the others up); with none
+        waiting, the next ``recv_many`` waits anyway."""
         peer = conn.peer.agent_id
         try:
             while True:
@@ -119,7 +120,9 @@ class Inbound:
                 if not await self._on_batch(conn, incs):
                     break
                 del incs
-                await asyncio.sleep(0)
+                conn.flush()
+                if conn.received():
+                    await asyncio.sleep(0)
         except (IacError, OSError):
             pass
         finally:

@@ -240,6 +240,18 @@ class Connection(ABC):
         received (a reader that handles frames in batches; order is kept)."""
         return [await self.recv()]
 
+    def received(self) -> int:
+        """Frames received and waiting for ``recv()``. A reader that yields to the other
+        connections between batches need not when this is 0 (its next ``recv`` waits anyway).
+        An adapter that cannot tell says 1."""
+        return 1
+
+    def flush(self) -> None:
+        """Write what ``send`` queued now instead of at the end of the loop turn (a reader
+        that answered a batch of frames: the answers leave one turn sooner). Adapters whose
+        flush already follows the reader in the same turn ignore it."""
+        return None
+
     @abstractmethod
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         """Flush queued frames, send GOAWAY, close. Idempotent."""

@@ -182,6 +182,15 @@ class StreamConnection(Connection):
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
 
+    def received(self) -> int:
+        return len(self._inbox)
+
+    def flush(self) -> None:
+        handle = self._flush_handle
+        if handle is not None:
+            handle.cancel()
+            self._flush()
+
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         if not self._closing:
             err = ConnectionClosed(
