@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import message_of, run
 
+from iac.cli.status import render
 from iac.errors import ConfigError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
@@ -357,6 +358,14 @@ def test_two_nats_connect_directly() -> None:
             st = s.ta.stats()
             assert (st["punch_attempts"], st["punch_successes"], st["punch_failures"]) == (1, 1, 0)
             assert st["paths"] == {s.b.agent_id: "direct"} and s.tb.stats()["punches_answered"] == 1
+            # the same in node stats and the status view
+            ns = s.a.stats()
+            assert ns.nat["punch_successes"] == 1 and ns.nat["direct"] == 1
+            assert ns.peer_links[s.b.agent_id]["path"] == "direct"
+            text = render({"agent_id": s.a.agent_id, "stats": dataclasses.asdict(ns)})
+            assert "nat  punch_attempts 1  punch_successes 1  punch_failures 0" in text
+            assert f"{s.b.agent_id[:16]}  quic      direct  quic://{lab.wan_b}:" in text
+            assert f"candidate observed {seen_a}" in text
             assert len(s.handled) == len(set(s.handled)) == 23
 
     _run_lab(body)
@@ -376,6 +385,7 @@ def test_symmetric_nat_falls_back_to_the_relay() -> None:
             assert s.relayed() == before + 20  # request and reply, each through the relay
             st = s.ta.stats()
             assert (st["punch_attempts"], st["punch_successes"], st["punch_failures"]) == (1, 0, 1)
+            assert s.a.stats().peer_links[s.b.agent_id]["path"] == "relayed"
             assert len(s.handled) == len(set(s.handled)) == 10
 
     _run_lab(body, symmetric=True)

@@ -2,8 +2,9 @@
 
 ``iac status [--admin PATH] [--json] [--watch SECONDS]`` asks the node serving ``PATH`` (by
 default the one socket in ``$XDG_RUNTIME_DIR/iac`` or ``~/.iac/run``; name one with ``--admin``
-when several nodes run) and prints its peers (AgentId prefix, transport, address, RTT, in flight),
-queue depths, refusals by reason and connections; ``--json`` prints the node's whole answer (one
+when several nodes run) and prints its peers (AgentId prefix, transport, path: direct or
+relayed, address, RTT, in flight), queue depths, refusals by reason, connections and NAT
+traversal (punches, this node's candidates); ``--json`` prints the node's whole answer (one
 JSON object: ``agent_id``, ``addresses``, ``pid``, ``uptime_s`` and ``stats``, which is
 ``node.stats()``). ``--watch N`` prints it again every N seconds until Ctrl-C.
 
@@ -79,12 +80,15 @@ def render(answer: Mapping[str, Any]) -> str:
     links: Mapping[str, Mapping[str, Any]] = stats.get("peer_links", {})
     if links:
         lines.append(f"peers {len(links)}")
-        lines.append(f"  {'PEER':<17} {'TRANSPORT':<9} {'ADDRESS':<28} {'RTT_MS':>9} {'IN_FLIGHT':>9}")
+        lines.append(
+            f"  {'PEER':<17} {'TRANSPORT':<9} {'PATH':<7} {'ADDRESS':<28} {'RTT_MS':>9} {'IN_FLIGHT':>9}"
+        )
         order = sorted(links.items(), key=lambda kv: (not kv[1].get("connected"), kv[0]))
         for peer, link in order:
             transport = link.get("transport") or ("-" if link.get("connected") else "down")
             lines.append(
-                f"  {peer[:16]:<17} {transport:<9} {(link.get('address') or '-')[:28]:<28} "
+                f"  {peer[:16]:<17} {transport:<9} {link.get('path') or '-':<7} "
+                f"{(link.get('address') or '-')[:28]:<28} "
                 f"{_rtt(link.get('rtt_ms')):>9} {link.get('in_flight', 0):>9}"
             )
     else:
@@ -103,6 +107,13 @@ def render(answer: Mapping[str, Any]) -> str:
     zero_rtt: Mapping[str, int] = stats.get("zero_rtt", {})
     if zero_rtt.get("resumed"):
         lines.append("0-RTT  " + "  ".join(f"{k} {v}" for k, v in zero_rtt.items()))
+    nat: Mapping[str, Any] = stats.get("nat", {})
+    if nat:
+        keys = ["punch_attempts", "punch_successes", "punch_failures", "punches_answered"]
+        keys += ["direct", "relayed"]
+        lines.append("nat  " + "  ".join(f"{k} {nat.get(k, 0)}" for k in keys))
+        for kind, value in nat.get("candidates", []):
+            lines.append(f"  candidate {kind} {value}")
     state: Mapping[str, int] = stats.get("peer_state", {})
     if state:
         lines.append("peer_state  " + "  ".join(f"{k} {v}" for k, v in state.items()))

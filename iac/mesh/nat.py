@@ -134,11 +134,14 @@ class Traversal:
             raise ConfigError("need direct_timeout > 0, punch_burst >= 1 and punch_rate > 0")
         self._dispatcher = RegisterKeyDispatcher.of(self.node)
         self._dispatcher.attach_traversal(self)
+        self.node.nat_stats = self.stats
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def close(self) -> None:
         self._dispatcher.detach_traversal(self)
+        if self.node.nat_stats == self.stats:
+            self.node.nat_stats = None
         tasks = [*self._watches.values(), *self._tasks]
         for task in tasks:
             task.cancel()

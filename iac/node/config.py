@@ -272,6 +272,10 @@ class NodeStats:
     #: data), ``early_accepted`` / ``early_rejected`` (what the server did with that early data),
     #: ``early_received`` (accepted connections whose early data this node took).
     zero_rtt: Mapping[str, int] = field(default_factory=dict)
+    #: NAT traversal (:class:`~iac.mesh.Traversal`, when one is composed with the node): punch
+    #: attempts, successes and failures, punches answered, datagrams sent and rate-limited,
+    #: ``direct`` / ``relayed`` peers and each peer's ``paths``, this node's ``candidates``.
+    nat: Mapping[str, Any] = field(default_factory=dict)
 
 
 __all__ = ["NodeConfig", "NodeStats", "PeerEvent", "Topology"]

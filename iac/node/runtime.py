@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -98,6 +98,8 @@ class NodeRuntime:
         )
         self._peers = Peers(self.identity, config, self._sessions, self._router, c, tasks)
         self._peers.listeners = self._listeners  # QUIC dials leave from a QUIC listener's socket
+        #: Set by a NAT traversal role: its counters, under ``stats().nat``.
+        self.nat_stats: Callable[[], Mapping[str, Any]] | None = None
         obs = self._observers = Observers()
         #: What the receive side judges freshness, replay windows and expiry by: the node's clock,
         #: except where it jumps (docs/PROTOCOL.md, "Replay and freshness").
@@ -338,9 +340,11 @@ class NodeRuntime:
 
     def peer_links(self) -> dict[str, dict[str, Any]]:
         """Per peer that is connected or was asked something: ``connected``, ``transport``,
-        ``address``, ``rtt_ms`` (smoothed request round trip, None before a reply), ``in_flight``."""
+        ``address``, ``path`` (``direct``, ``relayed`` through a route, ``none``), ``rtt_ms``
+        (smoothed request round trip, None before a reply), ``in_flight``."""
         out: dict[str, dict[str, Any]] = {}
         conns = self._peers.by_id()
+        now = self.clock.now_us()
         for peer in {*conns, *self._pending.rtt}:
             conn = conns.get(peer)
             rtt = self._pending.rtt.get(peer)
@@ -348,6 +352,7 @@ class NodeRuntime:
                 "connected": conn is not None,
                 "transport": conn.peer.transport if conn else "",
                 "address": conn.peer.address if conn else "",
+                "path": "direct" if conn else "relayed" if self._peers.route_hop(peer, now) else "none",
                 "rtt_ms": round(rtt * 1000, 3) if rtt is not None else None,
                 "in_flight": self._pending.in_flight(peer),
             }
@@ -392,6 +397,7 @@ class NodeRuntime:
             file_refused=file_refused,
             peer_state=self.peer_state(),
             peer_links=self.peer_links(),
+            nat=dict(self.nat_stats()) if self.nat_stats is not None else {},
         )
 
 
