@@ -24,6 +24,7 @@ EXPECTED = {
     "metrics": 'iac_handled_total 3.0\niac_connections_by_transport{transport="tls"} 1.0',
     "tracing": "['iac handle RUN', 'iac request RUN', 'plan'] 1",
     "a2a": "hello <alice>: hi",
+    "nat": "relayed True direct\nHI direct",
 }
 
 
