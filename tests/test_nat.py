@@ -17,6 +17,7 @@ from iac.errors import ConfigError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.testing import eventually
+from iac.testing.nat import NatLab, NatScene
 from iac.transport.base import Connection
 from iac.transport.quic import QuicListener, dial_quic, listen_quic
 from iac.transport.quic.backend import get_backend
@@ -264,66 +265,7 @@ def _no_root() -> str | None:
 needs_lab = pytest.mark.skipif(_no_root() is not None, reason=f"NAT lab: {_no_root()}")
 
 
-class Scene:
-    """A relay (and registry) in the public namespace, node a and node b behind their NATs, each
-    with a :class:`Traversal`; messages between a and b route through the relay."""
-
-    def __init__(self, lab: Any, config: NodeConfig | None = None) -> None:
-        self.lab = lab
-        self.config = config or NodeConfig()
-        self.handled: list[str] = []
-
-    async def __aenter__(self) -> Scene:
-        from iac.mesh.nat import Traversal
-        from iac.mesh.service import serve_registry
-        from iac.protocol.routing import RelayPolicy
-        from iac.testing.nat import PUBLIC_ADDR, in_namespace
-
-        lab = self.lab
-        self.relay = Node(
-            listen=[f"quic://{PUBLIC_ADDR}:0"],
-            config=NodeConfig(relay_policy=RelayPolicy(relay_unicast=True)),
-        )
-        with in_namespace(lab.public):
-            await self.relay.start()
-        self.registry = serve_registry(self.relay)
-        self.a = Node(listen=[f"quic://{lab.addr_a}:0"], config=self.config)
-        self.b = Node(listen=[f"quic://{lab.addr_b}:0"], config=self.config)
-        with in_namespace(lab.host_a):
-            await self.a.start()
-        with in_namespace(lab.host_b):
-            await self.b.start()
-        for node, other in ((self.a, self.b), (self.b, self.a)):
-            node.add_peer(self.relay.agent_id, *self.relay.addresses)
-            node.add_route(other.agent_id, self.relay.agent_id)
-            await node.connect(self.relay.agent_id)
-
-        def handle(ctx: Any) -> Any:
-            self.handled.append(str(ctx.payload))
-            return ctx.payload
-
-        self.b.on(MessageType.RUN)(handle)
-        self.ta = Traversal(self.a, relays=[self.relay.agent_id], direct_timeout=8.0)
-        self.tb = Traversal(self.b, relays=[self.relay.agent_id], direct_timeout=8.0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.ta.close()
-        await self.tb.close()
-        for node in (self.a, self.b, self.relay):
-            await node.close()
-
-    def relayed(self) -> int:
-        return int(self.relay.stats().routing.get("relayed", 0))
-
-    async def requests(self, n: int, tag: str) -> None:
-        for i in range(n):
-            reply = await self.a.request(self.b.agent_id, MessageType.RUN, f"{tag}{i}", timeout=10)
-            assert reply.payload == f"{tag}{i}"
-
-
 def _run_lab(body: Any, **lab_args: Any) -> None:
-    from iac.testing.nat import NatLab
 
     with NatLab(tag=f"t{os.getpid() % 100000}", **lab_args) as lab:
         run(body(lab), timeout=90)
@@ -332,7 +274,7 @@ def _run_lab(body: Any, **lab_args: Any) -> None:
 @needs_lab
 def test_two_nats_connect_directly() -> None:
     async def body(lab: Any) -> None:
-        async with Scene(lab) as s:
+        async with NatScene(lab) as s:
             # Observed addresses: the relay sees each node at its NAT's WAN address and the port
             # its listener socket got there (the one socket).
             seen_a = await s.ta.observe(s.relay.agent_id)
@@ -374,7 +316,7 @@ def test_two_nats_connect_directly() -> None:
 @needs_lab
 def test_symmetric_nat_falls_back_to_the_relay() -> None:
     async def body(lab: Any) -> None:
-        async with Scene(lab) as s:
+        async with NatScene(lab) as s:
             s.ta.direct_timeout = 4.0
             await s.ta.observe(s.relay.agent_id)
             await s.tb.observe(s.relay.agent_id)
@@ -394,7 +336,7 @@ def test_symmetric_nat_falls_back_to_the_relay() -> None:
 @needs_lab
 def test_both_behind_one_nat_connect_over_the_lan() -> None:
     async def body(lab: Any) -> None:
-        async with Scene(lab) as s:
+        async with NatScene(lab) as s:
             await s.ta.observe(s.relay.agent_id)
             await s.tb.observe(s.relay.agent_id)
             assert await s.ta.connect_direct(s.b.agent_id)
@@ -414,7 +356,7 @@ def test_switch_to_direct_loses_and_duplicates_nothing() -> None:
     each is handled exactly once."""
 
     async def body(lab: Any) -> None:
-        async with Scene(lab) as s:
+        async with NatScene(lab) as s:
             await s.ta.observe(s.relay.agent_id)
             await s.tb.observe(s.relay.agent_id)
             got: list[str] = []
@@ -451,7 +393,7 @@ def test_switch_to_direct_loses_and_duplicates_nothing() -> None:
 @needs_lab
 def test_nat_that_forgets_its_mappings_recovers() -> None:
     async def body(lab: Any) -> None:
-        async with Scene(lab) as s:
+        async with NatScene(lab) as s:
             await s.ta.observe(s.relay.agent_id)
             await s.tb.observe(s.relay.agent_id)
             s.ta.watch(s.b.agent_id)

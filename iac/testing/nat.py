@@ -22,6 +22,7 @@ socket keeps the namespace it was made in, so a node started inside stays there)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -31,6 +32,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 CLONE_NEWNET = 0x40000000
 
@@ -203,10 +205,100 @@ class NatLab:
         """UDP packets addressed to the public namespace so far (what its relay received)."""
         return self._counter("INPUT")
 
+    def received_public_bytes(self) -> int:
+        """Bytes of those packets (IP headers included)."""
+        out = run("iptables", "-L", "INPUT", "-v", "-x", "-n", ns=self.public)
+        return sum(int(line.split()[1]) for line in out.splitlines()[2:] if line.strip())
+
     def close(self) -> None:
         for ns in reversed(self._made):
             run("ip", "netns", "del", ns, check=False)
         self._made.clear()
 
 
-__all__ = ["HOST_A", "HOST_B", "PUBLIC_ADDR", "LabError", "NatLab", "in_namespace", "unavailable"]
+class NatScene:
+    """On a started :class:`NatLab`: a relay that is also a registry in the public namespace,
+    node ``a`` and node ``b`` behind their NATs (QUIC, one socket each), each connected to the
+    relay with a route to the other through it and a :class:`~iac.mesh.Traversal`; ``b``
+    answers RUN with its payload (each payload handled is kept in ``handled``). An async
+    context manager; everything is closed at the end."""
+
+    def __init__(self, lab: NatLab, config: Any = None, direct_timeout: float = 8.0) -> None:
+        self.lab = lab
+        self.config = config
+        self.direct_timeout = direct_timeout
+        self.handled: list[str] = []
+
+    async def __aenter__(self) -> NatScene:
+        from iac.mesh.nat import Traversal
+        from iac.mesh.service import serve_registry
+        from iac.node.config import NodeConfig
+        from iac.node.node import Node
+        from iac.protocol.routing import RelayPolicy
+        from iac.wire.enums import MessageType
+
+        lab = self.lab
+        config = self.config or NodeConfig()
+        self.relay = Node(
+            listen=[f"quic://{PUBLIC_ADDR}:0"],
+            config=NodeConfig(relay_policy=RelayPolicy(relay_unicast=True)),
+        )
+        with in_namespace(lab.public):
+            await self.relay.start()
+        self.registry = serve_registry(self.relay)
+        self.a = Node(listen=[f"quic://{lab.addr_a}:0"], config=config)
+        self.b = Node(listen=[f"quic://{lab.addr_b}:0"], config=config)
+        with in_namespace(lab.host_a):
+            await self.a.start()
+        with in_namespace(lab.host_b):
+            await self.b.start()
+        for node, other in ((self.a, self.b), (self.b, self.a)):
+            node.add_peer(self.relay.agent_id, *self.relay.addresses)
+            node.add_route(other.agent_id, self.relay.agent_id)
+            await node.connect(self.relay.agent_id)
+
+        def handle(ctx: Any) -> Any:
+            self.handled.append(str(ctx.payload))
+            return ctx.payload
+
+        self.b.on(MessageType.RUN)(handle)
+        self.ta = Traversal(self.a, relays=[self.relay.agent_id], direct_timeout=self.direct_timeout)
+        self.tb = Traversal(self.b, relays=[self.relay.agent_id], direct_timeout=self.direct_timeout)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ta.close()
+        await self.tb.close()
+        for node in (self.a, self.b, self.relay):
+            await node.close()
+
+    def relayed(self) -> int:
+        """Messages the relay sent on for others so far."""
+        return int(self.relay.stats().routing.get("relayed", 0))
+
+    async def requests(self, n: int, tag: str, payload: str = "") -> list[float]:
+        """``n`` requests from ``a`` to ``b`` (each answered with its payload); their round trips (s)."""
+        from iac.wire.enums import MessageType
+
+        loop = asyncio.get_running_loop()
+        rtts: list[float] = []
+        for i in range(n):
+            body = f"{tag}{i}{payload}"
+            t0 = loop.time()
+            reply = await self.a.request(self.b.agent_id, MessageType.RUN, body, timeout=10)
+            rtts.append(loop.time() - t0)
+            if reply.payload != body:
+                raise AssertionError(f"wrong answer {str(reply.payload)[:40]!r}")
+        return rtts
+
+
+__all__ = [
+    "HOST_A",
+    "HOST_B",
+    "PUBLIC_ADDR",
+    "LabError",
+    "NatLab",
+    "NatScene",
+    "in_namespace",
+    "unavailable",
+]

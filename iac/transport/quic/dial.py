@@ -282,6 +282,12 @@ async def _wait_tls(conn: QuicConn, proto: QuicProtocol) -> None:
         await asyncio.wait({waiter, ended}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         ended.cancel()
+        # A dial cancelled here (another address won, a timeout) leaves no waiter behind to
+        # fail unseen when the connection ends.
+        if not waiter.done():
+            waiter.cancel()
+        elif not waiter.cancelled():
+            waiter.exception()
     if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
         waiter.cancel()
         raise conn._error or TransportError(f"{conn.address}: QUIC handshake failed")
