@@ -713,6 +713,12 @@ def sc_reconnect(ctx: Context, res: Result) -> None:
     reconnect.scenario(ctx, res, run_script)
 
 
+def sc_nat(ctx: Context, res: Result) -> None:
+    import nat
+
+    nat.scenario(ctx, res, run_script)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -734,6 +740,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("a2a", "A2A calls: JSON-RPC over HTTP vs the IAC binding (QUIC, TLS, UNIX)", sc_a2a),
     Scenario("reconnect", "First delivery after a reconnect through the Node API, 20 ms RTT", sc_reconnect),
     Scenario("cc", "Congestion control over a bottleneck: goodput and request p99 during bulk", sc_cc),
+    Scenario("nat", "Through NATs: time to a direct path, RTT direct vs relayed, relay bytes saved", sc_nat),
 ]
 #: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``.
 DEFAULT_SKIP_WHEN_ALL = {"cpu"}
