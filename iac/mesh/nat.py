@@ -305,7 +305,8 @@ class Traversal:
                 self._remember(peer, theirs)
                 await self.node.send(peer, MessageType.REGISTER_KEY, {"op": OP_PUNCH_SYNC})
                 await asyncio.sleep(rtt / 2)  # the peer gets SYNC half a round trip after it left
-                await self._punch(listener, theirs)
+                # the burst goes on beside the dial; its first datagrams leave before the dial's
+                self._spawn(self._punch(listener, theirs))
                 await self._connect_or_accepted(peer)
         except (TimeoutError, IacError) as exc:
             if self._direct(peer):
