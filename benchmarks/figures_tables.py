@@ -387,6 +387,37 @@ def render_mesh(sheet: Sheet, doc: Path, res: list[Results], full: bool) -> list
     return [r.source_line(doc), "", *table(["", "figure"], "lr", rows)]
 
 
+# --- through NATs -------------------------------------------------------------------------------
+
+
+def render_nat(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+    (r,) = res
+    d = r.data
+    f, sym = d["figures"], d["symmetric"]
+    relayed = sheet.put(r, "rtt_relayed_ms/median", f["rtt_relayed_ms"]["median"])
+    direct = sheet.put(r, "rtt_direct_ms/median", f["rtt_direct_ms"]["median"])
+    ratio = sheet.put(r, "ratio_rtt_direct_relayed", d["ratio_rtt_direct_relayed"], "ratio")
+    b_rel = sheet.put(r, "relay_bytes/relayed", f["relay_bytes_per_request_relayed"]["median"], "bytes")
+    b_dir = sheet.put(r, "relay_bytes/direct", f["relay_bytes_per_request_direct"]["median"], "bytes")
+    saved = sheet.put(r, "relay_bytes/saved", d["relay_bytes_saved_fraction"], "pct")
+    gave_up = sheet.put(r, "symmetric/gave_up_after_ms", sym["gave_up_after_ms"])
+    n = d["requests_per_path"]
+    rows = [
+        ["time to a direct path: PUNCH over the relay and back, PUNCH_SYNC, punch, QUIC handshake, HELLO",
+         f"{sheet.span(r, 'to_direct_ms', f['to_direct_ms'])} ms"],
+        [f"request RTT A → B, {d['payload_bytes']} B, through the relay (median of {n}, median over rounds)",
+         f"{relayed} ms"],
+        [f"request RTT A → B, {d['payload_bytes']} B, direct", f"{direct} ms ({ratio}× relayed)"],
+        ["bytes the relay receives per request (IP included): relayed / direct",
+         f"{b_rel} / {b_dir} B (saved {saved})"],
+        ["symmetric NATs (`--random-fully`): direct path?",
+         f"{'yes' if sym['direct'] else 'no'}; gave up after {gave_up} ms; "
+         f"{sym['delivered']}/{sym['sent']} delivered through the relay"],
+    ]  # fmt: skip
+    head = f"{d['rounds']} rounds, fresh nodes each; links without added delay (the paths share them)"
+    return [r.source_line(doc), "", head, "", *table(["", "figure"], "lr", rows)]
+
+
 # --- where IAC is behind ---------------------------------------------------------------------------
 
 
@@ -419,4 +450,5 @@ RENDERERS: dict[str, Renderer] = {
     "mesh-results": lambda s, d, r: render_mesh(s, d, r, full=True),
     "behind": render_behind,
     "cc": render_cc,
+    "nat": render_nat,
 }
