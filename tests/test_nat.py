@@ -409,3 +409,36 @@ def test_nat_that_forgets_its_mappings_recovers() -> None:
             assert len(s.handled) == len(set(s.handled)) == 16
 
     _run_lab(body)
+
+
+def test_no_punch_for_a_peer_the_policy_refuses_and_observed_addresses_are_never_dialed() -> None:
+    async def main() -> None:
+        from iac.mesh import Traversal
+        from iac.protocol.routing import RelayPolicy
+
+        relaying = NodeConfig(relay_policy=RelayPolicy(relay_unicast=True))
+        async with (
+            Node(listen=[LOOPBACK], config=relaying) as relay,
+            Node(listen=[LOOPBACK]) as a,
+            Node(listen=[LOOPBACK]) as b,
+        ):
+            for node, other in ((a, b), (b, a)):
+                node.add_peer(relay.agent_id, *relay.addresses)
+                node.add_route(other.agent_id, relay.agent_id)
+                await node.connect(relay.agent_id)
+            ta = Traversal(a, direct_timeout=2.0)
+            tb = Traversal(b, allow=lambda peer: False)
+            tr = Traversal(relay)
+            seen = await ta.observe(relay.agent_id)
+            # an observed address is a candidate to publish, never an address to dial
+            assert ("observed", seen) in ta.candidates()
+            assert all(seen not in urls for urls in a.peer_book.values())
+            assert not await ta.connect_direct(b.agent_id)  # b refuses: policy_denied
+            assert a.connection(b.agent_id) is None
+            assert tb.stats_.refused == 1 and tb.stats_.punch_datagrams == 0
+            assert ta.stats_.punch_failures == 1 and ta.stats_.punch_datagrams == 0
+            assert b.agent_id not in a.peer_book  # b sent no candidates: nothing to dial
+            for t in (ta, tb, tr):
+                await t.close()
+
+    run(main())
