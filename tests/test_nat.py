@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -442,3 +444,47 @@ def test_no_punch_for_a_peer_the_policy_refuses_and_observed_addresses_are_never
                 await t.close()
 
     run(main())
+
+
+def test_iac_node_nat_prints_and_publishes_its_candidates(tmp_path: Path) -> None:
+    """`iac node --nat --registry ...`: the registry's observed address is a candidate, printed
+    at start, in the published record and in `iac status`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    (tmp_path / "run").mkdir(mode=0o700)
+    iac_cmd = [sys.executable, "-m", "iac"]
+    for name in ("reg", "n"):
+        subprocess.run([*iac_cmd, "keygen", "--out", str(tmp_path / f"{name}.key")], check=True, env=env)
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*argv: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen([*iac_cmd, *argv], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+        procs.append(p)
+        return p
+
+    def line(p: subprocess.Popen[str]) -> list[str]:
+        assert p.stdout is not None
+        return p.stdout.readline().split()
+
+    try:
+        reg = start("registry", "--key", str(tmp_path / "reg.key"), "--listen", LOOPBACK, "--store", "memory")
+        rid = line(reg)[1]
+        line(reg)  # store
+        rurl = line(reg)[1]
+        admin = tmp_path / "run" / "n.sock"
+        node = start("node", "--key", str(tmp_path / "n.key"), "--listen", LOOPBACK, "--registry",
+                     f"{rid}@{rurl}", "--nat", "--admin", str(admin))  # fmt: skip
+        line(node)  # node ID
+        listening = line(node)
+        assert listening[0] == "listening"
+        addr = listening[1]
+        # the registry, dialed from the node's one socket, sees it at its listen address
+        assert line(node) == ["candidate", "observed", addr]
+        assert line(node)[0] == "status"  # the local address is the observed one: listed once
+        status = subprocess.run([*iac_cmd, "status", "--admin", str(admin)], capture_output=True, text=True,
+                                env=env, timeout=60)  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        assert "nat  punch_attempts 0" in status.stdout and f"candidate observed {addr}" in status.stdout
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=20)

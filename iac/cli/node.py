@@ -13,6 +13,11 @@ bounds them): it prints ``inbox DIR`` after the addresses and one
 it prints anything, and keep its record fresh. A ``--registry`` that is not a registry, or
 that cannot be reached, ends it with one line on stderr.
 
+``--nat`` composes NAT traversal (:class:`~iac.mesh.Traversal`): the node learns the address
+the registry sees it at, publishes its candidates in its record (``--no-lan-addresses`` keeps
+private ones out), prints one ``candidate KIND VALUE`` line per candidate after its addresses,
+and answers punch requests from peers that share a relay with it; ``iac status`` shows them.
+
 It serves its status to ``iac status`` on a private UNIX socket (``--admin PATH``; by default
 ``$XDG_RUNTIME_DIR/iac/ID.sock`` or ``~/.iac/run/ID.sock``; ``--no-admin`` for none) and prints
 ``status PATH``; ``--metrics HOST:PORT`` serves Prometheus metrics and prints ``metrics URL``.
@@ -45,7 +50,7 @@ from iac.cli.options import (
 )
 from iac.cli.serving import metrics_of, print_lines, running
 from iac.errors import ConfigError, ErrorCode, RemoteError
-from iac.mesh import MeshClient
+from iac.mesh import MeshClient, Traversal
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.protocol.records import is_alias, is_capability
@@ -76,7 +81,12 @@ async def run_node(args: argparse.Namespace) -> int:
     _check_publish(args, bool(registries))
     listen = checks.listen_urls(args.listen)
     tickets = checks.tickets_file(args.tickets)
-    config = NodeConfig(transport=transport_config(args), tickets_file=tickets, **inbox_options(args))
+    config = NodeConfig(
+        transport=transport_config(args),
+        tickets_file=tickets,
+        publish_private_addresses=not args.no_lan_addresses,
+        **inbox_options(args),
+    )
     metrics = metrics_of(args)
     node = Node(identity, listen=listen, config=config, metrics=metrics)
     with checks.listen_errors(listen):
@@ -85,6 +95,9 @@ async def run_node(args: argparse.Namespace) -> int:
         if args.inbox is not None:
             node.on_file(print_received)
         async with contextlib.AsyncExitStack() as stack:
+            traversal = Traversal(node) if args.nat else None
+            if traversal is not None:
+                stack.push_async_callback(traversal.close)
             if registries:
                 mesh = MeshClient(
                     node,
@@ -103,9 +116,13 @@ async def run_node(args: argparse.Namespace) -> int:
                         f"--registry {named}: not a registry (it answered {exc}); give the AgentId@URL of "
                         "an `iac registry`"
                     ) from None
+                if traversal is not None and traversal.observed:
+                    await mesh.publish()  # the record again, now with the address the registry saw
             lines = await stack.enter_async_context(running(node, args, metrics))
             print(f"node {identity.agent_id}", flush=True)
             print_listening(node.addresses)
+            for kind, value in traversal.candidates() if traversal is not None else ():
+                print(f"candidate {kind} {value}", flush=True)
             if args.inbox is not None:
                 print(f"inbox {args.inbox}", flush=True)
             print_lines(lines)
@@ -134,6 +151,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=seconds(maximum=MAX_LIFETIME, example="600"),
         default=600.0,
         help="record lifetime in seconds, at most a year (default %(default)g)",
+    )
+    p.add_argument(
+        "--nat",
+        action="store_true",
+        help="NAT traversal: learn the address the registry sees, publish candidates, answer punches",
+    )
+    p.add_argument(
+        "--no-lan-addresses",
+        action="store_true",
+        help="keep private, loopback and link-local addresses out of the published record",
     )
     p.add_argument(
         "--inbox", default=None, metavar="DIR", help="take files sent with `iac send-file` into DIR"
