@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -403,6 +404,10 @@ def save(results_json: Path) -> Path:
     name = ((sc.get("raw") or {}).get("plan") or {}).get("name", "full")
     suffix = "" if name == "full" else f"-{name}"  # IAC_CC_PLAN=targets: ...-iac-bench-cc-targets.json
     path = record.RESULTS / f"{date.isoformat()}-iac-bench-cc{suffix}.json"
+    if suffix:  # the plan came from the environment: say so in the command
+        doc["command"] = f"IAC_CC_PLAN={name} {doc['command']}"
+    # an --out directory outside the repository is a machine path: keep only that it was given
+    doc["command"] = re.sub(r"(--out )/\S+", r"\1<dir>", doc["command"])
     text = record.without_paths(json.dumps(record.without_samples(doc), indent=1, ensure_ascii=False))
     path.write_text(text + "\n", encoding="utf-8")
     return path
