@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Round trips with both ends in this process, for profiling the per-request path.
+
+    .venv/bin/python benchmarks/roundtrip.py                          # every contender, interleaved
+    .venv/bin/python benchmarks/roundtrip.py --json out.json          # ... and every number as JSON
+    .venv/bin/python benchmarks/roundtrip.py tls                      # one: CPU µs per round trip
+    .venv/bin/python benchmarks/roundtrip.py quic --floor             # the floor contender instead
+    .venv/bin/python benchmarks/roundtrip.py tls --in-flight 64       # 64 requests in flight
+    .venv/bin/python benchmarks/roundtrip.py tls --sync-in-thread     # the handler on a thread
+    .venv/bin/python benchmarks/roundtrip.py tls --profile out.pstats # cProfile the measured part
+    valgrind --tool=callgrind .venv/bin/python benchmarks/roundtrip.py tls --count 300 --reps 1
+
+A server node (``NodeConfig(sync_in_thread=False)`` unless ``--sync-in-thread``, answering RUN
+as ``benchmarks/node.py``'s IAC server does) and a client node on one event loop, over
+``quic``, ``tls`` or ``unix``; or, with ``--floor``, ``benchmarks/floor.py``'s server and
+client. After 300 warm-up requests, ``--reps`` times ``--count`` requests; it prints the CPU
+time per round trip of both ends together (``time.process_time``; with one core and no other
+process in the way it is also the wall time). Payloads as ``node.py``'s (seed 7).
+
+Without a transport it runs every contender (``iac-`` and ``floor-`` on each transport, and
+``iac-tls-thread``: the handler on a thread) at 1 and at 64 in flight, in turns (order reversed
+every other repetition), and counts per round trip at 1 in flight, from one cProfile pass of
+``--count`` requests: event-loop turns (``_run_once``), Python function calls and QUIC flushes
+(``transmit``). Those counts depend on the code, not on the machine's load.
+
+With ``--count`` N under callgrind, the difference of the instruction counts of two runs (say
+100 and 300) over the difference of their counts is the instructions per round trip, start-up
+and warm-up cancelled: a figure that does not move with the load of the machine (except where
+behaviour depends on time, as aioquic's ACK delay does: QUIC counts are not repeatable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import baselines  # noqa: E402
+from stats import median  # noqa: E402
+
+Request = Callable[[int], Awaitable[None]]
+
+
+def payloads() -> list[Any]:
+    lines = [ln for ln in (HERE / "corpus" / "test.jsonl").read_text().splitlines() if ln.strip()]
+    return [json.loads(ln) for ln in random.Random(7).sample(lines, 500)]
+
+
+async def iac_pair(transport: str, sync_in_thread: bool, pl: list[Any]) -> tuple[Request, Any]:
+    from iac.node.config import NodeConfig
+    from iac.node.node import Context, Node
+    from iac.wire._pb.iac_pb2 import MessageType
+
+    d = tempfile.mkdtemp(prefix="iacrt-")
+    url = f"unix://{d}/s.sock" if transport == "unix" else f"{transport}://127.0.0.1:0"
+    server = Node(listen=[url], config=NodeConfig(sync_in_thread=sync_in_thread))
+
+    @server.on(MessageType.RUN)
+    def handler(ctx: Context) -> object:
+        return baselines.answer(ctx.payload)
+
+    await server.start()
+    client = Node()
+    await client.start()
+    client.add_peer(server.agent_id, server.addresses[0])
+    peer, run = server.agent_id, MessageType.RUN
+
+    async def request(i: int) -> None:
+        reply = await client.request(peer, run, pl[i % len(pl)])
+        if reply.payload.get("ok") is not True:
+            raise RuntimeError(f"bad reply {reply.payload!r}")
+
+    async def close() -> None:
+        await client.close()
+        await server.close()
+
+    return request, close
+
+
+async def floor_pair(transport: str, pl: list[Any]) -> tuple[Request, Any]:
+    import floor
+
+    srv = await floor.start_floor(f"floor-{transport}", Path(tempfile.mkdtemp(prefix="iacrt-")))
+    client = floor.FloorClient(pl, srv.info)
+    await client.start()
+
+    async def close() -> None:
+        await client.close()
+        await srv.close()
+
+    return client.request, close
+
+
+async def main(args: argparse.Namespace) -> None:
+    pl = payloads()
+    if args.floor:
+        request, close = await floor_pair(args.transport, pl)
+    else:
+        request, close = await iac_pair(args.transport, args.sync_in_thread, pl)
+
+    async def run(n: int) -> None:
+        if args.in_flight == 1:
+            for i in range(n):
+                await request(i)
+            return
+        it = iter(range(n))
+
+        async def worker() -> None:
+            for i in it:
+                await request(i)
+
+        await asyncio.gather(*(worker() for _ in range(args.in_flight)))
+
+    try:
+        await run(300)
+        prof = cProfile.Profile() if args.profile else None
+        cpu = []
+        for _ in range(args.reps):
+            c0 = time.process_time()
+            if prof is not None:
+                prof.enable()
+            await run(args.count)
+            if prof is not None:
+                prof.disable()
+            cpu.append((time.process_time() - c0) / args.count * 1e6)
+        if prof is not None:
+            prof.dump_stats(args.profile)
+    finally:
+        await close()
+    what = f"{'floor' if args.floor else 'iac'}-{args.transport}"
+    print(f"{what}, {args.in_flight} in flight: CPU µs per round trip (both ends) median "
+          f"{median(cpu):.0f} [{min(cpu):.0f} .. {max(cpu):.0f}] of {args.reps} x {args.count}")  # fmt: skip
+
+
+MATRIX = (
+    ("iac-quic", "quic", False, False),
+    ("floor-quic", "quic", True, False),
+    ("iac-tls", "tls", False, False),
+    ("floor-tls", "tls", True, False),
+    ("iac-unix", "unix", False, False),
+    ("floor-unix", "unix", True, False),
+    ("iac-tls-thread", "tls", False, True),
+)
+
+
+async def run_requests(request: Request, n: int, in_flight: int) -> float:
+    """``n`` requests, ``in_flight`` at a time; CPU µs per round trip."""
+    c0 = time.process_time()
+    if in_flight == 1:
+        for i in range(n):
+            await request(i)
+    else:
+        it = iter(range(n))
+
+        async def worker() -> None:
+            for i in it:
+                await request(i)
+
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return (time.process_time() - c0) / n * 1e6
+
+
+async def counts(request: Request, n: int) -> dict[str, float]:
+    """Per round trip at 1 in flight: loop turns, Python calls, QUIC flushes (cProfile)."""
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        await request(i)
+    prof.disable()
+    st = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    turns = sum(v[1] for k, v in st.items() if k[2] == "_run_once")
+    flushes = sum(v[1] for k, v in st.items() if k[2] == "transmit" and "aioquic" in k[0])
+    calls = sum(v[1] for v in st.values())
+    return {"loop_turns": turns / n, "python_calls": calls / n, "quic_transmits": flushes / n}
+
+
+async def matrix(args: argparse.Namespace) -> dict[str, Any]:
+    pl = payloads()
+    pairs: dict[str, tuple[Request, Any]] = {}
+    out: dict[str, Any] = {}
+    try:
+        for name, transport, is_floor, thread in MATRIX:
+            pairs[name] = await (floor_pair(transport, pl) if is_floor else iac_pair(transport, thread, pl))
+            await run_requests(pairs[name][0], 300, 1)
+            out[name] = {"cpu_us_1": [], "cpu_us_64": [], **await counts(pairs[name][0], args.count)}
+        names = [m[0] for m in MATRIX]
+        for rep in range(args.reps):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                request = pairs[name][0]
+                out[name]["cpu_us_1"].append(await run_requests(request, args.count, 1))
+                out[name]["cpu_us_64"].append(await run_requests(request, 2 * args.count, 64))
+            print(f"  .. repetition {rep + 1}/{args.reps}", file=sys.stderr, flush=True)
+    finally:
+        for _, close in pairs.values():
+            await close()
+    for v in out.values():
+        v["cpu_us_1_median"] = median(v["cpu_us_1"])
+        v["cpu_us_64_median"] = median(v["cpu_us_64"])
+    ratios = {}
+    for t in ("quic", "tls", "unix"):
+        iac, fl = out[f"iac-{t}"], out[f"floor-{t}"]
+        ratios[f"iac-{t} / floor-{t}"] = {
+            "cpu_1": iac["cpu_us_1_median"] / fl["cpu_us_1_median"],
+            "cpu_64": iac["cpu_us_64_median"] / fl["cpu_us_64_median"],
+        }
+    th, tls = out["iac-tls-thread"], out["iac-tls"]
+    ratios["iac-tls-thread / iac-tls"] = {
+        "cpu_1": th["cpu_us_1_median"] / tls["cpu_us_1_median"],
+        "cpu_64": th["cpu_us_64_median"] / tls["cpu_us_64_median"],
+    }
+    return {
+        "benchmark": "roundtrip",
+        "config": {"count": args.count, "reps": args.reps, "in_flight": [1, 64]},
+        "contenders": out,
+        "ratios": ratios,
+    }
+
+
+def print_matrix(r: dict[str, Any]) -> None:
+    c = r["config"]
+    print(f"\nBoth ends in one process; CPU µs per round trip, median of {c['reps']} repetitions "
+          f"({c['count']} at 1 in flight, {2 * c['count']} at 64);"
+          " counts per round trip at 1 in flight")  # fmt: skip
+    print(f"{'contender':16} {'CPU @1':>8} {'CPU @64':>8} {'turns':>6} {'calls':>7} {'QUIC flushes':>13}")
+    for name, v in r["contenders"].items():
+        print(f"{name:16} {v['cpu_us_1_median']:8.0f} {v['cpu_us_64_median']:8.0f} {v['loop_turns']:6.1f} "
+              f"{v['python_calls']:7.0f} {v['quic_transmits']:13.1f}")  # fmt: skip
+    for k, v in r["ratios"].items():
+        print(f"{k:28} CPU at 1 in flight {v['cpu_1']:.2f}x, at 64 {v['cpu_64']:.2f}x")
+
+
+def cli() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("transport", nargs="?", choices=("quic", "tls", "unix"), help="one contender only")
+    ap.add_argument("--count", type=int, default=1000)
+    ap.add_argument("--json", type=Path, help="(every contender) write every number as JSON here")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--in-flight", type=int, default=1)
+    ap.add_argument("--floor", action="store_true", help="benchmarks/floor.py's contender instead of IAC")
+    ap.add_argument("--sync-in-thread", action="store_true", help="the server's handler on a thread")
+    ap.add_argument("--profile", help="write cProfile stats of the measured requests here")
+    args = ap.parse_args()
+    if args.transport is None:
+        report = asyncio.run(matrix(args))
+        print_matrix(report)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        return
+    asyncio.run(main(args))
+
+
+if __name__ == "__main__":
+    cli()
