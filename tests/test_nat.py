@@ -488,3 +488,25 @@ def test_iac_node_nat_prints_and_publishes_its_candidates(tmp_path: Path) -> Non
         for p in procs:
             p.terminate()
             p.wait(timeout=20)
+
+
+@needs_lab
+def test_two_nats_connect_directly_over_ipv6() -> None:
+    """NAT66 (ip6tables MASQUERADE, unsolicited inbound dropped) on both sides: the same punch."""
+
+    async def body(lab: Any) -> None:
+        async with NatScene(lab, ipv6=True) as s:
+            seen_a = await s.ta.observe(s.relay.agent_id)
+            seen_b = await s.tb.observe(s.relay.agent_id)
+            assert seen_a.startswith(f"quic://[{lab.wan6_a}]:") and seen_b.startswith(
+                f"quic://[{lab.wan6_b}]:"
+            )
+            await s.requests(2, "relayed")
+            before = s.relayed()
+            assert await s.ta.connect_direct(s.b.agent_id)
+            conn = s.a.connection(s.b.agent_id)
+            assert conn is not None and conn.peer.address == seen_b
+            await s.requests(10, "direct")
+            assert s.relayed() == before + 3  # the punch's three messages, nothing more
+
+    _run_lab(body, ipv6=True)

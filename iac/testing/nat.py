@@ -38,6 +38,8 @@ CLONE_NEWNET = 0x40000000
 
 #: Where the public namespace is reached from behind either NAT.
 PUBLIC_ADDR = "198.51.100.1"
+#: The same over IPv6 (``NatLab(ipv6=True)``: NAT66 with ``ip6tables ... MASQUERADE``).
+PUBLIC_ADDR6 = "2001:db8:100:1::1"
 HOST_A = "10.77.1.2"
 HOST_B = "10.77.2.2"
 
@@ -48,7 +50,8 @@ def unavailable() -> str | None:
         return f"needs Linux network namespaces (this is {sys.platform})"
     if os.geteuid() != 0:
         return "needs root (ip netns, iptables); run the suite as root to include it"
-    for tool, package in (("ip", "iproute2"), ("iptables", "iptables"), ("conntrack", "conntrack")):
+    for tool, package in (("ip", "iproute2"), ("iptables", "iptables"), ("ip6tables", "iptables"),
+                          ("conntrack", "conntrack")):  # fmt: skip
         if shutil.which(tool) is None:
             return f"needs {tool} (apt-get install {package}; tools/test-deps.sh installs it)"
     return None
@@ -105,6 +108,8 @@ class NatLab:
     tag: str = field(default_factory=lambda: str(os.getpid()))
     symmetric: bool = False
     shared: bool = False
+    #: IPv6 as well (not with ``shared``): ULA LANs behind NAT66, documentation-prefix WANs.
+    ipv6: bool = False
     _made: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -115,6 +120,10 @@ class NatLab:
         self.wan_b = self.wan_a if self.shared else "198.51.100.6"
         self.addr_a = HOST_A
         self.addr_b = "10.77.1.3" if self.shared else HOST_B
+        self.addr6_a, self.addr6_b = "fd77:1::2", "fd77:2::2"
+        self.wan6_a, self.wan6_b = "2001:db8:100:1::2", "2001:db8:100:2::2"
+        if self.ipv6 and self.shared:
+            raise LabError("an IPv6 lab has two NATs (shared is IPv4 only)")
 
     def __enter__(self) -> NatLab:
         self.start()
@@ -135,15 +144,35 @@ class NatLab:
         run("ip", "-n", ns1, "link", "set", if1, "up")
         run("ip", "-n", ns2, "link", "set", if2, "up")
 
-    def _nat(self, ns: str, lan_net: str) -> None:
-        run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=ns)
-        masq = ["iptables", "-t", "nat", "-A", "POSTROUTING", "-s", lan_net, "-o", "wan", "-j", "MASQUERADE"]
+    def _nat(self, ns: str, lan_net: str, tables: str = "iptables") -> None:
+        run("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1", ns=ns)
+        masq = [tables, "-t", "nat", "-A", "POSTROUTING", "-s", lan_net, "-o", "wan", "-j", "MASQUERADE"]
         if self.symmetric:
             masq.append("--random-fully")
         run(*masq, ns=ns)
         for chain in ("FORWARD", "INPUT"):  # unsolicited inbound: dropped, routed on or addressed to it
             drop = ["-i", "wan", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP"]
-            run("iptables", "-A", chain, *drop, ns=ns)
+            run(tables, "-A", chain, *drop, ns=ns)
+
+    def _addr6(self, ns: str, dev: str, addr: str) -> None:
+        run("ip", "-n", ns, "addr", "add", addr, "dev", dev, "nodad")  # usable at once
+
+    def _start6(self) -> None:
+        run("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1", ns=self.public)
+        run("ip6tables", "-A", "FORWARD", "-p", "udp", ns=self.public)
+        run("ip6tables", "-A", "INPUT", "-p", "udp", ns=self.public)
+        for side, pub_if, nat, host, lan, addr, wan in (
+            (1, "pa", self.nat_a, self.host_a, "fd77:1::", self.addr6_a, self.wan6_a),
+            (2, "pb", self.nat_b, self.host_b, "fd77:2::", self.addr6_b, self.wan6_b),
+        ):
+            gw = f"2001:db8:100:{side}::1"
+            self._addr6(self.public, pub_if, f"{gw}/64")
+            self._addr6(nat, "wan", f"{wan}/64")
+            self._addr6(nat, "lan", f"{lan}1/64")
+            self._addr6(host, "eth0", f"{addr}/64")
+            run("ip", "-n", host, "-6", "route", "add", "default", "via", f"{lan}1")
+            run("ip", "-n", nat, "-6", "route", "add", "default", "via", gw)
+            self._nat(nat, f"{lan}/64", "ip6tables")
 
     def start(self) -> None:
         reason = unavailable()
@@ -183,6 +212,8 @@ class NatLab:
                 run("ip", "-n", self.host_b, "route", "add", "default", "via", "10.77.2.1")
                 run("ip", "-n", self.nat_b, "route", "add", "default", "via", "198.51.100.5")
                 self._nat(self.nat_b, "10.77.2.0/24")
+            if self.ipv6:
+                self._start6()
         except BaseException:
             self.close()
             raise
@@ -217,14 +248,18 @@ class NatLab:
 
 
 class NatScene:
-    """On a started :class:`NatLab`: a relay that is also a registry in the public namespace,
+    """On a started :class:`NatLab`: a relay that is also a registry in the public namespace
+    (over IPv6 with ``ipv6``, on an ``ipv6`` lab),
     node ``a`` and node ``b`` behind their NATs (QUIC, one socket each), each connected to the
     relay with a route to the other through it and a :class:`~iac.mesh.Traversal`; ``b``
     answers RUN with its payload (each payload handled is kept in ``handled``). An async
     context manager; everything is closed at the end."""
 
-    def __init__(self, lab: NatLab, config: Any = None, direct_timeout: float = 8.0) -> None:
+    def __init__(
+        self, lab: NatLab, config: Any = None, direct_timeout: float = 8.0, ipv6: bool = False
+    ) -> None:
         self.lab = lab
+        self.ipv6 = ipv6
         self.config = config
         self.direct_timeout = direct_timeout
         self.handled: list[str] = []
@@ -239,15 +274,18 @@ class NatScene:
 
         lab = self.lab
         config = self.config or NodeConfig()
-        self.relay = Node(
-            listen=[f"quic://{PUBLIC_ADDR}:0"],
-            config=NodeConfig(relay_policy=RelayPolicy(relay_unicast=True)),
+        public, host_a, host_b = (
+            (f"[{PUBLIC_ADDR6}]", f"[{lab.addr6_a}]", f"[{lab.addr6_b}]")
+            if self.ipv6
+            else (PUBLIC_ADDR, lab.addr_a, lab.addr_b)
         )
+        relaying = NodeConfig(relay_policy=RelayPolicy(relay_unicast=True))
+        self.relay = Node(listen=[f"quic://{public}:0"], config=relaying)
         with in_namespace(lab.public):
             await self.relay.start()
         self.registry = serve_registry(self.relay)
-        self.a = Node(listen=[f"quic://{lab.addr_a}:0"], config=config)
-        self.b = Node(listen=[f"quic://{lab.addr_b}:0"], config=config)
+        self.a = Node(listen=[f"quic://{host_a}:0"], config=config)
+        self.b = Node(listen=[f"quic://{host_b}:0"], config=config)
         with in_namespace(lab.host_a):
             await self.a.start()
         with in_namespace(lab.host_b):
@@ -296,6 +334,7 @@ __all__ = [
     "HOST_A",
     "HOST_B",
     "PUBLIC_ADDR",
+    "PUBLIC_ADDR6",
     "LabError",
     "NatLab",
     "NatScene",
