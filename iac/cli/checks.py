@@ -101,13 +101,7 @@ def load_key(path: str, flag: str = "--key") -> Identity:
 def output_file(flag: str, path: str, *, force: bool, example: str = "out", lost: str = "") -> Path:
     """A file about to be written: not a directory, in a directory that exists, and not there
     already unless ``force`` (``lost``: what replacing it loses, for the message)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{flag} {path}: is a directory; name the file to write, e.g. {flag} {p / example}")
-    parent = p.parent
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise ConfigError(f"{flag} {path}: {parent} {what}; create the directory first (mkdir -p {parent})")
+    p = _file_in_a_directory(flag, path, example)
     if p.exists() and not force:
         raise ConfigError(
             f"{flag} {path}: already exists; add --force to replace it{lost}, or choose another name"
@@ -120,17 +114,23 @@ def tickets_file(path: str | None, flag: str = "--tickets") -> Path | None:
     directory must exist, and it must not be a directory or readable by others."""
     if path is None:
         return None
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{flag} {path}: is a directory; name the file, e.g. {flag} {p / 'tickets.json'}")
-    parent = p.parent
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise ConfigError(f"{flag} {path}: {parent} {what}; create the directory first (mkdir -p {parent})")
+    p = _file_in_a_directory(flag, path, "tickets.json")
     if p.exists() and p.stat().st_mode & 0o077:
         raise ConfigError(
             f"{flag} {path}: readable by others; session tickets are secret like a key (chmod 600 {path})"
         )
+    return p
+
+
+def _file_in_a_directory(flag: str, path: str, example: str) -> Path:
+    """``path`` names a file (not a directory) in a directory that exists."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; name the file to write, e.g. {flag} {p / example}")
+    parent = p.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ConfigError(f"{flag} {path}: {parent} {what}; create the directory first (mkdir -p {parent})")
     return p
 
 
