@@ -1,0 +1,56 @@
+"""Smoke tests of ``benchmarks/roundtrip.py`` and ``benchmarks/scaleout.py``: they run and report
+every contender with sane numbers. No timing thresholds (loopback figures on a shared machine
+say nothing); the counts that depend on the code alone are checked where the code fixes them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_roundtrip_every_contender(tmp_path: Path) -> None:
+    out = tmp_path / "rt.json"
+    _run([str(BENCH / "roundtrip.py"), "--count", "30", "--reps", "2", "--json", str(out)])
+    report = json.loads(out.read_text())
+    names = {f"{k}-{t}" for k in ("iac", "floor") for t in ("quic", "tls", "unix")} | {"iac-tls-thread"}
+    assert set(report["contenders"]) == names
+    for name, c in report["contenders"].items():
+        assert len(c["cpu_us_1"]) == len(c["cpu_us_64"]) == 2, name
+        assert all(0 < v < 1_000_000 for v in c["cpu_us_1"] + c["cpu_us_64"]), name
+        assert c["loop_turns"] >= 1 and c["python_calls"] > 10, name
+        # datagrams carry QUIC: at least one flush per direction; TLS and UNIX never call transmit
+        assert (c["quic_transmits"] >= 2) if name.endswith("quic") else (c["quic_transmits"] == 0), name
+    # the handler on a thread hops: more loop turns than inline
+    c = report["contenders"]
+    assert c["iac-tls-thread"]["loop_turns"] > c["iac-tls"]["loop_turns"]
+    assert set(report["ratios"]) == {
+        "iac-quic / floor-quic", "iac-tls / floor-tls", "iac-unix / floor-unix", "iac-tls-thread / iac-tls"
+    }  # fmt: skip
+
+
+def test_roundtrip_one_transport() -> None:
+    _run([str(BENCH / "roundtrip.py"), "unix", "--count", "20", "--reps", "1"])
+
+
+def test_scaleout_quick(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    _run([str(BENCH / "scaleout.py"), "--quick", "--count", "50", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["config"]["reps"] == 1 and len(report["scaling"]) == 1
+    contenders = report["contenders"]
+    assert list(contenders) == [
+        "1 process, memory store", "1 process, shared store", "2 processes, shared store"
+    ]  # fmt: skip
+    for name, c in contenders.items():
+        assert c["requests_per_s"] > 0 and c["server_cpu_us_per_request"] > 0, name
+    assert report["two_over_one"] > 0 and report["shared_over_memory_cpu"] > 0
