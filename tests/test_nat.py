@@ -510,3 +510,28 @@ def test_two_nats_connect_directly_over_ipv6() -> None:
             assert s.relayed() == before + 3  # the punch's three messages, nothing more
 
     _run_lab(body, ipv6=True)
+
+
+@needs_lab
+def test_a_direct_path_that_dies_falls_back_to_the_relay_and_is_punched_again() -> None:
+    async def body(lab: Any) -> None:
+        quick = NodeConfig(transport=dataclasses.replace(NodeConfig().transport, keepalive_interval=0.3))
+        async with NatScene(lab, config=quick, direct_timeout=2.0) as s:
+            await s.ta.observe(s.relay.agent_id)
+            await s.tb.observe(s.relay.agent_id)
+            s.ta.watch(s.b.agent_id)
+            await eventually(lambda: s.ta.path(s.b.agent_id) == "direct", timeout=20)
+            await s.requests(3, "direct")
+            lab.block_direct()  # the path between the NATs dies; the relay is still reachable
+            await eventually(lambda: s.ta.path(s.b.agent_id) == "relayed", timeout=20)
+            before = s.relayed()
+            await s.requests(5, "relayed")
+            assert s.relayed() >= before + 10  # through the relay now
+            failures = s.ta.stats_.punch_failures
+            await eventually(lambda: s.ta.stats_.punch_failures > failures, timeout=20)  # still trying
+            lab.block_direct(False)
+            await eventually(lambda: s.ta.path(s.b.agent_id) == "direct", timeout=30)  # punched again
+            await s.requests(3, "again")
+            assert len(s.handled) == len(set(s.handled)) == 11
+
+    _run_lab(body)

@@ -266,6 +266,16 @@ class Traversal:
             if i + 1 < self.punch_burst:
                 await asyncio.sleep(self.punch_spacing)  # spacing between punch packets, not a sync
 
+    def _no_early_data(self, theirs: Sequence[Candidate]) -> None:
+        """Forget the session tickets held for these candidates: a 0-RTT dial would count as
+        connected before any packet crossed the path, so a punch dial does the full handshake
+        (only the peer's HELLO proves the path, and who is at its end)."""
+        tickets = self.node._peers.tickets
+        if tickets is not None:
+            for kind, value in theirs:
+                if kind != "relay":
+                    tickets.pop(value)
+
     def _remember(self, peer: str, theirs: list[Candidate]) -> None:
         """Keep a peer's candidates (from its signed message) and put its addresses in the
         peer book."""
@@ -307,6 +317,7 @@ class Traversal:
                 await asyncio.sleep(rtt / 2)  # the peer gets SYNC half a round trip after it left
                 # the burst goes on beside the dial; its first datagrams leave before the dial's
                 self._spawn(self._punch(listener, theirs))
+                self._no_early_data(theirs)
                 await self._connect_or_accepted(peer)
         except (TimeoutError, IacError) as exc:
             if self._direct(peer):

@@ -223,6 +223,13 @@ class NatLab:
         forgets its mappings mid-conversation does."""
         run("conntrack", "-D", "-p", "udp", ns=nat, check=False)
 
+    def block_direct(self, blocked: bool = True) -> None:
+        """Drop (or stop dropping) every UDP packet routed between the two NATs: the direct path
+        between the hosts dies, what goes to and from the public namespace still flows."""
+        for tables in ("iptables", "ip6tables") if self.ipv6 else ("iptables",):
+            rule = ["FORWARD", "-p", "udp", "-j", "DROP"]
+            run(tables, "-I" if blocked else "-D", *rule, ns=self.public)
+
     def _counter(self, chain: str) -> int:
         out = run("iptables", "-L", chain, "-v", "-x", "-n", ns=self.public)
         return sum(int(line.split()[0]) for line in out.splitlines()[2:] if line.strip())
