@@ -302,6 +302,8 @@ def test_two_nats_connect_directly() -> None:
             st = s.ta.stats()
             assert (st["punch_attempts"], st["punch_successes"], st["punch_failures"]) == (1, 1, 0)
             assert st["paths"] == {s.b.agent_id: "direct"} and s.tb.stats()["punches_answered"] == 1
+            # the answering side punched toward a's candidates but keeps them out of its peer book
+            assert s.a.agent_id not in s.b.peer_book
             # the same in node stats and the status view
             ns = s.a.stats()
             assert ns.nat["punch_successes"] == 1 and ns.nat["direct"] == 1

@@ -219,8 +219,8 @@ class Traversal:
         if listener is None:
             self.stats_.refused += 1
             raise HandlerError(ErrorCode.NO_HANDLER, "no QUIC listener to punch from")
-        if theirs:
-            self._remember(sender, theirs)
+        if theirs:  # kept to punch toward, never put in the peer book: this side does not dial them
+            self._keep(sender, theirs)
         targets = self._peer_candidates.get(sender, [])
         self._spawn(self._punch(listener, targets))
         if op == OP_PUNCH:
@@ -276,13 +276,18 @@ class Traversal:
                 if kind != "relay":
                     tickets.pop(value)
 
-    def _remember(self, peer: str, theirs: list[Candidate]) -> None:
-        """Keep a peer's candidates (from its signed message) and put its addresses in the
-        peer book."""
+    def _keep(self, peer: str, theirs: list[Candidate]) -> None:
+        """Keep a peer's candidates (from its signed message), the newest peers at most
+        :data:`MAX_DESTINATIONS`."""
         self._peer_candidates.pop(peer, None)
         self._peer_candidates[peer] = theirs
         while len(self._peer_candidates) > MAX_DESTINATIONS:
             self._peer_candidates.pop(next(iter(self._peer_candidates)))
+
+    def _remember(self, peer: str, theirs: list[Candidate]) -> None:
+        """The initiator: keep the answering peer's candidates and put its addresses in the
+        peer book, to dial them."""
+        self._keep(peer, theirs)
         urls = [v for k, v in theirs if k != "relay"]
         if urls:
             self.node.add_peer(peer, *urls)
