@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from figures_cc import render_cc
+from figures_profile import render_roundtrip, render_scaleout
 from figures_results import (
     CODEC_RATIO_TARGET,
     DICT_SAVING_TARGET,
@@ -451,4 +452,6 @@ RENDERERS: dict[str, Renderer] = {
     "behind": render_behind,
     "cc": render_cc,
     "nat": render_nat,
+    "roundtrip": render_roundtrip,
+    "scaleout": render_scaleout,
 }
