@@ -218,6 +218,13 @@ def test_punch_datagrams_are_rate_limited_per_destination() -> None:
             assert sent.count(("203.0.113.7", 4433)) == 3 and sent.count(("203.0.113.8", 4433)) == 3
             assert t.stats_.punch_rate_limited == 6 and t.stats_.punch_datagrams == 6
             await t.close()
+            # all destinations together: at most 2 x punch_total_rate at once
+            sent.clear()
+            t = Traversal(node, punch_burst=4, punch_total_rate=1.0, punch_spacing=0)
+            many = [("observed", f"quic://203.0.113.{i}:4433") for i in range(1, 9)]
+            await t._punch(Listener(), many)
+            assert len(sent) == 2 and t.stats_.punch_rate_limited == 4 * 8 - 2
+            await t.close()
 
     run(main())
 

@@ -25,7 +25,8 @@ peer, with backoff.
 
 Bounds against reflection: candidates per message or record (:data:`MAX_CANDIDATES`), punch
 datagrams per destination (a token bucket: :attr:`Traversal.punch_burst` at once,
-:attr:`Traversal.punch_rate` per second), destinations remembered (:data:`MAX_DESTINATIONS`),
+:attr:`Traversal.punch_rate` per second; :attr:`Traversal.punch_total_rate` for all of them
+together), destinations remembered (:data:`MAX_DESTINATIONS`),
 and punches only for a peer that asked in a signed message (``allow`` may narrow who).
 """
 
@@ -119,6 +120,9 @@ class Traversal:
     punch_burst: int = 4
     punch_rate: float = 2.0
     punch_spacing: float = 0.02
+    #: All destinations together: at most this many punch datagrams per second (and twice as
+    #: many at once), so that cycling through destinations gains nothing.
+    punch_total_rate: float = 32.0
     publish_private: bool | None = None
     stats_: NatStats = field(default_factory=NatStats)
     observed: dict[str, str] = field(default_factory=dict)  # observer AgentId -> address
@@ -130,8 +134,16 @@ class Traversal:
     def __post_init__(self) -> None:
         for r in self.relays:
             check_agent_id(r)
-        if self.direct_timeout <= 0 or self.punch_burst < 1 or self.punch_rate <= 0:
-            raise ConfigError("need direct_timeout > 0, punch_burst >= 1 and punch_rate > 0")
+        if (
+            self.direct_timeout <= 0
+            or self.punch_burst < 1
+            or self.punch_rate <= 0
+            or self.punch_total_rate <= 0
+        ):
+            raise ConfigError(
+                "need direct_timeout > 0, punch_burst >= 1, punch_rate > 0 and punch_total_rate > 0"
+            )
+        self._total = _Bucket(2 * self.punch_total_rate, time.monotonic())
         self._dispatcher = RegisterKeyDispatcher.of(self.node)
         self._dispatcher.attach_traversal(self)
         self.node.nat_stats = self.stats
@@ -234,6 +246,12 @@ class Traversal:
         return self.node._peers.quic_listener()
 
     def _allow_datagram(self, dest: tuple[str, int], now: float) -> bool:
+        total = self._total
+        total.tokens = min(2 * self.punch_total_rate, total.tokens + (now - total.at) * self.punch_total_rate)
+        total.at = now
+        if total.tokens < 1:
+            self.stats_.punch_rate_limited += 1
+            return False
         b = self._buckets.get(dest)
         if b is None:
             b = self._buckets[dest] = _Bucket(float(self.punch_burst), now)
@@ -247,6 +265,7 @@ class Traversal:
             self.stats_.punch_rate_limited += 1
             return False
         b.tokens -= 1
+        total.tokens -= 1
         return True
 
     async def _punch(self, listener: Any, targets: Sequence[Candidate]) -> None:
