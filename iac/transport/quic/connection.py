@@ -145,9 +145,6 @@ class QuicConn(Connection):
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
 
-    def received(self) -> int:
-        return len(self._inbox)
-
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         if self._closing or self._terminated.is_set():
             await self.wait_closed()

@@ -182,9 +182,6 @@ class StreamConnection(Connection):
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
 
-    def received(self) -> int:
-        return len(self._inbox)
-
     def flush(self) -> None:
         handle = self._flush_handle
         if handle is not None:
