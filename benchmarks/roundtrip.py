@@ -36,6 +36,7 @@ import asyncio
 import cProfile
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -85,6 +86,7 @@ async def iac_pair(transport: str, sync_in_thread: bool, pl: list[Any]) -> tuple
     async def close() -> None:
         await client.close()
         await server.close()
+        shutil.rmtree(d, ignore_errors=True)
 
     return request, close
 
@@ -92,13 +94,15 @@ async def iac_pair(transport: str, sync_in_thread: bool, pl: list[Any]) -> tuple
 async def floor_pair(transport: str, pl: list[Any]) -> tuple[Request, Any]:
     import floor
 
-    srv = await floor.start_floor(f"floor-{transport}", Path(tempfile.mkdtemp(prefix="iacrt-")))
+    d = tempfile.mkdtemp(prefix="iacrt-")
+    srv = await floor.start_floor(f"floor-{transport}", Path(d))
     client = floor.FloorClient(pl, srv.info)
     await client.start()
 
     async def close() -> None:
         await client.close()
         await srv.close()
+        shutil.rmtree(d, ignore_errors=True)
 
     return client.request, close
 
