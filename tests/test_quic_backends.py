@@ -33,17 +33,37 @@ from iac.wire.message import Session, build_message, encode_message_frame
 LOOPBACK = "quic://127.0.0.1:0"
 INSTALLED = _quic_backend.available()
 
-#: Why qh3 is not offered (qh3 2.1.0): its native core raises from ``datagrams_to_send``
-#: (inside the transmit and timer callbacks) under this load. Not strict: load-dependent.
-QH3_CORE_BUGS = pytest.mark.xfail(
+#: Why qh3 is not offered (docs/PROTOCOL.md, "QUIC libraries"; last tried 2026-12-01 with qh3
+#: 2.1.0, the newest release): its native core raises from ``datagrams_to_send`` (inside the
+#: transmit and timer callbacks), as the reproductions in tools/qh3/ show without IAC code.
+#: A qh3 server raises answering an aioquic client's first Initial, on every connection: strict,
+#: so that a release that fixes it is noticed.
+QH3_SERVER_AIOQUIC_CLIENT = pytest.mark.xfail(
+    strict=True,
+    reason="qh3 2.1.0: a qh3 server's datagrams_to_send raises 'packet builder capacity exhausted' "
+    "answering an aioquic client's first Initial, on every connection "
+    "(tools/qh3/repro_builder_capacity.py)",
+)
+#: With qh3 on both sides it raises once datagrams are reordered or lost while many short streams
+#: come and go: load-dependent, not strict (the lighter cases pass, and at times the heavier).
+#: The 0-RTT case fails too, but not in qh3 (tools/qh3/check_zero_rtt.py): the server's ticket
+#: store rebuilds a stored ticket with the selected backend's class (aioquic), not the
+#: listener's, and aioquic's ticket breaks qh3's resumption. The slow-reader case at times
+#: times out in the sender's close() after the receiver closed with BUFFER_EXCEEDED (cause
+#: not established).
+QH3_BOTH_SIDES = pytest.mark.xfail(
     strict=False,
-    reason="qh3 2.1 native core: 'packet builder capacity exhausted' (qh3 server, aioquic client) and "
-    "'reserved stream is missing' (qh3 both sides) raised from datagrams_to_send under load",
+    reason="qh3 2.1.0 on both sides: datagrams_to_send raises 'reserved stream is missing' when "
+    "datagrams are reordered or lost (tools/qh3/repro_reserved_stream.py); 0-RTT: the server's "
+    "ticket store rebuilds tickets with the selected backend's class, not the listener's; "
+    "slow reader: at times the sender's close() times out",
 )
 
 
 def _pair_marks(client: str, server: str) -> list[pytest.MarkDecorator]:
-    return [QH3_CORE_BUGS] if server == "qh3" else []
+    if server != "qh3":
+        return []
+    return [QH3_SERVER_AIOQUIC_CLIENT] if client == "aioquic" else [QH3_BOTH_SIDES]
 
 
 #: (client backend, server backend) for the backends installed here: aioquic always; the qh3
