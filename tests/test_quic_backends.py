@@ -46,16 +46,13 @@ QH3_SERVER_AIOQUIC_CLIENT = pytest.mark.xfail(
 )
 #: With qh3 on both sides it raises once datagrams are reordered or lost while many short streams
 #: come and go: load-dependent, not strict (the lighter cases pass, and at times the heavier).
-#: The 0-RTT case fails too, but not in qh3 (tools/qh3/check_zero_rtt.py): the server's ticket
-#: store rebuilds a stored ticket with the selected backend's class (aioquic), not the
-#: listener's, and aioquic's ticket breaks qh3's resumption. The slow-reader case at times
+#: The slow-reader case at times
 #: times out in the sender's close() after the receiver closed with BUFFER_EXCEEDED (cause
 #: not established).
 QH3_BOTH_SIDES = pytest.mark.xfail(
     strict=False,
     reason="qh3 2.1.0 on both sides: datagrams_to_send raises 'reserved stream is missing' when "
-    "datagrams are reordered or lost (tools/qh3/repro_reserved_stream.py); 0-RTT: the server's "
-    "ticket store rebuilds tickets with the selected backend's class, not the listener's; "
+    "datagrams are reordered or lost (tools/qh3/repro_reserved_stream.py); "
     "slow reader: at times the sender's close() times out",
 )
 

@@ -434,3 +434,30 @@ def test_an_early_flight_replayed_to_a_second_server_of_the_cluster_delivers_not
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_stored_ticket_comes_back_as_the_library_that_made_it(tmp_path: Path) -> None:
+    """A ticket file (and a server's shared ticket store) keep which QUIC library made each ticket,
+    and a ticket without a server name stays without one: a listener gets back the class its TLS
+    made, whatever backend is selected; an entry naming a library not installed here is dropped
+    (a full handshake), not an error."""
+    from aioquic.tls import CipherSuite, SessionTicket
+
+    now = dt.datetime.now(dt.UTC)
+    ticket = SessionTicket(
+        age_add=7, cipher_suite=CipherSuite.AES_128_GCM_SHA256, not_valid_after=now + dt.timedelta(hours=1),
+        not_valid_before=now, resumption_secret=b"s" * 32, server_name=None, ticket=b"t" * 16,
+        max_early_data_size=0xFFFFFFFF, other_extensions=[],
+    )  # fmt: skip
+    path = tmp_path / "tickets.json"
+    store = ClientTicketStore(path)
+    store.put("quic://a", ticket, b"c" * 32, "agent")
+    assert json.loads(path.read_text())["quic://a"]["ticket"]["lib"] == "aioquic"
+    back = ClientTicketStore(path).pop("quic://a")
+    assert back is not None and type(back.ticket) is SessionTicket and back.ticket.server_name is None
+    assert back.ticket == ticket
+    store.put("quic://b", ticket, b"c" * 32, "agent")
+    data = json.loads(path.read_text())
+    data["quic://b"]["ticket"]["lib"] = "nosuchquic"
+    path.write_text(json.dumps(data))
+    assert ClientTicketStore(path).pop("quic://b") is None

@@ -14,10 +14,12 @@ qh3 (2.1, a compiled packet core behind aioquic's API) works with this adapter
 for the handshake, 0-RTT and the conformance cases, but is not offered (it is
 not in :data:`AUTO_ORDER`, only used when asked for, and no extra installs it):
 
-* its core raises from ``datagrams_to_send()`` under load — "packet builder
-  capacity exhausted" on a qh3 server fed by an aioquic client, "reserved stream
-  is missing" with qh3 on both sides (a flush is lost and recovered by
-  retransmission, the error surfaces in the event loop's handler);
+* its core raises from ``datagrams_to_send()``: "packet builder capacity
+  exhausted" on a qh3 server answering an aioquic client's first Initial, on
+  every connection; "reserved stream is missing" with qh3 on both sides once
+  datagrams are reordered or lost (a flush is lost and recovered by
+  retransmission, the error surfaces in the event loop's handler). Minimal
+  reproductions: ``tools/qh3/``; docs/PROTOCOL.md records the evaluation;
 * it offers no control over the stream credit it grants (the MAX_STREAMS it
   sends), so receive-side backpressure cannot withhold credit: a reader that
   falls behind fills ``recv_budget_bytes`` and the connection closes with

@@ -55,6 +55,9 @@ class StoredTicket:
 
 def _ticket_to_json(t: SessionTicket) -> dict[str, Any]:
     return {
+        # the QUIC library whose TLS made the ticket (its class, and its datetimes, are that
+        # library's: a qh3 listener must get a qh3 ticket back, whatever backend is selected)
+        "lib": type(t).__module__.partition(".")[0],
         "age_add": t.age_add,
         "cipher_suite": int(t.cipher_suite),
         "not_valid_after": t.not_valid_after.isoformat(),
@@ -68,14 +71,18 @@ def _ticket_to_json(t: SessionTicket) -> dict[str, Any]:
 
 
 def _ticket_from_json(d: dict[str, Any]) -> SessionTicket:
-    lib = get_backend()
+    try:
+        lib = get_backend(d.get("lib"))
+    except ConfigError as exc:  # a library that is not installed here: as a damaged entry
+        raise ValueError(str(exc)) from None
+    server_name = d["server_name"]
     return lib.SessionTicket(
         age_add=int(d["age_add"]),
         cipher_suite=lib.CipherSuite(int(d["cipher_suite"])),
         not_valid_after=datetime.datetime.fromisoformat(d["not_valid_after"]),
         not_valid_before=datetime.datetime.fromisoformat(d["not_valid_before"]),
         resumption_secret=bytes.fromhex(d["resumption_secret"]),
-        server_name=str(d["server_name"]),
+        server_name=None if server_name is None else str(server_name),
         ticket=bytes.fromhex(d["ticket"]),
         max_early_data_size=d["max_early_data_size"],
         other_extensions=[(int(k), bytes.fromhex(v)) for k, v in d["other_extensions"]],
