@@ -544,3 +544,22 @@ def test_a_direct_path_that_dies_falls_back_to_the_relay_and_is_punched_again() 
             assert len(s.handled) == len(set(s.handled)) == 11
 
     _run_lab(body)
+
+
+@needs_lab
+def test_one_nat_without_lan_candidates_falls_back_to_the_relay() -> None:
+    """Both behind one NAT, LAN addresses kept private: only the NAT's WAN address is offered,
+    MASQUERADE does not hairpin, so the punch fails and messages go through the relay."""
+
+    async def body(lab: Any) -> None:
+        shy = NodeConfig(publish_private_addresses=False)
+        async with NatScene(lab, config=shy, direct_timeout=3.0) as s:
+            await s.ta.observe(s.relay.agent_id)
+            await s.tb.observe(s.relay.agent_id)
+            assert [k for k, _ in s.tb.candidates()] == ["observed", "relay"]
+            assert not await s.ta.connect_direct(s.b.agent_id)
+            before = s.relayed()
+            await s.requests(5, "hairpin")
+            assert s.relayed() == before + 10 and s.ta.path(s.b.agent_id) == "relayed"
+
+    _run_lab(body, shared=True)
