@@ -187,6 +187,6 @@ def test_a_node_process_logs_json_lines(tmp_path: Path) -> None:
     assert records
     for r in records:
         assert {"time", "level", "logger", "message"} <= set(r)
-    peers = [r for r in records if r["logger"] == "iac.cli" and r["message"].startswith("peer ")]
+    peers = [r for r in records if r["logger"] == "iac.node" and r["message"].startswith("peer ")]
     assert [r["message"].split()[2] for r in peers] == ["up", "down"]
     assert all(r["transport"] == "tls" and len(r["peer"]) == 16 for r in peers)

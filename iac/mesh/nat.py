@@ -50,7 +50,7 @@ from iac.transport.dialer import Backoff
 from iac.wire.enums import MessageType
 from iac.wire.identity import check_agent_id, is_agent_id
 
-log = logging.getLogger("iac.nat")
+log = logging.getLogger("iac.mesh")
 
 OP_OBSERVE = "observe"
 OP_PUNCH = "punch"
