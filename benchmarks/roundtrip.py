@@ -10,8 +10,9 @@
     .venv/bin/python benchmarks/roundtrip.py tls --profile out.pstats # cProfile the measured part
     valgrind --tool=callgrind .venv/bin/python benchmarks/roundtrip.py tls --count 300 --reps 1
 
-A server node (``NodeConfig(sync_in_thread=False)`` unless ``--sync-in-thread``, answering RUN
-as ``benchmarks/node.py``'s IAC server does) and a client node on one event loop, over
+A server node (``NodeConfig(sync_in_thread=False)``, answering RUN as ``benchmarks/node.py``'s
+IAC server does; with ``--sync-in-thread`` every call hops to a thread, ``adaptive_sync=False``)
+and a client node on one event loop, over
 ``quic``, ``tls`` or ``unix``; or, with ``--floor``, ``benchmarks/floor.py``'s server and
 client. After 300 warm-up requests, ``--reps`` times ``--count`` requests; it prints the CPU
 time per round trip of both ends together (``time.process_time``; with one core and no other
@@ -66,7 +67,7 @@ async def iac_pair(transport: str, sync_in_thread: bool, pl: list[Any]) -> tuple
 
     d = tempfile.mkdtemp(prefix="iacrt-")
     url = f"unix://{d}/s.sock" if transport == "unix" else f"{transport}://127.0.0.1:0"
-    server = Node(listen=[url], config=NodeConfig(sync_in_thread=sync_in_thread))
+    server = Node(listen=[url], config=NodeConfig(sync_in_thread=sync_in_thread, adaptive_sync=False))
 
     @server.on(MessageType.RUN)
     def handler(ctx: Context) -> object:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 from conftest import run
 
 from iac.errors import RemoteError
 from iac.node.config import NodeConfig
+from iac.node.fair import FairThreads, Slots
 from iac.node.node import Context, Node
 from iac.testing import eventually
 from iac.wire._pb.iac_pb2 import Message, MessageType
@@ -120,5 +122,103 @@ def test_per_peer_quota_is_busy() -> None:
             gate.set()
             await asyncio.gather(*first)
             assert bob.stats().refused == {"busy": 1}
+
+    run(main())
+
+
+# --- sync handlers share their threads fairly ---------------------------------------------------
+
+
+def test_fair_threads_serve_the_waiting_peers_in_turn() -> None:
+    """One thread; peer A queues five calls, then B one: B's call runs second, not sixth. A
+    failure reaches its caller; a call cancelled before it started never runs."""
+
+    async def main() -> None:
+        threads = FairThreads(1)
+        gate, order = threading.Event(), []
+
+        def call(name: str) -> str:
+            order.append(name)
+            if name == "a0":
+                assert gate.wait(5)
+            if name == "boom":
+                raise ValueError("boom")
+            return name
+
+        futs = [threads.run("A", lambda i=i: call(f"a{i}")) for i in range(5)]
+        await eventually(lambda: order == ["a0"])
+        b = threads.run("B", lambda: call("b0"))
+        gone = threads.run("C", lambda: call("never"))
+        gone.cancel()
+        boom = threads.run("B", lambda: call("boom"))
+        gate.set()
+        assert await asyncio.gather(*futs, b) == ["a0", "a1", "a2", "a3", "a4", "b0"]
+        with pytest.raises(ValueError, match="boom"):
+            await boom
+        assert order == ["a0", "b0", "a1", "boom", "a2", "a3", "a4"]
+        assert threads.running == 0 and threads.waiting == 0
+        threads.close()
+
+    run(main())
+
+
+def test_one_peers_flood_of_slow_sync_handlers_does_not_queue_ahead_of_another_peer() -> None:
+    """Two handler threads, both held by A's calls, and twenty more of A's waiting: B's request
+    is the next to get a thread, and is answered while A's calls still wait."""
+
+    async def main() -> None:
+        gate = threading.Event()
+        started: list[str] = []
+
+        def handler(ctx: Context) -> str:
+            started.append(ctx.payload["who"])
+            if ctx.payload["who"] == "a":
+                assert gate.wait(10)
+            return "ok"
+
+        cfg = NodeConfig(handler_threads=2)
+        async with (
+            Node(listen=["tls://127.0.0.1:0"], config=cfg) as node,
+            Node() as a,
+            Node() as b,
+        ):
+            node.on(MessageType.RUN)(handler)
+            for peer in (a, b):
+                peer.add_peer(node.agent_id, *node.addresses)
+            for _ in range(22):
+                await a.send(node.agent_id, MessageType.RUN, {"who": "a"})
+            await eventually(lambda: node.stats().running == 22)  # admitted: 2 on threads, 20 waiting
+            ask = asyncio.ensure_future(b.request(node.agent_id, MessageType.RUN, {"who": "b"}, timeout=10))
+            await eventually(lambda: node.stats().running == 23 and len(started) == 2)  # B's waits too
+            gate.set()  # A's two calls return; B's is the next to start
+            assert (await ask).payload == "ok"
+            assert started[:3] == ["a", "a", "b"]
+            await eventually(lambda: len(started) == 23)
+
+    run(main())
+
+
+def test_a_freed_handler_slot_goes_to_the_peer_served_least_recently() -> None:
+    """One slot, held; A queues four waiters, then B one: they take turns (A, B, then A's rest),
+    B does not wait behind all of A's."""
+
+    async def main() -> None:
+        slots = Slots(1)
+        assert slots.try_take()
+        order: list[str] = []
+
+        async def want(peer: str) -> None:
+            await slots.take(peer)
+            order.append(peer)
+
+        waiting = [asyncio.ensure_future(want("A")) for _ in range(4)]
+        await asyncio.sleep(0)  # they queue, in this order
+        waiting.append(asyncio.ensure_future(want("B")))
+        await asyncio.sleep(0)
+        for _ in range(5):
+            slots.give()
+            await asyncio.sleep(0)
+        await asyncio.gather(*waiting)
+        assert order == ["A", "B", "A", "A", "A"]
 
     run(main())

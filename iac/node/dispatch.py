@@ -12,13 +12,15 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections import Counter, deque
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig
+from iac.node.fair import FairThreads, HandlerSpeeds, Slots
 from iac.node.observe import Observers
 from iac.node.pipeline import Item, ReceivePipeline
 from iac.node.stats import Counters
@@ -50,43 +52,6 @@ class _NotJson(Exception):
     """A streaming handler yielded a value that is not JSON."""
 
 
-class Slots:
-    """Handlers running at once: a counter with a queue of waiters (first come, first served)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.used = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def try_take(self) -> bool:
-        if self.used < self.size and not self._waiters:
-            self.used += 1
-            return True
-        return False
-
-    async def take(self) -> None:
-        if self.try_take():
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut  # the slot was handed over by give()
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.give()  # handed over as we were cancelled: pass it on
-            else:
-                self._waiters.remove(fut)
-            raise
-
-    def give(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes to this waiter
-                return
-        self.used -= 1
-
-
 class Dispatcher:
     """Runs handlers for delivered messages and answers with their outcome."""
 
@@ -115,6 +80,10 @@ class Dispatcher:
         self.slots = Slots(config.max_handlers)
         self.per_peer: Counter[str] = Counter()
         self.waiting = 0
+        #: Synchronous handlers' threads (``sync_in_thread``), taken by the peers in turn.
+        self.threads = FairThreads(config.handler_threads)
+        #: Plain functions that proved quick enough to run on the loop (``adaptive_sync``).
+        self.speeds = HandlerSpeeds()
         #: Admitted requests by key (waiting or running), with the timeout scope of a running
         #: handler that a CANCEL ends; keys a CANCEL named.
         self._active: dict[Key, asyncio.Timeout | None] = {}
@@ -178,8 +147,11 @@ class Dispatcher:
             await self._answers.refuse(item.conn, item.msg, Refusal.BUSY, why)
             return
         self.admit(item)
-        inline = not c.sync_in_thread and not item.msg.flags & FLAG_STREAM  # a stream waits for credit
-        if inline and not self._is_async(self._target(item)) and self.slots.try_take():
+        func = self._target(item)
+        inline = (
+            not c.sync_in_thread or self._quick(func)
+        ) and not item.msg.flags & FLAG_STREAM  # streams wait
+        if inline and not self._is_async(func) and self.slots.try_take():
             self.waiting -= 1
             await self._handle(item, inline=True)
         else:
@@ -196,7 +168,7 @@ class Dispatcher:
     async def run(self, item: Item) -> None:
         """Wait for a slot, run the handler, answer. The item was :meth:`admit`-ted."""
         try:
-            await self.slots.take()
+            await self.slots.take(item.key[0])
         except BaseException:
             self.waiting -= 1
             self._done(item)
@@ -376,12 +348,14 @@ class Dispatcher:
             with observed:
                 if self._is_async(func):
                     result = await self._scoped(item, invoke())
-                elif self.config.sync_in_thread:
-                    result = await self._scoped(
-                        item, asyncio.to_thread(contextvars.copy_context().run, invoke)
-                    )
+                elif self.config.sync_in_thread and not self._quick(func):
+                    call = self.speeds.timed(func, invoke) if self.config.adaptive_sync else invoke
+                    result = await self._scoped(item, self.threads.run(item.key[0], call))
                 else:
+                    t0 = time.perf_counter()
                     result = contextvars.copy_context().run(invoke)
+                    if self.config.sync_in_thread:  # a quick one: is it still?
+                        self.speeds.ran_inline(func, time.perf_counter() - t0)
                     if inspect.isawaitable(result):
                         if inline:  # its answer has to wait: go on in a task of its own
                             self._tasks.spawn(self._finish_later(item, result))
@@ -465,6 +439,10 @@ class Dispatcher:
     def release(self, item: Item) -> None:
         """The item was not handled (refused as busy, or cancelled by the node closing)."""
         self._pipeline.release(item, self._clock.now_us())
+
+    def _quick(self, func: Callable[..., Any] | None) -> bool:
+        """A plain function that proved quick enough to run on the loop (``adaptive_sync``)."""
+        return func is not None and self.config.adaptive_sync and self.speeds.inline(func)
 
     def _is_async(self, func: Callable[..., Any] | None) -> bool:
         if func is None:

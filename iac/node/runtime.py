@@ -242,6 +242,7 @@ class NodeRuntime:
         await asyncio.gather(*(lst.close() for lst in self._listeners), return_exceptions=True)
         conn_tasks = self._conn_tasks.cancel_all()
         await asyncio.gather(*tasks, *conn_tasks, return_exceptions=True)
+        self._dispatch.threads.close()
         await self._files.close()
         self._verifier.close()
         if self._started_store:
