@@ -5,8 +5,10 @@ with ``busy`` — nothing is lost unseen. 100,000 messages with IAC_SLOW=1; fewe
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
+import time
 
 import pytest
 from conftest import run
@@ -222,3 +224,35 @@ def test_a_freed_handler_slot_goes_to_the_peer_served_least_recently() -> None:
         assert order == ["A", "B", "A", "A", "A"]
 
     run(main())
+
+
+def test_a_quick_plain_handler_moves_to_the_loop_and_a_blocking_one_back_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """sync_in_thread with adaptive_sync: after 64 quick calls on a thread the handler runs on the
+    loop's thread; a call there that blocks 20 ms sends it back to a thread, logged as a WARNING
+    naming the handler. With adaptive_sync off it never leaves the threads."""
+
+    async def main(adaptive: bool) -> list[bool]:
+        on_loop: list[bool] = []
+        loop_thread = threading.get_ident()
+
+        def quick(ctx: Context) -> None:
+            on_loop.append(threading.get_ident() == loop_thread)
+            if ctx.payload.get("block"):
+                time.sleep(0.02)
+
+        cfg = NodeConfig(adaptive_sync=adaptive)
+        async with Node(listen=["tls://127.0.0.1:0"], config=cfg) as node, Node() as peer:
+            node.on(MessageType.RUN)(quick)
+            peer.add_peer(node.agent_id, *node.addresses)
+            for i in range(70):
+                await peer.request(node.agent_id, MessageType.RUN, {"block": i == 66}, timeout=10)
+        return on_loop
+
+    with caplog.at_level(logging.WARNING, logger="iac.node"):
+        where = run(main(True))
+    assert not any(where[:64]) and all(where[64:67]) and not any(where[67:])
+    (warning,) = [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    assert "quick" in warning.getMessage()
+    assert not any(run(main(False)))
