@@ -80,3 +80,39 @@ def render_scaleout(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         f"Two processes over one, both on the shared store: **{two}×** the requests/s. "
         f"Server CPU per request with the shared SQLite store over the in-memory one: **{shared}×**.",
     ]
+
+
+def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+    """``benchmarks/flood.py``: the honest peer's p50 with and without the flood, per case."""
+    (r,) = res
+    d = r.data
+    rows = []
+    for case in d["cases"]:
+        ms = case["handler_ms"]
+        what = (
+            f"{case['rate']:,.0f}/s to handlers blocking {ms:g} ms"
+            if ms
+            else f"{case['rate']:,.0f}/s to quick handlers"
+        )
+        key = f"flood/{case['rate']:g}/{ms:g}"
+        quiet = sorted(x["p50_quiet_us"] for x in case["reps"])[len(case["reps"]) // 2]
+        loaded = sorted(x["p50_flood_us"] for x in case["reps"])[len(case["reps"]) // 2]
+        ratio = case["ratio_median"]
+        rows.append(
+            [
+                what,
+                sheet.put(r, f"{key}/quiet", quiet),
+                sheet.put(r, f"{key}/flood", loaded),
+                sheet.put(r, f"{key}/ratio", ratio, "ratio"),
+                "met" if ratio <= d["target"] else "**missed**",
+            ]
+        )
+    n = len(d["cases"][0]["reps"])
+    return [
+        r.source_line(doc),
+        "",
+        f"{n} repetitions of {d['cases'][0]['seconds']:g} s each way; medians; ratio = median over "
+        f"repetitions of p50 with the flood ÷ p50 without (target ≤ {d['target']:g}).",
+        "",
+        *table(["flood", "p50 µs, quiet", "p50 µs, flood", "ratio", "verdict"], "lrrrl", rows),
+    ]

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import suite
 from figures_cc import render_cc
-from figures_profile import render_roundtrip, render_scaleout
+from figures_profile import render_flood, render_roundtrip, render_scaleout
 from figures_results import (
     CODEC_RATIO_TARGET,
     DICT_SAVING_TARGET,
@@ -35,7 +36,7 @@ def render_suite_headline(sheet: Sheet, doc: Path, res: list[Results]) -> list[s
     """The suite's headline table (``suite.headline``: its pick of metrics per scenario)."""
     (r,) = res
     rows = []
-    for h in r.data["headline"]:
+    for h in suite.headline(r.data):  # its pick of metrics now, from the rows the file keeps
         key, kind = row_key(h["scenario"], h), kind_of(h["unit"])
         base = f"{h['scenario']}/{h['baseline']}/{h['metric']}/median"
         best = "—"
@@ -430,7 +431,7 @@ def render_behind(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         if r.family != "iac-bench":
             continue
         out += ["", f"Behind the scenario's baseline in `{r.name}` (no target; ratio of medians):", ""]
-        for h in r.data["headline"]:
+        for h in suite.headline(r.data):
             if not h["ahead"]:
                 ratio = sheet.put(r, row_key(h["scenario"], h) + "/ratio", h["ratio"], "ratio")
                 out.append(f"- {h['scenario']}, {h['metric']}: {h['contender']} {ratio}× {h['baseline']}")
@@ -452,6 +453,7 @@ RENDERERS: dict[str, Renderer] = {
     "behind": render_behind,
     "cc": render_cc,
     "nat": render_nat,
+    "flood": render_flood,
     "roundtrip": render_roundtrip,
     "scaleout": render_scaleout,
 }

@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/record.py codec         # benchmarks/codec.py --json …
     .venv/bin/python benchmarks/record.py transport     # benchmarks/transport.py --json …
     .venv/bin/python benchmarks/record.py scaleout      # benchmarks/scaleout.py --json …
+    .venv/bin/python benchmarks/record.py flood         # benchmarks/flood.py --json …
     .venv/bin/python benchmarks/record.py roundtrip     # benchmarks/roundtrip.py --json …
     .venv/bin/python benchmarks/record.py nat           # benchmarks/nat.py --json … (root)
 
@@ -54,7 +55,7 @@ SCRATCH = Path("bench-results")  # relative to ROOT, where every command runs
 SCHEMA = "iac-bench-record/1"
 #: Plot samples of the suite's results.json that are not kept (the medians and ranges are).
 SAMPLE_SERIES = ("latency_cdf_us", "latency_cdf_ms_at_max_loss")
-SCRIPTS = ("node", "mesh", "codec", "transport", "nat", "scaleout", "roundtrip")
+SCRIPTS = ("node", "mesh", "codec", "transport", "nat", "scaleout", "roundtrip", "flood")
 NAMES = ("iac-bench", *SCRIPTS)
 
 sys.path.insert(0, str(HERE))

@@ -828,6 +828,8 @@ HEADLINE: dict[str, tuple[str, ...] | None] = {
     "loss": ("p99 at 0% loss", "p99 at 3% loss"),
     "broadcast": None,
     "filetransfer": None,
+    "a2a": ("SendMessage p50, 1 in flight", "SendMessage calls/s, 64 in flight"),
+    "reconnect": ("first delivery after a reconnect, 20 ms RTT (Node API)",),
 }
 
 
