@@ -1,6 +1,7 @@
-"""Smoke tests of ``benchmarks/roundtrip.py`` and ``benchmarks/scaleout.py``: they run and report
-every contender with sane numbers. No timing thresholds (loopback figures on a shared machine
-say nothing); the counts that depend on the code alone are checked where the code fixes them."""
+"""Smoke tests of ``benchmarks/roundtrip.py``, ``benchmarks/scaleout.py`` and ``benchmarks/flood.py``:
+they run and report every contender with sane numbers. No timing thresholds (loopback figures on
+a shared machine say nothing); the counts that depend on the code alone are checked where the code
+fixes them."""
 
 from __future__ import annotations
 
@@ -54,3 +55,18 @@ def test_scaleout_quick(tmp_path: Path) -> None:
     for name, c in contenders.items():
         assert c["requests_per_s"] > 0 and c["server_cpu_us_per_request"] > 0, name
     assert report["two_over_one"] > 0 and report["shared_over_memory_cpu"] > 0
+
+
+def test_flood_quick(tmp_path: Path) -> None:
+    """``flood.py --quick``: both cases, the flood sent at close to its rate, the honest requests
+    answered with and without it, the node's counts reported."""
+    out = tmp_path / "flood.json"
+    _run([str(BENCH / "flood.py"), "--quick", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert [(c["rate"], c["handler_ms"]) for c in report["cases"]] == [(10_000.0, 0.0), (4_000.0, 2.0)]
+    for case in report["cases"]:
+        assert len(case["reps"]) == 2
+        for rep in case["reps"]:
+            assert rep["flood_sent"] == int(case["rate"] * case["seconds"])
+            assert all(n > 10 for n in rep["requests"]) and 0 < rep["p50_quiet_us"] < 1_000_000
+        assert case["server"]["handled"] > 0 and case["ratio_median"] > 0
