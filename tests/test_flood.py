@@ -15,7 +15,7 @@ from conftest import run
 
 from iac.errors import RemoteError
 from iac.node.config import NodeConfig
-from iac.node.fair import FairThreads, Slots
+from iac.node.fair import FairThreads, LoopShare, Slots
 from iac.node.node import Context, Node
 from iac.testing import eventually
 from iac.wire._pb.iac_pb2 import Message, MessageType
@@ -256,3 +256,24 @@ def test_a_quick_plain_handler_moves_to_the_loop_and_a_blocking_one_back_with_a_
     (warning,) = [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
     assert "quick" in warning.getMessage()
     assert not any(run(main(False)))
+
+
+def test_loop_share_holds_only_a_dominant_peer_while_the_loop_is_saturated() -> None:
+    """Sans-IO: a saturated loop cuts the peer that sent far more than anyone else to 0.7x what it
+    sent; a peer alone, a loop with time to spare, or peers of like size are never held; an idle
+    loop lets the rate grow until it is lifted."""
+    share = LoopShare(period=0.02, busy_lag=0.0005, idle_lag=0.0002, ceiling=1_000.0)
+    share.report(0.005, {"flood": 200}, 0.02)  # alone: nobody to be fair to
+    share.report(0.0001, {"flood": 200, "honest": 2}, 0.02)  # the loop keeps up
+    share.report(0.005, {"a": 100, "b": 60}, 0.02)  # nobody stands out
+    share.report(0.005, {"honest": 3, "other": 0}, 0.02)  # too few to matter
+    assert share.rates == {} and share.cuts == 0
+    share.report(0.005, {"flood": 200, "honest": 2}, 0.02)
+    assert share.rates == {"flood": pytest.approx(0.7 * 200 / 0.02)} and share.cuts == 1
+    share.report(0.005, {"flood": 100, "honest": 2}, 0.02)  # still saturated: cut again
+    assert share.rates["flood"] == pytest.approx(0.7 * 100 / 0.02)
+    share.report(0.0003, {"flood": 60, "honest": 2}, 0.02)  # between the marks: kept
+    assert share.rates["flood"] == pytest.approx(0.7 * 100 / 0.02)
+    for _ in range(5):  # idle: grows 1.25x a period until past the ceiling, then lifted
+        share.report(0.0, {"flood": 10, "honest": 2}, 0.02)
+    assert share.rates == {}

@@ -119,6 +119,10 @@ class NodeConfig:
     #: over 5 ms sends it back to the threads, with a WARNING from ``iac.node`` naming it (after
     #: three, for good). False: always on a thread.
     adaptive_sync: bool = True
+    #: While the event loop is saturated, hold the peer that sends the most frames to a share of
+    #: it (its verify budget is cut until the loop has time again), so that one peer's flood of
+    #: valid messages does not slow every other peer down (``iac.node.fair.LoopShare``).
+    fair_share: bool = True
     #: Worker threads for them; when all are busy, the next call is taken from the waiting peers
     #: in turn, so one peer's flood of calls does not queue ahead of everyone else's.
     handler_threads: int = min(32, (os.cpu_count() or 1) + 4)

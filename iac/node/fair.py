@@ -285,4 +285,58 @@ class HandlerSpeeds:
             self._inline.add(func)
 
 
-__all__ = ["DEFAULT_THREADS", "FairThreads", "HandlerSpeeds", "Slots"]
+class LoopShare:
+    """Holds the busiest peer to a share of the event loop while the loop is saturated (sans-IO).
+
+        Every :attr:`period` the node reports how late its timer fired (the loop's lag: how long
+        ready work kept it) and how many frames each peer sent meanwhile. While the lag is above
+        :attr:`busy_lag` and other peers sent frames too, the peer that sent the most — at least
+    :attr:`min_frames`, and :attr:`dominant` times the next — gets a rate of
+        :attr:`cut` times what it sent (at least :attr:`floor` per second): its reader waits on that
+        rate, the transport's flow control slows it, and the others' frames meet a shorter queue.
+        While the lag is below :attr:`idle_lag`, every rate set here grows by :attr:`grow` per report
+        until it is lifted. A peer alone is never held back: there is nobody to be fair to.
+    """
+
+    def __init__(
+        self,
+        *,
+        period: float = 0.02,
+        busy_lag: float = 0.0005,
+        idle_lag: float = 0.0002,
+        cut: float = 0.7,
+        grow: float = 1.25,
+        floor: float = 100.0,
+        ceiling: float = 50_000.0,
+        dominant: float = 4.0,
+        min_frames: int = 16,
+    ) -> None:
+        self.period, self.busy_lag, self.idle_lag = period, busy_lag, idle_lag
+        self.cut, self.grow, self.floor, self.ceiling = cut, grow, floor, ceiling
+        self.dominant, self.min_frames = dominant, min_frames
+        #: Frames per second each held peer may send now (peers not here are not held).
+        self.rates: dict[str, float] = {}
+        self.cuts = 0
+
+    def report(self, lag: float, frames: dict[str, int], elapsed: float) -> None:
+        """One period: the loop's lag (s), the frames each peer sent, over ``elapsed`` seconds."""
+        ranked = sorted(frames.items(), key=lambda kv: kv[1], reverse=True)
+        if lag > self.busy_lag and len(ranked) > 1 and ranked[1][1] > 0:
+            peer, most = ranked[0]
+            if most < max(self.min_frames, self.dominant * ranked[1][1]):
+                return  # nobody stands out: nothing to share fairly
+            sent = most / max(elapsed, 1e-6)
+            now = self.rates.get(peer, sent)
+            self.rates[peer] = max(self.floor, min(now, sent) * self.cut)
+            self.cuts += 1
+            return
+        if lag < self.idle_lag:
+            for peer in list(self.rates):
+                rate = self.rates[peer] * self.grow
+                if rate >= self.ceiling:
+                    del self.rates[peer]
+                else:
+                    self.rates[peer] = rate
+
+
+__all__ = ["DEFAULT_THREADS", "FairThreads", "HandlerSpeeds", "LoopShare", "Slots"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from iac.errors import (
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
+from iac.node.fair import LoopShare
 from iac.node.files import Files
 from iac.node.observe import Observers
 from iac.node.ordered import OrderedDelivery
@@ -103,6 +105,10 @@ class Inbound:
         self._tasks = tasks
         self._clock: Clock = clock
         self._buckets: dict[str, TokenBucket] = {}
+        #: The busiest peer held to a share of the loop while it is saturated (``fair_share``).
+        self.share = LoopShare(ceiling=config.verify_rate)
+        self._frames: Counter[str] = Counter()  # frames per peer since the last report
+        self._held: set[str] = set()  # peers whose bucket runs at a rate the share set
         self._relay_dials: set[str] = set()
         self.error_callbacks: list[ErrorCallback] = []
 
@@ -116,6 +122,7 @@ class Inbound:
         try:
             while True:
                 incs = await conn.recv_many(BATCH)
+                self._frames[peer] += len(incs)
                 await self._throttle(peer, float(len(incs)))
                 ok = await self._on_batch(conn, incs)
                 del incs  # the frames go now, also when the batch closed the connection
@@ -128,6 +135,27 @@ class Inbound:
             pass
         finally:
             self._peers.unregister(conn)
+
+    async def share_loop(self) -> None:
+        """Every ``share.period``: the loop's lag and each peer's frames to :attr:`share`, and the
+        rates it sets to the peers' verify budgets."""
+        share, loop = self.share, asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(share.period)
+            now = loop.time()
+            share.report(now - start - share.period, dict(self._frames), now - start)
+            self._frames.clear()
+            for peer in self._held - share.rates.keys():  # lifted
+                bucket = self._buckets.get(peer)
+                if bucket is not None:
+                    bucket.rate, bucket.burst = self.config.verify_rate, self.config.verify_burst
+                self._held.discard(peer)
+            for peer, rate in share.rates.items():
+                bucket = self._buckets.get(peer)
+                if bucket is not None:
+                    bucket.rate, bucket.burst = rate, max(float(BATCH), rate * share.period)
+                    self._held.add(peer)
 
     def expire(self, connected: set[str]) -> None:
         """Forget the verify budgets of peers that are not connected and have a full bucket."""

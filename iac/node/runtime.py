@@ -215,6 +215,8 @@ class NodeRuntime:
             transport = dataclasses.replace(transport, listen_addrs=tuple(self.addresses))
         self._peers.start(transport)
         self._housekeeping = self._tasks.spawn(self._housekeep())
+        if c.fair_share:
+            self._tasks.spawn(self._inbound.share_loop())
         # The leases of the ids this node holds, renewed every third of the store's lease.
         self._tasks.spawn(self._pipeline.store.renew_forever(self._rx_clock))
         if self._metrics is not None:
