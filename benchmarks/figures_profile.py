@@ -105,6 +105,8 @@ def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
                 sheet.put(r, f"{key}/flood", loaded),
                 sheet.put(r, f"{key}/ratio", ratio, "ratio"),
                 "met" if ratio <= d["target"] else "**missed**",
+                f"{case['server']['handled']:,}",
+                f"{case['server']['throttled']:,}",
             ]
         )
     n = len(d["cases"][0]["reps"])
@@ -114,5 +116,12 @@ def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         f"{n} repetitions of {d['cases'][0]['seconds']:g} s each way; medians; ratio = median over "
         f"repetitions of p50 with the flood ÷ p50 without (target ≤ {d['target']:g}).",
         "",
-        *table(["flood", "p50 µs, quiet", "p50 µs, flood", "ratio", "verdict"], "lrrrl", rows),
+        *table(
+            ["flood", "p50 µs, quiet", "p50 µs, flood", "ratio", "verdict", "handled", "throttled"],
+            "lrrrlrr",
+            rows,
+        ),
+        "",
+        "Handled: the node's handled messages over the whole run (the flood's and the honest "
+        "requests); throttled: reads that waited for a peer's verify budget.",
     ]
