@@ -133,7 +133,9 @@ class BroadcastBench:
     # --- set-up ------------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        cfg = NodeConfig(broadcast_hop_limit=64, sync_in_thread=False)
+        # fair_share off: the N agents share one event loop here, where its lag is everybody's
+        # (a node would hold a neighbour back for load that is not its own)
+        cfg = NodeConfig(broadcast_hop_limit=64, sync_in_thread=False, fair_share=False)
         self.mesh = [Node(listen=[f"unix://{self.dir}/m{i}.sock"], config=cfg) for i in range(self.n)]
         self.star = [Node(listen=[f"unix://{self.dir}/s{i}.sock"], config=cfg) for i in range(self.n)]
         for node in (*self.mesh, *self.star):

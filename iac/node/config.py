@@ -121,7 +121,9 @@ class NodeConfig:
     adaptive_sync: bool = True
     #: While the event loop is saturated, hold the peer that sends the most frames to a share of
     #: it (its verify budget is cut until the loop has time again), so that one peer's flood of
-    #: valid messages does not slow every other peer down (``iac.node.fair.LoopShare``).
+    #: valid messages does not slow every other peer down (``iac.node.fair.LoopShare``). Turn it
+    #: off for nodes that share one event loop with many others (a test mesh in one process):
+    #: there the loop's lag is not the node's own.
     fair_share: bool = True
     #: Worker threads for them; when all are busy, the next call is taken from the waiting peers
     #: in turn, so one peer's flood of calls does not queue ahead of everyone else's.
