@@ -54,7 +54,7 @@ def test_results_files_are_named_and_describe_themselves():
         env = doc["environment"]
         assert {"cpu_model", "cores", "python", "libraries", "git_commit"} <= set(env), path
         assert doc["started"][:10] == Path(path).name[:10], "the file is named with its date"
-        for machine_dir in ("/tmp/", "/home/", "/root/", "/" + "work/"):  # (spelt so: no path here)
+        for machine_dir in (f"/{d}/" for d in ("tmp", "home", "root", "work")):
             assert machine_dir not in json.dumps(doc), (path, machine_dir)
 
 
