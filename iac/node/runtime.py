@@ -156,9 +156,9 @@ class NodeRuntime:
     def _count_resumption(self, conn: Connection) -> None:
         """Count a QUIC connection's resumption and what became of its 0-RTT early data."""
         c, peer = self._c, conn.peer
-        if not peer.dialed or not getattr(conn, "early_data", False):
+        if not peer.dialed or not conn.early_data:
             c.resumed += peer.resumed
-            if not peer.dialed and getattr(conn, "early_data_accepted", None):
+            if not peer.dialed and conn.early_data_accepted:
                 c.early_received += 1
             return
         c.early_dials += 1
@@ -172,11 +172,10 @@ class NodeRuntime:
                 what = "0-RTT early data rejected by %s…; sent again after the handshake"
                 log.info(what, peer.agent_id[:16], extra={"peer": peer.agent_id, "transport": "quic"})
 
-        known: bool | None = getattr(conn, "early_data_accepted", None)
-        if known is None:
-            conn.on_early_outcome = outcome  # type: ignore[attr-defined]
+        if conn.early_data_accepted is None:
+            conn.on_early_outcome = outcome
         else:
-            outcome(known)
+            outcome(conn.early_data_accepted)
 
     # --- lifecycle --------------------------------------------------------------------------------
 

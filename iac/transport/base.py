@@ -216,6 +216,12 @@ class Connection(ABC):
 
     peer: PeerInfo
     local_hello: Hello
+    #: 0-RTT (QUIC dials only): this side sent its HELLO and first frames as early data; whether
+    #: the server accepted it, once the HELLOs verified (None before, and where it does not
+    #: apply); called with that verdict when it comes after ``dial`` returned.
+    early_data: bool = False
+    early_data_accepted: bool | None = None
+    on_early_outcome: Callable[[bool], None] | None = None
 
     @property
     def send_dictionary(self) -> Dictionary | None:

@@ -119,9 +119,8 @@ class QuicConn(Connection):
         self.peer_hello_verified = False
         self._verified = asyncio.Event()
         self.early_data = False
-        self.early_data_accepted: bool | None = None  # 0-RTT accepted? Set once the HELLOs verified
-        #: Called with ``early_data_accepted`` once a 0-RTT dial's HELLOs verified.
-        self.on_early_outcome: Callable[[bool], None] | None = None
+        self.early_data_accepted = None
+        self.on_early_outcome = None
         self.shared_socket = False  #: dialed from a listener's socket, which outlives it
 
     # -- Connection API -------------------------------------------------------------------------
