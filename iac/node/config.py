@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iac.errors import ConfigError
+from iac.node.fair import DEFAULT_THREADS
 from iac.protocol.files import DEFAULT_MAX_SIZE, DEFAULT_MAX_TRANSFERS, DEFAULT_WINDOW, MAX_WINDOW
 from iac.protocol.guards import ContentGuard
 from iac.protocol.replay import MIN_WINDOW_SIZE
@@ -127,7 +128,7 @@ class NodeConfig:
     fair_share: bool = True
     #: Worker threads for them; when all are busy, the next call is taken from the waiting peers
     #: in turn, so one peer's flood of calls does not queue ahead of everyone else's.
-    handler_threads: int = min(32, (os.cpu_count() or 1) + 4)
+    handler_threads: int = DEFAULT_THREADS
     #: Cancel a handler whose request's deadline passes (ERROR ``timeout``).
     enforce_deadline: bool = True
     #: On close: how long in-flight handlers and unacknowledged messages get to finish.

@@ -148,9 +148,8 @@ class Dispatcher:
             return
         self.admit(item)
         func = self._target(item)
-        inline = (
-            not c.sync_in_thread or self._quick(func)
-        ) and not item.msg.flags & FLAG_STREAM  # streams wait
+        on_loop = not c.sync_in_thread or self._quick(func)  # a plain function may run right here
+        inline = on_loop and not item.msg.flags & FLAG_STREAM  # (a stream waits for credit)
         if inline and not self._is_async(func) and self.slots.try_take():
             self.waiting -= 1
             await self._handle(item, inline=True)

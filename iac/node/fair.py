@@ -36,6 +36,25 @@ _Call = tuple[Callable[[], Any], "asyncio.Future[Any]"]
 _Handed = tuple[str, Callable[[], Any], "asyncio.Future[Any]"]
 
 
+class _LeastRecent:
+    """Which waiting peer goes next: the one served least recently (one never served, or back
+    after a pause, first)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._served = 0
+
+    def key(self, peer: str) -> int:
+        return self._last.get(peer, -1)
+
+    def served(self, peer: str) -> None:
+        self._served += 1
+        self._last[peer] = self._served
+
+    def forget(self, peer: str) -> None:
+        self._last.pop(peer, None)
+
+
 class Slots:
     """Handlers running at once: a counter, and the peers waiting for a slot, each with its own
     line. A freed slot goes to the waiting peer served least recently (one never served, or back
@@ -45,8 +64,7 @@ class Slots:
         self.size = size
         self.used = 0
         self._lines: dict[str, deque[asyncio.Future[None]]] = {}
-        self._last: dict[str, int] = {}  # when each waiting peer last got a slot
-        self._served = 0
+        self._turns = _LeastRecent()
 
     def try_take(self) -> bool:
         if self.used < self.size and not self._lines:
@@ -74,15 +92,13 @@ class Slots:
 
     def give(self) -> None:
         while self._lines:
-            last = self._last
-            peer = min(self._lines, key=lambda p: last.get(p, -1))
+            peer = min(self._lines, key=self._turns.key)
             line = self._lines[peer]
             fut = line.popleft()
             if not line:
                 self._drop(peer)
             else:
-                self._served += 1
-                last[peer] = self._served
+                self._turns.served(peer)
             if not fut.done():
                 fut.set_result(None)  # the slot passes to this waiter
                 return
@@ -90,7 +106,7 @@ class Slots:
 
     def _drop(self, peer: str) -> None:
         del self._lines[peer]
-        self._last.pop(peer, None)
+        self._turns.forget(peer)
 
 
 class FairThreads:
@@ -99,15 +115,13 @@ class FairThreads:
 
     def __init__(self, threads: int = DEFAULT_THREADS) -> None:
         self.threads = threads
-        self._lines: dict[str, deque[_Call]] = {}
-        self._turns: deque[str] = deque()  # peers with calls waiting, in the order they are served
+        self._lines: dict[str, deque[_Call]] = {}  # calls waiting, by peer
         self.running = 0  # calls handed to the threads and not yet back on the loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: list[threading.Thread] = []
         self._lock = threading.Condition(threading.Lock())
         self._busy: Counter[str] = Counter()  # calls on the threads, by peer
-        self._last: dict[str, int] = {}  # when each peer with calls waiting or running was served
-        self._served = 0
+        self._turns = _LeastRecent()
         self._todo: deque[_Handed] = deque()  # handed to the threads (guarded by _lock)
         self._results: list[tuple[str, asyncio.Future[Any], bool, Any]] = []  # (guarded by _lock)
         self._closed = False
@@ -123,11 +137,8 @@ class FairThreads:
         loop = asyncio.get_running_loop()
         self._loop = loop
         fut: asyncio.Future[Any] = loop.create_future()
-        line = self._lines.get(peer)
-        if line is None:
-            line = self._lines[peer] = deque()
-            self._turns.append(peer)
-        line.append((functools.partial(contextvars.copy_context().run, func), fut))
+        call = functools.partial(contextvars.copy_context().run, func)
+        self._lines.setdefault(peer, deque()).append((call, fut))
         self._hand_out()
         return fut
 
@@ -137,7 +148,6 @@ class FairThreads:
             for _, fut in line:
                 fut.cancel()
         self._lines.clear()
-        self._turns.clear()
         with self._lock:
             self._closed = True
             for _, _, fut in self._todo:
@@ -149,13 +159,11 @@ class FairThreads:
 
     def _hand_out(self) -> None:
         calls: list[_Handed] = []
-        while self.running < self.threads and self._turns:
+        while self.running < self.threads and self._lines:
             peer = self._next_peer()
             line = self._lines[peer]
             call, fut = line.popleft()
-            if line:
-                self._turns.append(peer)  # its next call waits for the others' turns
-            else:
+            if not line:
                 del self._lines[peer]
             if fut.cancelled():  # the caller gave up (a deadline, a CANCEL) before it started
                 continue
@@ -174,13 +182,10 @@ class FairThreads:
 
     def _next_peer(self) -> str:
         """Of the peers with calls waiting: one with no call on a thread before one with some,
-        then the one served least recently (a peer never served, or back after a pause, first)."""
-        turns, busy, last = self._turns, self._busy, self._last
-        best = min(range(len(turns)), key=lambda i: (busy.get(turns[i], 0) > 0, last.get(turns[i], -1)))
-        peer = turns[best]
-        del turns[best]
-        self._served += 1
-        last[peer] = self._served
+        then the one served least recently."""
+        busy, turns = self._busy, self._turns
+        peer = min(self._lines, key=lambda p: (busy.get(p, 0) > 0, turns.key(p)))
+        turns.served(peer)
         return peer
 
     def _deliver(self) -> None:
@@ -192,7 +197,7 @@ class FairThreads:
             if self._busy[peer] <= 0:
                 del self._busy[peer]
                 if peer not in self._lines:  # idle: forgotten
-                    self._last.pop(peer, None)
+                    self._turns.forget(peer)
             if fut.done():
                 continue
             if ok:
@@ -288,14 +293,14 @@ class HandlerSpeeds:
 class LoopShare:
     """Holds the busiest peer to a share of the event loop while the loop is saturated (sans-IO).
 
-        Every :attr:`period` the node reports how late its timer fired (the loop's lag: how long
-        ready work kept it) and how many frames each peer sent meanwhile. While the lag is above
-        :attr:`busy_lag` and other peers sent frames too, the peer that sent the most — at least
-    :attr:`min_frames`, and :attr:`dominant` times the next — gets a rate of
-        :attr:`cut` times what it sent (at least :attr:`floor` per second): its reader waits on that
-        rate, the transport's flow control slows it, and the others' frames meet a shorter queue.
-        While the lag is below :attr:`idle_lag`, every rate set here grows by :attr:`grow` per report
-        until it is lifted. A peer alone is never held back: there is nobody to be fair to.
+    Every :attr:`period` the node reports how late its timer fired (the loop's lag: how long
+    ready work kept it) and how many frames each peer sent meanwhile. While the lag is above
+    :attr:`busy_lag` and other peers sent frames too, the peer that sent the most — at least
+    :attr:`min_frames`, and :attr:`dominant` times the next — gets a rate of :attr:`cut` times
+    what it sent (at least :attr:`floor` per second): its reader waits on that rate, the
+    transport's flow control slows it, and the others' frames meet a shorter queue. While the
+    lag is below :attr:`idle_lag`, every rate set here grows by :attr:`grow` per report until it
+    is lifted. A peer alone is never held back: there is nobody to be fair to.
     """
 
     def __init__(
