@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import errno
 import fcntl
 import heapq
@@ -79,6 +78,7 @@ from typing import IO, Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from iac.testing.nat import enter_netns  # noqa: E402
 from iac.testing.relay import Impairment  # noqa: E402  (same fields as the UDP relay's impairment)
 
 ADDR_A = "10.200.0.1"
@@ -87,7 +87,6 @@ PREFIX = 24
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
-CLONE_NEWNET = 0x40000000
 MAX_QUEUE = 8192  # packets held by the forwarder (both directions); beyond it a packet is dropped
 MAX_PACKET = 65535
 MAX_LIFETIME = 6 * 3600.0  # the forwarder stops by itself after this many seconds
@@ -205,20 +204,6 @@ class Impairer:
 # --- the forwarder process ----------------------------------------------------------------------
 
 
-def _setns(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if hasattr(os, "setns"):  # Python 3.12+
-            os.setns(fd, CLONE_NEWNET)
-        else:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns({path}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
 def _open_tun(name: str) -> int:
     fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
     fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", name.encode(), IFF_TUN | IFF_NO_PI))
@@ -235,9 +220,9 @@ def forward(
     bottleneck: Bottleneck | None = None,
 ) -> int:
     """Run the forwarder until stdin closes (or MAX_LIFETIME passes)."""
-    _setns(f"/var/run/netns/{ns_a}")
+    enter_netns(f"/var/run/netns/{ns_a}")
     fd_a = _open_tun(tun_a)
-    _setns(f"/var/run/netns/{ns_b}")
+    enter_netns(f"/var/run/netns/{ns_b}")
     fd_b = _open_tun(tun_b)
     dirs = {fd_a: (Impairer(imp, seed), fd_b), fd_b: (Impairer(imp, seed + 1), fd_a)}
     names = {fd_a: "a_to_b", fd_b: "b_to_a"}

@@ -70,7 +70,8 @@ def run(*argv: str, ns: str | None = None, check: bool = True) -> str:
     return res.stdout
 
 
-def _setns(path: str) -> None:
+def enter_netns(path: str) -> None:
+    """The calling thread joins the network namespace at ``path`` (``/var/run/netns/NAME``)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         if hasattr(os, "setns"):  # Python 3.12+
@@ -90,7 +91,7 @@ def in_namespace(ns: str) -> Iterator[None]:
     stay in it), and back in its own afterwards."""
     own = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
     try:
-        _setns(f"/var/run/netns/{ns}")
+        enter_netns(f"/var/run/netns/{ns}")
         try:
             yield
         finally:
@@ -345,6 +346,7 @@ __all__ = [
     "LabError",
     "NatLab",
     "NatScene",
+    "enter_netns",
     "in_namespace",
     "unavailable",
 ]
