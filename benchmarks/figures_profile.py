@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from figures_results import Results, Sheet, table
+from stats import median
 
 ROUNDTRIP = ("iac-quic", "floor-quic", "iac-tls", "floor-tls", "iac-unix", "floor-unix", "iac-tls-thread")
 
@@ -95,8 +96,8 @@ def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
             else f"{case['rate']:,.0f}/s to quick handlers"
         )
         key = f"flood/{case['rate']:g}/{ms:g}"
-        quiet = sorted(x["p50_quiet_us"] for x in case["reps"])[len(case["reps"]) // 2]
-        loaded = sorted(x["p50_flood_us"] for x in case["reps"])[len(case["reps"]) // 2]
+        quiet = median([x["p50_quiet_us"] for x in case["reps"]])
+        loaded = median([x["p50_flood_us"] for x in case["reps"]])
         ratio = case["ratio_median"]
         rows.append(
             [
