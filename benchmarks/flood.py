@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from loss import Endpoint, env_for  # noqa: E402
 from stats import median  # noqa: E402
 
 from iac import Identity, MessageType, Node  # noqa: E402
@@ -93,34 +93,10 @@ async def flood(target: dict[str, str], rate: float, seconds: float) -> int:
     return 0
 
 
-class Proc:
-    def __init__(self, *args: str) -> None:
-        self.p = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-
-    def say(self, obj: Any) -> None:
-        assert self.p.stdin is not None
-        self.p.stdin.write(json.dumps(obj) + "\n")
-        self.p.stdin.flush()
-
-    async def line(self) -> dict[str, Any]:
-        assert self.p.stdout is not None
-        text = await asyncio.to_thread(self.p.stdout.readline)
-        if not text:
-            raise RuntimeError("the endpoint ended")
-        out: dict[str, Any] = json.loads(text)
-        return out
-
-    def stop(self) -> None:
-        if self.p.stdin is not None:
-            self.p.stdin.close()
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+def _endpoint(*args: str) -> Endpoint:
+    """This script in a child process, as ``loss.py``'s endpoints are driven (JSON lines); started
+    off the loop (the flooder signs its messages before it says it is ready)."""
+    return Endpoint([sys.executable, str(Path(__file__).resolve()), *args], env_for(), timeout=120)
 
 
 async def _p50(client: Node, peer: str, seconds: float) -> tuple[float, int]:
@@ -135,31 +111,37 @@ async def _p50(client: Node, peer: str, seconds: float) -> tuple[float, int]:
 
 
 async def measure(reps: int, rate: float, seconds: float, handler_ms: float) -> dict[str, Any]:
-    server = Proc("serve", "--handler-ms", str(handler_ms))
+    server = await asyncio.to_thread(_endpoint, "serve", "--handler-ms", str(handler_ms))
     try:
-        target = await server.line()
+        target = server.first
         async with Node() as client:
             client.add_peer(target["agent_id"], target["url"])
             await _p50(client, target["agent_id"], 0.5)  # warm up
             rows = []
             for _ in range(reps):
                 quiet, n_quiet = await _p50(client, target["agent_id"], seconds)
-                flooder = Proc("flood", "--target", json.dumps(target), "--rate", str(rate),
-                               "--seconds", str(seconds))  # fmt: skip
+                flooder = await asyncio.to_thread(
+                    _endpoint,
+                    "flood",
+                    "--target",
+                    json.dumps(target),
+                    "--rate",
+                    str(rate),
+                    "--seconds",
+                    str(seconds),
+                )
                 try:
-                    await flooder.line()
-                    flooder.say({"cmd": "go"})
+                    flooding = asyncio.ensure_future(asyncio.to_thread(flooder.ask, {"cmd": "go"}, 60))
                     loaded, n_loaded = await _p50(client, target["agent_id"], seconds * 0.8)
-                    sent = await flooder.line()
+                    sent = await flooding
                 finally:
-                    flooder.stop()
+                    flooder.close()
                 rows.append({"p50_quiet_us": quiet, "p50_flood_us": loaded, "ratio": loaded / quiet,
                              "requests": [n_quiet, n_loaded], "flood_sent": sent["sent"],
                              "flood_rate": sent["sent"] / sent["elapsed_s"]})  # fmt: skip
-            server.say({"cmd": "stats"})
-            stats = await server.line()
+            stats = await asyncio.to_thread(server.ask, {"cmd": "stats"}, 30)
     finally:
-        server.stop()
+        server.close()
     ratios = [r["ratio"] for r in rows]
     return {
         "rate": rate,
