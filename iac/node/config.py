@@ -105,6 +105,10 @@ class NodeConfig:
     verify_rate: float = 50_000.0
     verify_burst: float = 10_000.0
     bad_signature_cost: float = 100.0
+    #: Sign outgoing messages in batches on the crypto worker thread (the one that verifies received
+    #: batches) while two or more tasks send in one turn of the loop; one sender at a time signs on
+    #: the loop (``iac.node.sign``). False: always on the loop.
+    sign_in_worker: bool = False
     #: Directed sender → receiver allow-list; None = open (the default policy).
     topology: Topology | None = None
     #: Who may send DELEGATE_TASK; None = any sender the topology allows.

@@ -13,6 +13,7 @@ from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.observe import Observers
 from iac.node.peers import Peers
+from iac.node.sign import Signer
 from iac.node.stats import Counters
 from iac.node.types import Sent, Sessions, dumps
 from iac.protocol.routing import Router, Send
@@ -21,7 +22,7 @@ from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity, check_agent_id_cached
-from iac.wire.message import build_message, sign_message
+from iac.wire.message import build_message
 from iac.wire.seal import seal_payload
 
 #: Forward bodies larger than this are sent without trying zstd (file chunks do not compress).
@@ -42,8 +43,11 @@ class Outbox:
         router: Router,
         counters: Counters,
         observers: Observers,
+        signer: Signer | None = None,
     ) -> None:
         self.identity = identity
+        #: Signs on the loop, or in batches on the crypto worker when many tasks send at once.
+        self.signer = signer or Signer(identity, None)
         self.agent_id = identity.agent_id
         self.config = config
         self.clock = config.transport.clock
@@ -166,7 +170,7 @@ class Outbox:
         self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
     ) -> None:
         msg.timestamp = self.clock.now_us()
-        body = sign_message(self.identity, msg)
+        body = await self.signer.sign(msg)
         dictionary, limit = self.frame_params(conn)
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
@@ -179,7 +183,7 @@ class Outbox:
         """Sign ``msg`` and send it inside a FORWARD to the relay at the other end of ``conn``."""
         now = self.clock.now_us()
         msg.timestamp = now
-        body = sign_message(self.identity, msg)
+        body = await self.signer.sign(msg)
         relay = conn.peer.agent_id
         send = self._router.originate(body, (relay,), now, via=relay)
         await self.send_forward(conn, send.data, early=early)
@@ -220,7 +224,7 @@ class Outbox:
         )
         if self._observers:
             self._observers.outgoing(msg)
-        body = sign_message(self.identity, msg)
+        body = await self.signer.sign(msg)
         conns = self._peers.by_id()
         sends = self._router.originate_broadcast(body, conns, now, hop_limit)
         await self.send_all(conns, sends)

@@ -35,12 +35,13 @@ from iac.node.outbox import Outbox
 from iac.node.peers import Peers
 from iac.node.pending import Pending
 from iac.node.pipeline import ReceivePipeline
+from iac.node.sign import Signer
 from iac.node.stats import Counters
 from iac.node.store import StoreRunner
 from iac.node.streams import Streams
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
-from iac.node.verify import Verifier
+from iac.node.verify import CryptoWorker, Verifier
 from iac.protocol.clock import Clock, SteadyClock
 from iac.protocol.replay import ReplayConfig, ReplayGuard, ReplayStore
 from iac.protocol.routing import Router, RouteRefusal
@@ -105,7 +106,12 @@ class NodeRuntime:
         #: except where it jumps (docs/PROTOCOL.md, "Replay and freshness").
         rx_clock = self._rx_clock = SteadyClock(self.clock)
         self._clock_off = False
-        self._outbox = Outbox(self.identity, config, self._sessions, self._peers, self._router, c, obs)
+        #: One worker thread for Ed25519 batches: received frames verified, outgoing ones signed.
+        self._crypto = CryptoWorker()
+        signer = Signer(self.identity, self._crypto if config.sign_in_worker else None)
+        self._outbox = Outbox(
+            self.identity, config, self._sessions, self._peers, self._router, c, obs, signer
+        )
         self._pending = Pending(config, self._outbox, self._peers, c, tasks, obs)
         self._streams = Streams(self._outbox, self._pending, obs)
         self._pipeline = ReceivePipeline(self.identity, config)
@@ -115,7 +121,7 @@ class NodeRuntime:
         )
         self._ordered = OrderedDelivery(config, self._dispatch, self._answers, c, tasks, rx_clock)
         self._files = Files(config, self._outbox, self._peers, self._pipeline, self._answers, c, tasks)
-        self._verifier = Verifier()
+        self._verifier = Verifier(self._crypto)
         self._inbound = Inbound(
             config,
             self._pipeline,
@@ -245,7 +251,7 @@ class NodeRuntime:
         await asyncio.gather(*tasks, *conn_tasks, return_exceptions=True)
         self._dispatch.threads.close()
         await self._files.close()
-        self._verifier.close()
+        self._crypto.close()
         if self._started_store:
             self._pipeline.store.close()
         self._peers.end_events()

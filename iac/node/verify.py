@@ -1,9 +1,12 @@
-"""Opening received MESSAGE frames (the field-8 scan, parse and Ed25519 verification), one at a
-time on the event loop or in batches on a worker thread.
+"""Ed25519 off the event loop: opening received MESSAGE frames (the field-8 scan, parse and
+verification) and signing outgoing messages, one at a time on the loop or in batches on the node's
+one worker thread (:class:`CryptoWorker`).
 
-PyNaCl releases the GIL while it verifies, so a batch opened on the worker thread uses a second
-core while the loop goes on with the transport. A lone frame is opened right on the loop: a thread
-hop would cost more than the verification. Results come back in the order of the frames.
+PyNaCl releases the GIL while it signs or verifies, so a batch on the worker thread uses a second
+core while the loop goes on with the transport. A lone frame is opened (and a lone message signed,
+:mod:`iac.node.sign`) right on the loop: a thread hop would cost more than the operation. Results
+come back in the order of the frames. A worker that cannot take work, or whose work raised, is a
+:class:`~iac.errors.WorkerFailed` for the caller, never a wait without end.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from iac.errors import IacError, WorkerFailed
 from iac.node.pipeline import ReceivePipeline
@@ -21,6 +25,7 @@ log = logging.getLogger("iac.node")
 
 #: What opening one frame gives: the verified message, or the typed error that refused it.
 Opened = Message | IacError
+T = TypeVar("T")
 
 
 def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
@@ -34,32 +39,53 @@ def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
     return out
 
 
-class Verifier:
-    """Opens frames for one node. ``threaded``: batches of two or more go to one worker thread."""
+class CryptoWorker:
+    """The node's one thread for Ed25519 batches (verifying and signing share it, so their jobs run
+    in the order they were given); started at first use."""
 
-    def __init__(self, *, threaded: bool = True, batch_min: int = 2) -> None:
-        self.threaded = threaded
-        self.batch_min = batch_min
+    def __init__(self) -> None:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.batches = 0
-        self.offloaded = 0
 
-    async def open(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
-        if not self.threaded or len(bodies) < self.batch_min:
-            return open_all(bodies, peer)
+    def submit(self, what: str, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """Run ``fn(*args)`` on the thread; :class:`WorkerFailed` if it cannot take work."""
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iac-verify")
-        self.batches += 1
-        self.offloaded += len(bodies)
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iac-crypto")
         try:
-            job = asyncio.get_running_loop().run_in_executor(self._pool, open_all, bodies, peer)
+            return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         except (RuntimeError, concurrent.futures.BrokenExecutor) as exc:  # shut down, or broken
-            raise WorkerFailed(f"the verification worker cannot take work: {exc}") from exc
-        return await job
+            raise WorkerFailed(f"the {what} worker cannot take work: {exc}") from exc
+
+    async def run(self, what: str, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(*args)`` on the thread and wait for it; whatever it raises is a WorkerFailed."""
+        job = self.submit(what, fn, *args)
+        try:
+            return await job
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise WorkerFailed(f"the {what} worker failed: {type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["Opened", "Verifier", "open_all"]
+class Verifier:
+    """Opens frames for one node. ``threaded``: batches of ``batch_min`` or more go to ``worker``."""
+
+    def __init__(self, worker: CryptoWorker, *, threaded: bool = True, batch_min: int = 2) -> None:
+        self.worker = worker
+        self.threaded = threaded
+        self.batch_min = batch_min
+        self.batches = 0
+        self.offloaded = 0
+
+    async def open(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
+        if not self.threaded or len(bodies) < self.batch_min:
+            return open_all(bodies, peer)
+        self.batches += 1
+        self.offloaded += len(bodies)
+        return await self.worker.run("verification", open_all, bodies, peer)
+
+
+__all__ = ["CryptoWorker", "Opened", "Verifier", "open_all"]
