@@ -60,21 +60,24 @@ def payloads() -> list[Any]:
     return [json.loads(ln) for ln in random.Random(7).sample(lines, 500)]
 
 
-async def iac_pair(transport: str, sync_in_thread: bool, pl: list[Any]) -> tuple[Request, Any]:
+async def iac_pair(
+    transport: str, sync_in_thread: bool, pl: list[Any], sign_in_worker: bool = False
+) -> tuple[Request, Any]:
     from iac.node.config import NodeConfig
     from iac.node.node import Context, Node
     from iac.wire._pb.iac_pb2 import MessageType
 
     d = tempfile.mkdtemp(prefix="iacrt-")
     url = f"unix://{d}/s.sock" if transport == "unix" else f"{transport}://127.0.0.1:0"
-    server = Node(listen=[url], config=NodeConfig(sync_in_thread=sync_in_thread, adaptive_sync=False))
+    config = NodeConfig(sync_in_thread=sync_in_thread, adaptive_sync=False, sign_in_worker=sign_in_worker)
+    server = Node(listen=[url], config=config)
 
     @server.on(MessageType.RUN)
     def handler(ctx: Context) -> object:
         return baselines.answer(ctx.payload)
 
     await server.start()
-    client = Node()
+    client = Node(config=NodeConfig(sign_in_worker=sign_in_worker))
     await client.start()
     client.add_peer(server.agent_id, server.addresses[0])
     peer, run = server.agent_id, MessageType.RUN
@@ -113,7 +116,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.floor:
         request, close = await floor_pair(args.transport, pl)
     else:
-        request, close = await iac_pair(args.transport, args.sync_in_thread, pl)
+        request, close = await iac_pair(args.transport, args.sync_in_thread, pl, args.sign_in_worker)
 
     async def run(n: int) -> None:
         if args.in_flight == 1:
@@ -131,38 +134,42 @@ async def main(args: argparse.Namespace) -> None:
     try:
         await run(300)
         prof = cProfile.Profile() if args.profile else None
-        cpu = []
+        cpu, rps = [], []
         for _ in range(args.reps):
-            c0 = time.process_time()
+            c0, w0 = time.process_time(), time.perf_counter()
             if prof is not None:
                 prof.enable()
             await run(args.count)
             if prof is not None:
                 prof.disable()
             cpu.append((time.process_time() - c0) / args.count * 1e6)
+            rps.append(args.count / (time.perf_counter() - w0))
         if prof is not None:
             prof.dump_stats(args.profile)
     finally:
         await close()
     what = f"{'floor' if args.floor else 'iac'}-{args.transport}"
     print(f"{what}, {args.in_flight} in flight: CPU µs per round trip (both ends) median "
-          f"{median(cpu):.0f} [{min(cpu):.0f} .. {max(cpu):.0f}] of {args.reps} x {args.count}")  # fmt: skip
+          f"{median(cpu):.0f} [{min(cpu):.0f} .. {max(cpu):.0f}] of {args.reps} x {args.count}; "
+          f"req/s {median(rps):.0f} [{min(rps):.0f} .. {max(rps):.0f}]")  # fmt: skip
 
 
+#: name, transport, floor, the handler on a thread, signing in batches on the crypto worker.
 MATRIX = (
-    ("iac-quic", "quic", False, False),
-    ("floor-quic", "quic", True, False),
-    ("iac-tls", "tls", False, False),
-    ("floor-tls", "tls", True, False),
-    ("iac-unix", "unix", False, False),
-    ("floor-unix", "unix", True, False),
-    ("iac-tls-thread", "tls", False, True),
+    ("iac-quic", "quic", False, False, False),
+    ("floor-quic", "quic", True, False, False),
+    ("iac-tls", "tls", False, False, False),
+    ("floor-tls", "tls", True, False, False),
+    ("iac-unix", "unix", False, False, False),
+    ("floor-unix", "unix", True, False, False),
+    ("iac-tls-thread", "tls", False, True, False),
+    ("iac-tls-signw", "tls", False, False, True),
 )
 
 
-async def run_requests(request: Request, n: int, in_flight: int) -> float:
-    """``n`` requests, ``in_flight`` at a time; CPU µs per round trip."""
-    c0 = time.process_time()
+async def run_requests(request: Request, n: int, in_flight: int, walls: list[float] | None = None) -> float:
+    """``n`` requests, ``in_flight`` at a time; CPU µs per round trip (and requests/s to ``walls``)."""
+    c0, w0 = time.process_time(), time.perf_counter()
     if in_flight == 1:
         for i in range(n):
             await request(i)
@@ -174,6 +181,8 @@ async def run_requests(request: Request, n: int, in_flight: int) -> float:
                 await request(i)
 
         await asyncio.gather(*(worker() for _ in range(in_flight)))
+    if walls is not None:
+        walls.append(n / (time.perf_counter() - w0))
     return (time.process_time() - c0) / n * 1e6
 
 
@@ -198,16 +207,21 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
     pairs: dict[str, tuple[Request, Any]] = {}
     out: dict[str, Any] = {}
     try:
-        for name, transport, is_floor, thread in MATRIX:
-            pairs[name] = await (floor_pair(transport, pl) if is_floor else iac_pair(transport, thread, pl))
+        for name, transport, is_floor, thread, signw in MATRIX:
+            pairs[name] = await (
+                floor_pair(transport, pl) if is_floor else iac_pair(transport, thread, pl, signw)
+            )
             await run_requests(pairs[name][0], 300, 1)
-            out[name] = {"cpu_us_1": [], "cpu_us_64": [], **await counts(pairs[name][0], args.count)}
+            found = await counts(pairs[name][0], args.count)
+            out[name] = {"cpu_us_1": [], "cpu_us_64": [], "rps_64": [], **found}
         names = [m[0] for m in MATRIX]
         for rep in range(args.reps):
             for name in names if rep % 2 == 0 else names[::-1]:
                 request = pairs[name][0]
                 out[name]["cpu_us_1"].append(await run_requests(request, args.count, 1))
-                out[name]["cpu_us_64"].append(await run_requests(request, 2 * args.count, 64))
+                out[name]["cpu_us_64"].append(
+                    await run_requests(request, 2 * args.count, 64, out[name]["rps_64"])
+                )
             print(f"  .. repetition {rep + 1}/{args.reps}", file=sys.stderr, flush=True)
     finally:
         for _, close in pairs.values():
@@ -215,6 +229,7 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
     for v in out.values():
         v["cpu_us_1_median"] = median(v["cpu_us_1"])
         v["cpu_us_64_median"] = median(v["cpu_us_64"])
+        v["rps_64_median"] = median(v["rps_64"])
     ratios = {}
     for t in ("quic", "tls", "unix"):
         iac, fl = out[f"iac-{t}"], out[f"floor-{t}"]
@@ -226,6 +241,12 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
     ratios["iac-tls-thread / iac-tls"] = {
         "cpu_1": th["cpu_us_1_median"] / tls["cpu_us_1_median"],
         "cpu_64": th["cpu_us_64_median"] / tls["cpu_us_64_median"],
+    }
+    sw = out["iac-tls-signw"]
+    ratios["iac-tls-signw / iac-tls"] = {
+        "cpu_1": sw["cpu_us_1_median"] / tls["cpu_us_1_median"],
+        "cpu_64": sw["cpu_us_64_median"] / tls["cpu_us_64_median"],
+        "rps_64": sw["rps_64_median"] / tls["rps_64_median"],
     }
     return {
         "benchmark": "roundtrip",
@@ -240,12 +261,15 @@ def print_matrix(r: dict[str, Any]) -> None:
     print(f"\nBoth ends in one process; CPU µs per round trip, median of {c['reps']} repetitions "
           f"({c['count']} at 1 in flight, {2 * c['count']} at 64);"
           " counts per round trip at 1 in flight")  # fmt: skip
-    print(f"{'contender':16} {'CPU @1':>8} {'CPU @64':>8} {'turns':>6} {'calls':>7} {'QUIC flushes':>13}")
+    print(f"{'contender':16} {'CPU @1':>8} {'CPU @64':>8} {'req/s @64':>10} {'turns':>6} {'calls':>7} "
+          f"{'QUIC flushes':>13}")  # fmt: skip
     for name, v in r["contenders"].items():
-        print(f"{name:16} {v['cpu_us_1_median']:8.0f} {v['cpu_us_64_median']:8.0f} {v['loop_turns']:6.1f} "
-              f"{v['python_calls']:7.0f} {v['quic_transmits']:13.1f}")  # fmt: skip
+        print(f"{name:16} {v['cpu_us_1_median']:8.0f} {v['cpu_us_64_median']:8.0f} "
+              f"{v['rps_64_median']:10.0f} {v['loop_turns']:6.1f} {v['python_calls']:7.0f} "
+              f"{v['quic_transmits']:13.1f}")  # fmt: skip
     for k, v in r["ratios"].items():
-        print(f"{k:28} CPU at 1 in flight {v['cpu_1']:.2f}x, at 64 {v['cpu_64']:.2f}x")
+        rps = f", req/s at 64 {v['rps_64']:.2f}x" if "rps_64" in v else ""
+        print(f"{k:28} CPU at 1 in flight {v['cpu_1']:.2f}x, at 64 {v['cpu_64']:.2f}x{rps}")
 
 
 def cli() -> None:
@@ -257,6 +281,7 @@ def cli() -> None:
     ap.add_argument("--in-flight", type=int, default=1)
     ap.add_argument("--floor", action="store_true", help="benchmarks/floor.py's contender instead of IAC")
     ap.add_argument("--sync-in-thread", action="store_true", help="the server's handler on a thread")
+    ap.add_argument("--sign-in-worker", action="store_true", help="both nodes sign on the worker")
     ap.add_argument("--profile", help="write cProfile stats of the measured requests here")
     args = ap.parse_args()
     if args.transport is None:
