@@ -191,7 +191,7 @@ def test_a_frame_that_does_not_decompress_is_a_fault_at_recv() -> None:
     async def main() -> None:
         f = Fixture()
         good = bomb(1000)
-        bad = PackedFrame(FrameType.MESSAGE, good.payload[:-3] + b"zzz", 0, good.size, good.wire_size)
+        bad = dataclasses.replace(good, payload=good.payload[:-3] + b"zzz")
         f.inbox.arrived([raw(10), bad])
         f.pump()
         got = await f.inbox.get_many(10)

@@ -76,7 +76,8 @@ class Dispatcher:
         self._pipeline = pipeline
         self.handlers: dict[int, Handler] = {int(MessageType.PING): lambda ctx: None}
         self.exposed: dict[str, Callable[..., Any]] = {}
-        self._async_funcs: dict[Callable[..., Any], bool] = {}
+        #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
+        self._kinds: dict[Callable[..., Any], int] = {}
         self.slots = Slots(config.max_handlers)
         self.per_peer: Counter[str] = Counter()
         self.waiting = 0
@@ -338,8 +339,8 @@ class Dispatcher:
             invoke: Callable[[], Any] = functools.partial(func, *args, **kwargs)
         else:
             invoke = functools.partial(func, self._make_context(msg, item.payload, bool(msg.deadline)))
-        observed = self._observers.handling(item.key[0], msg) if self._observers else _UNOBSERVED
-        if msg.flags & FLAG_STREAM or inspect.isasyncgenfunction(func):
+        observed = self._observers.handling(item.key[0], msg) if self._observers.items else _UNOBSERVED
+        if msg.flags & FLAG_STREAM or self._kind(func) == _ASYNC_GEN:
             with observed:
                 await self._produce(item, func, invoke)
             return False
@@ -444,19 +445,29 @@ class Dispatcher:
         return func is not None and self.config.adaptive_sync and self.speeds.inline(func)
 
     def _is_async(self, func: Callable[..., Any] | None) -> bool:
-        if func is None:
-            return False
+        return func is not None and self._kind(func) != _PLAIN
+
+    def _kind(self, func: Callable[..., Any]) -> int:
+        """:data:`_PLAIN`, :data:`_ASYNC` or :data:`_ASYNC_GEN`, remembered per handler."""
         try:
-            return self._async_funcs[func]
+            return self._kinds[func]
         except KeyError:
             pass
         except TypeError:  # unhashable callable
-            return inspect.iscoroutinefunction(func)
-        is_async = inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
-        self._async_funcs[func] = is_async
-        if len(self._async_funcs) > 4096:
-            self._async_funcs.clear()
-        return is_async
+            return _kind_of(func)
+        kind = self._kinds[func] = _kind_of(func)
+        if len(self._kinds) > 4096:
+            self._kinds.clear()
+        return kind
+
+
+_PLAIN, _ASYNC, _ASYNC_GEN = 0, 1, 2
+
+
+def _kind_of(func: Callable[..., Any]) -> int:
+    if inspect.isasyncgenfunction(func):
+        return _ASYNC_GEN
+    return _ASYNC if inspect.iscoroutinefunction(func) else _PLAIN
 
 
 __all__ = ["ContextFactory", "Dispatcher", "Handler", "Slots"]

@@ -340,7 +340,7 @@ class Inbound:
             log.debug("FORWARD from %s… refused: %s (%s)", from_peer[:16], dec.refusal.value, dec.error)
         if dec.sends:
             self._c.relayed += len(dec.sends)
-            if self._observers and dec.message_bytes:
+            if self._observers.items and dec.message_bytes:
                 inner = dec.message or Message.FromString(dec.message_bytes)
                 self._observers.relayed(dec.origin, inner, from_peer, [s.peer for s in dec.sends])
             await self._outbox.send_all(conns, dec.sends)

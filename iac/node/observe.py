@@ -51,6 +51,7 @@ class Observers:
     logged and skipped (an observer never breaks message handling)."""
 
     def __init__(self) -> None:
+        #: The observers; the hot paths test this list (not the object: that would be a call).
         self.items: list[Observer] = []
 
     def __bool__(self) -> bool:

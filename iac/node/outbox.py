@@ -92,7 +92,7 @@ class Outbox:
         )
         if principal:
             msg.principal = principal
-        if self._observers:
+        if self._observers.items:
             self._observers.outgoing(msg)
         if sealed:
             text, extra = msg.payload_json, msg.extra_data
@@ -222,7 +222,7 @@ class Outbox:
             payload_json=text,
             extra_data=extra_data,
         )
-        if self._observers:
+        if self._observers.items:
             self._observers.outgoing(msg)
         body = await self.signer.sign(msg)
         conns = self._peers.by_id()

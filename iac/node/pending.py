@@ -169,7 +169,7 @@ class Pending:
             outcome = "cancelled"
             raise
         finally:
-            if self._observers:
+            if self._observers.items:
                 self._observers.answered(peer, msg_type, loop.time() - start, outcome)
 
     async def _request(

@@ -221,7 +221,7 @@ class Streams:
             outcome = "transport"
             raise
         finally:
-            if self._observers:
+            if self._observers.items:
                 self._observers.answered(peer, msg_type, loop.time() - (ends_at - timeout), outcome)
             del self.open[st.key]
             sem.release()

@@ -8,6 +8,7 @@ touching the system clock.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -21,6 +22,10 @@ class Clock(Protocol):
     def monotonic(self) -> float:
         """Seconds from an arbitrary origin that never goes back (timeouts, RTT)."""
         ...
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
 
 
 class SystemClock:
@@ -86,6 +91,11 @@ class SteadyClock:
 
     def __init__(self, clock: Clock, slack_us: int = 1_000_000) -> None:
         self._clock = clock
+        # The two reads, bound once (the real clock's straight from ``time``: this is read for
+        # every batch of received frames).
+        system = type(clock) is SystemClock
+        self._wall: Callable[[], int] = _wall_us if system else clock.now_us
+        self._steady: Callable[[], float] = time.monotonic if system else clock.monotonic
         self.slack_us = slack_us
         self._last = clock.now_us()
         self._mono = clock.monotonic()
@@ -94,15 +104,16 @@ class SteadyClock:
         self.offset_us = 0
 
     def now_us(self) -> int:
-        wall = self._clock.now_us()
-        mono = self._clock.monotonic()
-        expected = self._last + int((mono - self._mono) * 1_000_000)
-        if abs(wall - expected) <= self.slack_us:
-            now = wall
+        wall = self._wall()
+        mono = self._steady()
+        last = self._last
+        expected = last + int((mono - self._mono) * 1_000_000)
+        slack = self.slack_us
+        if -slack <= wall - expected <= slack:
+            now = wall if wall > last else last
         else:
-            now = expected
+            now = expected if expected > last else last
             self.jumps += 1
-        now = max(now, self._last)
         self._last, self._mono = now, mono
         self.offset_us = now - wall
         return now

@@ -247,15 +247,18 @@ class Inbox:
         the node's) is spent. While the node's is, ``on_room`` follows when it comes back."""
         if self._error is not None:
             return False
-        if self.budget.node.spent:
+        budget = self.budget
+        node = budget.node
+        if node.used >= node.limit and node.returnable > 0:  # the node's budget is spent
             self._wait_node()
-        return bool(self.backlog) or self.budget.spent
+            return True
+        return bool(self.backlog) or (budget.held >= budget.limit and budget.returnable > 0)
 
     # --- fed by the adapter ---------------------------------------------------------------------
 
     def set_partial(self, nbytes: int) -> None:
         """The decoders now hold ``nbytes`` of partly received frames."""
-        if self._error is None:
+        if self._error is None and nbytes != self._partial:
             self.budget.take(nbytes - self._partial)
             self._partial = nbytes
 

@@ -89,11 +89,8 @@ class PackedFrame:
     dict_id: int | None  # None: sent raw; 0: zstd without dictionary
     size: int
     wire_size: int
-
-    @property
-    def cost(self) -> int:
-        """Bytes this frame holds, compressed or decompressed, whichever is larger."""
-        return max(self.size, self.wire_size)
+    #: Bytes this frame holds, compressed or decompressed, whichever is larger.
+    cost: int
 
     def unpack(self, dictionaries: DictionarySet) -> Frame:
         """The decoded frame (decompressed with its dictionary from ``dictionaries``)."""
@@ -218,8 +215,9 @@ def _pack(ftype: FrameType, flags: int, body: bytes, max_frame_size: int, wire: 
     """A whole frame, its zstd layout checked (not decompressed)."""
     if flags & FLAG_ZSTD:
         dict_id, content_size = zstd_frame_info(body, max_frame_size)
-        return PackedFrame(ftype, body, dict_id, content_size, wire)
-    return PackedFrame(ftype, body, None, len(body), wire)
+        return PackedFrame(ftype, body, dict_id, content_size, wire, max(content_size, wire))
+    n = len(body)
+    return PackedFrame(ftype, body, None, n, wire, max(n, wire))
 
 
 def _parse_header(

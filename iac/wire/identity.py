@@ -105,7 +105,7 @@ def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None
     if len(signature) != 64:
         raise BadSignature(f"signature must be 64 bytes, got {len(signature)}")
     try:
-        nacl.bindings.crypto_sign_open(b"".join((signature, domain.value, b"\x00", data)), key)
+        nacl.bindings.crypto_sign_open(b"".join((signature, domain, b"\x00", data)), key)
     except nacl.exceptions.BadSignatureError:
         raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
 
@@ -150,7 +150,8 @@ class Identity:
 
     def sign(self, domain: Domain, data: bytes) -> bytes:
         """Sign ``DOMAIN || 0x00 || data`` and return the 64-byte signature."""
-        signed: bytes = nacl.bindings.crypto_sign(b"".join((domain.value, b"\x00", data)), self._secret)
+        # A Domain is its bytes (a bytes enum): joined as they are, no ``.value`` lookup.
+        signed: bytes = nacl.bindings.crypto_sign(b"".join((domain, b"\x00", data)), self._secret)
         return signed[:64]
 
     def seed(self) -> bytes:
