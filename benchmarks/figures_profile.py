@@ -1,10 +1,13 @@
-"""The README sections ``roundtrip`` and ``scaleout`` (``figures.py``): the per-request path
-with both nodes in one process (``benchmarks/roundtrip.py``), and one identity served by one
-or two processes sharing the replay store and nonce cache (``benchmarks/scaleout.py``)."""
+"""The README sections ``roundtrip``, ``scaleout``, ``flood`` and ``regress`` (``figures.py``): the
+per-request path with both nodes in one process (``benchmarks/roundtrip.py``), one identity served
+by one or two processes sharing the replay store and nonce cache (``benchmarks/scaleout.py``), an
+honest peer under a flood (``benchmarks/flood.py``), and the suite's figures on an earlier commit
+and on this one (``benchmarks/regress.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from figures_results import Results, Sheet, table
 from stats import median
@@ -140,4 +143,62 @@ def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         "",
         "Handled: the node's handled messages over the whole run (the flood's and the honest "
         "requests); throttled: reads that waited for a peer's verify budget.",
+    ]
+
+
+def _regress_shown(row: dict[str, Any]) -> bool:
+    """The figures that must not regress: IAC's CPU and bytes per request, set-up, p99 under loss,
+    broadcast completion, file-transfer MB/s."""
+    if not row["iac"]:
+        return False
+    scenario, metric = row["scenario"], row["metric"]
+    if scenario == "loss":
+        return "p99" in metric
+    if scenario == "broadcast":
+        return metric.startswith("completion")
+    return True
+
+
+def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+    """``benchmarks/regress.py``: before and after, per figure, with the verdict."""
+    (r,) = res
+    d = r.data
+    cfg = d["config"]
+    rows = []
+    for row in (x for x in d["rows"] if _regress_shown(x)):
+        key = f"regress/{row['scenario']}/{row['contender']}/{row['metric']}"
+        rows.append(
+            [
+                row["scenario"],
+                row["contender"],
+                row["metric"],
+                sheet.put(r, f"{key}/before", row["before_median"]),
+                sheet.put(r, f"{key}/after", row["after_median"]),
+                sheet.put(r, f"{key}/ratio", row["ratio"], "ratio") if row["ratio"] is not None else "—",
+                row["verdict"] if row["verdict"] != "worse" else "**worse**",
+            ]
+        )
+    cols = ["scenario", "contender", "metric", "before", "after", "after ÷ before", "verdict"]
+    cpu = d["cpu"]
+    worst = max(cpu["iac"].values())
+    drift = cpu["baselines_median_ratio"]
+    return [
+        r.source_line(doc),
+        "",
+        f"Before: commit `{cfg['before'][:7]}`; after: the commit above. {cfg['rounds']} rounds of the "
+        f"suite's {', '.join(f'`{s}`' for s in cfg['scenarios'])} scenarios"
+        f"{' (quick forms)' if cfg['quick'] else ''}, the two sides in turns; each figure the median "
+        "of its rounds' medians. Verdict: within the before side's run-to-run range (or 1 %), or "
+        "beyond its best (better) or its worst (worse).",
+        "",
+        *table(cols, "lllrrrl", rows),
+        "",
+        f"CPU per request, after ÷ before, at most **{sheet.put(r, 'regress/cpu/worst', worst, 'ratio')}×** "
+        f"(target ≤ {cpu['target']}: {'met' if cpu['met'] else '**missed**'})"
+        + (
+            f"; the unchanged baselines (HTTP, gRPC) moved "
+            f"{sheet.put(r, 'regress/cpu/drift', drift, 'ratio')}× (median) between the two sides."
+            if drift
+            else "."
+        ),
     ]

@@ -10,7 +10,7 @@ from typing import Any
 
 import suite
 from figures_cc import render_cc
-from figures_profile import render_flood, render_roundtrip, render_scaleout
+from figures_profile import render_flood, render_regress, render_roundtrip, render_scaleout
 from figures_results import (
     CODEC_RATIO_TARGET,
     DICT_SAVING_TARGET,
@@ -456,4 +456,5 @@ RENDERERS: dict[str, Renderer] = {
     "flood": render_flood,
     "roundtrip": render_roundtrip,
     "scaleout": render_scaleout,
+    "regress": render_regress,
 }

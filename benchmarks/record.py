@@ -8,6 +8,7 @@
     .venv/bin/python benchmarks/record.py scaleout      # benchmarks/scaleout.py --json …
     .venv/bin/python benchmarks/record.py flood         # benchmarks/flood.py --json …
     .venv/bin/python benchmarks/record.py roundtrip     # benchmarks/roundtrip.py --json …
+    .venv/bin/python benchmarks/record.py regress --before REV  # benchmarks/regress.py --json …
     .venv/bin/python benchmarks/record.py nat           # benchmarks/nat.py --json … (root)
 
 Extra arguments after the name go to the command (``record.py node --reps 9``). The file is
@@ -55,7 +56,7 @@ SCRATCH = Path("bench-results")  # relative to ROOT, where every command runs
 SCHEMA = "iac-bench-record/1"
 #: Plot samples of the suite's results.json that are not kept (the medians and ranges are).
 SAMPLE_SERIES = ("latency_cdf_us", "latency_cdf_ms_at_max_loss")
-SCRIPTS = ("node", "mesh", "codec", "transport", "nat", "scaleout", "roundtrip", "flood")
+SCRIPTS = ("node", "mesh", "codec", "transport", "nat", "scaleout", "roundtrip", "flood", "regress")
 NAMES = ("iac-bench", *SCRIPTS)
 
 sys.path.insert(0, str(HERE))

@@ -23,11 +23,13 @@ def test_roundtrip_every_contender(tmp_path: Path) -> None:
     out = tmp_path / "rt.json"
     _run([str(BENCH / "roundtrip.py"), "--count", "30", "--reps", "2", "--json", str(out)])
     report = json.loads(out.read_text())
-    names = {f"{k}-{t}" for k in ("iac", "floor") for t in ("quic", "tls", "unix")} | {"iac-tls-thread"}
+    names = {f"{k}-{t}" for k in ("iac", "floor") for t in ("quic", "tls", "unix")}
+    names |= {"iac-tls-thread", "iac-tls-signw"}
     assert set(report["contenders"]) == names
     for name, c in report["contenders"].items():
         assert len(c["cpu_us_1"]) == len(c["cpu_us_64"]) == 2, name
         assert all(0 < v < 1_000_000 for v in c["cpu_us_1"] + c["cpu_us_64"]), name
+        assert len(c["rps_64"]) == 2 and all(v > 0 for v in c["rps_64"]), name
         assert c["loop_turns"] >= 1 and c["python_calls"] > 10, name
         # datagrams carry QUIC: at least one flush per direction; TLS and UNIX never call transmit
         assert (c["quic_transmits"] >= 2) if name.endswith("quic") else (c["quic_transmits"] == 0), name
@@ -35,7 +37,8 @@ def test_roundtrip_every_contender(tmp_path: Path) -> None:
     c = report["contenders"]
     assert c["iac-tls-thread"]["loop_turns"] > c["iac-tls"]["loop_turns"]
     assert set(report["ratios"]) == {
-        "iac-quic / floor-quic", "iac-tls / floor-tls", "iac-unix / floor-unix", "iac-tls-thread / iac-tls"
+        "iac-quic / floor-quic", "iac-tls / floor-tls", "iac-unix / floor-unix", "iac-tls-thread / iac-tls",
+        "iac-tls-signw / iac-tls",
     }  # fmt: skip
 
 
@@ -70,3 +73,18 @@ def test_flood_quick(tmp_path: Path) -> None:
             assert rep["flood_sent"] == int(case["rate"] * case["seconds"])
             assert all(n > 10 for n in rep["requests"]) and 0 < rep["p50_quiet_us"] < 1_000_000
         assert case["server"]["handled"] > 0 and case["ratio_median"] > 0
+
+
+def test_regress_runs_the_suite_on_an_earlier_commit_and_this_tree(tmp_path: Path) -> None:
+    """The same commit on both sides: its deterministic figures (bytes per message) are within."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = tmp_path / "regress.json"
+    _run([str(BENCH / "regress.py"), "--before", "HEAD", "--quick", "--rounds", "1", "--only", "bytes",
+          "--json", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["config"]["before"] == head.stdout.strip()
+    rows = report["rows"]
+    assert {r["scenario"] for r in rows} == {"bytes"} and len(rows) >= 3
+    assert all(r["verdict"] == "within" and r["ratio"] == 1.0 for r in rows)
+    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "iac-regress-" not in listed.stdout  # the earlier commit's checkout is gone
