@@ -228,6 +228,8 @@ def _aioquic() -> Backend:
         quic._session_ticket_handler = add
 
     def initial_gate(server: Any, data: bytes) -> tuple[bool, bool]:
+        if not data or not data[0] & 0x80:  # a short header: never an Initial (no parse per datagram)
+            return False, False
         config = server._configuration
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=config.connection_id_length)
