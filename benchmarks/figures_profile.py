@@ -58,7 +58,7 @@ def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         for k, v in d["ratios"].items()
     ]
     cols = ["contender", "CPU µs @1", "CPU µs @64", "req/s @64", "loop turns", "Python calls", "QUIC flushes"]
-    return [
+    out = [
         r.source_line(doc),
         "",
         head,
@@ -67,6 +67,18 @@ def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         "",
         "CPU per round trip: " + "; ".join(ratios) + ".",
     ]
+    counted = d.get("instructions") or {}
+    if counted:
+        n = cfg["callgrind_counts"]
+        figs = ", ".join(
+            f"`{k}` {sheet.put(r, f'{k}/instructions', v, 'millions')}" for k, v in counted.items()
+        )
+        out += [
+            "",
+            f"Instructions per round trip at 1 in flight (callgrind: a run of {n[1]} round trips less "
+            f"one of {n[0]}, over {n[1] - n[0]}): {figs}.",
+        ]
+    return out
 
 
 def render_scaleout(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:

@@ -118,6 +118,7 @@ FORMATS: dict[str, Callable[[float], str]] = {
     "num": fmt_num,
     "ratio": lambda x: f"{x:.2f}",
     "pct": lambda x: f"{x * 100:.1f} %",
+    "millions": lambda x: f"{x / 1e6:.3f} M",
     "bytes": lambda x: f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.1f}",
 }
 

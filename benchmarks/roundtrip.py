@@ -9,6 +9,7 @@
     .venv/bin/python benchmarks/roundtrip.py tls --sync-in-thread     # the handler on a thread
     .venv/bin/python benchmarks/roundtrip.py tls --profile out.pstats # cProfile the measured part
     valgrind --tool=callgrind .venv/bin/python benchmarks/roundtrip.py tls --count 300 --reps 1
+    .venv/bin/python benchmarks/roundtrip.py --callgrind           # ... and that for TLS and UNIX
 
 A server node (``NodeConfig(sync_in_thread=False)``, answering RUN as ``benchmarks/node.py``'s
 IAC server does; with ``--sync-in-thread`` every call hops to a thread, ``adaptive_sync=False``)
@@ -28,6 +29,8 @@ With ``--count`` N under callgrind, the difference of the instruction counts of 
 100 and 300) over the difference of their counts is the instructions per round trip, start-up
 and warm-up cancelled: a figure that does not move with the load of the machine (except where
 behaviour depends on time, as aioquic's ACK delay does: QUIC counts are not repeatable).
+``--callgrind`` (with every contender) does that for TLS and UNIX, IAC and floor, and keeps the
+figures in the JSON (``instructions``); it needs valgrind.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import cProfile
 import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -202,6 +206,36 @@ async def counts(request: Request, n: int) -> dict[str, float]:
     return {"loop_turns": turns / n, "python_calls": calls / n, "quic_transmits": flushes / n}
 
 
+#: Contenders whose instructions per round trip are counted (``--callgrind``). QUIC's are not
+#: repeatable: aioquic's ACK delay expires at other points under valgrind's slowdown.
+CALLGRIND = (("iac-tls", "tls", False), ("floor-tls", "tls", True), ("iac-unix", "unix", False),
+             ("floor-unix", "unix", True))  # fmt: skip
+CALLGRIND_COUNTS = (100, 300)
+
+
+def instructions(transport: str, floor: bool) -> float:
+    """Instructions per round trip at 1 in flight: this script run under callgrind with two
+    ``--count``s; the difference of the totals over the difference of the counts (start-up and
+    warm-up cancel)."""
+    totals = []
+    for n in CALLGRIND_COUNTS:
+        with tempfile.TemporaryDirectory(prefix="iacrt-cg-") as d:
+            out = Path(d) / "callgrind.out"
+            argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+                    transport, "--count", str(n), "--reps", "1", *(["--floor"] if floor else [])]  # fmt: skip
+            subprocess.run(argv, check=True, capture_output=True)
+            totals.append(callgrind_total(out.read_text()))
+    return (totals[1] - totals[0]) / (CALLGRIND_COUNTS[1] - CALLGRIND_COUNTS[0])
+
+
+def callgrind_total(text: str) -> int:
+    """The instruction total of a callgrind output file."""
+    for line in text.splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise ValueError("no summary line in the callgrind output")
+
+
 async def matrix(args: argparse.Namespace) -> dict[str, Any]:
     pl = payloads()
     pairs: dict[str, tuple[Request, Any]] = {}
@@ -248,11 +282,22 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_64": sw["cpu_us_64_median"] / tls["cpu_us_64_median"],
         "rps_64": sw["rps_64_median"] / tls["rps_64_median"],
     }
+    counted: dict[str, float] = {}
+    if args.callgrind:
+        for name, transport, is_floor in CALLGRIND:
+            print(f"  .. callgrind: {name}", file=sys.stderr, flush=True)
+            counted[name] = instructions(transport, is_floor)
     return {
         "benchmark": "roundtrip",
-        "config": {"count": args.count, "reps": args.reps, "in_flight": [1, 64]},
+        "config": {
+            "count": args.count,
+            "reps": args.reps,
+            "in_flight": [1, 64],
+            "callgrind_counts": list(CALLGRIND_COUNTS) if counted else None,
+        },
         "contenders": out,
         "ratios": ratios,
+        "instructions": counted,
     }
 
 
@@ -267,6 +312,9 @@ def print_matrix(r: dict[str, Any]) -> None:
         print(f"{name:16} {v['cpu_us_1_median']:8.0f} {v['cpu_us_64_median']:8.0f} "
               f"{v['rps_64_median']:10.0f} {v['loop_turns']:6.1f} {v['python_calls']:7.0f} "
               f"{v['quic_transmits']:13.1f}")  # fmt: skip
+    if r.get("instructions"):
+        print("Instructions per round trip at 1 in flight (callgrind): "
+              + ", ".join(f"{k} {v / 1e6:.3f} M" for k, v in r["instructions"].items()))  # fmt: skip
     for k, v in r["ratios"].items():
         rps = f", req/s at 64 {v['rps_64']:.2f}x" if "rps_64" in v else ""
         print(f"{k:28} CPU at 1 in flight {v['cpu_1']:.2f}x, at 64 {v['cpu_64']:.2f}x{rps}")
@@ -283,6 +331,7 @@ def cli() -> None:
     ap.add_argument("--sync-in-thread", action="store_true", help="the server's handler on a thread")
     ap.add_argument("--sign-in-worker", action="store_true", help="both nodes sign on the worker")
     ap.add_argument("--profile", help="write cProfile stats of the measured requests here")
+    ap.add_argument("--callgrind", action="store_true", help="(every contender) also count instructions")
     args = ap.parse_args()
     if args.transport is None:
         report = asyncio.run(matrix(args))

@@ -1,5 +1,5 @@
-"""Smoke tests of ``benchmarks/roundtrip.py``, ``benchmarks/scaleout.py`` and ``benchmarks/flood.py``:
-they run and report every contender with sane numbers. No timing thresholds (loopback figures on
+"""Smoke tests of ``benchmarks/roundtrip.py``, ``benchmarks/scaleout.py``, ``benchmarks/flood.py``
+and ``benchmarks/regress.py``: they run and report every contender with sane numbers. No timing thresholds (loopback figures on
 a shared machine say nothing); the counts that depend on the code alone are checked where the code
 fixes them."""
 
@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -36,6 +38,7 @@ def test_roundtrip_every_contender(tmp_path: Path) -> None:
     # the handler on a thread hops: more loop turns than inline
     c = report["contenders"]
     assert c["iac-tls-thread"]["loop_turns"] > c["iac-tls"]["loop_turns"]
+    assert report["instructions"] == {}  # counted with --callgrind only
     assert set(report["ratios"]) == {
         "iac-quic / floor-quic", "iac-tls / floor-tls", "iac-unix / floor-unix", "iac-tls-thread / iac-tls",
         "iac-tls-signw / iac-tls",
@@ -88,3 +91,13 @@ def test_regress_runs_the_suite_on_an_earlier_commit_and_this_tree(tmp_path: Pat
     assert all(r["verdict"] == "within" and r["ratio"] == 1.0 for r in rows)
     listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "iac-regress-" not in listed.stdout  # the earlier commit's checkout is gone
+
+
+def test_callgrind_total_is_read_from_the_summary_line() -> None:
+    sys.path.insert(0, str(BENCH))
+    from roundtrip import callgrind_total
+
+    assert callgrind_total("# callgrind format\nevents: Ir\nsummary: 3127000\n") == 3127000
+    assert callgrind_total("events: Ir\ntotals: 42\n") == 42
+    with pytest.raises(ValueError):
+        callgrind_total("events: Ir\n")
