@@ -214,3 +214,44 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
             else "."
         ),
     ]
+
+
+def render_node_floors(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+    """``benchmarks/node.py``: where each floor stands against the HTTP reference (the most the
+    node could reach), and the node's CPU per request over its floor's."""
+    (r,) = res
+    d = r.data
+    c, cal, ref = d["contenders"], d["calibration"], d["config"]["reference"]
+    reps = cal["valid_reps"] or list(range(len(c[ref]["per_rep"]["rtt_p50_us"])))
+
+    def over_reps(name: str, k: str) -> float:
+        return median([c[name]["per_rep"][k][i] for i in reps])
+
+    rows = []
+    for name in (n for n in c if n.startswith("floor-")):
+        iac = "iac-" + name.removeprefix("floor-")
+        p50 = over_reps(name, "rtt_p50_us") / over_reps(ref, "rtt_p50_us")
+        rps = over_reps(name, "requests_per_s_at_64") / over_reps(ref, "requests_per_s_at_64")
+        cpu = c[iac]["cpu_us_per_request_at_64"] / c[name]["cpu_us_per_request_at_64"]
+        rows.append(
+            [
+                f"`{name}`",
+                sheet.put(r, f"floors/{name}/p50_vs_ref", p50, "ratio"),
+                sheet.put(r, f"floors/{name}/rps_vs_ref", rps, "ratio"),
+                sheet.put(r, f"floors/{iac}/cpu_vs_floor", cpu, "ratio"),
+            ]
+        )
+    which = (
+        f"the {len(reps)} repetition(s) with both cores (calibration ≥ {cal['min_scaling']})"
+        if cal["valid_reps"]
+        else "all repetitions (none had both cores)"
+    )
+    cols = ["floor", f"p50 ÷ `{ref}`", f"req/s at 64 ÷ `{ref}`", "IAC CPU/request at 64 ÷ the floor's"]
+    return [
+        r.source_line(doc),
+        "",
+        f"Floors against `{ref}` over {which}, ratios of medians; IAC's CPU per request (both "
+        "sides, at 64 in flight) over its floor's, over all repetitions.",
+        "",
+        *table(cols, "lrrr", rows),
+    ]

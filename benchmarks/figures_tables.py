@@ -10,7 +10,13 @@ from typing import Any
 
 import suite
 from figures_cc import render_cc
-from figures_profile import render_flood, render_regress, render_roundtrip, render_scaleout
+from figures_profile import (
+    render_flood,
+    render_node_floors,
+    render_regress,
+    render_roundtrip,
+    render_scaleout,
+)
 from figures_results import (
     CODEC_RATIO_TARGET,
     DICT_SAVING_TARGET,
@@ -457,4 +463,5 @@ RENDERERS: dict[str, Renderer] = {
     "roundtrip": render_roundtrip,
     "scaleout": render_scaleout,
     "regress": render_regress,
+    "node-floors": render_node_floors,
 }
