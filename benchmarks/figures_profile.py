@@ -176,9 +176,15 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     (r,) = res
     d = r.data
     cfg = d["config"]
+    # The unchanged baselines' own after ÷ before, per (scenario, metric): how far the machine moved.
+    drifts: dict[tuple[str, str], list[float]] = {}
+    for x in d["rows"]:
+        if not x["iac"] and x["ratio"] is not None:
+            drifts.setdefault((x["scenario"], x["metric"]), []).append(x["ratio"])
     rows = []
     for row in (x for x in d["rows"] if _regress_shown(x)):
         key = f"regress/{row['scenario']}/{row['contender']}/{row['metric']}"
+        drift = drifts.get((row["scenario"], row["metric"]))
         rows.append(
             [
                 row["scenario"],
@@ -187,10 +193,11 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
                 sheet.put(r, f"{key}/before", row["before_median"]),
                 sheet.put(r, f"{key}/after", row["after_median"]),
                 sheet.put(r, f"{key}/ratio", row["ratio"], "ratio") if row["ratio"] is not None else "—",
+                sheet.put(r, f"{key}/drift", median(drift), "ratio") if drift else "—",
                 row["verdict"] if row["verdict"] != "worse" else "**worse**",
             ]
         )
-    cols = ["scenario", "contender", "metric", "before", "after", "after ÷ before", "verdict"]
+    cols = ["scenario", "contender", "metric", "before", "after", "after ÷ before", "baselines' ÷", "verdict"]
     cpu = d["cpu"]
     worst = max(cpu["iac"].values())
     drift = cpu["baselines_median_ratio"]
@@ -201,9 +208,11 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         f"suite's {', '.join(f'`{s}`' for s in cfg['scenarios'])} scenarios"
         f"{' (quick forms)' if cfg['quick'] else ''}, the two sides in turns; each figure the median "
         "of its rounds' medians. Verdict: within the before side's run-to-run range (or 1 %), or "
-        "beyond its best (better) or its worst (worse).",
+        "beyond its best (better) or its worst (worse). \"Baselines' ÷\": the same metric's after ÷ "
+        "before for the scenario's non-IAC contenders (median), which did not change between the "
+        "two sides: how far the machine itself moved.",
         "",
-        *table(cols, "lllrrrl", rows),
+        *table(cols, "lllrrrrl", rows),
         "",
         f"CPU per request, after ÷ before, at most **{sheet.put(r, 'regress/cpu/worst', worst, 'ratio')}×** "
         f"(target ≤ {cpu['target']}: {'met' if cpu['met'] else '**missed**'})"
