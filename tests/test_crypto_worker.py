@@ -3,8 +3,9 @@ signed in batches (``iac.node.verify``, ``iac.node.sign``).
 
 What users rely on: a batch gives the same verdicts, in the same order, as one frame at a time
 (a forged frame in the middle is refused alone); signatures made on the worker are the ones the
-loop would make, handed back in the order they were asked for, also across batches; and a
-worker that fails or was shut down is a :class:`WorkerFailed` for every caller, never a wait
+loop would make, handed back in the order they were asked for, also across batches; a worker
+that cannot take work hands the work back to the loop; and a job that raised is a
+:class:`WorkerFailed` for its callers (a connection closed with INTERNAL_ERROR), never a wait
 without end (each test runs under ``run``'s timeout).
 """
 
@@ -12,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run
-from test_pipeline import RawPeer, serving, tamper
+from test_pipeline import RawPeer, errors, serving, tamper
 
-from iac.errors import BadSignature, MessageRejected, WorkerFailed
+from iac.errors import BadSignature, CloseCode, ConnectionClosed, MessageRejected, WorkerFailed
 from iac.node import sign as sign_mod
 from iac.node import verify as verify_mod
 from iac.node.config import NodeConfig
@@ -107,19 +110,27 @@ def test_a_verification_worker_that_raises_is_worker_failed(monkeypatch: pytest.
     run(main())
 
 
-def test_a_worker_that_was_shut_down_is_worker_failed() -> None:
+def test_a_worker_that_cannot_take_work_hands_ed25519_back_to_the_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def main() -> None:
         worker = CryptoWorker()
-        await Verifier(worker).open([body(0), body(1)], ALICE.agent_id)  # started
+        verifier = Verifier(worker)
+        await verifier.open([body(0), body(1)], ALICE.agent_id)  # started
         worker.close()
-        with pytest.raises(WorkerFailed, match="cannot take work"):
-            await Verifier(worker).open([body(0), body(1)], ALICE.agent_id)
+        assert not worker.available
+        opened = await verifier.open([body(0), tampered_body(1), body(2)], ALICE.agent_id)
+        assert [type(o) for o in opened] == [Message, BadSignature, Message]  # the same verdicts
+        assert verifier.batches == 1  # the second batch was opened on the loop
         signer = Signer(ALICE, worker)
         signer.batching = True
-        with pytest.raises(WorkerFailed, match="cannot take work"):
-            await asyncio.gather(*(signer.sign(message(i)) for i in range(2)))
+        got = await asyncio.gather(*(signer.sign(message(i)) for i in range(3)))
+        assert got == [sign_message(ALICE, message(i)) for i in range(3)] and signer.batches == 0
+        with pytest.raises(WorkerFailed, match="cannot take work"):  # asked directly: it says so
+            await worker.run("verification", len, b"")
 
-    run(main())
+    with caplog.at_level(logging.WARNING, logger="iac.node"):
+        run(main())
 
 
 def test_a_forged_frame_among_others_over_the_wire_is_refused_alone_and_the_rest_in_order() -> None:
@@ -284,3 +295,46 @@ def test_nodes_that_sign_on_the_worker_answer_many_requests_in_flight(transport:
             assert server._outbox.signer.batches > 0  # and the async handlers' answers too
 
     run(main())
+
+
+def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch whose verification job raised ends that connection's reading: it is closed with
+    INTERNAL_ERROR (never left open and unread), counted and logged; the node goes on serving."""
+
+    async def main() -> None:
+        async with serving() as (node, woke):
+            real = node._crypto.run
+            failures: list[str] = []
+
+            async def fails_once(what: str, fn: Any, *args: object) -> Any:
+                if not failures:
+                    failures.append(what)
+                    raise WorkerFailed(f"the {what} worker failed: MemoryError: no memory for the batch")
+                return await real(what, fn, *args)
+
+            node._crypto.run = fails_once  # type: ignore[method-assign]
+            async with RawPeer.connect(node) as peer:
+                frames = [
+                    encode_frame(
+                        FrameType.MESSAGE, sign_message(peer.identity, peer.message(MessageType.RUN, i))
+                    )
+                    for i in range(4)
+                ]
+                await peer.conn.send(b"".join(frames))  # one write: one batch, to the worker
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await asyncio.wait_for(peer.conn.recv(), 5)
+                assert closed.value.code == CloseCode.INTERNAL_ERROR
+                assert "worker_failed" in closed.value.reason
+            assert failures == ["verification"]
+            assert node.stats().closed_internal == 1
+            assert woke == []
+            async with RawPeer.connect(node) as other:
+                assert errors(await other.exchange(other.request(MessageType.RUN, "still here"))) == []
+            assert woke == ["still here"]
+
+    with caplog.at_level(logging.WARNING, logger="iac.node"):
+        run(main())
+    assert any("worker_failed" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)

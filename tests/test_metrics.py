@@ -71,6 +71,7 @@ def check_matches_stats(samples: dict[Any, float], s: iac.NodeStats) -> None:
         "iac_acks_received_total": s.acks_received,
         "iac_retransmits_total": s.retransmits,
         "iac_answers_too_large_total": s.answers_too_large,
+        "iac_closed_internal_total": s.closed_internal,
         "iac_connections": s.connections,
     }
     assert {k: one(samples, k) for k in plain} == plain

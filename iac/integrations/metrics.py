@@ -70,6 +70,7 @@ _COUNTERS = (
     ("cancelled", "cancelled", "Handlers a CANCEL ended."),
     ("peer_events_dropped", "peer_events_dropped", "Peer events dropped from a full queue."),
     ("answers_too_large", "answers_too_large", "Answers larger than the caller's largest frame."),
+    ("closed_internal", "closed_internal", "Connections closed because reading them failed on this side."),
 )
 #: Queue depths of NodeStats: (attribute, queue label).
 _QUEUES = (

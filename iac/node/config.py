@@ -279,6 +279,9 @@ class NodeStats:
     #: Answers this node could not send because they exceed the caller's largest frame (a REPLY
     #: is replaced by ERROR ``internal``).
     answers_too_large: int = 0
+    #: Connections this node closed with INTERNAL_ERROR because reading them failed on its side
+    #: (a worker thread that failed): the peer reconnects; logged as a WARNING from ``iac.node``.
+    closed_internal: int = 0
     #: Routing (FORWARD): ``delivered``, ``forwarded`` (Forwards sent, own and relayed),
     #: ``originated``, ``relayed`` (sent on for others), ``duplicates`` (copies dropped), ``flood_ends``.
     routing: Mapping[str, int] = field(default_factory=dict)

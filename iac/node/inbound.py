@@ -131,10 +131,23 @@ class Inbound:
                 conn.flush()
                 if conn.received():
                     await asyncio.sleep(0)
-        except (IacError, OSError):
-            pass
+        except (IacError, OSError) as exc:
+            if not conn.closed:  # this side failed (a worker): close it, never leave it unread
+                self._close_failed(conn, exc)
         finally:
             self._peers.unregister(conn)
+
+    def _close_failed(self, conn: Connection, exc: IacError | OSError) -> None:
+        """Close a connection whose reading failed on this side (not the peer's fault), with
+        INTERNAL_ERROR, so that the peer reconnects instead of waiting on a connection nobody
+        reads; the node goes on serving every other one."""
+        name = getattr(exc, "name", type(exc).__name__)
+        peer = conn.peer.agent_id
+        log.warning("closing the connection from %s…: %s: %s", peer[:16], name, exc,
+                    extra={"peer": peer[:16], "transport": conn.peer.transport, "reason": name,
+                           "code": CloseCode.INTERNAL_ERROR.name})  # fmt: skip
+        self._c.closed_internal += 1
+        self._tasks.spawn(conn.close(CloseCode.INTERNAL_ERROR, f"{name}: {exc}"[:200]))
 
     async def share_loop(self) -> None:
         """Every ``share.period``: the loop's lag and each peer's frames to :attr:`share`, and the

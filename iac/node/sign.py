@@ -8,7 +8,9 @@ together (:class:`~iac.node.verify.CryptoWorker`, shared with verification), whe
 without the GIL, so a second core does the Ed25519 while the loop goes on. After
 ``idle_turns`` batches in a row too small to send, it goes back to signing on the loop.
 
-Order is kept: batches finish in the order they were made (one worker thread, and a small batch
+A worker that cannot take work hands signing back to the loop; a batch whose job raised fails
+its senders with :class:`~iac.errors.WorkerFailed`. Order is kept: batches finish in the order
+they were made (one worker thread, and a small batch
 waits behind a batch still out), and each batch wakes its senders in the order they signed, so
 what one connection sends leaves in the order it was signed. The protobuf message itself never
 leaves the loop: the worker signs its bytes.
@@ -58,7 +60,7 @@ class Signer:
 
     async def sign(self, msg: Message) -> bytes:
         """Sign ``msg`` in place and return its signed bytes."""
-        if self.worker is None:
+        if self.worker is None or (not self.worker.available and not self._out and not self._pending):
             return sign_message(self.identity, msg)
         if not self.batching:
             self._note_turn()
@@ -104,8 +106,10 @@ class Signer:
         assert self.worker is not None
         try:
             job = self.worker.submit("signing", sign_all, self.identity, [data for data, _ in batch])
-        except WorkerFailed as exc:
-            self._fail(batch, exc)
+        except WorkerFailed:  # it cannot take work: sign this batch here (later ones too: sign())
+            for data, fut in batch:
+                if not fut.done():
+                    fut.set_result(self.identity.sign(Domain.MESSAGE, data))
             return
         self._out += 1
         self.batches += 1

@@ -20,6 +20,7 @@ class Counters:
         "bytes_received",
         "bytes_sent",
         "cancelled",
+        "closed_internal",
         "delivery_failures",
         "early_accepted",
         "early_dials",
@@ -52,7 +53,7 @@ class Counters:
         self.retransmits = self.delivery_failures = self.throttled = 0
         self.gaps = self.late = self.cancelled = self.peer_events_dropped = 0
         self.backlog_peak = self.running_peak = 0
-        self.relayed = self.answers_too_large = 0
+        self.relayed = self.answers_too_large = self.closed_internal = 0
         self.files_sent = self.files_received = self.files_failed = self.files_resumed = 0
         self.resumed = self.early_dials = self.early_accepted = self.early_rejected = 0
         self.early_received = 0

@@ -5,8 +5,10 @@ one worker thread (:class:`CryptoWorker`).
 PyNaCl releases the GIL while it signs or verifies, so a batch on the worker thread uses a second
 core while the loop goes on with the transport. A lone frame is opened (and a lone message signed,
 :mod:`iac.node.sign`) right on the loop: a thread hop would cost more than the operation. Results
-come back in the order of the frames. A worker that cannot take work, or whose work raised, is a
-:class:`~iac.errors.WorkerFailed` for the caller, never a wait without end.
+come back in the order of the frames. A worker that cannot take work (shut down, or its thread
+could not start) hands Ed25519 back to the loop, with a warning; a job that raised is a
+:class:`~iac.errors.WorkerFailed` for the caller (the read loop closes that connection with
+INTERNAL_ERROR), never a wait without end.
 """
 
 from __future__ import annotations
@@ -45,14 +47,26 @@ class CryptoWorker:
 
     def __init__(self) -> None:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+        self._broken = False
+
+    @property
+    def available(self) -> bool:
+        """False once the worker was shut down or could not take work: do it on the loop."""
+        return not (self._closed or self._broken)
 
     def submit(self, what: str, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
         """Run ``fn(*args)`` on the thread; :class:`WorkerFailed` if it cannot take work."""
+        if self._closed:
+            raise WorkerFailed(f"the {what} worker cannot take work: it was shut down")
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iac-crypto")
         try:
             return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         except (RuntimeError, concurrent.futures.BrokenExecutor) as exc:  # shut down, or broken
+            if not self._broken:
+                log.warning("the %s worker cannot take work (%s): Ed25519 runs on the event loop", what, exc)
+            self._broken = True
             raise WorkerFailed(f"the {what} worker cannot take work: {exc}") from exc
 
     async def run(self, what: str, fn: Callable[..., T], *args: object) -> T:
@@ -66,6 +80,7 @@ class CryptoWorker:
             raise WorkerFailed(f"the {what} worker failed: {type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -81,7 +96,7 @@ class Verifier:
         self.offloaded = 0
 
     async def open(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
-        if not self.threaded or len(bodies) < self.batch_min:
+        if not self.threaded or len(bodies) < self.batch_min or not self.worker.available:
             return open_all(bodies, peer)
         self.batches += 1
         self.offloaded += len(bodies)
