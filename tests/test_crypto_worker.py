@@ -15,6 +15,7 @@ import asyncio
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,19 +172,29 @@ def test_one_sender_at_a_time_signs_on_the_loop() -> None:
     run(main())
 
 
-def test_many_senders_sign_in_batches_on_the_worker_in_order() -> None:
+REAL_SIGN_ALL = sign_mod.sign_all
+
+
+def worker_signs_with(
+    monkeypatch: pytest.MonkeyPatch, fn: Callable[[Identity, list[bytes]], list[bytes]]
+) -> None:
+    """What the signing worker runs, for one test (``REAL_SIGN_ALL`` is the real one)."""
+    monkeypatch.setattr(sign_mod, "sign_all", fn)
+
+
+def test_many_senders_sign_in_batches_on_the_worker_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: set[str] = set()
+
+    def spy(identity: Identity, unsigned: list[bytes]) -> list[bytes]:
+        threads.add(threading.current_thread().name)
+        return REAL_SIGN_ALL(identity, unsigned)
+
+    worker_signs_with(monkeypatch, spy)
+
     async def main() -> None:
         worker = CryptoWorker()
         signer = Signer(ALICE, worker)
         done: list[int] = []
-        threads: set[str] = set()
-        real = sign_mod.sign_all
-
-        def spy(identity: Identity, unsigned: list[bytes]) -> list[bytes]:
-            threads.add(threading.current_thread().name)
-            return real(identity, unsigned)
-
-        sign_mod.sign_all = spy  # type: ignore[assignment]
 
         async def one(i: int) -> bytes:
             signed = await signer.sign(message(i))
@@ -197,7 +208,6 @@ def test_many_senders_sign_in_batches_on_the_worker_in_order() -> None:
                     assert signed == sign_message(ALICE, message(i))  # Ed25519 is deterministic
                     assert open_message(signed).timestamp == 1_000_000 + i
         finally:
-            sign_mod.sign_all = real  # type: ignore[assignment]
             worker.close()
         assert signer.batching and signer.batches >= 3 and signer.offloaded >= 48
         assert threads and all(name.startswith("iac-crypto") for name in threads)
@@ -206,31 +216,29 @@ def test_many_senders_sign_in_batches_on_the_worker_in_order() -> None:
     run(main())
 
 
-def test_a_small_batch_waits_behind_a_batch_on_the_worker() -> None:
+def test_a_small_batch_waits_behind_a_batch_on_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Order across batches: a lone message signed while a batch is out comes back after it."""
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def slow(identity: Identity, unsigned: list[bytes]) -> list[bytes]:
+        calls.append(len(unsigned))
+        if len(calls) == 1:
+            gate.wait(10)
+        return REAL_SIGN_ALL(identity, unsigned)
+
+    worker_signs_with(monkeypatch, slow)
 
     async def main() -> None:
         worker = CryptoWorker()
         signer = Signer(ALICE, worker)
         signer.batching = True
-        gate = threading.Event()
-        real = sign_mod.sign_all
-        first = True
-
-        def slow(identity: Identity, unsigned: list[bytes]) -> list[bytes]:
-            nonlocal first
-            if first:
-                first = False
-                gate.wait(10)
-            return real(identity, unsigned)
-
         order: list[int] = []
 
         async def one(i: int) -> None:
             await signer.sign(message(i))
             order.append(i)
 
-        sign_mod.sign_all = slow  # type: ignore[assignment]
         try:
             batch = [asyncio.ensure_future(one(i)) for i in range(4)]
             while signer.batches == 0:  # the batch of four went out
@@ -241,28 +249,26 @@ def test_a_small_batch_waits_behind_a_batch_on_the_worker() -> None:
             gate.set()
             await asyncio.gather(*batch, lone)
         finally:
-            sign_mod.sign_all = real  # type: ignore[assignment]
             worker.close()
         assert order == [0, 1, 2, 3, 99]
+        assert calls == [4, 1]
 
     run(main())
 
 
-def test_a_signing_worker_that_raises_fails_every_sender_of_the_batch() -> None:
+def test_a_signing_worker_that_raises_fails_every_sender_of_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(identity: Identity, unsigned: list[bytes]) -> list[bytes]:
+        raise RuntimeError("the signing key went away")
+
     async def main() -> None:
         worker = CryptoWorker()
         signer = Signer(ALICE, worker)
         signer.batching = True
-        real = sign_mod.sign_all
-
-        def broken(identity: Identity, unsigned: list[bytes]) -> list[bytes]:
-            raise RuntimeError("the signing key went away")
-
-        sign_mod.sign_all = broken  # type: ignore[assignment]
-        try:
-            got = await asyncio.gather(*(signer.sign(message(i)) for i in range(3)), return_exceptions=True)
-        finally:
-            sign_mod.sign_all = real  # type: ignore[assignment]
+        worker_signs_with(monkeypatch, broken)
+        got = await asyncio.gather(*(signer.sign(message(i)) for i in range(3)), return_exceptions=True)
+        worker_signs_with(monkeypatch, REAL_SIGN_ALL)
         assert [type(g) for g in got] == [WorkerFailed] * 3
         assert "signing worker failed: RuntimeError" in str(got[0])
         # the next batch works again
