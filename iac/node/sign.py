@@ -10,10 +10,10 @@ without the GIL, so a second core does the Ed25519 while the loop goes on. After
 
 A worker that cannot take work hands signing back to the loop; a batch whose job raised fails
 its senders with :class:`~iac.errors.WorkerFailed`. Order is kept: batches finish in the order
-they were made (one worker thread, and a small batch
-waits behind a batch still out), and each batch wakes its senders in the order they signed, so
-what one connection sends leaves in the order it was signed. The protobuf message itself never
-leaves the loop: the worker signs its bytes.
+they were made (one worker thread, and a small batch waits behind a batch still out), and each
+batch wakes its senders in the order they signed, so what one connection sends leaves in the
+order it was signed. The protobuf message itself never leaves the loop: the worker signs its
+bytes.
 """
 
 from __future__ import annotations
