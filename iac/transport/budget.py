@@ -70,13 +70,10 @@ class MemoryBudget:
     def give(self, n: int) -> None:
         self.used -= n
         if self._waiters and (self.used < self.limit or self.returnable == 0):
-            self._wake()
-
-    def _wake(self) -> None:
-        waiters = list(self._waiters)
-        self._waiters.clear()
-        for callback in waiters:
-            callback()
+            waiters = list(self._waiters)
+            self._waiters.clear()
+            for callback in waiters:
+                callback()
 
     def lease(self, n: int) -> None:
         """``n`` returnable bytes are frames a closed connection handed out: they come back
@@ -129,24 +126,16 @@ class RecvBudget:
         self.returnable = 0
         self.released = False
 
-    # The node's take, give and room_for are written out in the methods below: they run for
-    # every frame received, several times.
-
     @property
     def spent(self) -> bool:
         """This connection's share or the node's budget is used up: read no further."""
-        node = self.node
-        return (self.held >= self.limit and self.returnable > 0) or (
-            node.used >= node.limit and node.returnable > 0
-        )
+        return (self.held >= self.limit and self.returnable > 0) or self.node.spent
 
     def fits(self, n: int) -> bool:
         if n <= 0:
             return True
-        if self.held + n > self.limit and self.returnable != 0:
-            return False
-        node = self.node
-        return node.used + n <= node.limit or node.returnable == 0
+        own = self.held + n <= self.limit or self.returnable == 0
+        return own and self.node.room_for(n)
 
     def try_take(self, n: int) -> bool:
         if not self.fits(n):
@@ -162,21 +151,14 @@ class RecvBudget:
             self.give(-n)
             return
         self.held += n
-        node = self.node
-        node.used += n
-        if node.used > node.peak:
-            node.peak = node.used
+        self.node.take(n)
 
     def give(self, n: int) -> None:
         if self.released or n <= 0:
             return
-        if n > self.held:
-            n = self.held
+        n = min(n, self.held)
         self.held -= n
-        node = self.node
-        node.used -= n
-        if node._waiters and (node.used < node.limit or node.returnable == 0):
-            node._wake()
+        self.node.give(n)
 
     def lend(self, n: int) -> None:
         """``n`` held bytes are frames for the reader: it will give them back (:meth:`returned`)."""

@@ -247,12 +247,9 @@ class Inbox:
         the node's) is spent. While the node's is, ``on_room`` follows when it comes back."""
         if self._error is not None:
             return False
-        budget = self.budget
-        node = budget.node
-        if node.used >= node.limit and node.returnable > 0:  # the node's budget is spent
+        if self.budget.node.spent:
             self._wait_node()
-            return True
-        return bool(self.backlog) or (budget.held >= budget.limit and budget.returnable > 0)
+        return bool(self.backlog) or self.budget.spent
 
     # --- fed by the adapter ---------------------------------------------------------------------
 
