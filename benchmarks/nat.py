@@ -52,8 +52,7 @@ def _summary(values: list[float]) -> dict[str, Any]:
 
 async def _round(lab: NatLab, requests: int) -> dict[str, Any]:
     async with NatScene(lab) as s:
-        await s.ta.observe(s.relay.agent_id)
-        await s.tb.observe(s.relay.agent_id)
+        await s.observe()
         await s.requests(3, "warm", PAYLOAD)
         b0 = lab.received_public_bytes()
         relayed = await s.requests(requests, "r", PAYLOAD)
@@ -78,8 +77,7 @@ async def _round(lab: NatLab, requests: int) -> dict[str, Any]:
 
 async def _symmetric(lab: NatLab, requests: int) -> dict[str, Any]:
     async with NatScene(lab, direct_timeout=3.0) as s:
-        await s.ta.observe(s.relay.agent_id)
-        await s.tb.observe(s.relay.agent_id)
+        await s.observe()
         t0 = time.perf_counter()
         ok = await s.ta.connect_direct(s.b.agent_id)
         gave_up = time.perf_counter() - t0

@@ -286,8 +286,7 @@ def test_two_nats_connect_directly() -> None:
         async with NatScene(lab) as s:
             # Observed addresses: the relay sees each node at its NAT's WAN address and the port
             # its listener socket got there (the one socket).
-            seen_a = await s.ta.observe(s.relay.agent_id)
-            seen_b = await s.tb.observe(s.relay.agent_id)
+            seen_a, seen_b = await s.observe()
             assert seen_a.startswith(f"quic://{lab.wan_a}:") and seen_b.startswith(f"quic://{lab.wan_b}:")
             assert ("observed", seen_a) in s.ta.candidates()
             # Before: through the relay.
@@ -329,8 +328,7 @@ def test_symmetric_nat_falls_back_to_the_relay() -> None:
     async def body(lab: Any) -> None:
         async with NatScene(lab) as s:
             s.ta.direct_timeout = 4.0
-            await s.ta.observe(s.relay.agent_id)
-            await s.tb.observe(s.relay.agent_id)
+            await s.observe()
             assert not await s.ta.connect_direct(s.b.agent_id)
             assert s.a.connection(s.b.agent_id) is None and s.ta.path(s.b.agent_id) == "relayed"
             before = s.relayed()
@@ -348,8 +346,7 @@ def test_symmetric_nat_falls_back_to_the_relay() -> None:
 def test_both_behind_one_nat_connect_over_the_lan() -> None:
     async def body(lab: Any) -> None:
         async with NatScene(lab) as s:
-            await s.ta.observe(s.relay.agent_id)
-            await s.tb.observe(s.relay.agent_id)
+            await s.observe()
             assert await s.ta.connect_direct(s.b.agent_id)
             conn = s.a.connection(s.b.agent_id)
             # MASQUERADE does not hairpin: the LAN candidate is the one that works.
@@ -368,8 +365,7 @@ def test_switch_to_direct_loses_and_duplicates_nothing() -> None:
 
     async def body(lab: Any) -> None:
         async with NatScene(lab) as s:
-            await s.ta.observe(s.relay.agent_id)
-            await s.tb.observe(s.relay.agent_id)
+            await s.observe()
             got: list[str] = []
             s.b.on(MessageType.CREATE)(lambda ctx: got.append(str(ctx.payload)))
             stop = asyncio.Event()
@@ -405,8 +401,7 @@ def test_switch_to_direct_loses_and_duplicates_nothing() -> None:
 def test_nat_that_forgets_its_mappings_recovers() -> None:
     async def body(lab: Any) -> None:
         async with NatScene(lab) as s:
-            await s.ta.observe(s.relay.agent_id)
-            await s.tb.observe(s.relay.agent_id)
+            await s.observe()
             s.ta.watch(s.b.agent_id)
             await eventually(lambda: s.a.connection(s.b.agent_id) is not None, timeout=20)
             await s.requests(3, "before")
@@ -505,8 +500,7 @@ def test_two_nats_connect_directly_over_ipv6() -> None:
 
     async def body(lab: Any) -> None:
         async with NatScene(lab, ipv6=True) as s:
-            seen_a = await s.ta.observe(s.relay.agent_id)
-            seen_b = await s.tb.observe(s.relay.agent_id)
+            seen_a, seen_b = await s.observe()
             assert seen_a.startswith(f"quic://[{lab.wan6_a}]:") and seen_b.startswith(
                 f"quic://[{lab.wan6_b}]:"
             )
@@ -526,8 +520,7 @@ def test_a_direct_path_that_dies_falls_back_to_the_relay_and_is_punched_again() 
     async def body(lab: Any) -> None:
         quick = NodeConfig(transport=dataclasses.replace(NodeConfig().transport, keepalive_interval=0.3))
         async with NatScene(lab, config=quick, direct_timeout=2.0) as s:
-            await s.ta.observe(s.relay.agent_id)
-            await s.tb.observe(s.relay.agent_id)
+            await s.observe()
             s.ta.watch(s.b.agent_id)
             await eventually(lambda: s.ta.path(s.b.agent_id) == "direct", timeout=20)
             await s.requests(3, "direct")
@@ -554,8 +547,7 @@ def test_one_nat_without_lan_candidates_falls_back_to_the_relay() -> None:
     async def body(lab: Any) -> None:
         shy = NodeConfig(publish_private_addresses=False)
         async with NatScene(lab, config=shy, direct_timeout=3.0) as s:
-            await s.ta.observe(s.relay.agent_id)
-            await s.tb.observe(s.relay.agent_id)
+            await s.observe()
             assert [k for k, _ in s.tb.candidates()] == ["observed", "relay"]
             assert not await s.ta.connect_direct(s.b.agent_id)
             before = s.relayed()

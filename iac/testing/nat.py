@@ -318,6 +318,11 @@ class NatScene:
         for node in (self.a, self.b, self.relay):
             await node.close()
 
+    async def observe(self) -> tuple[str, str]:
+        """Both nodes ask the relay at which address it sees them (their observed candidates);
+        the two addresses, ``a``'s then ``b``'s."""
+        return await self.ta.observe(self.relay.agent_id), await self.tb.observe(self.relay.agent_id)
+
     def relayed(self) -> int:
         """Messages the relay sent on for others so far."""
         return int(self.relay.stats().routing.get("relayed", 0))
