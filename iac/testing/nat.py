@@ -138,6 +138,15 @@ class NatLab:
         self._made.append(name)
         run("ip", "-n", name, "link", "set", "lo", "up")
 
+    def _site(self, port: str, gateway: str, wan: str, nat: str, lan: str, host: str, host_addr: str) -> None:
+        """A NAT on the public network (its ``wan`` address, the public side's ``gateway``) and a
+        host behind it on the ``lan`` /24 (the NAT at ``lan``.1), each routing through the other."""
+        self._veth(self.public, port, f"{gateway}/30", nat, "wan", f"{wan}/30")
+        self._veth(nat, "lan", f"{lan}.1/24", host, "eth0", f"{host_addr}/24")
+        run("ip", "-n", host, "route", "add", "default", "via", f"{lan}.1")
+        run("ip", "-n", nat, "route", "add", "default", "via", gateway)
+        self._nat(nat, f"{lan}.0/24")
+
     def _veth(self, ns1: str, if1: str, addr1: str, ns2: str, if2: str, addr2: str) -> None:
         run("ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", if2, "netns", ns2)
         run("ip", "-n", ns1, "addr", "add", addr1, "dev", if1)
@@ -188,11 +197,7 @@ class NatLab:
             # counters only: UDP packets routed between the NATs, and received in public
             run("iptables", "-A", "FORWARD", "-p", "udp", ns=self.public)
             run("iptables", "-A", "INPUT", "-p", "udp", ns=self.public)
-            self._veth(self.public, "pa", "198.51.100.1/30", self.nat_a, "wan", "198.51.100.2/30")
-            self._veth(self.nat_a, "lan", "10.77.1.1/24", self.host_a, "eth0", f"{self.addr_a}/24")
-            run("ip", "-n", self.host_a, "route", "add", "default", "via", "10.77.1.1")
-            run("ip", "-n", self.nat_a, "route", "add", "default", "via", "198.51.100.1")
-            self._nat(self.nat_a, "10.77.1.0/24")
+            self._site("pa", "198.51.100.1", "198.51.100.2", self.nat_a, "10.77.1", self.host_a, self.addr_a)
             if self.shared:
                 run("ip", "link", "add", "lan2", "netns", self.nat_a, "type", "veth", "peer", "eth0",
                     "netns", self.host_b)  # fmt: skip
@@ -208,11 +213,9 @@ class NatLab:
                 run("ip", "-n", self.nat_a, "link", "set", "br0", "up")
                 run("ip", "-n", self.host_b, "route", "add", "default", "via", "10.77.1.1")
             else:
-                self._veth(self.public, "pb", "198.51.100.5/30", self.nat_b, "wan", "198.51.100.6/30")
-                self._veth(self.nat_b, "lan", "10.77.2.1/24", self.host_b, "eth0", f"{self.addr_b}/24")
-                run("ip", "-n", self.host_b, "route", "add", "default", "via", "10.77.2.1")
-                run("ip", "-n", self.nat_b, "route", "add", "default", "via", "198.51.100.5")
-                self._nat(self.nat_b, "10.77.2.0/24")
+                self._site(
+                    "pb", "198.51.100.5", "198.51.100.6", self.nat_b, "10.77.2", self.host_b, self.addr_b
+                )
             if self.ipv6:
                 self._start6()
         except BaseException:
