@@ -28,6 +28,8 @@ datagrams per destination (a token bucket: :attr:`Traversal.punch_burst` at once
 :attr:`Traversal.punch_rate` per second; :attr:`Traversal.punch_total_rate` for all of them
 together), destinations remembered (:data:`MAX_DESTINATIONS`),
 and punches only for a peer that asked in a signed message (``allow`` may narrow who).
+Address candidates are IP literals only (:func:`check_candidates`): a host name is refused and
+counted (``host_names``), never looked up, so no punch waits on a resolver.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ from typing import Any
 from iac.errors import ConfigError, ErrorCode, HandlerError, IacError
 from iac.mesh.dispatch import NAT_OPS, RegisterKeyDispatcher
 from iac.node.node import Node
-from iac.protocol.records import CANDIDATE_KINDS, MAX_CANDIDATES, is_address, is_private_address
+from iac.protocol.records import (
+    CANDIDATE_KINDS,
+    MAX_CANDIDATES,
+    is_address,
+    is_ip_address,
+    is_private_address,
+)
 from iac.transport.base import parse_address
 from iac.transport.dialer import Backoff
 from iac.wire.enums import MessageType
@@ -64,9 +72,17 @@ PUNCH_DATAGRAM = b"\x00"
 Candidate = tuple[str, str]
 
 
+class _HostNameCandidate(HandlerError):
+    """A punch candidate names a host instead of an IP literal (``bad_request``): punching
+    toward it would need a name lookup, which may stall for as long as a resolver does not
+    answer."""
+
+
 def check_candidates(raw: Any) -> list[Candidate]:
     """Candidates from a signed message: ``[[kind, value], ...]``, at most :data:`MAX_CANDIDATES`
-    (more are refused, not cut), each well-formed. Raises :class:`HandlerError` ``bad_request``."""
+    (more are refused, not cut), each well-formed, every address one with a literal IP host
+    (``quic://203.0.113.7:4433``, ``quic://[2001:db8::1]:4433``). Raises :class:`HandlerError`
+    ``bad_request`` (for a host name too: no lookup is ever made)."""
     if not isinstance(raw, list) or len(raw) > MAX_CANDIDATES:
         raise HandlerError(ErrorCode.BAD_REQUEST, f"candidates: an array of at most {MAX_CANDIDATES}")
     out: list[Candidate] = []
@@ -77,6 +93,10 @@ def check_candidates(raw: Any) -> list[Candidate]:
         ok = is_agent_id(value) if kind == "relay" else is_address(value) and str(value).startswith("quic://")
         if not ok:
             raise HandlerError(ErrorCode.BAD_REQUEST, f"bad {kind} candidate {str(value)[:80]!r}")
+        if kind != "relay" and not is_ip_address(value):
+            raise _HostNameCandidate(
+                ErrorCode.BAD_REQUEST, f"{kind} candidate {str(value)[:80]!r} names a host, not an IP address"
+            )
         out.append((kind, value))
     return out
 
@@ -92,6 +112,7 @@ class NatStats:
     punch_datagrams: int = 0  # punch datagrams sent
     punch_rate_limited: int = 0  # punch datagrams not sent: over the destination's budget
     refused: int = 0  # punch requests refused (not allowed, no QUIC listener)
+    host_names: int = 0  # punch requests and replies refused for naming a host, not an IP
     observed: int = 0  # observed addresses learned
     last_direct_s: float | None = None  # time the last successful punch took
 
@@ -223,7 +244,7 @@ class Traversal:
         op = payload.get("op")
         if op not in (OP_PUNCH, OP_PUNCH_SYNC):  # pragma: no cover - the dispatcher routes NAT_OPS
             raise HandlerError(ErrorCode.BAD_REQUEST, f"unknown op {op!r}")
-        theirs = check_candidates(payload.get("candidates", []))
+        theirs = self._check(payload.get("candidates", []))
         if not self.allow(sender):
             self.stats_.refused += 1
             raise HandlerError(ErrorCode.POLICY_DENIED, "no punching for this peer")
@@ -239,6 +260,14 @@ class Traversal:
             self.stats_.punches_answered += 1
             return {"op": op, "candidates": [list(c) for c in self.candidates()]}
         return None
+
+    def _check(self, raw: Any) -> list[Candidate]:
+        """:func:`check_candidates`, counting the host names refused."""
+        try:
+            return check_candidates(raw)
+        except _HostNameCandidate:
+            self.stats_.host_names += 1
+            raise
 
     # --- punching ------------------------------------------------------------------------------
 
@@ -333,9 +362,8 @@ class Traversal:
                     peer, MessageType.REGISTER_KEY, {"op": OP_PUNCH, "candidates": ours}
                 )
                 rtt = loop.time() - t0
-                theirs = check_candidates(
-                    reply.payload.get("candidates") if isinstance(reply.payload, dict) else None
-                )
+                payload = reply.payload
+                theirs = self._check(payload.get("candidates") if isinstance(payload, dict) else None)
                 self._remember(peer, theirs)
                 await self.node.send(peer, MessageType.REGISTER_KEY, {"op": OP_PUNCH_SYNC})
                 await asyncio.sleep(rtt / 2)  # the peer gets SYNC half a round trip after it left
@@ -445,6 +473,7 @@ class Traversal:
             "punch_datagrams": st.punch_datagrams,
             "punch_rate_limited": st.punch_rate_limited,
             "refused": st.refused,
+            "host_names": st.host_names,
             "observed": st.observed,
             "last_direct_s": st.last_direct_s,
             "direct": sum(1 for v in paths.values() if v == "direct"),

@@ -110,6 +110,24 @@ def is_private_address(value: str) -> bool:
     return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified
 
 
+def is_ip_literal(host: str) -> bool:
+    """True for an IPv4 or IPv6 address literal (brackets allowed): a host that needs no name
+    lookup, so sending to it never blocks."""
+    if not isinstance(host, str):
+        return False
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def is_ip_address(value: str) -> bool:
+    """True for a ``quic://``/``tls://`` address whose host is an IP literal (not a host name)."""
+    m = _NET_ADDRESS_RE.fullmatch(value) if isinstance(value, str) else None
+    return m is not None and is_address(value) and is_ip_literal(m.group(2))
+
+
 def _check_candidate(kind: Any, value: Any, exc: type[Exception]) -> None:
     if kind not in CANDIDATE_KINDS:
         raise exc(f"candidate kind must be one of {', '.join(CANDIDATE_KINDS)}: {kind!r:.40}")
@@ -329,6 +347,8 @@ __all__ = [
     "is_address",
     "is_alias",
     "is_capability",
+    "is_ip_address",
+    "is_ip_literal",
     "is_private_address",
     "key_digest",
     "open_record",

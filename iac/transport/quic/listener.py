@@ -36,6 +36,7 @@ from iac.errors import (
     TransportError,
 )
 from iac.protocol.handshake import HelloOrder, ServerHandshake, channel_binding
+from iac.protocol.records import is_ip_literal
 from iac.transport.base import Address, Listener, OnConnection, TransportConfig, format_host, parse_address
 from iac.transport.certs import verify_client_chain
 from iac.transport.limits import HandshakeLimiter, RetryGate
@@ -171,6 +172,8 @@ class QuicListener(Listener):
         """Send one punch datagram from this listener's socket to ``dest`` (host, port), so that
         a NAT in front of this side opens a mapping toward it (docs/PROTOCOL.md, "Through
         NATs"). False when the socket is closed or cannot reach ``dest``'s address family."""
+        if not is_ip_literal(dest[0]):  # a host name: sendto would resolve it, blocking the loop
+            return False
         server = self._server
         transport = None if server is None else server._transport
         if transport is None or transport.is_closing():
