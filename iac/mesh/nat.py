@@ -73,9 +73,7 @@ Candidate = tuple[str, str]
 
 
 class _HostNameCandidate(HandlerError):
-    """A punch candidate names a host instead of an IP literal (``bad_request``): punching
-    toward it would need a name lookup, which may stall for as long as a resolver does not
-    answer."""
+    """A candidate names a host: punching toward it would wait on a resolver (``bad_request``)."""
 
 
 def check_candidates(raw: Any) -> list[Candidate]:
