@@ -309,7 +309,7 @@ def test_clock_stepping_back_never_expires_early(make_store):
 
 
 def test_session_cap_refuses_new_sessions_without_evicting(make_store):
-    s = make_store(max_sessions=3)
+    s = make_store(max_sessions=3, sessions_per_tenant=3)
     for k in range(3):
         s.check_and_mark(A, k, 1, T0)
     with pytest.raises(ReplayStoreFull) as ei:
@@ -322,6 +322,48 @@ def test_session_cap_refuses_new_sessions_without_evicting(make_store):
     assert s.check_and_mark(A, 0, 2, T0 + 1) is Verdict.NEW
     assert s.check_and_mark(A, 99, 1, T0 + 2 * SKEW + 1) is Verdict.NEW
     assert count(s) == 2
+
+
+def test_one_tenant_holds_at_most_its_share_of_the_sessions(make_store):
+    """1 % of max_sessions per sender and per neighbour (``via``): over it, the tenant's own new
+    session is refused while every other tenant's first session is admitted."""
+    s = make_store(max_sessions=1000)  # the default share: 1 %, 10 sessions
+    for k in range(10):
+        assert s.reserve(A, k, 1, T0) is Verdict.NEW
+    with pytest.raises(ReplayStoreFull, match=r"sender aaaa.* holds 10 sessions.*sessions_per_tenant 10"):
+        s.reserve(A, 10, 1, T0)
+    assert s.check_and_mark(A, 3, 2, T0) is Verdict.NEW  # its live sessions go on
+    assert s.reserve(B, 0, 1, T0) is Verdict.NEW  # another sender's first session
+    # a neighbour's FORWARDs: sessions of many senders count toward the relay that brought them
+    relay, others = "r" * 64, [f"{i:064x}" for i in range(1, 13)]
+    for sender in others[:10]:
+        assert s.check_and_mark(sender, 0, 1, T0, via=relay) is Verdict.NEW
+    with pytest.raises(ReplayStoreFull, match=r"neighbour rrrr.* brought in 10 sessions"):
+        s.check_and_mark(others[10], 0, 1, T0, via=relay)
+    assert s.check_and_mark(others[11], 0, 1, T0) is Verdict.NEW  # the same sender, directly
+    assert count(s) == 22
+    # sessions kept alive keep counting (also when a message of one comes by another path) ...
+    for k in range(10):
+        assert s.check_and_mark(A, k, 5, T0 + SKEW) is Verdict.NEW
+    for sender in others[:10]:
+        assert s.check_and_mark(sender, 0, 5, T0 + SKEW) is Verdict.NEW
+    with pytest.raises(ReplayStoreFull):
+        s.reserve(A, 10, 1, T0 + 2 * SKEW + 1)
+    with pytest.raises(ReplayStoreFull):
+        s.reserve(others[10], 0, 1, T0 + 2 * SKEW + 1, via=relay)
+    # ... and leave the share once they expired
+    assert s.reserve(A, 10, 1, T0 + 4 * SKEW + 2) is Verdict.NEW
+    assert s.reserve(others[10], 0, 1, T0 + 4 * SKEW + 2, via=relay) is Verdict.NEW
+    assert count(s) == 2
+
+
+def test_tenant_share_config():
+    assert ReplayConfig().tenant_sessions == 1000
+    assert ReplayConfig(max_sessions=50).tenant_sessions == 1
+    assert ReplayConfig(max_sessions=50, sessions_per_tenant=50).tenant_sessions == 50
+    for bad in (0, 51):
+        with pytest.raises(ConfigError, match="sessions_per_tenant"):
+            ReplayConfig(max_sessions=50, sessions_per_tenant=bad)
 
 
 # --- two phase -------------------------------------------------------------------------------
@@ -661,6 +703,22 @@ def test_sqlite_records_a_start_only_when_it_creates_the_file(tmp_path):
         assert s.history_start_us == T0  # the recorded start stays
     with pytest.raises(StaleMessage, match="before the replay store started"):
         ReplayGuard(SqliteReplayStore(tmp_path / "other.db", started_at_us=T0)).check_fresh(T0 - 1, T0)
+
+
+def test_sqlite_file_from_before_the_tenant_shares_is_kept(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with SqliteReplayStore(path) as s:
+        assert s.check_and_mark(A, 1, 7, T0) is Verdict.NEW
+    db = sqlite3.connect(path)
+    db.execute("DROP INDEX iac_replay_window_via")
+    db.execute("ALTER TABLE iac_replay_window DROP COLUMN via")  # as the file was written before
+    db.commit()
+    db.close()
+    with SqliteReplayStore(path) as s:
+        assert s.check_and_mark(A, 1, 7, T0 + 1) is Verdict.DUPLICATE
+        assert s.check_and_mark(A, 2, 1, T0 + 1, via=B) is Verdict.NEW
 
 
 def test_sqlite_unusable_file_is_a_typed_error(tmp_path):

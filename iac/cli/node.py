@@ -85,6 +85,8 @@ async def run_node(args: argparse.Namespace) -> int:
         transport=transport_config(args),
         tickets_file=tickets,
         publish_private_addresses=not args.no_lan_addresses,
+        max_sessions=args.max_sessions,
+        sessions_per_tenant=args.sessions_per_tenant,
         **inbox_options(args),
     )
     metrics = metrics_of(args)
@@ -178,6 +180,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="FILE",
         help="keep QUIC session tickets in FILE (mode 0600, secret like a key): a restarted node "
         "resumes its sessions and sends its first messages as 0-RTT early data",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=integer(what="number of sessions"),
+        default=node_default("max_sessions"),
+        metavar="N",
+        help="most sender sessions the replay store tracks; a new one beyond is refused with busy "
+        "(default %(default)d)",
+    )
+    p.add_argument(
+        "--sessions-per-tenant",
+        type=integer(what="number of sessions"),
+        default=None,
+        metavar="N",
+        help="most of them one sender, or one neighbour with its FORWARDs, may hold; its new session "
+        "beyond is refused with busy while others' are admitted (default 1%% of --max-sessions)",
     )
     add_transport_options(p)
     add_server_options(p)

@@ -82,6 +82,9 @@ class NodeConfig:
     replay_window: int = 1024
     #: Most sender sessions tracked by the in-memory replay store.
     max_sessions: int = 100_000
+    #: One tenant's share of them: per sender, and per neighbour that delivered them (its
+    #: FORWARDs included). None: 1 % of ``max_sessions`` (``ReplayConfig.tenant_sessions``).
+    sessions_per_tenant: int | None = None
     #: ``request``/``call``/``delegate`` timeout when none is given.
     request_timeout: float = 30.0
     #: Per peer: requests plus ACK_REQUESTED messages waiting for their answer; ``send``/``request``
@@ -206,6 +209,8 @@ class NodeConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.sessions_per_tenant is not None and not 1 <= self.sessions_per_tenant <= self.max_sessions:
+            raise ConfigError("sessions_per_tenant must be in 1 .. max_sessions")
         if self.delivery_timeout * 1_000_000 > self.transport.max_skew_us:
             raise ConfigError(
                 "delivery_timeout must not exceed max_skew (a retransmission must still be fresh)"

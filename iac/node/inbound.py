@@ -243,7 +243,7 @@ class Inbound:
     async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
         """One verified message (a FORWARD's inner message: its origin's signature was checked)."""
         now = self._clock.now_us()
-        check = self._pipeline.replay_check(msg, now, forwarded=forwarded)
+        check = self._pipeline.replay_check(msg, now, forwarded=forwarded, via=conn.peer.agent_id)
         verdict = check if isinstance(check, Refuse) else (await self._pipeline.store.check([check], now))[0]
         await self._act(conn, msg, now, verdict, forwarded=forwarded)
 

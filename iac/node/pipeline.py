@@ -145,7 +145,9 @@ class ReceivePipeline:
             )
         return msg
 
-    def replay_check(self, msg: Message, now: int, *, forwarded: bool = False) -> Check | Refuse:
+    def replay_check(
+        self, msg: Message, now: int, *, forwarded: bool = False, via: str | None = None
+    ) -> Check | Refuse:
         """Freshness (no store needed), then the store check to make: single-phase for a response,
         a reservation for anything a handler takes."""
         is_response = msg.msg_type in RESPONSE_TYPES
@@ -164,7 +166,7 @@ class ReceivePipeline:
             # the sender's fault. A retransmission (a fresh timestamp) gets through; a plain
             # request gets busy at once, like a store that cannot answer.
             return Refuse(Refusal.BEFORE_HISTORY, str(exc), answer and bool(msg.deadline) and not retried)
-        return Check((sender_of(msg), msg.session_id, msg.msg_id), is_response)
+        return Check((sender_of(msg), msg.session_id, msg.msg_id), is_response, via)
 
     def judge(
         self,

@@ -197,9 +197,9 @@ class NodeRuntime:
         c = self.config
         store = self._replay_store_arg
         if store is None:
-            store = MemoryReplayStore(
-                self.clock.now_us(), ReplayConfig(c.replay_window, c.transport.max_skew_us, c.max_sessions)
-            )
+            skew = c.transport.max_skew_us
+            replay = ReplayConfig(c.replay_window, skew, c.max_sessions, c.sessions_per_tenant)
+            store = MemoryReplayStore(self.clock.now_us(), replay)
         if store.max_skew_us != c.transport.max_skew_us:
             raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
         # Servers that share session tickets must share what stops a replayed 0-RTT flight.

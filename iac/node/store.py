@@ -38,6 +38,9 @@ class Check:
 
     key: Key
     mark: bool
+    #: The neighbour that delivered it (a FORWARD's relay), when not its sender: its share counts
+    #: the session too.
+    via: str | None = None
 
 
 class StoreRunner:
@@ -146,8 +149,12 @@ class StoreRunner:
         store = self.guard.store
         for c in checks:
             sender, session_id, msg_id = c.key
+            call = store.check_and_mark if c.mark else store.reserve
             try:
-                verdict = (store.check_and_mark if c.mark else store.reserve)(sender, session_id, msg_id, now)
+                if c.via is None or c.via == sender:
+                    verdict = call(sender, session_id, msg_id, now)
+                else:
+                    verdict = call(sender, session_id, msg_id, now, via=c.via)
             except IacError as exc:  # StoreUnavailable, ReplayStoreFull: typed by the store
                 if isinstance(exc, StoreUnavailable):
                     self.failures += 1

@@ -21,7 +21,12 @@ A message is accepted once per ``(from, session_id, msg_id)``:
   the window re-opens nothing. Memory is bounded by active senders, with a hard
   cap (``max_sessions``): when it is reached and nothing has expired, a *new*
   session is refused with :class:`ReplayStoreFull`; live windows are never
-  evicted, because evicting one would re-open its replays.
+  evicted, because evicting one would re-open its replays. So that one tenant
+  cannot fill the cap, one sender, and one neighbour (the key whose HELLO
+  proved the connection a message came on: a relay's FORWARDs count toward it),
+  may hold at most ``ReplayConfig.tenant_sessions`` windows (1 % of
+  ``max_sessions`` by default); a new session beyond that share is refused
+  with :class:`ReplayStoreFull` while other tenants' sessions are admitted.
 
 Check-and-set is one atomic call, either single-phase (:meth:`~ReplayStore.check_and_mark`)
 or two-phase (:meth:`~ReplayStore.reserve`, then :meth:`~ReplayStore.commit` once the
@@ -62,6 +67,8 @@ MIN_WINDOW_SIZE = 1024
 DEFAULT_WINDOW_SIZE = 1024
 DEFAULT_MAX_SKEW_US = 60_000_000
 DEFAULT_MAX_SESSIONS = 100_000
+#: One tenant's share of ``max_sessions`` by default (per sender and per neighbour), in percent.
+DEFAULT_TENANT_SHARE_PERCENT = 1
 #: How long a reservation in a shared store lasts unless its holder renews it.
 DEFAULT_RESERVATION_LEASE_US = 5_000_000
 
@@ -106,11 +113,19 @@ class ReplayConfig:
         max_sessions: hard cap on tracked ``(from, session_id)`` windows
             (default 100 000). Each window costs roughly ``N / 8`` bytes plus
             overhead (about 200 bytes at ``N = 1024``).
+        sessions_per_tenant: the share of one tenant: at most this many live
+            windows per sender, and per neighbour that delivered them (the
+            ``via`` of :meth:`ReplayStore.reserve`: the key whose HELLO proved the
+            connection, so a relay's FORWARDs count toward it). None (default):
+            1 % of ``max_sessions`` (:data:`DEFAULT_TENANT_SHARE_PERCENT`), at least 1.
+            A tenant over its share gets :class:`~iac.errors.ReplayStoreFull`
+            for a new session of its own while others' are admitted.
     """
 
     window_size: int = DEFAULT_WINDOW_SIZE
     max_skew_us: int = DEFAULT_MAX_SKEW_US
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    sessions_per_tenant: int | None = None
 
     def __post_init__(self) -> None:
         if self.window_size < MIN_WINDOW_SIZE:
@@ -119,6 +134,17 @@ class ReplayConfig:
             raise ConfigError(f"max_skew_us must be positive, got {self.max_skew_us}")
         if self.max_sessions < 1:
             raise ConfigError(f"max_sessions must be at least 1, got {self.max_sessions}")
+        if self.sessions_per_tenant is not None and not 1 <= self.sessions_per_tenant <= self.max_sessions:
+            raise ConfigError(
+                f"sessions_per_tenant must be in 1 .. max_sessions, got {self.sessions_per_tenant}"
+            )
+
+    @property
+    def tenant_sessions(self) -> int:
+        """The most live windows one sender, or one neighbour (``via``), may hold."""
+        if self.sessions_per_tenant is not None:
+            return self.sessions_per_tenant
+        return max(1, self.max_sessions * DEFAULT_TENANT_SHARE_PERCENT // 100)
 
     @property
     def retention_us(self) -> int:
@@ -184,14 +210,25 @@ class ReplayStore(Protocol):
         """None if the store remembers everything still fresh; else when its memory begins."""
         ...
 
-    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
-        """Single phase: if the id is new, mark it done and return NEW."""
+    def check_and_mark(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
+        """Single phase: if the id is new, mark it done and return NEW.
+
+        A new session counts toward the share of ``sender`` and of ``via`` (the neighbour that
+        delivered the message; None: the sender itself): over either,
+        :class:`~iac.errors.ReplayStoreFull` (``ReplayConfig.tenant_sessions``).
+        """
         ...
 
-    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+    def reserve(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
         """Two phase, step one: if the id is new, reserve it and return NEW.
 
         A duplicate of a reserved id gets IN_PROGRESS until :meth:`commit` or :meth:`release`.
+        A new session counts toward the shares of ``sender`` and ``via``, as in
+        :meth:`check_and_mark`.
         """
         ...
 
@@ -276,16 +313,36 @@ class ReplayGuard:
         check_freshness(timestamp_us, now_us, self._store.max_skew_us, self._store.history_start_us)
 
     def check_and_mark(
-        self, sender: str, session_id: int, msg_id: int, timestamp_us: int, now_us: int
+        self,
+        sender: str,
+        session_id: int,
+        msg_id: int,
+        timestamp_us: int,
+        now_us: int,
+        *,
+        via: str | None = None,
     ) -> Verdict:
         """Freshness, then single-phase check-and-set."""
         self.check_fresh(timestamp_us, now_us)
-        return self._store.check_and_mark(sender, session_id, msg_id, now_us)
+        if via is None or via == sender:
+            return self._store.check_and_mark(sender, session_id, msg_id, now_us)
+        return self._store.check_and_mark(sender, session_id, msg_id, now_us, via=via)
 
-    def reserve(self, sender: str, session_id: int, msg_id: int, timestamp_us: int, now_us: int) -> Verdict:
+    def reserve(
+        self,
+        sender: str,
+        session_id: int,
+        msg_id: int,
+        timestamp_us: int,
+        now_us: int,
+        *,
+        via: str | None = None,
+    ) -> Verdict:
         """Freshness, then reserve (two-phase); follow a NEW with :meth:`commit` or :meth:`release`."""
         self.check_fresh(timestamp_us, now_us)
-        return self._store.reserve(sender, session_id, msg_id, now_us)
+        if via is None or via == sender:
+            return self._store.reserve(sender, session_id, msg_id, now_us)
+        return self._store.reserve(sender, session_id, msg_id, now_us, via=via)
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
         self._store.commit(sender, session_id, msg_id, now_us)

@@ -30,6 +30,11 @@ def check_args(sender: str, session_id: int, msg_id: int) -> None:
         raise ConfigError(f"sender must be a non-empty string of at most {MAX_SENDER_LEN} characters")
 
 
+def check_via(via: str | None) -> None:
+    if via is not None and (not isinstance(via, str) or not 0 < len(via) <= MAX_SENDER_LEN):
+        raise ConfigError(f"via must be a non-empty string of at most {MAX_SENDER_LEN} characters")
+
+
 def check_store_config(config: ReplayConfig, reservation_lease_us: int | None) -> int:
     """Check a config for a store with history; return the reservation lease."""
     if config.window_size > MAX_STORE_WINDOW_SIZE:
@@ -40,6 +45,15 @@ def check_store_config(config: ReplayConfig, reservation_lease_us: int | None) -
     if lease <= 0:
         raise ConfigError(f"reservation_lease_us must be positive, got {lease}")
     return lease
+
+
+def share_refusal(sender: str, via: str, held_sender: int, held_via: int, cap: int) -> str:
+    """The text of a new session refused for its tenant's share (``ReplayConfig.tenant_sessions``)."""
+    if held_sender >= cap:
+        who = f"sender {sender[:16]}… holds {held_sender} sessions"
+    else:
+        who = f"neighbour {via[:16]}… brought in {held_via} sessions"
+    return f"replay store: {who}, its share (sessions_per_tenant {cap}); refused until one expires"
 
 
 def json_list(values: Iterable[str]) -> str:

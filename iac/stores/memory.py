@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from iac.errors import ReplayStoreFull
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
-from iac.stores.common import check_u64
+from iac.stores.common import check_u64, share_refusal
 
 
 @dataclass(slots=True)
@@ -21,6 +21,7 @@ class _Window:
     highest: int
     bitmap: int  # bit i set: id (highest - i) is done
     last_seen_us: int
+    via: str  # the neighbour that delivered the session's first message (its share counts it)
     pending: set[int] = field(default_factory=set)  # reserved, not yet committed
 
 
@@ -53,14 +54,22 @@ class MemoryReplayStore(StoreSettings):
         self._window_size = self._config.window_size
         self._retention_us = self._config.retention_us
         self._full_mask = (1 << self._config.window_size) - 1
+        self._tenant_cap = self._config.tenant_sessions
+        #: Live windows per sender and per neighbour (``via``): the tenants' shares.
+        self._by_sender: dict[str, int] = {}
+        self._by_via: dict[str, int] = {}
 
     # --- ReplayStore -------------------------------------------------------------------------
 
-    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
-        return self._check(sender, session_id, msg_id, now_us, reserve=False)
+    def check_and_mark(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
+        return self._check(sender, session_id, msg_id, now_us, via, reserve=False)
 
-    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
-        return self._check(sender, session_id, msg_id, now_us, reserve=True)
+    def reserve(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
+        return self._check(sender, session_id, msg_id, now_us, via, reserve=True)
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
         check_u64("msg_id", msg_id)
@@ -128,9 +137,12 @@ class MemoryReplayStore(StoreSettings):
         dropped = 0
         while windows:
             key = next(iter(windows))
-            if windows[key].last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
+            w = windows[key]
+            if w.last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
                 break
             del windows[key]
+            _unshare(self._by_sender, key[0])
+            _unshare(self._by_via, w.via)
             dropped += 1
         return dropped
 
@@ -154,19 +166,28 @@ class MemoryReplayStore(StoreSettings):
             n, top = self._window_size, w.highest
             w.pending = {p for p in w.pending if serial_diff(top, p) < n}
 
-    def _check(self, sender: str, session_id: int, msg_id: int, now_us: int, *, reserve: bool) -> Verdict:
+    def _check(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, via: str | None, *, reserve: bool
+    ) -> Verdict:
         check_u64("msg_id", msg_id)
         check_u64("session_id", session_id)
         self._expire_due(now_us)
         key = (sender, session_id)
         w = self._windows.get(key)
         if w is None:
+            via = sender if via is None else via
             if len(self._windows) >= self._config.max_sessions:
                 raise ReplayStoreFull(
                     f"replay store tracks {len(self._windows)} sessions (max_sessions); "
                     "new session refused until one expires"
                 )
-            w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us)
+            cap = self._tenant_cap
+            held_sender, held_via = self._by_sender.get(sender, 0), self._by_via.get(via, 0)
+            if held_sender >= cap or held_via >= cap:
+                raise ReplayStoreFull(share_refusal(sender, via, held_sender, held_via, cap))
+            self._by_sender[sender] = held_sender + 1
+            self._by_via[via] = held_via + 1
+            w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us, via=via)
             self._windows[key] = w
             self._mark(w, msg_id, 0, reserve)
             return Verdict.NEW
@@ -186,9 +207,22 @@ class MemoryReplayStore(StoreSettings):
         self._mark(w, msg_id, offset, reserve)
         return Verdict.NEW
 
+    def tenant_sessions(self, tenant: str) -> tuple[int, int]:
+        """How many live windows ``tenant`` holds as a sender, and as the neighbour that
+        delivered them (after expiring what is due at the last clock seen)."""
+        return self._by_sender.get(tenant, 0), self._by_via.get(tenant, 0)
+
     @staticmethod
     def _mark(w: _Window, msg_id: int, offset: int, reserve: bool) -> None:
         if reserve:
             w.pending.add(msg_id)
         else:
             w.bitmap |= 1 << offset
+
+
+def _unshare(counts: dict[str, int], tenant: str) -> None:
+    n = counts.get(tenant, 0) - 1
+    if n > 0:
+        counts[tenant] = n
+    else:
+        counts.pop(tenant, None)

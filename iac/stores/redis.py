@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from iac.errors import ConfigError, ReplayStoreFull, StaleMessage, StoreUnavailable
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of
-from iac.stores.common import check_args, check_store_config
+from iac.stores.common import check_args, check_store_config, check_via, share_refusal
 from iac.stores.redis_scripts import CHECK, FRONTIER, RENEW
 
 if TYPE_CHECKING:
     import redis as redis_lib
 
 # Verdict codes returned by the script.
-_NEW, _DUPLICATE, _IN_PROGRESS, _TOO_OLD, _FULL, _LOST, _OK = range(7)
+_NEW, _DUPLICATE, _IN_PROGRESS, _TOO_OLD, _FULL, _LOST, _OK, _SENDER_SHARE, _VIA_SHARE = range(9)
 _VERDICTS = {
     _NEW: Verdict.NEW,
     _DUPLICATE: Verdict.DUPLICATE,
@@ -63,6 +63,9 @@ class RedisReplayStore(StoreSettings):
     * ``P:b:S`` — string bitmap, a ring of ``R`` bits (``R`` = the next power of
       two >= ``window_size``): id ``x`` is bit ``x mod R``.
     * ``P:p:S`` — hash: reserved id (16 hex) -> when the reservation lapses.
+    * ``P:ts:<sender>`` and ``P:tv:<via>`` — sorted sets of ``S`` scored by
+      newest arrival: the sessions of a sender, and those a neighbour brought in
+      (the ``v`` field of ``P:w:S``), counted against ``ReplayConfig.tenant_sessions``.
 
     The three ``P:?:S`` keys get a TTL of ``2 * max_skew`` (rounded up to a
     millisecond), refreshed on every call that writes them, so Redis deletes a
@@ -140,11 +143,15 @@ class RedisReplayStore(StoreSettings):
     def key_prefix(self) -> str:
         return self._prefix
 
-    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
-        return self._verdict(self._run("mark", sender, session_id, msg_id, now_us))
+    def check_and_mark(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
+        return self._verdict(self._run("mark", sender, session_id, msg_id, now_us, via))
 
-    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
-        return self._verdict(self._run("reserve", sender, session_id, msg_id, now_us))
+    def reserve(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
+        return self._verdict(self._run("reserve", sender, session_id, msg_id, now_us, via))
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
         self._run("commit", sender, session_id, msg_id, now_us)
@@ -265,8 +272,12 @@ class RedisReplayStore(StoreSettings):
             return started_at_us
         return int(value)
 
-    def _run(self, op: str, sender: str, session_id: int, msg_id: int, now_us: int) -> tuple[int, int]:
+    def _run(
+        self, op: str, sender: str, session_id: int, msg_id: int, now_us: int, via: str | None = None
+    ) -> tuple[int, int]:
         check_args(sender, session_id, msg_id)
+        check_via(via)
+        via = sender if via is None else via
         sid = f"{sender}:{session_id:016x}"
         keys = [
             self._k_epoch,
@@ -275,6 +286,8 @@ class RedisReplayStore(StoreSettings):
             f"{self._prefix}:w:{sid}",
             f"{self._prefix}:b:{sid}",
             f"{self._prefix}:p:{sid}",
+            f"{self._prefix}:ts:{sender}",
+            f"{self._prefix}:tv:{via}",
         ]
         args = [
             op,
@@ -289,6 +302,9 @@ class RedisReplayStore(StoreSettings):
             str(msg_id & 0xFFFFFFFF),
             f"{msg_id:016x}",
             str(self._reservation_lease_us),
+            str(self._config.tenant_sessions),
+            via,
+            f"{self._prefix}:tv:",
         ]
         code, value = self._call(self._script, keys, args)
         code = int(code)
@@ -300,6 +316,9 @@ class RedisReplayStore(StoreSettings):
                     "the Redis replay store lost its history (restart without persistence, or eviction); "
                     f"it starts again at {value} and cannot vouch for this message"
                 )
+        if code in (_SENDER_SHARE, _VIA_SHARE):
+            held = (value, 0) if code == _SENDER_SHARE else (0, value)
+            raise ReplayStoreFull(share_refusal(sender, via, *held, self._config.tenant_sessions))
         if code == _FULL:
             raise ReplayStoreFull(
                 f"replay store tracks {self._config.max_sessions} sessions (max_sessions); "

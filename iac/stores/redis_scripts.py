@@ -19,6 +19,8 @@ local function sub64(ahi, alo, bhi, blo)
 end
 
 local k_epoch, k_clock, k_index, k_w, k_b, k_p = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- the tenants' shares: sessions of this sender, and sessions the call's neighbour (via) brought in
+local k_ts, k_tv = KEYS[7], KEYS[8]
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 local retention = tonumber(ARGV[3])
@@ -31,6 +33,9 @@ local mhi = tonumber(ARGV[9])
 local mlo = tonumber(ARGV[10])
 local mhex = ARGV[11]
 local res_ttl = tonumber(ARGV[12])
+local share = tonumber(ARGV[13])
+local via = ARGV[14]
+local via_prefix = ARGV[15]
 
 -- Redis lost our keys (restart without persistence, eviction): history starts again now.
 if redis.call('EXISTS', k_epoch) == 0 then
@@ -71,7 +76,7 @@ local function mark(reserve)
   end
 end
 
-local w = redis.call('HMGET', k_w, 'hh', 'hl', 'ls', 'r')
+local w = redis.call('HMGET', k_w, 'hh', 'hl', 'ls', 'r', 'v')
 local exists = w[1] ~= false
 if exists and tonumber(w[3]) < limit then
   redis.call('DEL', k_w, k_b, k_p)
@@ -80,10 +85,20 @@ end
 if not exists then
   if op == 'commit' or op == 'release' then return {6, 0} end
   if redis.call('ZCARD', k_index) >= max_sessions then return {4, 0} end
+  redis.call('ZREMRANGEBYSCORE', k_ts, '-inf', '(' .. str(limit))
+  redis.call('ZREMRANGEBYSCORE', k_tv, '-inf', '(' .. str(limit))
+  local held = redis.call('ZCARD', k_ts)
+  if held >= share then return {7, held} end
+  held = redis.call('ZCARD', k_tv)
+  if held >= share then return {8, held} end
   redis.call('DEL', k_b, k_p)
-  redis.call('HSET', k_w, 'hh', str(mhi), 'hl', str(mlo), 'ls', str(clock), 'r', str(r))
+  redis.call('HSET', k_w, 'hh', str(mhi), 'hl', str(mlo), 'ls', str(clock), 'r', str(r), 'v', via)
   mark(op == 'reserve')
   redis.call('ZADD', k_index, str(clock), member)
+  for _, k in ipairs({k_ts, k_tv}) do
+    redis.call('ZADD', k, str(clock), member)
+    redis.call('PEXPIRE', k, ttl_ms)
+  end
   touch()
   return {0, 0}
 end
@@ -152,6 +167,15 @@ end
 if op == 'mark' or op == 'reserve' then
   redis.call('HSET', k_w, 'ls', str(clock))
   redis.call('ZADD', k_index, str(clock), member)
+  -- the session stays in its tenants' counts while it lives (the neighbour that brought it in)
+  local shares = {k_ts}
+  if w[5] then
+    if w[5] == via then shares[2] = k_tv else shares[2] = via_prefix .. w[5] end
+  end
+  for _, k in ipairs(shares) do
+    redis.call('ZADD', k, str(clock), member)
+    redis.call('PEXPIRE', k, ttl_ms)
+  end
   local verdict = check()
   touch()  -- after the writes: a key that check() created gets its TTL too
   return {verdict, 0}

@@ -38,7 +38,7 @@ from typing import Literal, TypeVar
 
 from iac.errors import ConfigError, ReplayStoreFull, StoreUnavailable
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
-from iac.stores.common import check_args, check_store_config
+from iac.stores.common import check_args, check_store_config, check_via, share_refusal
 
 _T = TypeVar("_T")
 _MOD = 1 << 64
@@ -63,6 +63,7 @@ class _State:
     bitmap: int  # bit i set: id (highest - i) is done
     last_seen_us: int
     pending: dict[int, int]  # reserved msg_id -> when the reservation lapses (receiver clock, us)
+    via: str = ""  # the neighbour that delivered the session's first message (its share counts it)
 
 
 _PENDING = struct.Struct("<Qq")
@@ -82,10 +83,13 @@ _SCHEMA = (
         bitmap BLOB NOT NULL,
         last_seen_us INTEGER NOT NULL,
         pending BLOB NOT NULL,
+        via TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (sender, session_id)
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS iac_replay_window_last_seen ON iac_replay_window (last_seen_us)",
 )
+#: Made after the ``via`` column is there (a file from before it had none: it is added).
+_VIA_INDEX = "CREATE INDEX IF NOT EXISTS iac_replay_window_via ON iac_replay_window (via)"
 _SCHEMA_VERSION = 1
 
 
@@ -169,13 +173,19 @@ class SqliteReplayStore(StoreSettings):
 
     # --- ReplayStore -------------------------------------------------------------------------
 
-    def check_and_mark(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+    def check_and_mark(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
         check_args(sender, session_id, msg_id)
-        return self._transaction(lambda db: self._check(db, sender, session_id, msg_id, now_us, False))
+        check_via(via)
+        return self._transaction(lambda db: self._check(db, sender, session_id, msg_id, now_us, False, via))
 
-    def reserve(self, sender: str, session_id: int, msg_id: int, now_us: int) -> Verdict:
+    def reserve(
+        self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
+    ) -> Verdict:
         check_args(sender, session_id, msg_id)
-        return self._transaction(lambda db: self._check(db, sender, session_id, msg_id, now_us, True))
+        check_via(via)
+        return self._transaction(lambda db: self._check(db, sender, session_id, msg_id, now_us, True, via))
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
         check_args(sender, session_id, msg_id)
@@ -252,6 +262,10 @@ class SqliteReplayStore(StoreSettings):
     def _create(self, db: sqlite3.Connection, started_at_us: int | None) -> int | None:
         for stmt in _SCHEMA:
             db.execute(stmt)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(iac_replay_window)")}
+        if "via" not in columns:
+            db.execute("ALTER TABLE iac_replay_window ADD COLUMN via TEXT NOT NULL DEFAULT ''")
+        db.execute(_VIA_INDEX)
         db.execute(
             "INSERT OR IGNORE INTO iac_replay_state (id, version, clock_us, sessions, started_at_us) "
             "VALUES (0, ?, ?, 0, ?)",
@@ -276,24 +290,24 @@ class SqliteReplayStore(StoreSettings):
 
     def _load(self, db: sqlite3.Connection, sender: str, session_id: int) -> _State | None:
         row = db.execute(
-            "SELECT highest, bitmap, last_seen_us, pending FROM iac_replay_window "
+            "SELECT highest, bitmap, last_seen_us, pending, via FROM iac_replay_window "
             "WHERE sender = ? AND session_id = ?",
             (sender, _to_i64(session_id)),
         ).fetchone()
         if row is None:
             return None
-        highest, blob, last_seen, pend = row
+        highest, blob, last_seen, pend, via = row
         bitmap = int.from_bytes(blob, "little")
         if len(blob) * 8 < self._n:
             # Stored with a smaller window_size: ids beyond it are unknown, so count them as done.
             bitmap |= self._full_mask & ~((1 << (len(blob) * 8)) - 1)
         pending = dict(_PENDING.iter_unpack(pend))
-        return _State(_from_i64(highest), bitmap & self._full_mask, int(last_seen), pending)
+        return _State(_from_i64(highest), bitmap & self._full_mask, int(last_seen), pending, str(via))
 
     def _save(self, db: sqlite3.Connection, sender: str, session_id: int, st: _State) -> None:
         db.execute(
             "INSERT OR REPLACE INTO iac_replay_window "
-            "(sender, session_id, highest, bitmap, last_seen_us, pending) VALUES (?, ?, ?, ?, ?, ?)",
+            "(sender, session_id, highest, bitmap, last_seen_us, pending, via) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 sender,
                 _to_i64(session_id),
@@ -301,6 +315,7 @@ class SqliteReplayStore(StoreSettings):
                 st.bitmap.to_bytes(self._nbytes, "little"),
                 st.last_seen_us,
                 b"".join(_PENDING.pack(m, t) for m, t in st.pending.items()),
+                st.via,
             ),
         )
 
@@ -320,7 +335,14 @@ class SqliteReplayStore(StoreSettings):
             st.bitmap |= 1 << offset
 
     def _check(
-        self, db: sqlite3.Connection, sender: str, session_id: int, msg_id: int, now_us: int, reserve: bool
+        self,
+        db: sqlite3.Connection,
+        sender: str,
+        session_id: int,
+        msg_id: int,
+        now_us: int,
+        reserve: bool,
+        via: str | None,
     ) -> Verdict:
         clock, _ = self._expire_due(db, now_us)
         st = self._load(db, sender, session_id)
@@ -331,7 +353,14 @@ class SqliteReplayStore(StoreSettings):
                     f"replay store tracks {sessions} sessions (max_sessions); "
                     "new session refused until one expires"
                 )
-            st = _State(highest=msg_id, bitmap=0, last_seen_us=clock, pending={})
+            via = sender if via is None else via
+            cap = self._config.tenant_sessions
+            count = "SELECT COUNT(*) FROM iac_replay_window WHERE "
+            (held_sender,) = db.execute(count + "sender = ?", (sender,)).fetchone()
+            (held_via,) = db.execute(count + "via = ?", (via,)).fetchone()
+            if held_sender >= cap or held_via >= cap:
+                raise ReplayStoreFull(share_refusal(sender, via, held_sender, held_via, cap))
+            st = _State(highest=msg_id, bitmap=0, last_seen_us=clock, pending={}, via=via)
             self._mark(st, msg_id, 0, clock, reserve)
             self._save(db, sender, session_id, st)
             db.execute("UPDATE iac_replay_state SET sessions = sessions + 1 WHERE id = 0")
