@@ -72,8 +72,8 @@ PUNCH_DATAGRAM = b"\x00"
 Candidate = tuple[str, str]
 
 
-class _HostNameCandidate(HandlerError):
-    """A candidate names a host: punching toward it would wait on a resolver (``bad_request``)."""
+#: What the refusal of a host-name candidate says (punching toward it would wait on a resolver).
+_HOST_NAME = "names a host, not an IP address"
 
 
 def check_candidates(raw: Any) -> list[Candidate]:
@@ -92,9 +92,7 @@ def check_candidates(raw: Any) -> list[Candidate]:
         if not ok:
             raise HandlerError(ErrorCode.BAD_REQUEST, f"bad {kind} candidate {str(value)[:80]!r}")
         if kind != "relay" and not is_ip_address(value):
-            raise _HostNameCandidate(
-                ErrorCode.BAD_REQUEST, f"{kind} candidate {str(value)[:80]!r} names a host, not an IP address"
-            )
+            raise HandlerError(ErrorCode.BAD_REQUEST, f"{kind} candidate {str(value)[:80]!r} {_HOST_NAME}")
         out.append((kind, value))
     return out
 
@@ -263,8 +261,8 @@ class Traversal:
         """:func:`check_candidates`, counting the host names refused."""
         try:
             return check_candidates(raw)
-        except _HostNameCandidate:
-            self.stats_.host_names += 1
+        except HandlerError as exc:
+            self.stats_.host_names += exc.message.endswith(_HOST_NAME)
             raise
 
     # --- punching ------------------------------------------------------------------------------
