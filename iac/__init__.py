@@ -127,6 +127,7 @@ _MOVED: dict[str, str] = {
             "RecordExpired",
             "Refusal",
             "RegistryFull",
+            "RegistryQuota",
             "RelayDenied",
             "ReplayStoreFull",
             "ReplayedHello",

@@ -43,6 +43,7 @@ from iac.cli.options import (
     add_registry_option,
     add_server_options,
     add_transport_options,
+    integer,
     json_arg,
     print_listening,
     seconds,
@@ -50,7 +51,7 @@ from iac.cli.options import (
     transport_config,
 )
 from iac.cli.serving import metrics_of, print_lines, running
-from iac.errors import ConfigError, DeliveryError
+from iac.errors import ConfigError, DeliveryError, StoreUnavailable
 from iac.mesh import MeshClient, serve_registry
 from iac.node.config import NodeConfig
 from iac.node.node import Node
@@ -157,12 +158,18 @@ async def _run_registry(args: argparse.Namespace) -> int:
         max_ttl_us=max_ttl_us,
         hold_us=max(defaults.hold_us, max_ttl_us),
         rotation_grace_us=int(args.grace * 1e6) if args.grace is not None else defaults.rotation_grace_us,
+        max_keys=args.max_keys,
+        forwarded_keys=args.forwarded_keys,
     )
     node_config = NodeConfig(transport=transport_config(args))
     metrics = metrics_of(args)
     store = open_record_store(_store_spec(args.store))
     try:
         state = RegistryState(store, config)
+        try:
+            state.count()  # a store that cannot answer now refuses the start, not the first lookup
+        except StoreUnavailable as exc:
+            raise ConfigError(f"--store {args.store}: {exc}") from None
         node = Node(identity, listen=listen, config=node_config, metrics=metrics)
         with checks.listen_errors(listen):
             await node.start()
@@ -335,6 +342,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         metavar="SECONDS",
         help="how long a rotated key stays valid (default: an hour)",
+    )
+    p.add_argument(
+        "--max-keys",
+        type=integer(what="number of keys"),
+        default=RegistryConfig().max_keys,
+        metavar="N",
+        help="most keys held (rotated and revoked ones count); when full, a direct publish of a new "
+        "key evicts one that the neighbour which relayed the most brought in (default %(default)d)",
+    )
+    p.add_argument(
+        "--forwarded-keys",
+        type=integer(what="number of keys"),
+        default=RegistryConfig().forwarded_keys,
+        metavar="N",
+        help="most new keys one neighbour connection may bring in per hour by FORWARD (relayed "
+        "publishes); beyond, refused with registry_quota and counted (default %(default)d)",
     )
     add_transport_options(p)
     add_server_options(p)

@@ -335,6 +335,12 @@ class RegistryFull(MessageRejected):
     name = "registry_full"
 
 
+class RegistryQuota(RegistryFull):
+    """The neighbour that relayed a publish brought in its quota of new keys this hour; refused."""
+
+    name = "registry_quota"
+
+
 # File transfer (iac.protocol.files) and relayed routing (iac.protocol.routing).
 
 

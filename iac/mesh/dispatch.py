@@ -22,7 +22,7 @@ from iac.wire.enums import MessageType
 class RegistryRole(Protocol):
     """What answers registry requests (:class:`~iac.RegistryService`)."""
 
-    async def handle(self, sender: str, payload: dict[str, Any]) -> Any: ...
+    async def handle(self, sender: str, payload: dict[str, Any], *, via: str | None = None) -> Any: ...
 
 
 class StatementListener(Protocol):
@@ -123,7 +123,7 @@ class RegisterKeyDispatcher:
         op = payload["op"]
         result: Any = None
         if self.registry is not None:
-            result = await self.registry.handle(ctx.sender, payload)
+            result = await self.registry.handle(ctx.sender, payload, via=ctx.via or None)
             if op == OP_PUBLISH and isinstance(result, dict):
                 # where the publisher is seen from (its NAT's mapping), in the signed reply
                 seen = observed_address(ctx.node, ctx.sender)

@@ -69,18 +69,26 @@ class RegistryService:
     async def _run(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.to_thread(fn) if self._offload else fn()
 
-    async def handle(self, sender: str, payload: dict[str, Any]) -> Any:
-        """Answer one registry request from ``sender`` (raises :class:`HandlerError`)."""
+    async def handle(self, sender: str, payload: dict[str, Any], *, via: str | None = None) -> Any:
+        """Answer one registry request from ``sender``, relayed by the neighbour ``via`` (None or
+        ``sender``: direct; raises :class:`HandlerError`)."""
         op = payload["op"]
         try:
-            result = await self._handle(sender, op, payload)
+            result = await self._handle(sender, op, payload, via)
         except IacError as exc:
             log.info("registry: %s from %s… refused: %s", op, sender[:16], exc)
             raise handler_error(exc) from None
         self.counts[op] += 1
         return result
 
-    async def _handle(self, sender: str, op: str, payload: dict[str, Any]) -> Any:
+    def stats(self) -> dict[str, Any]:
+        """Requests answered by op, and the neighbour bounds: publishes refused for their
+        neighbour's quota, records evicted for direct publishes, keys brought in by neighbour."""
+        st = self.state.stats
+        return {"answered": dict(self.counts), "quota_refused": st.quota_refused, "evicted": st.evicted,
+                "brought_in": dict(st.brought_in)}  # fmt: skip
+
+    async def _handle(self, sender: str, op: str, payload: dict[str, Any], via: str | None) -> Any:
         now = self.clock.now_us()
         state = self.state
         if op == OP_PUBLISH:
@@ -88,7 +96,7 @@ class RegistryService:
             claimed = decode_record(signed.data, max_size=state.config.max_record_size)
             if claimed.agent_id != sender:
                 raise BadRecord("a record must be published by the key it describes (from != agent_id)")
-            record: AgentRecord = await self._run(lambda: state.publish(signed, now))
+            record: AgentRecord = await self._run(lambda: state.publish(signed, now, via=via))
             return {"op": op, "agent_id": record.agent_id, "seq": record.seq, "expires_us": record.expires_us}
         if op == OP_ROTATE:
             rot = SignedRotation.from_json_obj(payload_field(payload, "rotation"))

@@ -28,6 +28,7 @@ from iac.errors import (
     HandlerError,
     IacError,
     MessageRejected,
+    RegistryQuota,
     RemoteError,
     StoreUnavailable,
 )
@@ -68,7 +69,7 @@ def _error_classes() -> dict[str, type[IacError]]:
 
 def handler_error(exc: IacError) -> HandlerError:
     """A registry refusal as the ERROR the node answers: closed-list code, ``"name: text"``."""
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, StoreUnavailable | RegistryQuota):
         code = ErrorCode.BUSY
     elif isinstance(exc, MessageRejected | ConfigError):
         code = ErrorCode.BAD_REQUEST

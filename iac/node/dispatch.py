@@ -36,8 +36,8 @@ from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_STREAM
 log = logging.getLogger("iac.node")
 
 Handler: TypeAlias = Callable[[Any], Any]
-#: Builds what a handler is called with: ``(message, payload, expects_reply) -> Context``.
-ContextFactory: TypeAlias = Callable[[Message, Any, bool], Any]
+#: Builds what a handler is called with: ``(message, payload, expects_reply, via) -> Context``.
+ContextFactory: TypeAlias = Callable[[Message, Any, bool, str], Any]
 
 #: The context a handler runs in when nothing observes the node.
 _UNOBSERVED = contextlib.nullcontext()
@@ -338,7 +338,8 @@ class Dispatcher:
                 pass
             invoke: Callable[[], Any] = functools.partial(func, *args, **kwargs)
         else:
-            invoke = functools.partial(func, self._make_context(msg, item.payload, bool(msg.deadline)))
+            ctx = self._make_context(msg, item.payload, bool(msg.deadline), item.conn.peer.agent_id)
+            invoke = functools.partial(func, ctx)
         observed = self._observers.handling(item.key[0], msg) if self._observers.items else _UNOBSERVED
         if msg.flags & FLAG_STREAM or self._kind(func) == _ASYNC_GEN:
             with observed:

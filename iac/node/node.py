@@ -55,6 +55,9 @@ class Context:
     message: Message
     payload: Any
     expects_reply: bool
+    #: The neighbour it came from: the key whose HELLO proved the connection (``sender`` itself
+    #: unless it was relayed inside FORWARD).
+    via: str = ""
 
     @property
     def sender(self) -> str:
@@ -102,8 +105,8 @@ class Node(NodeRuntime):
     (or :meth:`start` / :meth:`close`).
     """
 
-    def _context(self, msg: Message, payload: Any, expects_reply: bool) -> Context:
-        return Context(self, msg, payload, expects_reply)
+    def _context(self, msg: Message, payload: Any, expects_reply: bool, via: str = "") -> Context:
+        return Context(self, msg, payload, expects_reply, via or sender_of(msg))
 
     # --- registration -----------------------------------------------------------------------------
 

@@ -258,7 +258,7 @@ class NodeRuntime:
         for detach in self._detach:
             detach()
 
-    def _context(self, msg: Message, payload: Any, expects_reply: bool) -> Any:
+    def _context(self, msg: Message, payload: Any, expects_reply: bool, via: str = "") -> Any:
         """What a handler is called with (:class:`~iac.Context`, made by the Node)."""
         return (msg, payload, expects_reply)
 

@@ -110,7 +110,9 @@ class MemoryRecordStore:
     def __init__(self) -> None:
         self._rows: dict[str, AgentRow] = {}
         self._aliases: dict[str, str] = {}
-        self._caps: dict[str, set[str]] = {}
+        #: capability -> the key offering it, or a set once several do (one key: no set, so a
+        #: record's own capabilities cost a dictionary entry each, not a set each).
+        self._caps: dict[str, str | set[str]] = {}
         self._lock = threading.RLock()
 
     def atomic(self, fn: Callable[[RecordStoreTx], _T], *, write: bool = True) -> _T:
@@ -132,14 +134,23 @@ class MemoryRecordStore:
                 del self._aliases[alias]
         for alias in bind:
             self._aliases[alias] = agent_id
+        caps = self._caps
         for cap in cap_rm:
-            ids = self._caps.get(cap)
-            if ids is not None:
+            ids = caps.get(cap)
+            if ids == agent_id:
+                del caps[cap]
+            elif isinstance(ids, set):
                 ids.discard(agent_id)
-                if not ids:
-                    del self._caps[cap]
+                if len(ids) == 1:
+                    caps[cap] = ids.pop()
         for cap in cap_add:
-            self._caps.setdefault(cap, set()).add(agent_id)
+            ids = caps.get(cap)
+            if ids is None:
+                caps[cap] = agent_id
+            elif isinstance(ids, set):
+                ids.add(agent_id)
+            elif ids != agent_id:
+                caps[cap] = {ids, agent_id}
         if new is None:
             self._rows.pop(agent_id, None)
         else:
@@ -159,7 +170,8 @@ class _MemoryTx:
 
     def with_capability(self, capability: str, now_us: int, limit: int) -> list[AgentRow]:
         out: list[AgentRow] = []
-        for agent_id in sorted(self._s._caps.get(capability, ())):
+        ids = self._s._caps.get(capability, ())
+        for agent_id in sorted((ids,) if isinstance(ids, str) else ids):
             row = self._s._rows.get(agent_id)
             if row is not None and row.expires_us > now_us:
                 out.append(row)

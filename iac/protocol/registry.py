@@ -31,6 +31,9 @@ Rules (docs/PROTOCOL.md, "Registry rules"):
 * **Revocation.** Signed by the key itself, ``seq`` above the key's; ends the
   key at once (also a rotated key's grace). A revocation of a key the registry
   does not know is kept, so that key can never register later.
+* **Neighbours** (:mod:`iac.protocol.neighbours`). A neighbour brings in at most
+  ``forwarded_keys`` new keys an hour by FORWARD (:class:`RegistryQuota`); in a full registry
+  a direct publish evicts a record brought in through the neighbour that brought in the most.
 * **Bounds.** ``max_keys`` rows (rotated and revoked keys count and are kept),
   records of at most ``max_record_size`` bytes, ``max_aliases``,
   ``max_addresses`` and ``max_capabilities`` per record, ``max_lookup`` results.
@@ -57,6 +60,7 @@ from iac.errors import (
     StaleSeq,
     UnknownAgent,
 )
+from iac.protocol.neighbours import Neighbours, RegistryStats
 from iac.protocol.record_store import AgentRow, KeyState, MemoryRecordStore, RecordStore, RecordStoreTx
 from iac.protocol.records import (
     AgentRecord,
@@ -132,6 +136,10 @@ class RegistryConfig:
     max_lookup: int = 100
     #: most rotations between a stored record and the key serving it
     max_rotation_chain: int = 8
+    #: most new keys one neighbour may bring in by FORWARD (publishes it relayed for keys the
+    #: registry did not hold) per ``forwarded_keys_period_us``; beyond, :class:`RegistryQuota`
+    forwarded_keys: int = 100
+    forwarded_keys_period_us: int = 60 * _MINUTE_US
 
     def __post_init__(self) -> None:
         for name in (
@@ -142,6 +150,8 @@ class RegistryConfig:
             "max_skew_us",
             "max_lookup",
             "max_rotation_chain",
+            "forwarded_keys",
+            "forwarded_keys_period_us",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive")
@@ -224,11 +234,14 @@ class RegistryState:
         self.store: RecordStore = store if store is not None else MemoryRecordStore()
         self.config = config if config is not None else RegistryConfig()
         self._alias_policy = alias_policy
+        cfg = self.config
+        self._neighbours = Neighbours(cfg.forwarded_keys, cfg.forwarded_keys_period_us, cfg.max_keys)
+        self.stats: RegistryStats = self._neighbours.stats
 
     # --- publish -------------------------------------------------------------------------------
 
-    def publish(self, signed: SignedRecord, now_us: int) -> AgentRecord:
-        """Store a signed record; return it. See the module docstring for the rules."""
+    def publish(self, signed: SignedRecord, now_us: int, *, via: str | None = None) -> AgentRecord:
+        """Store a signed record; return it (``via``: the neighbour that relayed it, if not its key)."""
         cfg = self.config
         record = open_record(signed.data, signed.signature, now_us, max_size=cfg.max_record_size)
         for name, values, limit in (
@@ -251,7 +264,11 @@ class RegistryState:
             capabilities=record.capabilities,
         )
 
-        def txn(tx: RecordStoreTx) -> AgentRecord:
+        relayed = via if via is not None and via != record.agent_id else None
+        evicted: list[str] = []
+
+        def txn(tx: RecordStoreTx) -> bool:
+            evicted.clear()  # a store may run the transaction again
             old = tx.get(record.agent_id)
             if old is not None:
                 if record.seq <= old.seq:
@@ -260,7 +277,8 @@ class RegistryState:
                 if old.next_key_digest and record.next_key_digest != old.next_key_digest:
                     raise CommitmentChanged("a committed next_key_digest can only be used by a rotation")
             else:
-                self._make_room(tx, now_us)
+                self._neighbours.check(relayed, now_us)
+                self._make_room(tx, now_us, evicted if relayed is None else None)
             losers: dict[str, list[str]] = {}
             for alias in record.aliases:
                 owner = tx.alias_owner(alias)
@@ -278,9 +296,10 @@ class RegistryState:
                 if owner_row is not None:
                     tx.put(replace(owner_row, aliases=tuple(a for a in owner_row.aliases if a not in lost)))
             tx.put(row)
-            return record
+            return old is None
 
-        return self.store.atomic(txn)
+        self._neighbours.run(lambda: self.store.atomic(txn), relayed, record.agent_id, evicted, now_us)
+        return record
 
     # --- statements ----------------------------------------------------------------------------
 
@@ -447,12 +466,18 @@ class RegistryState:
                 )
         return len(rows)
 
-    def _make_room(self, tx: RecordStoreTx, now_us: int) -> None:
+    def _make_room(self, tx: RecordStoreTx, now_us: int, evicted: list[str] | None = None) -> None:
+        """Room for one more key: purge; else evict a relayed record into ``evicted`` if given."""
         if tx.count() < self.config.max_keys:
             return
         self._purge(tx, now_us, 16)
-        if tx.count() >= self.config.max_keys:
+        if tx.count() < self.config.max_keys:
+            return
+        victim = self._neighbours.victim(tx) if evicted is not None else None
+        if victim is None or evicted is None:
             raise RegistryFull(f"the registry holds {self.config.max_keys} keys")
+        tx.delete(victim)
+        evicted.append(victim)
 
 
 def _refuse_ended(row: AgentRow) -> None:
