@@ -207,11 +207,6 @@ class MemoryReplayStore(StoreSettings):
         self._mark(w, msg_id, offset, reserve)
         return Verdict.NEW
 
-    def tenant_sessions(self, tenant: str) -> tuple[int, int]:
-        """How many live windows ``tenant`` holds as a sender, and as the neighbour that
-        delivered them (after expiring what is due at the last clock seen)."""
-        return self._by_sender.get(tenant, 0), self._by_via.get(tenant, 0)
-
     @staticmethod
     def _mark(w: _Window, msg_id: int, offset: int, reserve: bool) -> None:
         if reserve:
