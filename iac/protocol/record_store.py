@@ -9,9 +9,10 @@ shared by several processes or hosts, are in :mod:`iac.stores`.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
@@ -153,6 +154,10 @@ class MemoryRecordStore:
                 caps[cap] = {ids, agent_id}
         if new is None:
             self._rows.pop(agent_id, None)
+        elif new.capabilities:
+            # a name several keys offer is kept once for all of them, not once per record
+            named = tuple(sys.intern(c) if isinstance(caps.get(c), set) else c for c in new.capabilities)
+            self._rows[agent_id] = replace(new, capabilities=named)
         else:
             self._rows[agent_id] = new
 
