@@ -118,6 +118,7 @@ class QuicConn(Connection):
         self._cert_sha256 = b""  # the certificate hash the HELLOs are bound to
         self.peer_hello_verified = False
         self._verified = asyncio.Event()
+        self._tls_done = asyncio.Event()  # the TLS handshake completed (HandshakeCompleted)
         self.early_data = False
         self.early_data_accepted = None
         self.on_early_outcome = None
@@ -306,6 +307,7 @@ class QuicConn(Connection):
     # -- TLS and termination --------------------------------------------------------------------
 
     def _on_tls_done(self, event: Any) -> None:
+        self._tls_done.set()
         if event.alpn_protocol != ALPN:
             raise HandshakeError(f"peer negotiated ALPN {event.alpn_protocol!r}, not {ALPN!r}")
         self._schedule_keepalive()
@@ -442,6 +444,23 @@ class QuicConn(Connection):
             listen_addrs=self.config.listen_addrs,
             capabilities=self.config.capabilities,
         )
+
+    async def _wait_tls(self) -> None:
+        """Wait for the TLS handshake; raise the close error if the connection ends first.
+        Only this connection's own events are awaited (not the library's shielded
+        ``wait_connected`` future, which a cancelled dial would leave to fail unseen)."""
+        if not self._tls_done.is_set() and not self._terminated.is_set():
+            done = asyncio.ensure_future(self._tls_done.wait())
+            ended = asyncio.ensure_future(self._terminated.wait())
+            try:
+                await asyncio.wait((done, ended), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                done.cancel()
+                ended.cancel()
+        if self._error is not None:
+            raise self._error
+        if not self._tls_done.is_set():
+            raise TransportError(f"{self.address}: QUIC handshake failed")
 
     async def _read_control(self) -> Frame:
         while (frame := self._rx.read_control()) is None:

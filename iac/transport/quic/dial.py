@@ -193,7 +193,7 @@ async def _dial_handshake(
     else:
         try:
             async with asyncio.timeout_at(deadline):
-                await _wait_tls(conn, proto)
+                await conn._wait_tls()
         except TimeoutError:
             raise TransportError(f"{conn.address}: QUIC handshake timed out") from None
         der = conn.backend.peer_certificate_der(conn._quic)
@@ -272,25 +272,6 @@ async def _finish_early(
     if conn.on_early_outcome is not None:
         conn.on_early_outcome(accepted)
     resumption.save()
-
-
-async def _wait_tls(conn: QuicConn, proto: QuicProtocol) -> None:
-    """Wait for the TLS handshake (or the connection's end)."""
-    waiter = asyncio.ensure_future(proto.wait_connected())
-    ended = asyncio.ensure_future(conn._terminated.wait())
-    try:
-        await asyncio.wait({waiter, ended}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        ended.cancel()
-        # A dial cancelled here (another address won, a timeout) leaves no waiter behind to
-        # fail unseen when the connection ends.
-        if not waiter.done():
-            waiter.cancel()
-        elif not waiter.cancelled():
-            waiter.exception()
-    if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
-        waiter.cancel()
-        raise conn._error or TransportError(f"{conn.address}: QUIC handshake failed")
 
 
 __all__ = ["dial_quic"]
