@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from iac.errors import (
@@ -23,8 +23,15 @@ from iac.errors import (
     ProtocolError,
     TransportError,
 )
-from iac.protocol.handshake import ALPN, ClientHandshake, HelloParams, ServerHandshake, error_from_close
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
+from iac.protocol.handshake import (
+    ALPN,
+    ClientHandshake,
+    HelloOrder,
+    ServerHandshake,
+    channel_binding,
+    error_from_close,
+)
+from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, format_host
 from iac.transport.queues import SendQueue
 from iac.transport.quic.inbound import QuicInbound
 from iac.transport.quic.protocol import QuicProtocol
@@ -33,36 +40,46 @@ from iac.transport.session import (
     DictState,
     HandshakeChannel,
     SessionLogic,
+    client_handshake,
     goaway_frame,
     local_protocol_error,
     parse_hello,
     peer_closed_error,
     perform_handshake,
+    server_handshake,
 )
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
-from iac.wire.frames import Frame
+from iac.wire.frames import Frame, FrameType, encode_frame
 from iac.wire.identity import Identity
 
 
 class _ControlChannel(HandshakeChannel):
     """The control stream as :func:`perform_handshake` sees it."""
 
-    def __init__(self, conn: QuicConn) -> None:
-        self.conn = conn
+    def __init__(self, send: Callable[[bytes], None], read: Callable[[], Awaitable[Frame]]) -> None:
+        self._send = send
+        self._read = read
 
     async def send_frame(self, frame: bytes) -> None:
-        self.conn._send_control(frame)
+        self._send(frame)
 
     async def read_frame(self) -> Frame:
-        return await self.conn._read_control()
+        return await self._read()
+
+
+def quic_url(addr: Any) -> str:
+    """``quic://host:port`` for a UDP address."""
+    return f"quic://{format_host(str(addr[0]))}:{addr[1]}"
 
 
 class QuicConn(Connection):
     """One IAC connection over one QUIC connection. ``dialed``: this side dialed (``dial_quic``);
-    else a listener accepted it and ``on_finished`` tells the listener when it is over. The
-    dialing or accepting code drives the HELLO exchange (:meth:`_exchange_hellos`) and hands the
-    verified HELLO to :meth:`_hello_verified`, which opens the session."""
+    else a listener accepted it and ``on_finished`` tells the listener when it is over.
+
+    The connection owns its lifecycle: the dialer calls :meth:`connect` (and :meth:`abandon`
+    when the dial fails or is cancelled), the listener calls :meth:`accept`; both run the
+    HELLO exchange here and open the session once the peer's HELLO verified."""
 
     def __init__(
         self,
@@ -76,7 +93,7 @@ class QuicConn(Connection):
     ) -> None:
         self._proto = proto
         self.backend = proto.backend
-        self._quic: Any = proto._quic
+        self._quic: Any = proto.quic
         self._loop = asyncio.get_running_loop()
         self.identity = identity
         self.config = config
@@ -105,7 +122,8 @@ class QuicConn(Connection):
         self._withheld = 0
         self._room_handle: asyncio.Handle | None = None
         self._ctl_waiter: asyncio.Future[None] | None = None
-        self._control = _ControlChannel(self)  # the HELLO exchange's view of the control stream
+        # the HELLO exchange's view of the control stream
+        self._control = _ControlChannel(self._send_control, self._read_control)
         self._session: SessionLogic | None = None
         # state
         self._error: IacError | None = None
@@ -115,7 +133,8 @@ class QuicConn(Connection):
         self._keepalive: asyncio.TimerHandle | None = None
         self._next_ping = 0.0
         self._last_activity = self._loop.time()
-        self._cert_sha256 = b""  # the certificate hash the HELLOs are bound to
+        #: The certificate hash the HELLOs are bound to (the server's certificate).
+        self.channel_binding = b""
         self.peer_hello_verified = False
         self._verified = asyncio.Event()
         self._tls_done = asyncio.Event()  # the TLS handshake completed (HandshakeCompleted)
@@ -137,7 +156,7 @@ class QuicConn(Connection):
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
         self._last_activity = self._loop.time()
-        self._proto._transmit_soon()
+        self._proto.transmit_soon()
 
     async def recv(self) -> Incoming:
         return (await self.recv_many(1))[0]
@@ -183,6 +202,11 @@ class QuicConn(Connection):
     def close_error(self) -> IacError | None:
         return self._error
 
+    @property
+    def quic(self) -> Any:
+        """The library's QUIC connection (for the backend's queries: certificates, resumption)."""
+        return self._quic
+
     # -- send machinery -------------------------------------------------------------------------
 
     def _pump(self) -> bool:
@@ -194,7 +218,7 @@ class QuicConn(Connection):
             return False
         return write_streams(self._queue, self._quic, self.backend, self.stats) > 0
 
-    def _before_transmit(self) -> None:
+    def before_transmit(self) -> None:
         """Called by the protocol before each flush (after every received datagram): what
         the library holds for reassembly is counted, queued frames go into streams (and
         then a pending ACK goes with them), stream credit is adjusted."""
@@ -217,7 +241,7 @@ class QuicConn(Connection):
         if self._recv_full or self._withheld:
             self._withheld = self.backend.withhold_credit(self._quic, self._recv_full, self._withheld)
 
-    def _after_transmit(self) -> None:
+    def after_transmit(self) -> None:
         self.backend.withhold_credit(self._quic, False, 0)  # notes the stream credit just advertised
         if self._drain_waiters and self._drained():
             waiters, self._drain_waiters = self._drain_waiters, []
@@ -241,11 +265,11 @@ class QuicConn(Connection):
         if self._terminated.is_set() or self._closing:
             return
         self._quic.send_stream_data(CONTROL_STREAM, frame)
-        self._proto._transmit_soon()
+        self._proto.transmit_soon()
 
     # -- receive machinery ----------------------------------------------------------------------
 
-    def _on_event(self, event: Any) -> None:
+    def on_quic_event(self, event: Any) -> None:
         events = self.backend.events
         try:
             if isinstance(event, events.StreamDataReceived):
@@ -292,7 +316,7 @@ class QuicConn(Connection):
             self._wake_all()
             return
         if self._inbox.blocked != self._recv_full:
-            self._proto._transmit_soon()  # withhold or grant stream credit
+            self._proto.transmit_soon()  # withhold or grant stream credit
 
     def _room(self) -> None:
         """Budget came back or the queue has room: judge the backlog (next turn)."""
@@ -331,7 +355,7 @@ class QuicConn(Connection):
         self._terminated.set()
         self._finish()
 
-    def _on_socket_error(self, exc: OSError) -> None:
+    def on_socket_error(self, exc: OSError) -> None:
         if self._error is None and not self.peer_hello_verified:
             self._error = TransportError(f"QUIC connect to {self.address} failed: {exc.strerror or exc}")
             self._abort(int(CloseCode.NO_ERROR), "socket error", goaway=False)
@@ -395,9 +419,7 @@ class QuicConn(Connection):
         if self._on_finished is not None:
             self._on_finished(self)
         if self.dialed and self._terminated.is_set() and not self.shared_socket:
-            transport = self._proto._transport
-            if transport is not None:
-                transport.close()
+            self._proto.close_socket()
 
     # -- keep-alive and idle --------------------------------------------------------------------
 
@@ -435,15 +457,171 @@ class QuicConn(Connection):
 
     # -- handshakes -----------------------------------------------------------------------------
 
-    def _params(self) -> HelloParams:
-        """What this side announces in its HELLO (a dialer may set the session id)."""
-        return HelloParams(
-            session_id=0,
-            dict_ids=tuple(self.config.dictionaries.ids()),
-            max_frame_size=self.config.max_frame_size,
-            listen_addrs=self.config.listen_addrs,
-            capabilities=self.config.capabilities,
+    async def connect(
+        self,
+        sockaddr: Any,
+        *,
+        expect: str | None,
+        session_id: int,
+        resumed: tuple[bytes, str] | None,
+        on_verified: Callable[[], None],
+    ) -> None:
+        """The dialing side: start the QUIC handshake toward ``sockaddr``, bind the HELLO to the
+        server certificate's hash and run the HELLO exchange; done once the server's HELLO
+        verified. ``resumed``: the certificate hash and AgentId stored with the session ticket
+        the library resumes with; then, when 0-RTT is possible, the HELLO goes as early data,
+        this returns at once and the server's HELLO is checked in the background.
+        ``on_verified`` runs once the server's HELLO verified. Raises the typed error of a
+        failed handshake (the caller then calls :meth:`abandon`)."""
+        config = self.config
+        deadline = self._loop.time() + config.handshake_timeout
+        self._proto.connect(sockaddr)
+        early = resumed is not None and self.backend.zero_rtt_ready(self._quic)
+        if early and resumed is not None:
+            self.channel_binding = resumed[0]
+        else:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._wait_tls()
+            except TimeoutError:
+                raise TransportError(f"{self.address}: QUIC handshake timed out") from None
+            der = self.backend.peer_certificate_der(self._quic)
+            if der is None:
+                if resumed is None:
+                    raise HandshakeError("server sent no certificate")
+                self.channel_binding = resumed[0]
+            else:
+                self.channel_binding = channel_binding(der)
+        hs = client_handshake(
+            self.identity,
+            config,
+            order=HelloOrder.CLIENT_FIRST,
+            binding=self.channel_binding,
+            expect=expect,
+            session_id=session_id,
         )
+        if early:
+            # 0-RTT: the HELLO goes now; frames sent from here on ride as early data.
+            self.early_data = True
+            first = hs.initial(config.clock.now_us())
+            if first is None:  # pragma: no cover - CLIENT_FIRST always has a first HELLO
+                raise HandshakeError("no client HELLO")
+            self._send_control(encode_frame(FrameType.HELLO, first, max_frame_size=1 << 30))
+            self.local_hello = parse_hello(first)
+            self.peer = PeerInfo(
+                agent_id=expect or (resumed[1] if resumed else ""),
+                transport="quic",
+                address=self.address,
+                hello=Hello(),
+                resumed=True,
+                dialed=True,
+            )
+            self._handshake_task = self._loop.create_task(self._finish_early(hs, deadline, on_verified))
+            return
+        try:
+            hello = await self._exchange_hellos(hs, deadline)
+        except TimeoutError:
+            raise TransportError(f"{self.address}: HELLO exchange timed out") from None
+        except ProtocolError as exc:
+            self._refused(exc)
+            raise
+        self._hello_verified(hs, hello)
+        if self._error is not None:  # a frame that came with the HELLO closed the connection
+            raise self._error
+        on_verified()
+
+    async def _finish_early(
+        self, hs: ClientHandshake, deadline: float, on_verified: Callable[[], None]
+    ) -> None:
+        """The rest of a 0-RTT handshake: read and check the server's HELLO."""
+        try:
+            hello = await self._exchange_hellos(hs, deadline, initial_sent=True)
+        except ProtocolError as exc:
+            if not self._control.goaway_sent and self._error is None:
+                self._error = exc  # the server refused: send/recv raise its typed error, as dial would
+            self._refused(exc)
+            return
+        except TimeoutError:
+            self._fail(
+                TransportError(f"{self.address}: HELLO exchange timed out"),
+                CloseCode.HANDSHAKE_FAILED,
+                "HELLO timeout",
+                goaway=True,
+            )
+            return
+        except IacError as exc:
+            self._fail(exc, CloseCode.HANDSHAKE_FAILED, str(exc)[:200], goaway=False)
+            return
+        if self.peer.agent_id and hello.agent_id != self.peer.agent_id:
+            self._protocol_error(HandshakeError("resumed server is not the one that issued the ticket"))
+            return
+        self._hello_verified(hs, hello)  # resumed: what the TLS handshake says (the server may refuse)
+        self.early_data_accepted = accepted = self.backend.early_data_accepted(self._quic)
+        if self.on_early_outcome is not None:
+            self.on_early_outcome(accepted)
+        on_verified()
+
+    def abandon(self, reason: str = "dial failed") -> None:
+        """The dial failed or was cancelled: close the QUIC connection at once (no GOAWAY) and
+        release everything."""
+        if not self._terminated.is_set():
+            self._abort(int(CloseCode.NO_ERROR), reason, goaway=False)
+            self._terminated.set()
+            self._finish()
+
+    def accept(
+        self,
+        *,
+        binding: bytes,
+        precheck: Callable[[], None] | None,
+        on_open: Callable[[QuicConn], None],
+        on_refused: Callable[[QuicConn, str, str], None],
+    ) -> None:
+        """The accepting side: run the HELLO exchange (bound to this server's certificate hash
+        ``binding``) in a task of its own. ``precheck`` runs when the client's HELLO arrives
+        (CA mode); a verified peer goes to ``on_open``; a refusal closes the connection and
+        goes to ``on_refused(conn, reason, detail)``."""
+        self.channel_binding = binding
+        self._handshake_task = self._loop.create_task(self._accept(precheck, on_open, on_refused))
+
+    async def _accept(
+        self,
+        precheck: Callable[[], None] | None,
+        on_open: Callable[[QuicConn], None],
+        on_refused: Callable[[QuicConn, str, str], None],
+    ) -> None:
+        config = self.config
+        peer = self.backend.peer_address(self._quic)
+        if peer is not None:
+            self.address = quic_url(peer)
+        hs = server_handshake(
+            self.identity, config, order=HelloOrder.CLIENT_FIRST, binding=self.channel_binding
+        )
+        try:
+            async with asyncio.timeout(config.handshake_timeout):
+                hello = await perform_handshake(hs, self._control, clock=config.clock, precheck=precheck)
+        except ProtocolError as exc:
+            on_refused(self, exc.name, str(exc))
+            self._refused(exc)
+            return
+        except TimeoutError:
+            on_refused(self, "handshake_timeout", "HELLO did not arrive in time")
+            error = ConnectionClosed("HELLO did not arrive in time", int(CloseCode.HANDSHAKE_FAILED))
+            self._fail(error, CloseCode.HANDSHAKE_FAILED, "HELLO timeout", goaway=True)
+            return
+        except IacError as exc:
+            on_refused(self, exc.name, str(exc))
+            self._fail(exc, CloseCode.HANDSHAKE_FAILED, "handshake failed", goaway=False)
+            return
+        self._hello_verified(hs, hello)
+        self.early_data_accepted = self.backend.early_data_accepted(self._quic)
+        on_open(self)
+
+    def _fail(self, error: IacError, code: int, reason: str, *, goaway: bool) -> None:
+        """Close now with ``code``; ``error`` becomes the close error unless one is set."""
+        if self._error is None:
+            self._error = error
+        self._abort(int(code), reason, goaway=goaway)
 
     async def _wait_tls(self) -> None:
         """Wait for the TLS handshake; raise the close error if the connection ends first.
@@ -511,7 +689,7 @@ class QuicConn(Connection):
         self._rx.start(self._session)  # what came behind the HELLO and what overtook it
         self._judge()
         if len(self._queue):
-            self._proto._transmit_soon()
+            self._proto.transmit_soon()
 
 
 __all__ = ["QuicConn"]

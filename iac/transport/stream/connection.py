@@ -149,9 +149,9 @@ class StreamConnection(Connection):
         if proto.read_error is not None:
             self._protocol_fault(proto.read_error)
         if proto.eof:
-            self._on_eof()
+            self.on_eof()
         if proto.lost:
-            self._on_lost(proto.lost_exc)
+            self.on_lost(proto.lost_exc)
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -166,6 +166,11 @@ class StreamConnection(Connection):
     @property
     def close_error(self) -> IacError | None:
         return self._error
+
+    @property
+    def finished(self) -> bool:
+        """True once the connection is over: the socket is closed and ``on_closed`` ran."""
+        return self._closed.is_set()
 
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         if self._error is not None:
@@ -201,7 +206,7 @@ class StreamConnection(Connection):
 
     # --- reading (called by the protocol) -------------------------------------------------------
 
-    def _on_data(self, data: bytes) -> None:
+    def on_data(self, data: bytes) -> None:
         if self._closing:
             return  # lingering: discard until the peer hangs up
         self._activity = self._loop.time()
@@ -259,14 +264,14 @@ class StreamConnection(Connection):
             return
         if self._eof_pending:
             self._eof_pending = False
-            self._on_eof()
+            self.on_eof()
         elif not self._closing:
             if inbox.blocked:
                 self._proto.pause_reading()
             else:
                 self._proto.resume_reading()
 
-    def _on_eof(self) -> None:
+    def on_eof(self) -> None:
         if not self._closing:
             if self._inbox.backlog:
                 self._eof_pending = True  # deliver what was read first
@@ -279,12 +284,12 @@ class StreamConnection(Connection):
                 )
         self._read_done.set()
 
-    def _on_lost(self, exc: BaseException | None) -> None:
+    def on_lost(self, exc: BaseException | None) -> None:
         if not self._closing:
             if exc is None:
                 self._eof_pending = False
                 self._inbox.drop_backlog()
-                self._on_eof()
+                self.on_eof()
             else:
                 self._start_close(
                     ConnectionClosed(f"connection lost: {describe_error(exc)}"), goaway=None, graceful=False
@@ -324,7 +329,7 @@ class StreamConnection(Connection):
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
-    def _on_writable(self) -> None:
+    def on_writable(self) -> None:
         if self._flush_handle is None and (len(self._sendq) or self._sendq.done):
             self._flush_handle = self._loop.call_soon(self._flush)
 

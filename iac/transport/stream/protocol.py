@@ -46,10 +46,10 @@ def _shrink_ssl_buffer(transport: asyncio.BaseTransport) -> None:
 class StreamEvents(Protocol):
     """What :class:`FrameProtocol` hands the connection attached to it."""
 
-    def _on_data(self, data: bytes) -> None: ...
-    def _on_eof(self) -> None: ...
-    def _on_lost(self, exc: BaseException | None) -> None: ...
-    def _on_writable(self) -> None: ...
+    def on_data(self, data: bytes) -> None: ...
+    def on_eof(self) -> None: ...
+    def on_lost(self, exc: BaseException | None) -> None: ...
+    def on_writable(self) -> None: ...
 
 
 class FrameProtocol(HandshakeChannel, asyncio.Protocol):
@@ -98,7 +98,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self._conn
         if conn is not None:
-            conn._on_data(data)
+            conn.on_data(data)
             return
         if self.discarding or self.read_error is not None or self.eof:
             return
@@ -116,7 +116,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
         self.eof = True
         conn = self._conn
         if conn is not None:
-            conn._on_eof()
+            conn.on_eof()
         self._wake_reader()
         return not self.over_ssl  # keep a TCP/UNIX socket open for our GOAWAY (SSL cannot)
 
@@ -130,7 +130,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
             self._drain_waiter.set_result(None)
         conn = self._conn
         if conn is not None:
-            conn._on_lost(exc)
+            conn.on_lost(exc)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -141,7 +141,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
             self._drain_waiter.set_result(None)
         conn = self._conn
         if conn is not None:
-            conn._on_writable()
+            conn.on_writable()
 
     # --- reading control ------------------------------------------------------------------------
 
