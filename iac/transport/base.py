@@ -249,9 +249,9 @@ class Connection(ABC):
     def received(self) -> int:
         """Frames received and waiting for ``recv()``. A reader that yields to the other
         connections between batches need not when this is 0 (its next ``recv`` waits anyway).
-        The adapters keep them in a receive queue, ``_inbox``; one without says 1."""
-        inbox = getattr(self, "_inbox", None)
-        return 1 if inbox is None else len(inbox)
+        The adapters say how many their receive queue holds; a connection that cannot tell
+        says 1."""
+        return 1
 
     def flush(self) -> None:
         """Write what ``send`` queued now instead of at the end of the loop turn (a reader

@@ -155,7 +155,7 @@ class ConnectionCore:
     def _move(self, event: Event) -> State:
         try:
             new = TRANSITIONS[(self._state, event)]
-        except KeyError:  # pragma: no cover - the table covers every pair
+        except KeyError:
             raise InvalidTransition(f"{event.value} in state {self._state.value}") from None
         self._state = new
         return new
