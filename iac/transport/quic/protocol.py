@@ -126,7 +126,10 @@ class QuicProtocol(asyncio.DatagramProtocol):
         hooks = self._cc_hooks
         if hooks is not None:
             hooks.before_transmit(self._loop.time())
-        super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        try:
+            super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        except OSError as exc:  # the network boundary: as if the socket reported it
+            self.error_received(exc)
         if hooks is not None:
             hooks.after_transmit(self._loop.time())
         if conn is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError, TruncatedFrame
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
+from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, map_network_errors
 from iac.transport.budget import RecvBudget
 from iac.transport.core import IDLE_REASON, ConnectionCore, Judged, State, TimerEvent, closed_by_this_side
 from iac.transport.queues import Inbox, SendQueue
@@ -51,13 +51,14 @@ def connect_errors(
     caught inside the block, before this.
     """
     try:
-        yield
+        with map_network_errors(f"{url}: cannot connect"):
+            yield
     except TimeoutError:
         raise TransportError(f"{url}: no {what} within {config.handshake_timeout:g} s") from None
-    except ConnectionRefusedError:
-        raise TransportError(f"{url}: {refused}") from None
-    except NETWORK_ERRORS as exc:
-        raise TransportError(f"{url}: cannot connect: {exc}") from None
+    except TransportError as exc:
+        if isinstance(exc.__cause__, ConnectionRefusedError):
+            raise TransportError(f"{url}: {refused}") from None
+        raise
 
 
 async def establish(
@@ -315,7 +316,11 @@ class StreamConnection(Connection):
             return  # resume_writing flushes
         batch = self._sendq.take_all()
         if batch:
-            self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            try:
+                self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            except NETWORK_ERRORS as exc:  # the boundary: the connection is lost, with why
+                self.on_lost(exc)
+                return
             self._core.activity(self._loop.time())
         if self._sendq.done and not proto.writing_paused:
             self._write_done.set()

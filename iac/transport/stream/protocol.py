@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol, cast
 
 from iac.errors import ConnectionClosed, ProtocolError
-from iac.transport.base import TransportConfig
+from iac.transport.base import NETWORK_ERRORS, TransportConfig, describe_error
 from iac.transport.session import DictState, HandshakeChannel
 from iac.wire.frames import Frame, FrameDecoder, PackedFrame
-
-#: What the network raises under us; translated to :class:`ConnectionClosed` at this boundary.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, ssl.SSLError, EOFError)
-
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: message`` for a network error (just the type when it has no message)."""
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
-
 
 #: asyncio's TLS layer reads the socket into a buffer of its own, 256 KiB per connection,
 #: allocated and zeroed whether or not anything arrives; a TLS record holds at most 16 KiB.
