@@ -131,7 +131,7 @@ def test_idle_deadline_moves_with_activity_then_closes_with_idle_timeout() -> No
     c = core(idle=30.0)
     c.open(SessionLogic("peer"))
     assert c.next_timer() == 30.0
-    c.activity(10.0)
+    c.last_activity = 10.0
     assert c.handle_timer(30.0) is TimerEvent.NONE and c.next_timer() == 40.0
     assert c.handle_timer(40.0) is TimerEvent.IDLE
     assert c.state is State.CLOSING and c.next_timer() is None

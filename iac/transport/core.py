@@ -123,10 +123,17 @@ class ConnectionCore:
     ) -> None:
         self._state = State.HANDSHAKING
         self._error: IacError | None = None
+        #: Closing has started (CLOSING or CLOSED): the one meaning of ``Connection.closed``.
+        #: Kept by the core (read it; a plain attribute, read on every frame).
+        self.closed = False
+        #: The transport is gone (CLOSED). Kept by the core.
+        self.ended = False
+        #: When a frame last moved either way; the adapter sets it (on every frame, so an
+        #: attribute rather than a call). The idle deadline counts from it.
+        self.last_activity = now
         self.idle_timeout = idle_timeout
         self.keepalive = keepalive
         self.linger = linger
-        self._activity = now
         self._next_ping: float | None = None
         self._linger_from: float | None = None
         self.session: SessionLogic | None = None
@@ -142,22 +149,14 @@ class ConnectionCore:
         """Why the connection closed (None while it is not closing)."""
         return self._error
 
-    @property
-    def closed(self) -> bool:
-        """Closing has started (CLOSING or CLOSED): the one meaning of ``Connection.closed``."""
-        return self._state is State.CLOSING or self._state is State.CLOSED
-
-    @property
-    def ended(self) -> bool:
-        """The transport is gone (CLOSED)."""
-        return self._state is State.CLOSED
-
     def _move(self, event: Event) -> State:
         try:
             new = TRANSITIONS[(self._state, event)]
         except KeyError:
             raise InvalidTransition(f"{event.value} in state {self._state.value}") from None
         self._state = new
+        self.closed = new is State.CLOSING or new is State.CLOSED
+        self.ended = new is State.CLOSED
         return new
 
     def open(self, session: SessionLogic) -> bool:
@@ -189,10 +188,6 @@ class ConnectionCore:
         return first
 
     # -- receiving ------------------------------------------------------------------------------
-
-    def activity(self, now: float) -> None:
-        """A frame moved (either way) at ``now``: the idle deadline moves on."""
-        self._activity = now
 
     def judge(self, inbox: Inbox, limit: int | None = None) -> Judged:
         """Judge the backlog of ``inbox``, in order, while it has room, at most ``limit``
@@ -232,7 +227,7 @@ class ConnectionCore:
             return None
         at = self._next_ping
         if self.idle_timeout is not None:
-            idle_at = self._activity + self.idle_timeout
+            idle_at = self.last_activity + self.idle_timeout
             at = idle_at if at is None else min(at, idle_at)
         return at
 
@@ -242,7 +237,7 @@ class ConnectionCore:
         if self.closed:
             return TimerEvent.NONE
         idle = self.idle_timeout
-        if idle is not None and now - self._activity >= idle:
+        if idle is not None and now - self.last_activity >= idle:
             self.close(idle_error(idle))
             return TimerEvent.IDLE
         if self._next_ping is not None and now >= self._next_ping and self.keepalive is not None:

@@ -163,7 +163,7 @@ class QuicConn(Connection):
         queue = self._queue
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
-        self._core.activity(self._loop.time())
+        self._core.last_activity = self._loop.time()
         self._proto.transmit_soon()
 
     async def recv(self) -> Incoming:
@@ -224,7 +224,7 @@ class QuicConn(Connection):
 
     # -- send machinery -------------------------------------------------------------------------
 
-    def _pump(self) -> bool:
+    def _write_streams(self) -> bool:
         """Move queued frames into new uni streams while the peer's stream credit lasts;
         True if any moved."""
         if not len(self._queue):
@@ -242,7 +242,7 @@ class QuicConn(Connection):
                 self._rx.count_reassembly()
             except ProtocolError as exc:
                 self._protocol_error(exc)
-        if self._pump():
+        if self._write_streams():
             self.backend.ack_now(self._quic, self._loop.time())
         self._stream_credit()
         self.stats.transmits += 1
@@ -308,7 +308,7 @@ class QuicConn(Connection):
             return
         if not self._rx.stream_data(sid, event.data, event.end_stream):
             return
-        self._core.activity(self._loop.time())
+        self._core.last_activity = self._loop.time()
         if self._core.session is not None:
             self._judge()
         elif self._rx.ctl_frames and self._ctl_waiter is not None and not self._ctl_waiter.done():

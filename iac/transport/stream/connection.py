@@ -139,7 +139,7 @@ class StreamConnection(Connection):
         self._core.open(self._logic)  # made once the HELLO exchange verified
         self._timer: asyncio.TimerHandle | None = None
         self._flush_handle: asyncio.Handle | None = None
-        self._pump_handle: asyncio.Handle | None = None
+        self._judge_handle: asyncio.Handle | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._arm_timer()
         proto.attach(self)
@@ -151,7 +151,7 @@ class StreamConnection(Connection):
         self._inbox.arrived(list(proto.pending))
         proto.pending.clear()
         self._inbox.set_partial(self._decoder.buffered)
-        self._pump()
+        self._judge_backlog()
         if proto.read_error is not None:
             self._protocol_fault(proto.read_error)
         if proto.eof:
@@ -220,7 +220,7 @@ class StreamConnection(Connection):
     def on_data(self, data: bytes) -> None:
         if self._core.closed:
             return  # lingering: discard until the peer hangs up
-        self._core.activity(self._loop.time())
+        self._core.last_activity = self._loop.time()
         inbox = self._inbox
         try:
             frames = self._decoder.feed_packed(data)
@@ -230,22 +230,22 @@ class StreamConnection(Connection):
         inbox.set_partial(self._decoder.buffered)
         if frames:
             inbox.arrived(frames)
-            if self._pump_handle is None:
-                self._pump()
+            if self._judge_handle is None:
+                self._judge_backlog()
         elif inbox.blocked:  # a partial frame spent the budget
             self._proto.pause_reading()
 
     def _room(self) -> None:
         """Budget came back or the queue has room: judge the backlog, read again (next turn)."""
-        idle = self._pump_handle is None and not self._core.closed
+        idle = self._judge_handle is None and not self._core.closed
         if idle and (self._proto.reading_paused or self._inbox.backlog):
-            self._pump_handle = self._loop.call_soon(self._pump)
+            self._judge_handle = self._loop.call_soon(self._judge_backlog)
 
-    def _pump(self) -> None:
+    def _judge_backlog(self) -> None:
         """Judge backlog frames into the receive queue while the budget holds them, at most
         :data:`FRAMES_PER_TURN` per event-loop turn; read again once nothing is left and
         the budget has room."""
-        self._pump_handle = None
+        self._judge_handle = None
         inbox = self._inbox
         try:
             judged = self._core.judge(inbox, FRAMES_PER_TURN)
@@ -254,7 +254,7 @@ class StreamConnection(Connection):
             return
         if judged is Judged.MORE:  # let the application work on what it has; go on next turn
             self._proto.pause_reading()
-            self._pump_handle = self._loop.call_soon(self._pump)
+            self._judge_handle = self._loop.call_soon(self._judge_backlog)
             return
         if judged is Judged.BLOCKED:  # no room: a recv() (or another connection) gives budget back
             self._proto.pause_reading()
@@ -321,7 +321,7 @@ class StreamConnection(Connection):
             except NETWORK_ERRORS as exc:  # the boundary: the connection is lost, with why
                 self.on_lost(exc)
                 return
-            self._core.activity(self._loop.time())
+            self._core.last_activity = self._loop.time()
         if self._sendq.done and not proto.writing_paused:
             self._write_done.set()
 
@@ -367,25 +367,31 @@ class StreamConnection(Connection):
         self._close_task = self._loop.create_task(self._finish_close(goaway, graceful))
 
     async def _finish_close(self, goaway: tuple[int, str] | None, graceful: bool) -> None:
-        linger = self.config.linger_timeout
+        """Carry out the close: each wait (our GOAWAY written, the peer hanging up, the socket
+        closing) lasts until the core's linger deadline from when it starts."""
+        core = self._core
+        loop = self._loop
         proto = self._proto
         try:
             if goaway is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._write_done.wait(), linger)
+                    async with asyncio.timeout_at(core.linger_until(loop.time())):
+                        await self._write_done.wait()
                 if not graceful and not proto.lost:
                     with contextlib.suppress(TimeoutError, *NETWORK_ERRORS, IacError):
                         self._transport.write(goaway_frame(*goaway))
-                        await asyncio.wait_for(proto.drain(), linger)
+                        async with asyncio.timeout_at(core.linger_until(loop.time())):
+                            await proto.drain()
                 # Let the peer read the GOAWAY and hang up before we close.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._read_done.wait(), linger)
-            await proto.close_transport(linger)
+                    async with asyncio.timeout_at(core.linger_until(loop.time())):
+                        await self._read_done.wait()
+            await proto.close_transport(core.linger)
         finally:
-            for handle in (self._flush_handle, self._pump_handle):
+            for handle in (self._flush_handle, self._judge_handle):
                 if handle is not None:
                     handle.cancel()
-            self._flush_handle = self._pump_handle = None
+            self._flush_handle = self._judge_handle = None
             self._core.terminated()
             self._closed.set()
             if self.on_closed is not None:
