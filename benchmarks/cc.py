@@ -233,7 +233,7 @@ async def serve(role: str, host: str) -> int:
             else:
                 arrivals.append((now, total))
 
-        on_event = getattr(conn, "_on_event", None)
+        on_event = getattr(conn, "on_quic_event", None)
         if on_event is not None:
             from aioquic.quic.events import StreamDataReceived
 
@@ -242,7 +242,7 @@ async def serve(role: str, host: str) -> int:
                     count(len(event.data))
                 on_event(event)
 
-            conn._on_event = counted  # type: ignore[attr-defined]
+            conn.on_quic_event = counted  # type: ignore[attr-defined]
         with contextlib.suppress(IacError):
             while True:
                 for it in await conn.recv_many(256):

@@ -4,7 +4,7 @@
 
     IacError
     ├── LocalError              you misused the API or the configuration is wrong
-    │   ├── ConfigError, KeyFileError, SourceChanged
+    │   ├── ConfigError, KeyFileError, SourceChanged, DiskError
     ├── PeerError               the other side sent something wrong
     │   ├── ProtocolError       malformed input: closes that connection (has close_code)
     │   │   ├── FrameError ...  framing, limits, compression
@@ -51,6 +51,7 @@ from iac.errors.base import (
 )
 from iac.errors.local import (
     ConfigError,
+    DiskError,
     KeyFileError,
     LocalError,
     SourceChanged,
@@ -175,6 +176,7 @@ __all__ = [
     "DecompressionBomb",
     "DeliveryError",
     "DialError",
+    "DiskError",
     "ErrorCode",
     "FieldRepeated",
     "FileExistsInInbox",

@@ -30,6 +30,17 @@ class WorkerFailed(LocalError):
     name = "worker_failed"
 
 
+class DiskError(LocalError):
+    """Reading or writing a file of this side failed (a full disk, a permission, a vanished
+    directory); ``path`` names the file or directory."""
+
+    name = "disk_error"
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class SourceChanged(LocalError):
     """The file being sent changed size while it was sent."""
 

@@ -123,7 +123,7 @@ class Answers:
             if msg_type == _REPLY:
                 await self.error(item, ErrorCode.INTERNAL, f"the reply is too large to send: {exc}")
             return
-        except (IacError, OSError):
+        except IacError:
             return  # the connection went away: the caller retransmits or times out
         if msg_type == _REPLY:
             self._c.replies_sent += 1

@@ -25,6 +25,7 @@ from typing import Any
 from iac.errors import (
     ConfigError,
     ConnectionClosed,
+    DiskError,
     ErrorCode,
     FileTransferError,
     LocalError,
@@ -152,7 +153,7 @@ class Files:
             self._swept_at = mono
             try:
                 removed = rx.remove_abandoned(self._clock.now_us() / 1e6, c.file_partial_ttl)
-            except OSError as exc:
+            except DiskError as exc:
                 log.warning("inbox %s: cannot look for abandoned transfers: %s", rx.inbox, exc)
                 return
             if removed:
@@ -299,7 +300,7 @@ class Files:
                             )
                             self._note(msg, fkey)
                             await self._outbox.send_on(conn, msg, compress=False)
-                except (TransportError, OSError) as exc:
+                except TransportError as exc:
                     log.debug("file transfer to %s…: send failed (%s)", peer[:16], exc)
                     await asyncio.wait([closed], timeout=self.config.transport.handshake_timeout)
                     if not closed.done():
@@ -352,7 +353,7 @@ class Files:
         while True:
             try:
                 return await self._peers.first_hop(peer, via, self._clock.now_us())
-            except (TransportError, OSError) as exc:
+            except TransportError as exc:
                 delay = backoff.next_delay()
                 if self.closed or loop.time() + delay >= deadline:
                     raise
@@ -425,7 +426,7 @@ class Files:
                 await self._answers.send_error(item.conn, origin, msg, code, f"{exc.name}: {exc}")
                 return
             ack = failure_ack(exc, parsed.transfer_id)
-        except OSError as exc:
+        except DiskError as exc:
             commit(self._clock.now_us())
             log.warning("file transfer from %s…: %s", origin[:16], exc)
             await self._answers.send_error(

@@ -131,17 +131,17 @@ class Inbound:
                 conn.flush()
                 if conn.received():
                     await asyncio.sleep(0)
-        except (IacError, OSError) as exc:
+        except IacError as exc:
             if not conn.closed:  # this side failed (a worker): close it, never leave it unread
                 self._close_failed(conn, exc)
         finally:
             self._peers.unregister(conn)
 
-    def _close_failed(self, conn: Connection, exc: IacError | OSError) -> None:
+    def _close_failed(self, conn: Connection, exc: IacError) -> None:
         """Close a connection whose reading failed on this side (not the peer's fault), with
         INTERNAL_ERROR, so that the peer reconnects instead of waiting on a connection nobody
         reads; the node goes on serving every other one."""
-        name = getattr(exc, "name", type(exc).__name__)
+        name = exc.name
         peer = conn.peer.agent_id
         log.warning("closing the connection from %s…: %s: %s", peer[:16], name, exc,
                     extra={"peer": peer[:16], "transport": conn.peer.transport, "reason": name,
@@ -383,7 +383,7 @@ class Inbound:
         async def dial_then_relay() -> None:
             try:
                 await self._peers.connect(to)
-            except (IacError, OSError) as exc:
+            except IacError as exc:
                 log.debug("relay: could not dial %s…: %s", to[:16], exc)
                 return
             finally:

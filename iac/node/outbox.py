@@ -132,7 +132,7 @@ class Outbox:
 
     async def try_send_to(self, to: str, msg: Message, hint: Connection | None = None) -> bool:
         """:meth:`send_to`, with transport errors swallowed (an answer nobody can take is lost)."""
-        with contextlib.suppress(IacError, OSError):
+        with contextlib.suppress(IacError):
             await self.send_to(to, msg, hint)
             return True
         return False
@@ -142,7 +142,7 @@ class Outbox:
     ) -> None:
         """A CANCEL or CREDIT naming ``request``, if ``peer`` is reachable without dialing; never
         raises (it is best effort: the request's deadline ends it anyway)."""
-        with contextlib.suppress(IacError, OSError):
+        with contextlib.suppress(IacError):
             now = self.clock.now_us()
             reachable = (
                 self._peers.table.get(peer) is not None or self._peers.route_hop(peer, now) is not None
@@ -204,11 +204,11 @@ class Outbox:
         """Send Forwards to several peers at once (one slow peer does not hold up the others)."""
         jobs = [self.send_forward(conns[s.peer], s.data) for s in sends if s.peer in conns]
         if len(jobs) == 1:
-            with contextlib.suppress(IacError, OSError):
+            with contextlib.suppress(IacError):
                 await jobs[0]
             return
         for res in await asyncio.gather(*jobs, return_exceptions=True):
-            if isinstance(res, BaseException) and not isinstance(res, (IacError, OSError)):
+            if isinstance(res, BaseException) and not isinstance(res, IacError):
                 raise res
 
     async def broadcast(self, msg_type: int, text: str, extra_data: bytes, hop_limit: int | None) -> Sent:

@@ -355,7 +355,7 @@ class Pending:
     async def _first_send(self, out: Out) -> None:
         try:
             await self._outbox.transmit(out.peer, out.msg, out.via, early=out.early)
-        except (TransportError, OSError) as exc:
+        except TransportError as exc:
             if not out.reliable:
                 self.finish(out, exc=exc)
                 raise
@@ -391,7 +391,7 @@ class Pending:
         self._c.retransmits += 1
         try:
             await self._outbox.transmit(out.peer, out.msg, out.via, early=out.early)
-        except (TransportError, OSError) as exc:
+        except TransportError as exc:
             log.debug("retransmit to %s… failed: %s", out.peer[:16], exc)
         if out.key in self.outs and not out.acked:
             self._arm(out)

@@ -95,9 +95,9 @@ class _Leg(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
         if self.upstream_of is None:
-            self.relay._from_client(data, addr)
+            self.relay.from_client(data, addr)
         elif self.upstream_of != _REPLAY:
-            self.relay._from_target(data, self.upstream_of)
+            self.relay.from_target(data, self.upstream_of)
 
 
 _REPLAY: Address = ("replay", 0)
@@ -205,7 +205,7 @@ class UdpRelay:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _from_client(self, data: bytes, client: Address) -> None:
+    def from_client(self, data: bytes, client: Address) -> None:
         if self._closed:
             return
         self.stats.received += 1
@@ -238,7 +238,7 @@ class UdpRelay:
         for data in backlog:
             self._impair(self._up, data, leg, self.target)
 
-    def _from_target(self, data: bytes, client: Address) -> None:
+    def from_target(self, data: bytes, client: Address) -> None:
         if self._closed or self._listen is None:
             return
         self.stats.received += 1

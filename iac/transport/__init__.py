@@ -16,8 +16,10 @@ own task) for every connection whose HELLO verified. The QUIC adapter is
 imported only when a ``quic://`` URL is used.
 
 Layout: :mod:`.base` (the interface: config, addresses, Connection, Listener,
-ConnectionTable), :mod:`.session` (the HELLO exchange and what each frame means,
-shared by every adapter), :mod:`.queues` (the bounded send and receive queues),
+ConnectionTable), :mod:`.core` (the sans-IO connection core every adapter's
+Connection runs on: state, close error, backlog judge, timers), :mod:`.session`
+(the HELLO exchange and what each frame means, shared by every adapter),
+:mod:`.queues` (the bounded send and receive queues),
 the adapters :mod:`.quic` (a package), :mod:`.tls` and :mod:`.unix` (both over
 :mod:`.stream`, frames back to back on a byte stream), :mod:`.certs` (node
 certificates) and :mod:`.dialer` (fallback across a peer's addresses, backoff).

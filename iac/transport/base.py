@@ -1,4 +1,4 @@
-"""The transport interface: configuration, addresses, and what every adapter offers.
+r"""The transport interface: configuration, addresses, and what every adapter offers.
 
 An adapter (QUIC in :mod:`iac.transport.quic`, TLS/TCP in :mod:`iac.transport.tls`,
 UNIX sockets in :mod:`iac.transport.unix`) turns a network connection into a
@@ -10,19 +10,24 @@ an adapter's I/O are in :mod:`iac.transport.queues`.
 * :class:`TransportConfig`: every setting and bound, with its default.
 * :class:`Address` and :func:`parse_address`: ``quic://``, ``tls://`` and ``unix://`` URLs.
 * :class:`ConnectionTable` keeps one connection per peer pair.
+* :func:`map_network_errors`: what the network raises under an adapter (``OSError``,
+  ``ssl.SSLError``, ``EOFError``) becomes :class:`~iac.errors.TransportError` at this
+  boundary (httpcore's ``map_exceptions``): a :class:`Connection`, a dial and a listener
+  raise only :class:`~iac.errors.IacError`\ s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from iac.errors import CloseCode, ConfigError, IacError
+from iac.errors import CloseCode, ConfigError, IacError, TransportError
 from iac.protocol.clock import SYSTEM_CLOCK, Clock
 from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook
 from iac.protocol.nonces import NonceCache, NonceStore
@@ -202,8 +207,38 @@ class Incoming:
     frame: Frame
 
 
+# --- errors at the boundary ---------------------------------------------------------------------
+
+#: What the network raises under an adapter; translated at the boundary (:func:`map_network_errors`).
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, ssl.SSLError, EOFError)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` for a network error (just the type when it has no message)."""
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+
+
+def network_error(what: str, exc: BaseException) -> TransportError:
+    """The :class:`TransportError` that stands for network error ``exc`` during ``what``."""
+    return TransportError(f"{what}: {describe_error(exc)}")
+
+
+@contextlib.contextmanager
+def map_network_errors(what: str) -> Iterator[None]:
+    """Inside the block, a network error (:data:`NETWORK_ERRORS`) becomes a
+    :class:`TransportError` naming ``what``, caused by it; library errors pass unchanged, and
+    so does a :class:`TimeoutError` (the caller's own deadline, which it words itself)."""
+    try:
+        yield
+    except TimeoutError:
+        raise
+    except NETWORK_ERRORS as exc:
+        raise network_error(what, exc) from exc
+
+
 class Connection(ABC):
-    """One authenticated connection to one peer.
+    r"""One authenticated connection to one peer.
 
     ``send`` takes one encoded frame (``encode_frame`` / ``encode_message_frame``).
     ``recv`` returns the next MESSAGE or FORWARD frame; control frames are
@@ -211,7 +246,8 @@ class Connection(ABC):
     :class:`ConnectionClosed` carrying the close code and reason, or — for a
     handshake refusal that arrives after ``dial`` returned (UNIX, where the
     server's verdict on the client HELLO comes later) — the typed
-    :class:`HandshakeError`.
+    :class:`HandshakeError`. A connection raises only :class:`IacError`\ s: a network
+    error under it is a :class:`TransportError` (:func:`map_network_errors`).
     """
 
     peer: PeerInfo
@@ -249,9 +285,9 @@ class Connection(ABC):
     def received(self) -> int:
         """Frames received and waiting for ``recv()``. A reader that yields to the other
         connections between batches need not when this is 0 (its next ``recv`` waits anyway).
-        The adapters keep them in a receive queue, ``_inbox``; one without says 1."""
-        inbox = getattr(self, "_inbox", None)
-        return 1 if inbox is None else len(inbox)
+        The adapters say how many their receive queue holds; a connection that cannot tell
+        says 1."""
+        return 1
 
     def flush(self) -> None:
         """Write what ``send`` queued now instead of at the end of the loop turn (a reader
@@ -413,6 +449,7 @@ class ConnectionTable:
 __all__ = [
     "CONGESTION_CONTROLS",
     "DEFAULT_CONGESTION",
+    "NETWORK_ERRORS",
     "RETRY_MODES",
     "TRANSPORTS",
     "Address",
@@ -423,6 +460,9 @@ __all__ = [
     "OnConnection",
     "PeerInfo",
     "TransportConfig",
+    "describe_error",
     "format_host",
+    "map_network_errors",
+    "network_error",
     "parse_address",
 ]

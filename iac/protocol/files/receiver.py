@@ -33,6 +33,7 @@ from iac.errors import (
     ChunkHashMismatch,
     ChunkOutOfRange,
     ConfigError,
+    DiskError,
     FileExistsInInbox,
     FileHashMismatch,
     FileTooLarge,
@@ -113,7 +114,8 @@ class FileReceiver:
     SHA-256 and renames it into the inbox atomically (without replacing an
     existing file unless ``overwrite``). Refusals raise a
     :class:`FileTransferError`; for a ``fatal`` one the transfer is dropped and
-    :func:`failure_ack` gives the answer to send.
+    :func:`failure_ack` gives the answer to send. A file operation that fails on this
+    side (a full disk, a permission) raises :class:`~iac.errors.DiskError` with the path.
     """
 
     def __init__(
@@ -146,6 +148,12 @@ class FileReceiver:
 
     def on_message(self, payload_json: str, data: bytes, *, sender: str = "", now: float = 0.0) -> AckPayload:
         """Handle any FILE_TRANSFER payload aimed at a receiver: a chunk or a state query."""
+        try:
+            return self._on_message(payload_json, data, sender, now)
+        except OSError as exc:
+            raise self._disk_error(exc) from exc
+
+    def _on_message(self, payload_json: str, data: bytes, sender: str, now: float) -> AckPayload:
         parsed = parse_payload(payload_json)
         if isinstance(parsed, StateQuery):
             if parsed.start:  # a new attempt: a remembered verdict no longer answers it
@@ -167,7 +175,10 @@ class FileReceiver:
         except BadTransferPayload:
             self._count(BadTransferPayload.name)
             raise
-        return self._on_header(header, data, sender, now)
+        try:
+            return self._on_header(header, data, sender, now)
+        except OSError as exc:
+            raise self._disk_error(exc) from exc
 
     def state(self, transfer_id: str, *, sender: str = "") -> AckPayload:
         """What this receiver holds of a transfer (``unknown`` when nothing)."""
@@ -218,19 +229,28 @@ class FileReceiver:
             raise ConfigError("ttl must be positive")
         by_part = {inc.part: key for key, inc in self._active.items()}
         removed = 0
-        for part, files in list(idle_partials(self.inbox, now, ttl)):
-            key = by_part.get(part)
-            if key is not None:
-                os.close(self._active.pop(key).fd)
-            for path in files:
-                unlink(path)
-            removed += 1
+        try:
+            for part, files in list(idle_partials(self.inbox, now, ttl)):
+                key = by_part.get(part)
+                if key is not None:
+                    os.close(self._active.pop(key).fd)
+                for path in files:
+                    unlink(path)
+                removed += 1
+        except OSError as exc:
+            self.stats.abandoned += removed
+            raise self._disk_error(exc) from exc
         self.stats.abandoned += removed
         return removed
 
     @property
     def active(self) -> int:
         return len(self._active)
+
+    def _disk_error(self, exc: OSError) -> DiskError:
+        """A failed file operation, as the typed error naming its path (the inbox if none)."""
+        path = str(exc.filename) if exc.filename is not None else str(self.inbox)
+        return DiskError(f"{path}: {exc.strerror or exc}", path=path)
 
     def close(self) -> None:
         """Close open temporary files; partial transfers stay on disk for a resume."""

@@ -43,7 +43,8 @@ How IAC maps onto QUIC (docs/PROTOCOL.md, "QUIC mapping"):
 Modules: :mod:`.protocol` (the asyncio protocol: raw events in, flushes out),
 :mod:`.streams` (frames into and out of QUIC streams), :mod:`.inbound` (the
 receive path and its bounds), :mod:`.connection`
-(:class:`QuicConn`), :mod:`.dial` (:func:`dial_quic`, 1-RTT and 0-RTT),
+(:class:`QuicConn`, the adapter around :mod:`iac.transport.core`), :mod:`.dial`
+(:func:`dial_quic`, 1-RTT and 0-RTT),
 :mod:`.listener` (:class:`QuicListener`, :func:`listen_quic`),
 :mod:`.configuration` (certificates and the library's configuration),
 :mod:`.tickets` (session tickets), :mod:`.backend` (aioquic or qh3).

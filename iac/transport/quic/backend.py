@@ -127,6 +127,10 @@ class Backend:
     session_resumed: Callable[[Any], bool] = lambda quic: bool(quic.tls.session_resumed)
     early_data_accepted: Callable[[Any], bool] = lambda quic: bool(quic.tls.early_data_accepted)
     peer_address: Callable[[Any], Any] = _peer_address
+    #: The id the connection's next locally opened unidirectional stream gets.
+    next_stream_id_uni: Callable[[Any], int] = lambda quic: int(quic._local_next_stream_id_uni)
+    #: The UDP transport of the library's server (None once closed).
+    server_transport: Callable[[Any], Any] = lambda server: server._transport
     #: Server hooks (see the module docstring); None where unsupported.
     request_client_certificate: Callable[[Any], None] | None = None
     peer_certificate_chain: Callable[[Any], list[bytes]] | None = None

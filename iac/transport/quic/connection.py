@@ -1,18 +1,24 @@
 """One IAC connection over one QUIC connection: :class:`QuicConn`.
 
-The connection takes the raw QUIC events its protocol (:mod:`.protocol`) hands it,
-moves frames in and out of streams (:mod:`.streams`), runs the HELLO exchange on
-the control stream for whoever dialed or accepted it (:mod:`.dial`,
-:mod:`.listener`), and closes: a flush bounded by ``linger_timeout``, GOAWAY, then
-the QUIC close carrying the close code. A PING goes every ``keepalive_interval``;
-``idle_timeout`` closes a connection on which no frame moved (IDLE_TIMEOUT).
+The asyncio adapter around the sans-IO :class:`~iac.transport.core.ConnectionCore`,
+which holds the connection's state (HANDSHAKING -> OPEN -> CLOSING -> CLOSED), its close
+error, the backlog judge and the timer decisions. The adapter takes the raw QUIC events
+its protocol (:mod:`.protocol`) hands it, moves frames in and out of streams
+(:mod:`.streams`, :mod:`.inbound`), arms the one timer the core asks for (a PING every
+``keepalive_interval``; ``idle_timeout`` closes a connection on which no frame moved,
+IDLE_TIMEOUT), and carries out what the core decided. It owns its lifecycle:
+:meth:`QuicConn.connect` (the dialer, :mod:`.dial`), :meth:`QuicConn.accept` (the
+listener, :mod:`.listener`) and :meth:`QuicConn.abandon` run the HELLO exchange on the
+control stream with the shared handshake builders of :mod:`iac.transport.session`; a
+close is a flush bounded by ``linger_timeout``, GOAWAY, then the QUIC close carrying the
+close code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from iac.errors import (
@@ -23,8 +29,16 @@ from iac.errors import (
     ProtocolError,
     TransportError,
 )
-from iac.protocol.handshake import ALPN, ClientHandshake, HelloParams, ServerHandshake, error_from_close
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
+from iac.protocol.handshake import (
+    ALPN,
+    ClientHandshake,
+    HelloOrder,
+    ServerHandshake,
+    channel_binding,
+    error_from_close,
+)
+from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, format_host
+from iac.transport.core import IDLE_REASON, ConnectionCore, Judged, State, TimerEvent, closed_by_this_side
 from iac.transport.queues import SendQueue
 from iac.transport.quic.inbound import QuicInbound
 from iac.transport.quic.protocol import QuicProtocol
@@ -33,36 +47,46 @@ from iac.transport.session import (
     DictState,
     HandshakeChannel,
     SessionLogic,
+    client_handshake,
     goaway_frame,
     local_protocol_error,
     parse_hello,
     peer_closed_error,
     perform_handshake,
+    server_handshake,
 )
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
-from iac.wire.frames import Frame
+from iac.wire.frames import Frame, FrameType, encode_frame
 from iac.wire.identity import Identity
 
 
 class _ControlChannel(HandshakeChannel):
     """The control stream as :func:`perform_handshake` sees it."""
 
-    def __init__(self, conn: QuicConn) -> None:
-        self.conn = conn
+    def __init__(self, send: Callable[[bytes], None], read: Callable[[], Awaitable[Frame]]) -> None:
+        self._send = send
+        self._read = read
 
     async def send_frame(self, frame: bytes) -> None:
-        self.conn._send_control(frame)
+        self._send(frame)
 
     async def read_frame(self) -> Frame:
-        return await self.conn._read_control()
+        return await self._read()
+
+
+def quic_url(addr: Any) -> str:
+    """``quic://host:port`` for a UDP address."""
+    return f"quic://{format_host(str(addr[0]))}:{addr[1]}"
 
 
 class QuicConn(Connection):
     """One IAC connection over one QUIC connection. ``dialed``: this side dialed (``dial_quic``);
-    else a listener accepted it and ``on_finished`` tells the listener when it is over. The
-    dialing or accepting code drives the HELLO exchange (:meth:`_exchange_hellos`) and hands the
-    verified HELLO to :meth:`_hello_verified`, which opens the session."""
+    else a listener accepted it and ``on_finished`` tells the listener when it is over.
+
+    The connection owns its lifecycle: the dialer calls :meth:`connect` (and :meth:`abandon`
+    when the dial fails or is cancelled), the listener calls :meth:`accept`; both run the
+    HELLO exchange here and open the session once the peer's HELLO verified."""
 
     def __init__(
         self,
@@ -76,7 +100,7 @@ class QuicConn(Connection):
     ) -> None:
         self._proto = proto
         self.backend = proto.backend
-        self._quic: Any = proto._quic
+        self._quic: Any = proto.quic
         self._loop = asyncio.get_running_loop()
         self.identity = identity
         self.config = config
@@ -105,19 +129,24 @@ class QuicConn(Connection):
         self._withheld = 0
         self._room_handle: asyncio.Handle | None = None
         self._ctl_waiter: asyncio.Future[None] | None = None
-        self._control = _ControlChannel(self)  # the HELLO exchange's view of the control stream
-        self._session: SessionLogic | None = None
+        # the HELLO exchange's view of the control stream
+        self._control = _ControlChannel(self._send_control, self._read_control)
         # state
-        self._error: IacError | None = None
-        self._closing = False
+        # state, close error and timers: the sans-IO core; ``_terminated`` wakes ``wait_closed``
+        self._core = ConnectionCore(
+            now=self._loop.time(),
+            idle_timeout=config.idle_timeout,
+            linger=config.linger_timeout,
+            keepalive=config.keepalive_interval,
+        )
         self._terminated = asyncio.Event()
         self._handshake_task: asyncio.Task[None] | None = None
-        self._keepalive: asyncio.TimerHandle | None = None
-        self._next_ping = 0.0
-        self._last_activity = self._loop.time()
-        self._cert_sha256 = b""  # the certificate hash the HELLOs are bound to
+        self._timer: asyncio.TimerHandle | None = None
+        #: The certificate hash the HELLOs are bound to (the server's certificate).
+        self.channel_binding = b""
         self.peer_hello_verified = False
         self._verified = asyncio.Event()
+        self._tls_done = asyncio.Event()  # the TLS handshake completed (HandshakeCompleted)
         self.early_data = False
         self.early_data_accepted = None
         self.on_early_outcome = None
@@ -128,15 +157,14 @@ class QuicConn(Connection):
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         if not early and self.early_data and not self.peer_hello_verified:
             await self._verified.wait()  # out of early data: after the server's HELLO verified
-        if self._error is not None:
-            raise self._error
-        if self._closing:
-            raise ConnectionClosed("connection is closing")
+        error = self._core.error
+        if error is not None:
+            raise error
         queue = self._queue
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
-        self._last_activity = self._loop.time()
-        self._proto._transmit_soon()
+        self._core.last_activity = self._loop.time()
+        self._proto.transmit_soon()
 
     async def recv(self) -> Incoming:
         return (await self.recv_many(1))[0]
@@ -145,26 +173,25 @@ class QuicConn(Connection):
         return await self._inbox.get_many(limit)
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
-        if self._closing or self._terminated.is_set():
+        core = self._core
+        if core.closed:
             await self.wait_closed()
             return
-        self._closing = True
+        flush = core.flushes_on_close(self.peer_hello_verified)
+        core.close(closed_by_this_side(code, reason))
         self._queue.finish()  # no more frames: a waiting send() raises
-        linger = self.config.linger_timeout
-        if self._error is None and self.peer_hello_verified:
+        if flush:
             # Flush: everything queued reaches the peer (bounded by linger_timeout).
             fut = self._loop.create_future()
             self._drain_waiters.append(fut)
             self._proto.transmit()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(fut, linger)
-        if self._error is None:
-            self._error = ConnectionClosed(
-                f"connection closed by this side{': ' + reason if reason else ''}", int(code), reason
-            )
+                async with asyncio.timeout_at(core.linger_until(self._loop.time())):
+                    await fut
         self._abort(int(code), reason, goaway=True)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._terminated.wait(), linger)
+            async with asyncio.timeout_at(core.linger_until(self._loop.time())):
+                await self._terminated.wait()
         self._finish()
 
     async def wait_closed(self) -> None:
@@ -176,15 +203,28 @@ class QuicConn(Connection):
 
     @property
     def closed(self) -> bool:
-        return self._closing or self._terminated.is_set() or self._error is not None
+        return self._core.closed
 
     @property
     def close_error(self) -> IacError | None:
-        return self._error
+        return self._core.error
+
+    @property
+    def state(self) -> State:
+        """Where the connection is in its life (:class:`~iac.transport.core.State`)."""
+        return self._core.state
+
+    def received(self) -> int:
+        return len(self._inbox)
+
+    @property
+    def quic(self) -> Any:
+        """The library's QUIC connection (for the backend's queries: certificates, resumption)."""
+        return self._quic
 
     # -- send machinery -------------------------------------------------------------------------
 
-    def _pump(self) -> bool:
+    def _write_streams(self) -> bool:
         """Move queued frames into new uni streams while the peer's stream credit lasts;
         True if any moved."""
         if not len(self._queue):
@@ -193,16 +233,16 @@ class QuicConn(Connection):
             return False
         return write_streams(self._queue, self._quic, self.backend, self.stats) > 0
 
-    def _before_transmit(self) -> None:
+    def before_transmit(self) -> None:
         """Called by the protocol before each flush (after every received datagram): what
         the library holds for reassembly is counted, queued frames go into streams (and
         then a pending ACK goes with them), stream credit is adjusted."""
-        if not self._closing:
+        if not self._core.closed:
             try:
                 self._rx.count_reassembly()
             except ProtocolError as exc:
                 self._protocol_error(exc)
-        if self._pump():
+        if self._write_streams():
             self.backend.ack_now(self._quic, self._loop.time())
         self._stream_credit()
         self.stats.transmits += 1
@@ -216,7 +256,7 @@ class QuicConn(Connection):
         if self._recv_full or self._withheld:
             self._withheld = self.backend.withhold_credit(self._quic, self._recv_full, self._withheld)
 
-    def _after_transmit(self) -> None:
+    def after_transmit(self) -> None:
         self.backend.withhold_credit(self._quic, False, 0)  # notes the stream credit just advertised
         if self._drain_waiters and self._drained():
             waiters, self._drain_waiters = self._drain_waiters, []
@@ -230,21 +270,21 @@ class QuicConn(Connection):
         return self.backend.uni_streams_finished(self._quic, self.dialed)
 
     def _send_control(self, frame: bytes) -> None:
-        if self._terminated.is_set():
-            raise self._error or ConnectionClosed("connection closed")
+        if self._core.ended:
+            raise self._core.error or ConnectionClosed("connection closed")
         self._quic.send_stream_data(CONTROL_STREAM, frame)
         self._proto.transmit()
 
     def _send_control_soon(self, frame: bytes) -> None:
         """A control frame (DICT, DICT_ACK) after the handshake: leaves with the next transmit."""
-        if self._terminated.is_set() or self._closing:
+        if self._core.closed:
             return
         self._quic.send_stream_data(CONTROL_STREAM, frame)
-        self._proto._transmit_soon()
+        self._proto.transmit_soon()
 
     # -- receive machinery ----------------------------------------------------------------------
 
-    def _on_event(self, event: Any) -> None:
+    def on_quic_event(self, event: Any) -> None:
         events = self.backend.events
         try:
             if isinstance(event, events.StreamDataReceived):
@@ -259,7 +299,7 @@ class QuicConn(Connection):
             self._protocol_error(exc)
 
     def _on_stream_data(self, event: Any) -> None:
-        if self._terminated.is_set() or self._error is not None:
+        if self._core.closed:
             return
         sid = event.stream_id
         if not sid & 2 and sid != CONTROL_STREAM:
@@ -268,8 +308,8 @@ class QuicConn(Connection):
             return
         if not self._rx.stream_data(sid, event.data, event.end_stream):
             return
-        self._last_activity = self._loop.time()
-        if self._session is not None:
+        self._core.last_activity = self._loop.time()
+        if self._core.session is not None:
             self._judge()
         elif self._rx.ctl_frames and self._ctl_waiter is not None and not self._ctl_waiter.done():
             self._ctl_waiter.set_result(None)
@@ -277,25 +317,22 @@ class QuicConn(Connection):
     def _judge(self) -> None:
         """Judge what arrived, in order, while the inbox has room; withhold stream credit
         while it has not."""
-        if self._error is not None:
-            return
         try:
-            goaway = self._rx.judge()
+            judged = self._core.judge(self._inbox)
         except ProtocolError as exc:
             self._protocol_error(exc)
             return
-        if goaway is not None:
-            if self._error is None:
-                self._error = peer_closed_error(goaway.code, goaway.reason)
-            self._closing = True
+        if judged is Judged.GOAWAY:  # the peer closes the QUIC connection after its GOAWAY
             self._wake_all()
             return
+        if judged is Judged.CLOSED:
+            return
         if self._inbox.blocked != self._recv_full:
-            self._proto._transmit_soon()  # withhold or grant stream credit
+            self._proto.transmit_soon()  # withhold or grant stream credit
 
     def _room(self) -> None:
         """Budget came back or the queue has room: judge the backlog (next turn)."""
-        idle = self._room_handle is None and not self._terminated.is_set()
+        idle = self._room_handle is None and not self._core.ended
         if idle and (self._inbox.backlog or self._recv_full):
             self._room_handle = self._loop.call_soon(self._room_now)
 
@@ -306,40 +343,42 @@ class QuicConn(Connection):
     # -- TLS and termination --------------------------------------------------------------------
 
     def _on_tls_done(self, event: Any) -> None:
+        self._tls_done.set()
         if event.alpn_protocol != ALPN:
             raise HandshakeError(f"peer negotiated ALPN {event.alpn_protocol!r}, not {ALPN!r}")
-        self._schedule_keepalive()
+        self._core.start_keepalive(self._loop.time())
+        self._arm_timer()
 
     def _on_terminated(self, event: Any) -> None:
-        if self._error is None:
-            if event.frame_type is None:
-                # An application close from the peer: code and reason are IAC's.
-                if self._session is None:
-                    self._error = error_from_close(
-                        event.error_code, event.reason_phrase, during_handshake=True
-                    )
-                else:
-                    self._error = peer_closed_error(event.error_code, event.reason_phrase)
-            elif event.reason_phrase == "Idle timeout":
-                self._error = ConnectionClosed("no answer from the peer (QUIC idle timeout)")
-            else:
-                self._error = ConnectionClosed(
-                    f"QUIC transport error 0x{event.error_code:x}: {event.reason_phrase}"
-                )
-        self._terminated.set()
+        self._end(None if self._core.error is not None else self._termination_error(event))
         self._finish()
 
-    def _on_socket_error(self, exc: OSError) -> None:
-        if self._error is None and not self.peer_hello_verified:
-            self._error = TransportError(f"QUIC connect to {self.address} failed: {exc.strerror or exc}")
+    def _termination_error(self, event: Any) -> IacError:
+        """Why the library says the QUIC connection ended (nothing of ours closed it first)."""
+        if event.frame_type is None:
+            # An application close from the peer: code and reason are IAC's.
+            if self._core.session is None:
+                return error_from_close(event.error_code, event.reason_phrase, during_handshake=True)
+            return peer_closed_error(event.error_code, event.reason_phrase)
+        if event.reason_phrase == "Idle timeout":
+            return ConnectionClosed("no answer from the peer (QUIC idle timeout)")
+        return ConnectionClosed(f"QUIC transport error 0x{event.error_code:x}: {event.reason_phrase}")
+
+    def _end(self, error: IacError | None) -> None:
+        """The QUIC connection is gone: the core is CLOSED, ``wait_closed`` returns."""
+        self._core.terminated(error)
+        self._terminated.set()
+
+    def on_socket_error(self, exc: OSError) -> None:
+        if self._core.error is None and not self.peer_hello_verified:
+            self._core.close(TransportError(f"QUIC connect to {self.address} failed: {exc.strerror or exc}"))
             self._abort(int(CloseCode.NO_ERROR), "socket error", goaway=False)
-            self._terminated.set()
+            self._end(None)
             self._finish()
 
     def _protocol_error(self, exc: ProtocolError, *, goaway: bool = True) -> None:
         exc = exc.with_traceback(None)  # kept as the close error's cause: it must hold no frames
-        if self._error is None:
-            self._error = local_protocol_error(exc)
+        self._core.close(local_protocol_error(exc))
         self._abort(int(exc.close_code), str(exc)[:200], goaway=goaway)
 
     def _refused(self, exc: ProtocolError) -> None:
@@ -348,9 +387,9 @@ class QuicConn(Connection):
         self._protocol_error(exc, goaway=not self._control.goaway_sent)
 
     def _abort(self, code: int, reason: str, *, goaway: bool) -> None:
-        """Close the QUIC connection now with ``code`` (an IAC close code)."""
-        self._closing = True
-        if self._terminated.is_set():
+        """Close the QUIC connection now with ``code`` (an IAC close code); the core is
+        closing already."""
+        if self._core.ended:
             return
         if goaway and not self.backend.is_closing(self._quic):
             with contextlib.suppress(Exception):  # best effort: the close frame carries the code anyway
@@ -363,7 +402,7 @@ class QuicConn(Connection):
     def _wake_all(self, *, drop: bool = False) -> None:
         """The connection is closing: waiting ``send``/``recv`` calls raise the close error
         (``recv`` once it handed out what arrived before, unless this side closed: ``drop``)."""
-        error = self._error
+        error = self._core.error
         if error is not None:
             # closed by this side: what is queued goes; by the peer: it is still handed out
             self._inbox.close(error, drop=drop)
@@ -377,77 +416,241 @@ class QuicConn(Connection):
 
     def _finish(self) -> None:
         """Release everything once the connection is over."""
-        if self._error is None:
-            self._error = ConnectionClosed("connection closed")
-        self._closing = True
-        self._queue.fail(self._error)  # drop what was not sent
+        core = self._core
+        if core.error is None:  # pragma: no cover - whoever ends the connection closes the core first
+            core.close(ConnectionClosed("connection closed"))
+        error = core.error or ConnectionClosed("connection closed")
+        self._queue.fail(error)  # drop what was not sent
         self._verified.set()  # a send held out of early data raises the error now
         self._rx.clear()
         if self._room_handle is not None:
             self._room_handle.cancel()
             self._room_handle = None
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            self._keepalive = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._wake_all()
         if self._on_finished is not None:
             self._on_finished(self)
-        if self.dialed and self._terminated.is_set() and not self.shared_socket:
-            transport = self._proto._transport
-            if transport is not None:
-                transport.close()
+        if self.dialed and core.ended and not self.shared_socket:
+            self._proto.close_socket()
 
     # -- keep-alive and idle --------------------------------------------------------------------
 
-    def _schedule_keepalive(self) -> None:
-        """Arm the one timer for the next PING or the idle deadline, whichever is first."""
-        if self._keepalive is not None or self._terminated.is_set():
+    def _arm_timer(self) -> None:
+        """Arm the one timer the core asks for: the next PING or the idle deadline."""
+        if self._timer is not None or self._core.ended:
             return
-        now = self._loop.time()
-        if self._next_ping == 0.0:
-            self._next_ping = now + self.config.keepalive_interval
-        at = self._next_ping
-        idle = self.config.idle_timeout
-        if idle is not None:
-            at = min(at, self._last_activity + idle)
-        self._keepalive = self._loop.call_at(at, self._tick)
+        at = self._core.next_timer()
+        if at is not None:
+            self._timer = self._loop.call_at(at, self._on_timer)
 
-    def _tick(self) -> None:
-        self._keepalive = None
-        if self._terminated.is_set() or self._closing:
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._core.closed:
             return
-        now = self._loop.time()
-        idle = self.config.idle_timeout
-        if idle is not None and now - self._last_activity >= idle:
-            if self._error is None:
-                self._error = ConnectionClosed(
-                    f"connection idle for {idle:g} s", int(CloseCode.IDLE_TIMEOUT), "idle"
-                )
-            self._abort(int(CloseCode.IDLE_TIMEOUT), "idle", goaway=True)
+        event = self._core.handle_timer(self._loop.time())
+        if event is TimerEvent.IDLE:
+            self._abort(int(CloseCode.IDLE_TIMEOUT), IDLE_REASON, goaway=True)
             return
-        if now >= self._next_ping:
+        if event is TimerEvent.PING:
             self._quic.send_ping(0)
             self._proto.transmit()
-            self._next_ping = now + self.config.keepalive_interval
-        self._schedule_keepalive()
+        self._arm_timer()
 
     # -- handshakes -----------------------------------------------------------------------------
 
-    def _params(self) -> HelloParams:
-        """What this side announces in its HELLO (a dialer may set the session id)."""
-        return HelloParams(
-            session_id=0,
-            dict_ids=tuple(self.config.dictionaries.ids()),
-            max_frame_size=self.config.max_frame_size,
-            listen_addrs=self.config.listen_addrs,
-            capabilities=self.config.capabilities,
+    async def connect(
+        self,
+        sockaddr: Any,
+        *,
+        expect: str | None,
+        session_id: int,
+        resumed: tuple[bytes, str] | None,
+        on_verified: Callable[[], None],
+    ) -> None:
+        """The dialing side: start the QUIC handshake toward ``sockaddr``, bind the HELLO to the
+        server certificate's hash and run the HELLO exchange; done once the server's HELLO
+        verified. ``resumed``: the certificate hash and AgentId stored with the session ticket
+        the library resumes with; then, when 0-RTT is possible, the HELLO goes as early data,
+        this returns at once and the server's HELLO is checked in the background.
+        ``on_verified`` runs once the server's HELLO verified. Raises the typed error of a
+        failed handshake (the caller then calls :meth:`abandon`)."""
+        config = self.config
+        deadline = self._loop.time() + config.handshake_timeout
+        self._proto.connect(sockaddr)
+        early = resumed is not None and self.backend.zero_rtt_ready(self._quic)
+        if early and resumed is not None:
+            self.channel_binding = resumed[0]
+        else:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._wait_tls()
+            except TimeoutError:
+                raise TransportError(f"{self.address}: QUIC handshake timed out") from None
+            der = self.backend.peer_certificate_der(self._quic)
+            if der is None:
+                if resumed is None:
+                    raise HandshakeError("server sent no certificate")
+                self.channel_binding = resumed[0]
+            else:
+                self.channel_binding = channel_binding(der)
+        hs = client_handshake(
+            self.identity,
+            config,
+            order=HelloOrder.CLIENT_FIRST,
+            binding=self.channel_binding,
+            expect=expect,
+            session_id=session_id,
         )
+        if early:
+            # 0-RTT: the HELLO goes now; frames sent from here on ride as early data.
+            self.early_data = True
+            first = hs.initial(config.clock.now_us())
+            if first is None:  # pragma: no cover - CLIENT_FIRST always has a first HELLO
+                raise HandshakeError("no client HELLO")
+            self._send_control(encode_frame(FrameType.HELLO, first, max_frame_size=1 << 30))
+            self.local_hello = parse_hello(first)
+            self.peer = PeerInfo(
+                agent_id=expect or (resumed[1] if resumed else ""),
+                transport="quic",
+                address=self.address,
+                hello=Hello(),
+                resumed=True,
+                dialed=True,
+            )
+            self._handshake_task = self._loop.create_task(self._finish_early(hs, deadline, on_verified))
+            return
+        try:
+            hello = await self._exchange_hellos(hs, deadline)
+        except TimeoutError:
+            raise TransportError(f"{self.address}: HELLO exchange timed out") from None
+        except ProtocolError as exc:
+            self._refused(exc)
+            raise
+        self._hello_verified(hs, hello)
+        error = self._core.error
+        if error is not None:  # a frame that came with the HELLO closed the connection
+            raise error
+        on_verified()
+
+    async def _finish_early(
+        self, hs: ClientHandshake, deadline: float, on_verified: Callable[[], None]
+    ) -> None:
+        """The rest of a 0-RTT handshake: read and check the server's HELLO."""
+        try:
+            hello = await self._exchange_hellos(hs, deadline, initial_sent=True)
+        except ProtocolError as exc:
+            if not self._control.goaway_sent:
+                self._core.close(exc)  # the server refused: send/recv raise its typed error, as dial would
+            self._refused(exc)
+            return
+        except TimeoutError:
+            self._fail(
+                TransportError(f"{self.address}: HELLO exchange timed out"),
+                CloseCode.HANDSHAKE_FAILED,
+                "HELLO timeout",
+                goaway=True,
+            )
+            return
+        except IacError as exc:
+            self._fail(exc, CloseCode.HANDSHAKE_FAILED, str(exc)[:200], goaway=False)
+            return
+        if self.peer.agent_id and hello.agent_id != self.peer.agent_id:
+            self._protocol_error(HandshakeError("resumed server is not the one that issued the ticket"))
+            return
+        self._hello_verified(hs, hello)  # resumed: what the TLS handshake says (the server may refuse)
+        self.early_data_accepted = accepted = self.backend.early_data_accepted(self._quic)
+        if self.on_early_outcome is not None:
+            self.on_early_outcome(accepted)
+        on_verified()
+
+    def abandon(self, reason: str = "dial failed") -> None:
+        """The dial failed or was cancelled: close the QUIC connection at once (no GOAWAY) and
+        release everything."""
+        if not self._core.ended:
+            self._core.close(ConnectionClosed(f"connection closed: {reason}"))
+            self._abort(int(CloseCode.NO_ERROR), reason, goaway=False)
+            self._end(None)
+            self._finish()
+
+    def accept(
+        self,
+        *,
+        binding: bytes,
+        precheck: Callable[[], None] | None,
+        on_open: Callable[[QuicConn], None],
+        on_refused: Callable[[QuicConn, str, str], None],
+    ) -> None:
+        """The accepting side: run the HELLO exchange (bound to this server's certificate hash
+        ``binding``) in a task of its own. ``precheck`` runs when the client's HELLO arrives
+        (CA mode); a verified peer goes to ``on_open``; a refusal closes the connection and
+        goes to ``on_refused(conn, reason, detail)``."""
+        self.channel_binding = binding
+        self._handshake_task = self._loop.create_task(self._accept(precheck, on_open, on_refused))
+
+    async def _accept(
+        self,
+        precheck: Callable[[], None] | None,
+        on_open: Callable[[QuicConn], None],
+        on_refused: Callable[[QuicConn, str, str], None],
+    ) -> None:
+        config = self.config
+        peer = self.backend.peer_address(self._quic)
+        if peer is not None:
+            self.address = quic_url(peer)
+        hs = server_handshake(
+            self.identity, config, order=HelloOrder.CLIENT_FIRST, binding=self.channel_binding
+        )
+        try:
+            async with asyncio.timeout(config.handshake_timeout):
+                hello = await perform_handshake(hs, self._control, clock=config.clock, precheck=precheck)
+        except ProtocolError as exc:
+            on_refused(self, exc.name, str(exc))
+            self._refused(exc)
+            return
+        except TimeoutError:
+            on_refused(self, "handshake_timeout", "HELLO did not arrive in time")
+            error = ConnectionClosed("HELLO did not arrive in time", int(CloseCode.HANDSHAKE_FAILED))
+            self._fail(error, CloseCode.HANDSHAKE_FAILED, "HELLO timeout", goaway=True)
+            return
+        except IacError as exc:
+            on_refused(self, exc.name, str(exc))
+            self._fail(exc, CloseCode.HANDSHAKE_FAILED, "handshake failed", goaway=False)
+            return
+        self._hello_verified(hs, hello)
+        self.early_data_accepted = self.backend.early_data_accepted(self._quic)
+        on_open(self)
+
+    def _fail(self, error: IacError, code: int, reason: str, *, goaway: bool) -> None:
+        """Close now with ``code``; ``error`` becomes the close error unless one is set."""
+        self._core.close(error)
+        self._abort(int(code), reason, goaway=goaway)
+
+    async def _wait_tls(self) -> None:
+        """Wait for the TLS handshake; raise the close error if the connection ends first.
+        Only this connection's own events are awaited (not the library's shielded
+        ``wait_connected`` future, which a cancelled dial would leave to fail unseen)."""
+        if not self._tls_done.is_set() and not self._core.ended:
+            done = asyncio.ensure_future(self._tls_done.wait())
+            ended = asyncio.ensure_future(self._terminated.wait())
+            try:
+                await asyncio.wait((done, ended), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                done.cancel()
+                ended.cancel()
+        error = self._core.error
+        if error is not None:
+            raise error
+        if not self._tls_done.is_set():
+            raise TransportError(f"{self.address}: QUIC handshake failed")
 
     async def _read_control(self) -> Frame:
         while (frame := self._rx.read_control()) is None:
-            if self._error is not None:
-                raise self._error
-            if self._terminated.is_set():
+            error = self._core.error
+            if error is not None:
+                raise error
+            if self._core.ended:
                 raise ConnectionClosed("connection closed during the handshake")
             self._ctl_waiter = self._loop.create_future()
             await self._ctl_waiter
@@ -483,16 +686,17 @@ class QuicConn(Connection):
             resumed=bool(self._quic.tls.session_resumed) if resumed is None else resumed,
             dialed=self.dialed,
         )
-        self._session = SessionLogic(hello.agent_id, self.dicts)
+        session = SessionLogic(hello.agent_id, self.dicts)
+        self._core.open(session)
         self.peer_hello_verified = True
         self._verified.set()
         push = self.dicts.push_frame(self.identity.agent_id, hello)
         if push is not None:
             self._send_control_soon(push)  # on the control stream, behind our HELLO
-        self._rx.start(self._session)  # what came behind the HELLO and what overtook it
+        self._rx.start(session)  # what came behind the HELLO and what overtook it
         self._judge()
         if len(self._queue):
-            self._proto._transmit_soon()
+            self._proto.transmit_soon()
 
 
 __all__ = ["QuicConn"]

@@ -16,19 +16,15 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
-from iac.errors import CloseCode, ConfigError, HandshakeError, IacError, ProtocolError, TransportError
-from iac.protocol.handshake import ClientHandshake, HelloOrder, HelloParams, channel_binding
-from iac.transport.base import Address, PeerInfo, TransportConfig, parse_address
+from iac.errors import ConfigError, TransportError
+from iac.transport.base import Address, TransportConfig, parse_address
 from iac.transport.quic.backend import Backend, SessionTicketLike, get_backend
 from iac.transport.quic.configuration import client_configuration
 from iac.transport.quic.connection import QuicConn
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ClientTicketStore
-from iac.transport.session import parse_hello
-from iac.wire._pb.iac_pb2 import Hello
-from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 
 
@@ -40,7 +36,7 @@ class DialSocket(Protocol):
     @property
     def family(self) -> int | None: ...
 
-    def _attach_dialed(self, proto: QuicProtocol) -> Callable[[], None]: ...
+    def attach_dialed(self, proto: QuicProtocol) -> Callable[[], None]: ...
 
 
 class _Resumption:
@@ -63,7 +59,7 @@ class _Resumption:
         conn = self.conn
         if self._ticket is None or self.store is None or conn is None or not conn.peer_hello_verified:
             return
-        self.store.put(self.key, self._ticket, conn._cert_sha256, conn.peer.agent_id)
+        self.store.put(self.key, self._ticket, conn.channel_binding, conn.peer.agent_id)
         self._ticket = None
 
 
@@ -122,7 +118,7 @@ async def dial_quic(
     detach: Callable[[], None] | None = None
     if listener is not None and listener.family == family:
         proto = protocol(quic)
-        detach = listener._attach_dialed(proto)
+        detach = listener.attach_dialed(proto)
     else:
         try:
             _, proto = await loop.create_datagram_endpoint(
@@ -142,155 +138,19 @@ async def dial_quic(
     proto.conn = conn
     resumption.conn = conn
     try:
-        return await _dial_handshake(
-            conn,
-            proto,
-            resumption,
+        await conn.connect(
             sockaddr,
-            expect,
-            stored.cert_sha256 if stored else None,
-            stored.agent_id if stored else "",
-            session_id,
+            expect=expect,
+            session_id=session_id,
+            resumed=None if stored is None else (stored.cert_sha256, stored.agent_id),
+            on_verified=resumption.save,
         )
     except BaseException:
-        if not conn._terminated.is_set():
-            conn._abort(int(CloseCode.NO_ERROR), "dial failed", goaway=False)
-            conn._terminated.set()
-            conn._finish()
+        conn.abandon("dial failed")
         if detach is not None:
             detach()
-        elif proto._transport is not None:
-            proto._transport.close()
         raise
-
-
-async def _dial_handshake(
-    conn: QuicConn,
-    proto: QuicProtocol,
-    resumption: _Resumption,
-    sockaddr: Any,
-    expect: str | None,
-    resumed_cert: bytes | None,
-    resumed_agent: str,
-    session_id: int,
-) -> QuicConn:
-    config = conn.config
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + config.handshake_timeout
-    proto.connect(sockaddr)
-    params = conn._params()
-    if session_id:
-        params = HelloParams(
-            session_id=session_id,
-            dict_ids=params.dict_ids,
-            max_frame_size=params.max_frame_size,
-            listen_addrs=params.listen_addrs,
-            capabilities=params.capabilities,
-        )
-    early = resumed_cert is not None and conn.backend.zero_rtt_ready(conn._quic)
-    if early and resumed_cert is not None:
-        conn._cert_sha256 = resumed_cert
-    else:
-        try:
-            async with asyncio.timeout_at(deadline):
-                await _wait_tls(conn, proto)
-        except TimeoutError:
-            raise TransportError(f"{conn.address}: QUIC handshake timed out") from None
-        der = conn.backend.peer_certificate_der(conn._quic)
-        if der is None:
-            if resumed_cert is None:
-                raise HandshakeError("server sent no certificate")
-            conn._cert_sha256 = resumed_cert
-        else:
-            conn._cert_sha256 = channel_binding(der)
-    hs = ClientHandshake(
-        conn.identity,
-        HelloOrder.CLIENT_FIRST,
-        params=params,
-        binding=conn._cert_sha256,
-        max_skew_us=config.max_skew_us,
-        hook=config.hello_hook,
-        expect=expect,
-    )
-    if early:
-        # 0-RTT: the HELLO goes now; frames sent from here on ride as early data.
-        conn.early_data = True
-        first = hs.initial(config.clock.now_us())
-        if first is None:  # pragma: no cover - CLIENT_FIRST always has a first HELLO
-            raise HandshakeError("no client HELLO")
-        conn._send_control(encode_frame(FrameType.HELLO, first, max_frame_size=1 << 30))
-        conn.local_hello = parse_hello(first)
-        conn.peer = PeerInfo(
-            agent_id=expect or resumed_agent,
-            transport="quic",
-            address=conn.address,
-            hello=Hello(),
-            resumed=True,
-            dialed=True,
-        )
-        conn._handshake_task = loop.create_task(_finish_early(conn, hs, deadline, resumption))
-        return conn
-    try:
-        hello = await conn._exchange_hellos(hs, deadline)
-    except TimeoutError:
-        raise TransportError(f"{conn.address}: HELLO exchange timed out") from None
-    except ProtocolError as exc:
-        conn._refused(exc)
-        raise
-    conn._hello_verified(hs, hello)
-    if conn._error is not None:  # a frame that came with the HELLO closed the connection
-        raise conn._error
-    resumption.save()
     return conn
-
-
-async def _finish_early(
-    conn: QuicConn, hs: ClientHandshake, deadline: float, resumption: _Resumption
-) -> None:
-    """The rest of a 0-RTT handshake: read and check the server's HELLO."""
-    try:
-        hello = await conn._exchange_hellos(hs, deadline, initial_sent=True)
-    except ProtocolError as exc:
-        if not conn._control.goaway_sent and conn._error is None:
-            conn._error = exc  # the server refused: send/recv raise its typed error, as dial would
-        conn._refused(exc)
-        return
-    except TimeoutError:
-        conn._error = TransportError(f"{conn.address}: HELLO exchange timed out")
-        conn._abort(int(CloseCode.HANDSHAKE_FAILED), "HELLO timeout", goaway=True)
-        return
-    except IacError as exc:
-        if conn._error is None:
-            conn._error = exc
-        conn._abort(int(CloseCode.HANDSHAKE_FAILED), str(exc)[:200], goaway=False)
-        return
-    if conn.peer.agent_id and hello.agent_id != conn.peer.agent_id:
-        conn._protocol_error(HandshakeError("resumed server is not the one that issued the ticket"))
-        return
-    conn._hello_verified(hs, hello)  # resumed: what the TLS handshake says (the server may refuse)
-    conn.early_data_accepted = accepted = conn.backend.early_data_accepted(conn._quic)
-    if conn.on_early_outcome is not None:
-        conn.on_early_outcome(accepted)
-    resumption.save()
-
-
-async def _wait_tls(conn: QuicConn, proto: QuicProtocol) -> None:
-    """Wait for the TLS handshake (or the connection's end)."""
-    waiter = asyncio.ensure_future(proto.wait_connected())
-    ended = asyncio.ensure_future(conn._terminated.wait())
-    try:
-        await asyncio.wait({waiter, ended}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        ended.cancel()
-        # A dial cancelled here (another address won, a timeout) leaves no waiter behind to
-        # fail unseen when the connection ends.
-        if not waiter.done():
-            waiter.cancel()
-        elif not waiter.cancelled():
-            waiter.exception()
-    if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
-        waiter.cancel()
-        raise conn._error or TransportError(f"{conn.address}: QUIC handshake failed")
 
 
 __all__ = ["dial_quic"]

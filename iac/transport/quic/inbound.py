@@ -3,7 +3,8 @@
 :class:`QuicInbound` (no asyncio; the connection drives it with the library's events):
 
 * one frame decoder per stream (:class:`StreamDecoders`); whole frames come out
-  compressed and stay so until ``recv()`` takes them (:class:`~iac.transport.queues.Inbox`);
+  compressed and stay so until ``recv()`` takes them (:class:`~iac.transport.queues.Inbox`;
+  the connection core judges them into it, :meth:`~iac.transport.core.ConnectionCore.judge`);
 * before the HELLO verified: control-stream frames wait for the HELLO exchange, frames
   on unidirectional streams are held as they came (:class:`EarlyFrames`);
 * counted against the connection's receive budget (and the node's): partly received
@@ -26,7 +27,7 @@ from iac.transport.budget import RecvBudget
 from iac.transport.queues import Inbox
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.streams import STREAM_WINDOW, QuicStats, StreamDecoders
-from iac.transport.session import EarlyFrames, PeerGoaway, SessionLogic
+from iac.transport.session import EarlyFrames, SessionLogic
 from iac.wire.dicts import DictionarySet
 from iac.wire.frames import Frame, FrameType, PackedFrame
 
@@ -144,21 +145,6 @@ class QuicInbound:
         self.ctl_bytes = 0
         inbox.budget.give(self.early.nbytes)  # counted again as they join the backlog
         inbox.arrived([f for f in self.early.release() if isinstance(f, PackedFrame)])
-
-    def judge(self) -> PeerGoaway | None:
-        """Judge what arrived, in order, while the inbox has room; stop at the peer's GOAWAY
-        (returned). Raises a :class:`ProtocolError` for a frame the session refuses."""
-        session = self.session
-        if session is None:
-            return None
-        inbox = self.inbox
-        while (frame := inbox.next_frame()) is not None:
-            result = session.judge(frame)
-            if isinstance(result, PeerGoaway):
-                inbox.judged(frame, keep=False)
-                return result
-            inbox.judged(frame, keep=result is not None)  # a kept frame wakes recv()
-        return None
 
     def clear(self) -> None:
         """The connection is over: drop what is held."""

@@ -30,23 +30,20 @@ from iac.errors import (
     AdmissionDenied,
     CloseCode,
     ConfigError,
-    ConnectionClosed,
-    IacError,
-    ProtocolError,
     TransportError,
 )
-from iac.protocol.handshake import HelloOrder, ServerHandshake, channel_binding
+from iac.protocol.handshake import channel_binding
 from iac.protocol.records import is_ip_literal
-from iac.transport.base import Address, Listener, OnConnection, TransportConfig, format_host, parse_address
+from iac.transport.base import Address, Listener, OnConnection, TransportConfig, parse_address
 from iac.transport.certs import verify_client_chain
 from iac.transport.limits import HandshakeLimiter, RetryGate
 from iac.transport.quic.backend import AIOQUIC_PINNED, Backend, SessionTicketLike, get_backend
 from iac.transport.quic.configuration import server_configuration
-from iac.transport.quic.connection import QuicConn
+from iac.transport.quic.connection import QuicConn, quic_url
 from iac.transport.quic.dial import dial_quic
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ServerTicketStore
-from iac.transport.session import nonce_cache, perform_handshake
+from iac.transport.session import nonce_cache
 from iac.wire.identity import Identity
 
 log = logging.getLogger("iac.transport.quic")
@@ -94,7 +91,8 @@ class QuicListener(Listener):
         self.cert_sha256 = b""
         self.configuration: Any = None  # the library's QuicConfiguration
 
-    async def _start(self, addr: Address) -> None:
+    async def start(self, addr: Address) -> None:
+        """Bind the UDP socket at ``addr`` and serve (:func:`listen_quic` calls this)."""
         lib = self.backend
         if self.ca_file is not None and (
             lib.request_client_certificate is None
@@ -116,7 +114,7 @@ class QuicListener(Listener):
                     lambda: server_cls(configuration=qc, create_protocol=self._protocol_factory()),
                     local_addr=(addr.host, addr.port),
                 )
-                self._server._iac_gate = self._admit_datagram
+                self._server.iac_gate = self._admit_datagram
             else:  # qh3: no limit before the handshake, no Retry
                 self._server = await lib.serve(
                     addr.host,
@@ -128,7 +126,7 @@ class QuicListener(Listener):
                 )
         except OSError as exc:
             raise TransportError(f"cannot listen on {addr.url}: {exc.strerror or exc}") from None
-        transport = self._server._transport
+        transport = lib.server_transport(self._server)
         assert transport is not None
         sockname = transport.get_extra_info("sockname")
         self.addresses = [Address("quic", host=addr.host, port=sockname[1]).url]
@@ -139,7 +137,7 @@ class QuicListener(Listener):
     def family(self) -> int | None:
         """The address family of the listener's socket (None once closed)."""
         server = self._server
-        transport = None if server is None else server._transport
+        transport = None if server is None else self.backend.server_transport(server)
         if transport is None or transport.is_closing():
             return None
         sock = transport.get_extra_info("socket")
@@ -162,7 +160,7 @@ class QuicListener(Listener):
         if self._server is None:
             raise TransportError("the QUIC listener is closed")
 
-    def _attach_dialed(self, proto: QuicProtocol) -> Callable[[], None]:
+    def attach_dialed(self, proto: QuicProtocol) -> Callable[[], None]:
         """Put a dialed connection on this listener's socket; return what takes it off."""
         self.check_dial()
         assert self.backend.attach_dialed is not None
@@ -175,7 +173,7 @@ class QuicListener(Listener):
         if not is_ip_literal(dest[0]):  # a host name: sendto would resolve it, blocking the loop
             return False
         server = self._server
-        transport = None if server is None else server._transport
+        transport = None if server is None else self.backend.server_transport(server)
         if transport is None or transport.is_closing():
             return False
         host = dest[0]
@@ -231,7 +229,7 @@ class QuicListener(Listener):
         self._count("busy")
         if self.limiter.first_refusal(source):
             log.info(
-                "refused quic connections from %s: busy: over the handshake limit", _url(addr),
+                "refused quic connections from %s: busy: over the handshake limit", quic_url(addr),
                 extra={"transport": "quic", "reason": "busy"},
             )  # fmt: skip
         return False
@@ -247,7 +245,6 @@ class QuicListener(Listener):
         def create(quic: Any, stream_handler: Any = None) -> QuicProtocol:
             proto = protocol(quic)
             conn = QuicConn(proto, self.identity, self.config, dialed=False, on_finished=self._forget)
-            conn._cert_sha256 = self.cert_sha256
             proto.conn = conn
             auth = _ClientAuth()
             if lib.connection_tickets is not None:
@@ -258,7 +255,12 @@ class QuicListener(Listener):
                 )
             if self.ca_file is not None and lib.request_client_certificate is not None:
                 lib.request_client_certificate(quic)
-            conn._handshake_task = asyncio.get_running_loop().create_task(self._handshake(conn, auth))
+            conn.accept(
+                binding=self.cert_sha256,
+                precheck=self._client_certificate_check(conn, auth),
+                on_open=self._accepted,
+                on_refused=self._refused,
+            )
             return proto
 
         return create
@@ -309,51 +311,13 @@ class QuicListener(Listener):
         chain_of = lib.peer_certificate_chain
 
         def check() -> None:
-            if lib.session_resumed(conn._quic):
+            if lib.session_resumed(conn.quic):
                 if auth.resumed_chain is None:
                     raise AdmissionDenied("resumed session without a verified client certificate")
                 return
-            verify_client_chain(chain_of(conn._quic), ca_file)
+            verify_client_chain(chain_of(conn.quic), ca_file)
 
         return check
-
-    async def _handshake(self, conn: QuicConn, auth: _ClientAuth) -> None:
-        """One connection's HELLO exchange; a verified peer goes to ``on_connection``."""
-        config = conn.config
-        peer = self.backend.peer_address(conn._quic)
-        if peer is not None:
-            conn.address = _url(peer)
-        hs = ServerHandshake(
-            conn.identity,
-            HelloOrder.CLIENT_FIRST,
-            params=conn._params(),
-            binding=self.cert_sha256,
-            max_skew_us=config.max_skew_us,
-            hook=config.hello_hook,
-            nonce_cache=self.nonce_cache,
-            admission=config.admission,
-        )
-        deadline = conn._loop.time() + config.handshake_timeout
-        precheck = self._client_certificate_check(conn, auth)
-        try:
-            async with asyncio.timeout_at(deadline):
-                hello = await perform_handshake(hs, conn._control, clock=config.clock, precheck=precheck)
-        except ProtocolError as exc:
-            self._refused(conn, exc.name, str(exc))
-            conn._refused(exc)
-            return
-        except TimeoutError:
-            self._refused(conn, "handshake_timeout", "HELLO did not arrive in time")
-            conn._error = ConnectionClosed("HELLO did not arrive in time", int(CloseCode.HANDSHAKE_FAILED))
-            conn._abort(int(CloseCode.HANDSHAKE_FAILED), "HELLO timeout", goaway=True)
-            return
-        except IacError as exc:
-            self._refused(conn, exc.name, str(exc))
-            conn._abort(int(CloseCode.HANDSHAKE_FAILED), "handshake failed", goaway=False)
-            return
-        conn._hello_verified(hs, hello)
-        conn.early_data_accepted = self.backend.early_data_accepted(conn._quic)
-        self._accepted(conn)
 
     def _count(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -394,10 +358,6 @@ class QuicListener(Listener):
             self._server = None
 
 
-def _url(addr: Any) -> str:
-    return f"quic://{format_host(str(addr[0]))}:{addr[1]}"
-
-
 _gated: dict[str, type[Any]] = {}
 
 
@@ -409,14 +369,14 @@ def _gated_server(lib: Backend) -> type[Any]:
         assert base is not None
 
         def datagram_received(self: Any, data: bytes, addr: Any) -> None:
-            gate = self._iac_gate
+            gate = self.iac_gate
             if gate is None or gate(self, data, addr):
                 base.datagram_received(self, data, addr)
 
         cls = type(
             f"_{lib.name}GatedServer",
             (base,),
-            {"_iac_gate": None, "datagram_received": datagram_received, "__module__": __name__},
+            {"iac_gate": None, "datagram_received": datagram_received, "__module__": __name__},
         )
         _gated[lib.name] = cls
     return cls
@@ -449,7 +409,7 @@ async def listen_quic(
         tickets if tickets is not None else ServerTicketStore(config.ticket_store),
         get_backend(backend),
     )
-    await listener._start(addr)
+    await listener.start(addr)
     return listener
 
 

@@ -26,16 +26,16 @@ from iac.transport.quic.congestion import TransmitHooks, attach
 class ConnectionEvents(Protocol):
     """What :class:`QuicProtocol` calls on the connection it carries."""
 
-    def _on_event(self, event: Any) -> None:
+    def on_quic_event(self, event: Any) -> None:
         """One QUIC event (stream data, stream reset, handshake done, terminated)."""
 
-    def _before_transmit(self) -> None:
+    def before_transmit(self) -> None:
         """Right before a flush: move queued frames into streams, adjust stream credit."""
 
-    def _after_transmit(self) -> None:
+    def after_transmit(self) -> None:
         """Right after a flush: wake ``close()`` once everything queued went out."""
 
-    def _on_socket_error(self, exc: OSError) -> None:
+    def on_socket_error(self, exc: OSError) -> None:
         """The UDP socket reported an error (an ICMP unreachable, say)."""
 
 
@@ -61,9 +61,14 @@ class QuicProtocol(asyncio.DatagramProtocol):
         def connect(self, addr: Any) -> None: ...
         async def wait_connected(self) -> None: ...
 
+    @property
+    def quic(self) -> Any:
+        """The library's QUIC connection this protocol carries."""
+        return self._quic
+
     def quic_event_received(self, event: Any) -> None:
         if self.conn is not None:
-            self.conn._on_event(event)
+            self.conn.on_quic_event(event)
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         # As aioquic's, but the flush waits (see _transmit_after_receive): the tasks this
@@ -82,10 +87,18 @@ class QuicProtocol(asyncio.DatagramProtocol):
     #: A send asked for a flush since the last one (``_transmit_soon``).
     _send_waiting = False
 
-    def _transmit_soon(self) -> None:
+    def transmit_soon(self) -> None:
+        """Flush at the end of this loop turn (frames queued in one turn leave together)."""
         self._send_waiting = True
         if self._transmit_task is None:
             self._transmit_task = self._loop.call_soon(self.transmit)
+
+    _transmit_soon = transmit_soon  # the name the library's own writers call
+
+    def close_socket(self) -> None:
+        """Close the UDP socket of a dialed connection (one of its own)."""
+        if self._transport is not None:
+            self._transport.close()
 
     def _transmit_after_receive(self) -> None:
         """The flush after received datagrams: at the end of this loop turn if a send is
@@ -109,19 +122,22 @@ class QuicProtocol(asyncio.DatagramProtocol):
         self._send_waiting = False
         conn = self.conn
         if conn is not None:
-            conn._before_transmit()
+            conn.before_transmit()
         hooks = self._cc_hooks
         if hooks is not None:
             hooks.before_transmit(self._loop.time())
-        super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        try:
+            super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        except OSError as exc:  # the network boundary: as if the socket reported it
+            self.error_received(exc)
         if hooks is not None:
             hooks.after_transmit(self._loop.time())
         if conn is not None:
-            conn._after_transmit()
+            conn.after_transmit()
 
     def error_received(self, exc: Exception) -> None:
         if self.conn is not None and isinstance(exc, OSError):
-            self.conn._on_socket_error(exc)
+            self.conn.on_socket_error(exc)
 
 
 _protocol_classes: dict[str, type[QuicProtocol]] = {}

@@ -48,7 +48,7 @@ def write_streams(queue: SendQueue, quic: Any, backend: Backend, stats: QuicStat
     sent = 0
     credit = backend.remote_max_streams_uni(quic)
     while len(queue):
-        stream_id = quic._local_next_stream_id_uni
+        stream_id = backend.next_stream_id_uni(quic)
         if stream_id // 4 >= credit:
             stats.credit_stalls += 1
             break

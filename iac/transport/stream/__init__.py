@@ -3,7 +3,9 @@
 The adapters in :mod:`iac.transport.tls` and :mod:`iac.transport.unix` open the
 socket with a :class:`FrameProtocol` (:mod:`.protocol`: a plain asyncio protocol
 around a frame decoder) and hand it to :func:`establish` (:mod:`.connection`),
-which runs the HELLO exchange and returns a :class:`StreamConnection`.
+which runs the HELLO exchange and returns a :class:`StreamConnection` (the asyncio
+adapter around :class:`~iac.transport.core.ConnectionCore`, which decides its state,
+close error, backlog judging and idle timer).
 :class:`StreamListener` (:mod:`.listener`) does the same for every accepted
 socket. No task sits between the socket and the application:
 

@@ -1,4 +1,10 @@
-"""A verified connection over one byte stream, and :func:`establish`, which makes one."""
+"""A verified connection over one byte stream, and :func:`establish`, which makes one.
+
+:class:`StreamConnection` is the asyncio adapter around the sans-IO
+:class:`~iac.transport.core.ConnectionCore`: it feeds received bytes to the frame decoder
+and the core's backlog judge, writes what ``send`` queued once per loop turn, arms the one
+timer the core asks for, and carries out a close the core decided (GOAWAY, flush, linger,
+socket close). State, close error and idle decisions live in the core."""
 
 from __future__ import annotations
 
@@ -9,17 +15,16 @@ from collections.abc import Callable, Iterator
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError, TruncatedFrame
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig
+from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, map_network_errors
 from iac.transport.budget import RecvBudget
+from iac.transport.core import IDLE_REASON, ConnectionCore, Judged, State, TimerEvent, closed_by_this_side
 from iac.transport.queues import Inbox, SendQueue
 from iac.transport.session import (
     DictState,
-    PeerGoaway,
     SessionLogic,
     goaway_frame,
     local_protocol_error,
     parse_hello,
-    peer_closed_error,
     perform_handshake,
 )
 from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
@@ -46,13 +51,14 @@ def connect_errors(
     caught inside the block, before this.
     """
     try:
-        yield
+        with map_network_errors(f"{url}: cannot connect"):
+            yield
     except TimeoutError:
         raise TransportError(f"{url}: no {what} within {config.handshake_timeout:g} s") from None
-    except ConnectionRefusedError:
-        raise TransportError(f"{url}: {refused}") from None
-    except NETWORK_ERRORS as exc:
-        raise TransportError(f"{url}: cannot connect: {exc}") from None
+    except TransportError as exc:
+        if isinstance(exc.__cause__, ConnectionRefusedError):
+            raise TransportError(f"{url}: {refused}") from None
+        raise
 
 
 async def establish(
@@ -122,20 +128,20 @@ class StreamConnection(Connection):
         self._eof_pending = False  # the peer hung up behind the backlog
         #: Called once the connection is closed (the listener forgets it then).
         self.on_closed: Callable[[StreamConnection], None] | None = None
-        self._error: IacError | None = None
-        self._closing = False
         self._closed = asyncio.Event()
         self._read_done = asyncio.Event()
         self._write_done = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._activity = loop.time()
-        self._idle_handle: asyncio.TimerHandle | None = None
+        self._core = ConnectionCore(
+            now=loop.time(), idle_timeout=config.idle_timeout or None, linger=config.linger_timeout
+        )
+        self._core.open(self._logic)  # made once the HELLO exchange verified
+        self._timer: asyncio.TimerHandle | None = None
         self._flush_handle: asyncio.Handle | None = None
-        self._pump_handle: asyncio.Handle | None = None
+        self._judge_handle: asyncio.Handle | None = None
         self._close_task: asyncio.Task[None] | None = None
-        if config.idle_timeout:
-            self._idle_handle = loop.call_later(config.idle_timeout, self._check_idle)
+        self._arm_timer()
         proto.attach(self)
         # Our dictionary push goes first, ahead of any message.
         push = self.dicts.push_frame(local_hello.agent_id, peer.hello)
@@ -145,13 +151,13 @@ class StreamConnection(Connection):
         self._inbox.arrived(list(proto.pending))
         proto.pending.clear()
         self._inbox.set_partial(self._decoder.buffered)
-        self._pump()
+        self._judge_backlog()
         if proto.read_error is not None:
             self._protocol_fault(proto.read_error)
         if proto.eof:
-            self._on_eof()
+            self.on_eof()
         if proto.lost:
-            self._on_lost(proto.lost_exc)
+            self.on_lost(proto.lost_exc)
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -161,15 +167,29 @@ class StreamConnection(Connection):
 
     @property
     def closed(self) -> bool:
-        return self._closing
+        return self._core.closed
 
     @property
     def close_error(self) -> IacError | None:
-        return self._error
+        return self._core.error
+
+    @property
+    def state(self) -> State:
+        """Where the connection is in its life (:class:`~iac.transport.core.State`)."""
+        return self._core.state
+
+    @property
+    def finished(self) -> bool:
+        """True once the connection is over: the socket is closed and ``on_closed`` ran."""
+        return self._core.ended
+
+    def received(self) -> int:
+        return len(self._inbox)
 
     async def send(self, frame: bytes, *, early: bool = True) -> None:
-        if self._error is not None:
-            raise self._error
+        error = self._core.error
+        if error is not None:
+            raise error
         q = self._sendq
         if not q.offer(frame):
             await q.put(frame)
@@ -189,11 +209,7 @@ class StreamConnection(Connection):
             self._flush()
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
-        if not self._closing:
-            err = ConnectionClosed(
-                f"connection closed by this side{': ' + reason if reason else ''}", int(code), reason
-            )
-            self._start_close(err, goaway=(int(code), reason), graceful=True)
+        self._start_close(closed_by_this_side(code, reason), goaway=(int(code), reason), graceful=True)
         await self.wait_closed()
 
     async def wait_closed(self) -> None:
@@ -201,10 +217,10 @@ class StreamConnection(Connection):
 
     # --- reading (called by the protocol) -------------------------------------------------------
 
-    def _on_data(self, data: bytes) -> None:
-        if self._closing:
+    def on_data(self, data: bytes) -> None:
+        if self._core.closed:
             return  # lingering: discard until the peer hangs up
-        self._activity = self._loop.time()
+        self._core.last_activity = self._loop.time()
         inbox = self._inbox
         try:
             frames = self._decoder.feed_packed(data)
@@ -214,60 +230,49 @@ class StreamConnection(Connection):
         inbox.set_partial(self._decoder.buffered)
         if frames:
             inbox.arrived(frames)
-            if self._pump_handle is None:
-                self._pump()
+            if self._judge_handle is None:
+                self._judge_backlog()
         elif inbox.blocked:  # a partial frame spent the budget
             self._proto.pause_reading()
 
     def _room(self) -> None:
         """Budget came back or the queue has room: judge the backlog, read again (next turn)."""
-        idle = self._pump_handle is None and not self._closing
+        idle = self._judge_handle is None and not self._core.closed
         if idle and (self._proto.reading_paused or self._inbox.backlog):
-            self._pump_handle = self._loop.call_soon(self._pump)
+            self._judge_handle = self._loop.call_soon(self._judge_backlog)
 
-    def _pump(self) -> None:
+    def _judge_backlog(self) -> None:
         """Judge backlog frames into the receive queue while the budget holds them, at most
         :data:`FRAMES_PER_TURN` per event-loop turn; read again once nothing is left and
         the budget has room."""
-        self._pump_handle = None
+        self._judge_handle = None
         inbox = self._inbox
-        logic = self._logic
-        turn = FRAMES_PER_TURN
         try:
-            while inbox.backlog:
-                if self._closing:
-                    return
-                if turn == 0:  # let the application work on what it has; go on next turn
-                    self._proto.pause_reading()
-                    self._pump_handle = self._loop.call_soon(self._pump)
-                    return
-                frame = inbox.next_frame()
-                if frame is None:  # no room: a recv() (or another connection) gives budget back
-                    self._proto.pause_reading()
-                    return
-                turn -= 1
-                event = logic.judge(frame)
-                if isinstance(event, PeerGoaway):
-                    inbox.judged(frame, keep=False)
-                    self._start_close(
-                        peer_closed_error(event.code, event.reason), goaway=None, graceful=False
-                    )
-                    return
-                inbox.judged(frame, keep=event is not None)
+            judged = self._core.judge(inbox, FRAMES_PER_TURN)
         except ProtocolError as exc:
             self._protocol_fault(exc)
             return
+        if judged is Judged.MORE:  # let the application work on what it has; go on next turn
+            self._proto.pause_reading()
+            self._judge_handle = self._loop.call_soon(self._judge_backlog)
+            return
+        if judged is Judged.BLOCKED:  # no room: a recv() (or another connection) gives budget back
+            self._proto.pause_reading()
+            return
+        if judged is Judged.GOAWAY:
+            self._closing(goaway=None, graceful=False)
+            return
         if self._eof_pending:
             self._eof_pending = False
-            self._on_eof()
-        elif not self._closing:
+            self.on_eof()
+        elif not self._core.closed:
             if inbox.blocked:
                 self._proto.pause_reading()
             else:
                 self._proto.resume_reading()
 
-    def _on_eof(self) -> None:
-        if not self._closing:
+    def on_eof(self) -> None:
+        if not self._core.closed:
             if self._inbox.backlog:
                 self._eof_pending = True  # deliver what was read first
                 return
@@ -279,12 +284,12 @@ class StreamConnection(Connection):
                 )
         self._read_done.set()
 
-    def _on_lost(self, exc: BaseException | None) -> None:
-        if not self._closing:
+    def on_lost(self, exc: BaseException | None) -> None:
+        if not self._core.closed:
             if exc is None:
                 self._eof_pending = False
                 self._inbox.drop_backlog()
-                self._on_eof()
+                self.on_eof()
             else:
                 self._start_close(
                     ConnectionClosed(f"connection lost: {describe_error(exc)}"), goaway=None, graceful=False
@@ -311,36 +316,47 @@ class StreamConnection(Connection):
             return  # resume_writing flushes
         batch = self._sendq.take_all()
         if batch:
-            self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
-            self._activity = self._loop.time()
+            try:
+                self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            except NETWORK_ERRORS as exc:  # the boundary: the connection is lost, with why
+                self.on_lost(exc)
+                return
+            self._core.last_activity = self._loop.time()
         if self._sendq.done and not proto.writing_paused:
             self._write_done.set()
 
     def _send_control(self, frame: bytes) -> None:
         """Queue a control frame (DICT, DICT_ACK) past the send bound; flush this turn."""
-        if self._closing:
+        if self._core.closed:
             return
         self._sendq.put_nowait(frame)
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
-    def _on_writable(self) -> None:
+    def on_writable(self) -> None:
         if self._flush_handle is None and (len(self._sendq) or self._sendq.done):
             self._flush_handle = self._loop.call_soon(self._flush)
 
     # --- closing --------------------------------------------------------------------------------
 
     def _start_close(self, error: IacError, *, goaway: tuple[int, str] | None, graceful: bool) -> None:
-        if self._closing:
+        """A reason to close: the core decides whether it is the first; then close."""
+        if self._core.close(error):
+            self._closing(goaway=goaway, graceful=graceful)
+
+    def _closing(self, *, goaway: tuple[int, str] | None, graceful: bool) -> None:
+        """The core began closing: send our GOAWAY (``goaway``: code and reason; None after the
+        peer's), after what is queued (``graceful``) or instead of it, then linger and close."""
+        error = self._core.error
+        if error is None:  # pragma: no cover - the core sets it before it reports a close
             return
-        self._closing = True
-        self._error = error
         # closed by this side: what is queued goes; by the peer: it is still handed out
         self._inbox.close(error, drop=goaway is not None)
         self._decoder.discard()
         self._proto.resume_reading()  # lingering reads and discards until the peer hangs up
-        if self._idle_handle is not None:
-            self._idle_handle.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if goaway is not None and graceful:
             self._sendq.put_nowait(goaway_frame(*goaway))
             self._sendq.finish(error)
@@ -351,40 +367,49 @@ class StreamConnection(Connection):
         self._close_task = self._loop.create_task(self._finish_close(goaway, graceful))
 
     async def _finish_close(self, goaway: tuple[int, str] | None, graceful: bool) -> None:
-        linger = self.config.linger_timeout
+        """Carry out the close: each wait (our GOAWAY written, the peer hanging up, the socket
+        closing) lasts until the core's linger deadline from when it starts."""
+        core = self._core
+        loop = self._loop
         proto = self._proto
         try:
             if goaway is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._write_done.wait(), linger)
+                    async with asyncio.timeout_at(core.linger_until(loop.time())):
+                        await self._write_done.wait()
                 if not graceful and not proto.lost:
                     with contextlib.suppress(TimeoutError, *NETWORK_ERRORS, IacError):
                         self._transport.write(goaway_frame(*goaway))
-                        await asyncio.wait_for(proto.drain(), linger)
+                        async with asyncio.timeout_at(core.linger_until(loop.time())):
+                            await proto.drain()
                 # Let the peer read the GOAWAY and hang up before we close.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._read_done.wait(), linger)
-            await proto.close_transport(linger)
+                    async with asyncio.timeout_at(core.linger_until(loop.time())):
+                        await self._read_done.wait()
+            await proto.close_transport(core.linger)
         finally:
-            for handle in (self._flush_handle, self._pump_handle):
+            for handle in (self._flush_handle, self._judge_handle):
                 if handle is not None:
                     handle.cancel()
-            self._flush_handle = self._pump_handle = None
+            self._flush_handle = self._judge_handle = None
+            self._core.terminated()
             self._closed.set()
             if self.on_closed is not None:
                 self.on_closed(self)
 
-    def _check_idle(self) -> None:
-        self._idle_handle = None
-        if self._closing or not self.config.idle_timeout:
-            return
-        idle_for = self._loop.time() - self._activity
-        if idle_for >= self.config.idle_timeout:
-            reason = f"idle for {self.config.idle_timeout:g} s"
-            err = ConnectionClosed(f"connection closed: {reason}", CloseCode.IDLE_TIMEOUT, reason)
-            self._start_close(err, goaway=(CloseCode.IDLE_TIMEOUT, reason), graceful=True)
+    # --- the core's timer -----------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        at = self._core.next_timer()
+        if at is not None:
+            self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._core.handle_timer(self._loop.time()) is TimerEvent.IDLE:
+            self._closing(goaway=(CloseCode.IDLE_TIMEOUT, IDLE_REASON), graceful=True)
         else:
-            self._idle_handle = self._loop.call_later(self.config.idle_timeout - idle_for, self._check_idle)
+            self._arm_timer()
 
 
 def decoder_truncated() -> ProtocolError:

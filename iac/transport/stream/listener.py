@@ -136,7 +136,7 @@ class StreamListener(Listener):
             log.info("%s connection from %s failed: %s", self.transport, peer_url, describe_error(exc))
             return
         conn.on_closed = self._conns.discard  # forgotten as soon as it is closed
-        if not conn._closed.is_set():
+        if not conn.finished:
             self._conns.add(conn)
         try:
             await self._on_connection(conn)

@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol, cast
 
 from iac.errors import ConnectionClosed, ProtocolError
-from iac.transport.base import TransportConfig
+from iac.transport.base import NETWORK_ERRORS, TransportConfig, describe_error
 from iac.transport.session import DictState, HandshakeChannel
 from iac.wire.frames import Frame, FrameDecoder, PackedFrame
-
-#: What the network raises under us; translated to :class:`ConnectionClosed` at this boundary.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, ssl.SSLError, EOFError)
-
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: message`` for a network error (just the type when it has no message)."""
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
-
 
 #: asyncio's TLS layer reads the socket into a buffer of its own, 256 KiB per connection,
 #: allocated and zeroed whether or not anything arrives; a TLS record holds at most 16 KiB.
@@ -46,10 +35,10 @@ def _shrink_ssl_buffer(transport: asyncio.BaseTransport) -> None:
 class StreamEvents(Protocol):
     """What :class:`FrameProtocol` hands the connection attached to it."""
 
-    def _on_data(self, data: bytes) -> None: ...
-    def _on_eof(self) -> None: ...
-    def _on_lost(self, exc: BaseException | None) -> None: ...
-    def _on_writable(self) -> None: ...
+    def on_data(self, data: bytes) -> None: ...
+    def on_eof(self) -> None: ...
+    def on_lost(self, exc: BaseException | None) -> None: ...
+    def on_writable(self) -> None: ...
 
 
 class FrameProtocol(HandshakeChannel, asyncio.Protocol):
@@ -98,7 +87,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self._conn
         if conn is not None:
-            conn._on_data(data)
+            conn.on_data(data)
             return
         if self.discarding or self.read_error is not None or self.eof:
             return
@@ -116,7 +105,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
         self.eof = True
         conn = self._conn
         if conn is not None:
-            conn._on_eof()
+            conn.on_eof()
         self._wake_reader()
         return not self.over_ssl  # keep a TCP/UNIX socket open for our GOAWAY (SSL cannot)
 
@@ -130,7 +119,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
             self._drain_waiter.set_result(None)
         conn = self._conn
         if conn is not None:
-            conn._on_lost(exc)
+            conn.on_lost(exc)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -141,7 +130,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
             self._drain_waiter.set_result(None)
         conn = self._conn
         if conn is not None:
-            conn._on_writable()
+            conn.on_writable()
 
     # --- reading control ------------------------------------------------------------------------
 

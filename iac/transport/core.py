@@ -1,0 +1,271 @@
+"""The connection core: one sans-IO state machine under every adapter's :class:`Connection`.
+
+Both adapters (:class:`~iac.transport.stream.StreamConnection` over TLS/TCP and UNIX
+sockets, :class:`~iac.transport.quic.QuicConn` over QUIC) move bytes and arm timers; what
+a connection *is* at any moment, and why it closed, is decided here, without asyncio,
+sockets or a clock (time comes in as ``now``, as in aioquic's ``QuicConnection``):
+
+* :class:`State` and the one transition table :data:`TRANSITIONS` (h11's ``_state.py``
+  shape): ``HANDSHAKING -> OPEN -> CLOSING -> CLOSED``. ``closed`` means one thing on
+  every adapter: closing has started (CLOSING or CLOSED).
+* the close error: :meth:`ConnectionCore.close` and :meth:`ConnectionCore.terminated` are
+  the only places that set it; the first cause wins. Each closing event has one text
+  (:func:`closed_by_this_side`, :func:`idle_error`, :func:`~iac.transport.session.peer_closed_error`,
+  :func:`~iac.transport.session.local_protocol_error`).
+* the backlog judge (:meth:`ConnectionCore.judge`): received frames, in order, through the
+  session's rules into the receive queue while it has room; a peer's GOAWAY closes.
+* the timers (:meth:`ConnectionCore.next_timer`, :meth:`ConnectionCore.handle_timer`): the
+  idle deadline and, where the adapter sends its own liveness probes (QUIC), the next PING.
+* the linger decision (:meth:`ConnectionCore.flushes_on_close`, :meth:`ConnectionCore.linger_until`).
+
+Decisions that later belong to one connection (liveness probing, duplicate connections,
+connection limits, path MTU) are made here too, as inputs (``now``, events) and outputs
+(a state change, a :class:`TimerEvent`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from iac.errors import CloseCode, ConnectionClosed, IacError
+from iac.transport.queues import Inbox
+from iac.transport.session import PeerGoaway, SessionLogic, peer_closed_error
+
+
+class State(enum.Enum):
+    """Where a connection is in its life."""
+
+    HANDSHAKING = "handshaking"  #: the HELLO exchange runs (QUIC: 0-RTT frames may flow)
+    OPEN = "open"  #: both HELLOs verified: frames flow both ways
+    CLOSING = "closing"  #: the close error is set; GOAWAY, flush and linger go on
+    CLOSED = "closed"  #: the transport is gone; everything is released
+
+
+class Event(enum.Enum):
+    """What moves a connection from one state to the next."""
+
+    VERIFIED = "verified"  #: the peer's HELLO verified
+    CLOSE = "close"  #: a reason to close: this side, the peer's GOAWAY, a fault, idle
+    TERMINATED = "terminated"  #: the transport under the connection ended
+
+
+#: The one transition table. A pair that is not here is a bug of the adapter
+#: (:class:`InvalidTransition`), never a state a connection gets into.
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.HANDSHAKING, Event.VERIFIED): State.OPEN,
+    (State.HANDSHAKING, Event.CLOSE): State.CLOSING,
+    (State.HANDSHAKING, Event.TERMINATED): State.CLOSED,
+    (State.OPEN, Event.CLOSE): State.CLOSING,
+    (State.OPEN, Event.TERMINATED): State.CLOSED,
+    (State.CLOSING, Event.CLOSE): State.CLOSING,
+    (State.CLOSING, Event.TERMINATED): State.CLOSED,
+    (State.CLOSED, Event.CLOSE): State.CLOSED,
+    (State.CLOSED, Event.TERMINATED): State.CLOSED,
+}
+
+
+class InvalidTransition(RuntimeError):
+    """An adapter asked for a transition the table does not have (a bug, not a peer's fault)."""
+
+
+class Judged(enum.Enum):
+    """How a pass of :meth:`ConnectionCore.judge` ended."""
+
+    DONE = "done"  #: nothing is left to judge
+    BLOCKED = "blocked"  #: the receive queue or budget has no room: stop reading
+    MORE = "more"  #: the per-turn limit was reached: go on next loop turn
+    GOAWAY = "goaway"  #: the peer's GOAWAY: the core began closing (no GOAWAY of ours goes)
+    CLOSED = "closed"  #: the connection was closing already
+
+
+class TimerEvent(enum.Enum):
+    """What :meth:`ConnectionCore.handle_timer` asks of the adapter."""
+
+    NONE = "none"  #: nothing (re-arm at :meth:`ConnectionCore.next_timer`)
+    PING = "ping"  #: send a liveness probe
+    IDLE = "idle"  #: no frame moved for ``idle_timeout``: the core is CLOSING; send GOAWAY IDLE_TIMEOUT
+
+
+def closed_by_this_side(code: int, reason: str) -> ConnectionClosed:
+    """The error ``send``/``recv`` raise after this side's ``close(code, reason)``."""
+    return ConnectionClosed(
+        f"connection closed by this side{': ' + reason if reason else ''}", int(code), reason
+    )
+
+
+#: The GOAWAY reason of an idle close (with code IDLE_TIMEOUT).
+IDLE_REASON = "idle"
+
+
+def idle_error(idle_timeout: float) -> ConnectionClosed:
+    """The error of a connection closed for ``idle_timeout`` seconds without a frame."""
+    return ConnectionClosed(
+        f"connection idle for {idle_timeout:g} s", int(CloseCode.IDLE_TIMEOUT), IDLE_REASON
+    )
+
+
+class ConnectionCore:
+    """One connection's state, close error, backlog judge and timers (no I/O, no clock).
+
+    ``idle_timeout``: seconds without a frame either way before the connection closes
+    (None: never). ``keepalive``: seconds between liveness probes the adapter sends
+    itself (None: the adapter has none, as TCP keep-alive runs in the kernel).
+    ``linger``: how long a closing side waits for a flush or for the peer to hang up.
+    """
+
+    def __init__(
+        self,
+        *,
+        now: float,
+        idle_timeout: float | None,
+        linger: float,
+        keepalive: float | None = None,
+    ) -> None:
+        self._state = State.HANDSHAKING
+        self._error: IacError | None = None
+        #: Closing has started (CLOSING or CLOSED): the one meaning of ``Connection.closed``.
+        #: Kept by the core (read it; a plain attribute, read on every frame).
+        self.closed = False
+        #: The transport is gone (CLOSED). Kept by the core.
+        self.ended = False
+        #: When a frame last moved either way; the adapter sets it (on every frame, so an
+        #: attribute rather than a call). The idle deadline counts from it.
+        self.last_activity = now
+        self.idle_timeout = idle_timeout
+        self.keepalive = keepalive
+        self.linger = linger
+        self._next_ping: float | None = None
+        self._linger_from: float | None = None
+        self.session: SessionLogic | None = None
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def error(self) -> IacError | None:
+        """Why the connection closed (None while it is not closing)."""
+        return self._error
+
+    def _move(self, event: Event) -> State:
+        try:
+            new = TRANSITIONS[(self._state, event)]
+        except KeyError:
+            raise InvalidTransition(f"{event.value} in state {self._state.value}") from None
+        self._state = new
+        self.closed = new is State.CLOSING or new is State.CLOSED
+        self.ended = new is State.CLOSED
+        return new
+
+    def open(self, session: SessionLogic) -> bool:
+        """The peer's HELLO verified: judge frames with ``session`` from now on. False (and
+        nothing changes) when the connection is already closing."""
+        self.session = session
+        if self.closed:
+            return False
+        self._move(Event.VERIFIED)
+        return True
+
+    def close(self, error: IacError) -> bool:
+        """A reason to close: ``error`` becomes the close error unless one is set (the first
+        cause wins). True when this call began the close (the adapter then sends GOAWAY,
+        flushes, lingers); False when the connection was closing already."""
+        began = not self.closed
+        if self._error is None:
+            self._error = error
+        self._move(Event.CLOSE)
+        return began
+
+    def terminated(self, error: IacError | None = None) -> bool:
+        """The transport ended (``error``: why, when nothing closed it before). True the first
+        time."""
+        first = self._state is not State.CLOSED
+        if self._error is None:
+            self._error = error if error is not None else ConnectionClosed("connection closed")
+        self._move(Event.TERMINATED)
+        return first
+
+    # -- receiving ------------------------------------------------------------------------------
+
+    def judge(self, inbox: Inbox, limit: int | None = None) -> Judged:
+        """Judge the backlog of ``inbox``, in order, while it has room, at most ``limit``
+        frames (None: all). A frame the session refuses raises its :class:`ProtocolError`;
+        the peer's GOAWAY closes the connection (:data:`Judged.GOAWAY`)."""
+        session = self.session
+        if session is None or self.closed:
+            return Judged.CLOSED if self.closed else Judged.DONE
+        left = -1 if limit is None else limit
+        while inbox.backlog:
+            if left == 0:
+                return Judged.MORE
+            frame = inbox.next_frame()
+            if frame is None:
+                return Judged.BLOCKED
+            left -= 1
+            result = session.judge(frame)
+            if isinstance(result, PeerGoaway):
+                inbox.judged(frame, keep=False)
+                self.close(peer_closed_error(result.code, result.reason))
+                return Judged.GOAWAY
+            inbox.judged(frame, keep=result is not None)  # a kept frame wakes recv()
+            if self.closed:  # the inbox reported a fault
+                return Judged.CLOSED
+        return Judged.DONE
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def start_keepalive(self, now: float) -> None:
+        """The transport is up: the first liveness probe is due ``keepalive`` from ``now``."""
+        if self.keepalive is not None and self._next_ping is None:
+            self._next_ping = now + self.keepalive
+
+    def next_timer(self) -> float | None:
+        """When :meth:`handle_timer` is next due (None: no timer while this holds)."""
+        if self.closed:
+            return None
+        at = self._next_ping
+        if self.idle_timeout is not None:
+            idle_at = self.last_activity + self.idle_timeout
+            at = idle_at if at is None else min(at, idle_at)
+        return at
+
+    def handle_timer(self, now: float) -> TimerEvent:
+        """The timer fired at ``now``: close an idle connection (:data:`TimerEvent.IDLE`, the
+        core is CLOSING with :func:`idle_error`), or ask for a probe."""
+        if self.closed:
+            return TimerEvent.NONE
+        idle = self.idle_timeout
+        if idle is not None and now - self.last_activity >= idle:
+            self.close(idle_error(idle))
+            return TimerEvent.IDLE
+        if self._next_ping is not None and now >= self._next_ping and self.keepalive is not None:
+            self._next_ping = now + self.keepalive
+            return TimerEvent.PING
+        return TimerEvent.NONE
+
+    # -- closing --------------------------------------------------------------------------------
+
+    def flushes_on_close(self, verified: bool) -> bool:
+        """Whether a close by this side first lets what is queued reach the peer: only on a
+        connection that opened (``verified``) and that nothing else closed before."""
+        return verified and self._error is None and not self.closed
+
+    def linger_until(self, now: float) -> float:
+        """The deadline of one linger wait that starts at ``now``."""
+        return now + self.linger
+
+
+__all__ = [
+    "IDLE_REASON",
+    "TRANSITIONS",
+    "ConnectionCore",
+    "Event",
+    "InvalidTransition",
+    "Judged",
+    "State",
+    "TimerEvent",
+    "closed_by_this_side",
+    "idle_error",
+]
