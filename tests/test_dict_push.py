@@ -43,6 +43,7 @@ def cfg(**kw: object) -> TransportConfig:
         "handshake_timeout": 5.0,
         "linger_timeout": 0.5,
         "dictionaries": DictionarySet([BASE]),
+        "elide_prefixes": False,  # pushes are what a peer without elide/1 gets (tests/test_elide.py)
     }
     base.update(kw)
     return TransportConfig(**base)  # type: ignore[arg-type]

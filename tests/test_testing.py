@@ -10,11 +10,13 @@ from conftest import run
 
 import iac.testing
 from iac.errors import ConfigError, ConnectionClosed
+from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
 from iac.protocol.clock import ManualClock
 from iac.testing import DOWN, UP, UnixTap, eventually, eventually_sync, node_pair
+from iac.transport.base import TransportConfig
 from iac.wire._pb.iac_pb2 import MessageType
-from iac.wire.dicts import default_dictionary
+from iac.wire.dicts import DictionarySet, default_dictionary
 from iac.wire.frames import FrameType
 
 
@@ -81,7 +83,13 @@ def test_node_pair_without_connecting_and_with_identities() -> None:
 
 def test_unix_tap_records_both_directions_through_pushed_dictionaries() -> None:
     async def main() -> None:
-        async with node_pair() as (_, bob), Node() as alice, UnixTap(bob.addresses[0]) as tap:
+        # elide_prefixes off (a peer without elide/1): pushed dictionaries, full frames
+        legacy = NodeConfig(
+            transport=TransportConfig(
+                dictionaries=DictionarySet([default_dictionary()]), elide_prefixes=False
+            )
+        )
+        async with node_pair() as (_, bob), Node(config=legacy) as alice, UnixTap(bob.addresses[0]) as tap:
 
             @bob.on(MessageType.RUN)
             def echo(ctx: Context) -> object:
@@ -103,5 +111,28 @@ def test_unix_tap_records_both_directions_through_pushed_dictionaries() -> None:
                 tap.tapped(UP, FrameType.HELLO)[0].message()
         with pytest.raises(ConfigError):
             UnixTap("tls://127.0.0.1:1")
+
+    run(main())
+
+
+def test_unix_tap_restores_elided_from_and_to() -> None:
+    async def main() -> None:
+        async with node_pair() as (_, bob), Node() as alice, UnixTap(bob.addresses[0]) as tap:
+
+            @bob.on(MessageType.RUN)
+            def echo(ctx: Context) -> object:
+                return {"echo": ctx.payload}
+
+            alice.add_peer(bob.agent_id, tap.url)
+            reply = await alice.request(bob.agent_id, MessageType.RUN, {"i": 1}, timeout=5)
+            assert reply.payload == {"echo": {"i": 1}}
+            assert tap.errors == [] and FrameType.DICT not in {t.type for t in tap.frames}
+            up, down = tap.tapped(UP, FrameType.MESSAGE)[0], tap.tapped(DOWN, FrameType.MESSAGE)[0]
+            assert alice.agent_id.encode() not in up.frame.body  # the wire carries neither id
+            assert bob.agent_id.encode() not in down.frame.body
+            assert [(getattr(m, "from"), m.to) for m in tap.messages(UP)] == [(alice.agent_id, bob.agent_id)]
+            assert [(getattr(m, "from"), m.to) for m in tap.messages(DOWN)] == [
+                (bob.agent_id, alice.agent_id)
+            ]
 
     run(main())

@@ -20,6 +20,7 @@ from iac.protocol.routing import Router, Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
+from iac.wire.elide import elide, elides, pair_prefix
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity, check_agent_id_cached
 from iac.wire.message import build_message
@@ -172,6 +173,9 @@ class Outbox:
         msg.timestamp = self.clock.now_us()
         body = await self.signer.sign(msg)
         dictionary, limit = self.frame_params(conn)
+        peer = conn.peer
+        if elides(conn.local_hello.capabilities, peer.hello.capabilities):  # both HELLOs proved from/to
+            body = elide(body, pair_prefix(self.agent_id, peer.agent_id))
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
         )

@@ -31,10 +31,13 @@ import tempfile
 from dataclasses import dataclass
 from types import TracebackType
 
+from google.protobuf.message import DecodeError
+
 from iac.errors import ConfigError, IacError
 from iac.transport.base import parse_address
-from iac.wire._pb.iac_pb2 import Dict, Forward, Message
+from iac.wire._pb.iac_pb2 import Dict, Forward, Hello, Message
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary
+from iac.wire.elide import elides, pair_prefix, restore
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType
 
 #: From the side that dialed the tap to the target listener, and back.
@@ -50,6 +53,9 @@ class TappedFrame:
     connection: int
     direction: str
     frame: Frame
+    #: The elided ``from``/``to`` prefix :meth:`message` puts back (both HELLOs announced
+    #: ``elide/1``); ``frame`` stays as it crossed.
+    prefix: bytes = b""
 
     @property
     def type(self) -> FrameType:
@@ -59,7 +65,7 @@ class TappedFrame:
         """A MESSAGE frame's message, parsed (its signature is not checked)."""
         if self.frame.type != FrameType.MESSAGE:
             raise ConfigError(f"a {self.frame.type.name} frame carries no message")
-        return Message.FromString(self.frame.body)
+        return Message.FromString(restore(self.frame.body, self.prefix) if self.prefix else self.frame.body)
 
     def forward(self) -> Forward:
         """A FORWARD frame's envelope, parsed (``forward().message`` is the signed inner message)."""
@@ -71,9 +77,17 @@ class TappedFrame:
 class _Direction:
     """One direction of one connection: its decoder and the dictionaries it knows."""
 
-    def __init__(self, connection: int, name: str, dictionaries: DictionarySet, max_frame_size: int) -> None:
+    def __init__(
+        self,
+        connection: int,
+        name: str,
+        dictionaries: DictionarySet,
+        max_frame_size: int,
+        hellos: dict[str, Hello],
+    ) -> None:
         self.connection = connection
         self.name = name
+        self.hellos = hellos  # both directions' HELLOs, shared by the connection's two directions
         self.dictionaries = DictionarySet(dictionaries)  # pushes stay on this connection
         self.decoder: FrameDecoder | None = FrameDecoder(
             dictionaries=self.dictionaries, max_frame_size=max_frame_size
@@ -178,8 +192,9 @@ class UnixTap:
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(self.target)
             self._writers.append(up_writer)
+            hellos: dict[str, Hello] = {}
             up, down = (
-                _Direction(index, name, self.dictionaries, self.max_frame_size) for name in (UP, DOWN)
+                _Direction(index, name, self.dictionaries, self.max_frame_size, hellos) for name in (UP, DOWN)
             )
             await asyncio.gather(self._pipe(reader, up_writer, up), self._pipe(up_reader, writer, down))
             up_writer.close()
@@ -211,9 +226,21 @@ class UnixTap:
             d.decoder = None
             return
         for frame in frames:
-            self.frames.append(TappedFrame(d.connection, d.name, frame))
+            prefix = self._prefix(d) if frame.type == FrameType.MESSAGE else b""
+            self.frames.append(TappedFrame(d.connection, d.name, frame, prefix))
             if frame.type == FrameType.DICT:
                 self._install(d, frame.body)
+            elif frame.type == FrameType.HELLO:
+                with contextlib.suppress(DecodeError):
+                    d.hellos[d.name] = Hello.FromString(frame.body)
+
+    @staticmethod
+    def _prefix(d: _Direction) -> bytes:
+        """What a MESSAGE in direction ``d`` left out, if both HELLOs announced ``elide/1``."""
+        mine, theirs = d.hellos.get(d.name), d.hellos.get(DOWN if d.name == UP else UP)
+        if mine is None or theirs is None or not elides(mine.capabilities, theirs.capabilities):
+            return b""
+        return pair_prefix(mine.agent_id, theirs.agent_id)
 
     def _install(self, d: _Direction, body: bytes) -> None:
         """A pushed dictionary: the pushing side compresses with it once acknowledged."""

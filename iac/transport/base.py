@@ -98,6 +98,12 @@ class TransportConfig:
     #: acknowledged it; acknowledge the peer's pushes. False: neither push nor acknowledge
     #: (a pushed DICT is ignored, so the peer keeps the HELLO-negotiated dictionary).
     push_dictionaries: bool = True
+    #: Announce ``elide/1`` in HELLO: toward a peer that announces it too, MESSAGE frames leave
+    #: out the ``from``/``to`` prefix the HELLOs already proved (the receiver restores it before
+    #: the signature check) and no per-peer dictionary is pushed, so a connection holds no
+    #: derived dictionary of its own. Peers without it get full frames and pushed
+    #: dictionaries. See docs/PROTOCOL.md, "Elided from/to".
+    elide_prefixes: bool = True
     #: Admission policy on the accepting side: AgentId -> admitted? None admits every
     #: authenticated peer (the default policy is open).
     admission: Callable[[str], bool] | None = None

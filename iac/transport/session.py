@@ -53,6 +53,7 @@ from iac.protocol.handshake import (
 from iac.transport.base import Incoming, TransportConfig
 from iac.wire._pb.iac_pb2 import Dict, Hello
 from iac.wire.dicts import MAX_DICT_SIZE, Dictionary, DictionarySet, derive_dictionary, message_prefix
+from iac.wire.elide import ELIDE_CAPABILITY, elides, pair_prefix
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameType, PackedFrame, encode_frame
 from iac.wire.identity import Identity
 
@@ -169,8 +170,16 @@ def hello_params(config: TransportConfig, session_id: int = 0) -> HelloParams:
         dict_ids=tuple(config.dictionaries.ids()),
         max_frame_size=config.max_frame_size,
         listen_addrs=config.listen_addrs,
-        capabilities=config.capabilities,
+        capabilities=_capabilities(config),
     )
+
+
+def _capabilities(config: TransportConfig) -> tuple[str, ...]:
+    """The HELLO's capabilities: the configured ones, plus ``elide/1`` when it is on."""
+    caps = config.capabilities
+    if config.elide_prefixes and ELIDE_CAPABILITY not in caps:
+        caps = (*caps, ELIDE_CAPABILITY)
+    return caps
 
 
 def client_handshake(
@@ -276,8 +285,12 @@ class DictState:
         self.acked = asyncio.Event()
 
     def push_frame(self, local_agent_id: str, peer_hello: Hello) -> bytes | None:
-        """The DICT frame to send after the handshake, or None (disabled, no common
-        dictionary, or the peer's max_frame_size is too small for it)."""
+        """Called once the peer's HELLO verified: the DICT frame to send, or None (disabled,
+        no common dictionary, the peer's max_frame_size is too small for it, or both sides
+        elide ``from``/``to``: then ``decode`` restores them on MESSAGE bodies instead)."""
+        if elides(_capabilities(self.config), peer_hello.capabilities):
+            self.decode.restore_prefix = pair_prefix(peer_hello.agent_id, local_agent_id)
+            return None
         if not self.enabled or self.pushed is not None:
             return None
         base = self.config.dictionaries.choose(peer_hello.dict_ids)

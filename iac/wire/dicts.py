@@ -108,10 +108,15 @@ NO_DICTIONARY = _NoDictionary()
 
 
 class DictionarySet:
-    """The dictionaries a side can use, by id (preferred first)."""
+    """The dictionaries a side can use, by id (preferred first).
+
+    ``restore_prefix``: on a connection with elided ``from``/``to`` (:mod:`iac.wire.elide`),
+    the prefix a MESSAGE body from the peer gets back when it is unpacked; empty elsewhere.
+    """
 
     def __init__(self, dictionaries: Iterable[Dictionary] = ()) -> None:
         self._by_id: dict[int, Dictionary] = {}
+        self.restore_prefix = b""
         for d in dictionaries:
             self.add(d)
 

@@ -34,6 +34,7 @@ from iac.errors import (
     ZeroContentSize,
 )
 from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
+from iac.wire.elide import restore
 from iac.wire.scan import decode_varint, encode_varint
 
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
@@ -93,10 +94,15 @@ class PackedFrame:
     cost: int
 
     def unpack(self, dictionaries: DictionarySet) -> Frame:
-        """The decoded frame (decompressed with its dictionary from ``dictionaries``)."""
+        """The decoded frame (decompressed with its dictionary from ``dictionaries``; a MESSAGE
+        body gets its elided ``from``/``to`` back when ``dictionaries.restore_prefix`` is set)."""
         if self.dict_id is None:
-            return Frame(self.type, self.payload, None, self.wire_size)
-        plain = _inflate(self.payload, self.dict_id, self.size, dictionaries)
+            plain = self.payload
+        else:
+            plain = _inflate(self.payload, self.dict_id, self.size, dictionaries)
+        prefix = dictionaries.restore_prefix
+        if prefix and self.type == FrameType.MESSAGE:
+            plain = restore(plain, prefix)
         return Frame(self.type, plain, self.dict_id, self.wire_size)
 
 
