@@ -71,7 +71,13 @@ def _emit(obj: dict[str, Any]) -> None:
 
 async def serve(spec: dict[str, Any]) -> None:
     """A node listening on ``spec["listen"]`` that answers RUN with its payload; JSON lines on
-    stdout (first ``{"id", "addrs", "rss"}``), commands on stdin: ``rss``, ``stats``, ``quit``."""
+    stdout (first ``{"id", "addrs", "rss"}``), commands on stdin: ``rss``, ``stats``, ``quit``.
+    ``spec["rlimit_nofile"]``: lower this process's soft RLIMIT_NOFILE to it first."""
+    if spec.get("rlimit_nofile"):
+        import resource
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(spec["rlimit_nofile"]), hard))
     transport = TransportConfig(
         dictionaries=DictionarySet([default_dictionary()]), idle_timeout=None, **spec.get("transport", {})
     )
@@ -92,7 +98,8 @@ async def serve(spec: dict[str, Any]) -> None:
                 _emit({"rss": live_rss()})
             elif cmd == "stats":
                 st = node.stats()
-                _emit({"connections": st.connections, "handled": st.handled})
+                bound = transport.connections
+                _emit({"connections": st.connections, "handled": st.handled, "held": bound.held})
             elif cmd == "quit":
                 break
 
@@ -119,8 +126,9 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def server(listen: Sequence[str], **spec: Any) -> AsyncIterator[Server]:
-    """Start ``serve`` in a process of its own; stop it when the block ends."""
+async def server(listen: Sequence[str], *, stderr: int | None = None, **spec: Any) -> AsyncIterator[Server]:
+    """Start ``serve`` in a process of its own; stop it when the block ends. ``stderr``:
+    ``subprocess.PIPE`` to read the server's log (``proc.stderr``, after the block)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -129,6 +137,7 @@ async def server(listen: Sequence[str], **spec: Any) -> AsyncIterator[Server]:
         json.dumps({"listen": list(listen), **spec}),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=stderr,
         cwd=str(ROOT),
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

@@ -32,6 +32,7 @@ from iac.protocol.clock import SYSTEM_CLOCK, Clock
 from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook
 from iac.protocol.nonces import NonceCache, NonceStore
 from iac.protocol.tickets import TicketStore
+from iac.transport.bound import DEFAULT_MAX_CONNECTIONS, ConnectionBound
 from iac.transport.budget import MemoryBudget
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary, DictionarySet
@@ -150,9 +151,22 @@ class TransportConfig:
     #: Debugging: write a qlog file (for qvis) per QUIC connection into this directory
     #: (:mod:`iac.transport.debug`; session secrets go to ``SSLKEYLOGFILE`` when it is set).
     qlog_dir: str | None = None
+    #: Connections the node's listeners hold at once, handshaking or open (all transports,
+    #: one counter, ``connection_bound``, shared like ``memory_budget``); TLS/TCP and UNIX
+    #: connections also stay below RLIMIT_NOFILE less 64. Over it a new connection is refused
+    #: with ``busy`` (docs/PROTOCOL.md, "Connection bound").
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    connection_bound: ConnectionBound | None = field(default=None, compare=False, repr=False)
     #: The counter behind ``memory_budget_bytes``. None: a new one is made; copies made with
     #: ``dataclasses.replace`` keep sharing it (unless they change ``memory_budget_bytes``).
     memory_budget: MemoryBudget | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def connections(self) -> ConnectionBound:
+        """The node-wide connection bound (``connection_bound``)."""
+        if self.connection_bound is None:  # pragma: no cover - set in __post_init__
+            raise ConfigError("TransportConfig without a connection bound")
+        return self.connection_bound
 
     @property
     def memory(self) -> MemoryBudget:
@@ -174,6 +188,9 @@ class TransportConfig:
             raise ConfigError("early frame bounds must not be negative")
         if self.memory_budget is None or self.memory_budget.limit != self.memory_budget_bytes:
             object.__setattr__(self, "memory_budget", MemoryBudget(self.memory_budget_bytes))
+        bound = self.connection_bound
+        if bound is None or bound.max_connections != self.max_connections:
+            object.__setattr__(self, "connection_bound", ConnectionBound(self.max_connections))
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("cert_file and key_file go together")
         if self.nonce_cache is None:

@@ -35,6 +35,7 @@ from iac.errors import (
 from iac.protocol.handshake import channel_binding
 from iac.protocol.records import is_ip_literal
 from iac.transport.base import Address, Listener, OnConnection, TransportConfig, parse_address
+from iac.transport.bound import LOG_INTERVAL_S, bound_error
 from iac.transport.certs import verify_client_chain
 from iac.transport.limits import HandshakeLimiter, RetryGate
 from iac.transport.quic.backend import AIOQUIC_PINNED, Backend, SessionTicketLike, get_backend
@@ -80,6 +81,7 @@ class QuicListener(Listener):
         self.addresses: list[str] = []
         self._server: Any = None  # the library's QuicServer
         self._conns: set[QuicConn] = set()
+        self._counted: set[QuicConn] = set()  # counted against the node's connection bound
         self._tasks: set[asyncio.Task[None]] = set()
         #: Connections refused before or during the HELLO exchange, by reason (``busy``,
         #: ``replayed_hello``, ``admission_denied``, ``handshake_timeout``, ...).
@@ -255,15 +257,39 @@ class QuicListener(Listener):
                 )
             if self.ca_file is not None and lib.request_client_certificate is not None:
                 lib.request_client_certificate(quic)
+            precheck = self._client_certificate_check(conn, auth)
+            if self.config.connections.try_take(fd=False):
+                self._counted.add(conn)
+            else:
+                precheck = self._over_bound(conn)
             conn.accept(
                 binding=self.cert_sha256,
-                precheck=self._client_certificate_check(conn, auth),
+                precheck=precheck,
                 on_open=self._accepted,
                 on_refused=self._refused,
             )
             return proto
 
         return create
+
+    def _over_bound(self, conn: QuicConn) -> Callable[[], None]:
+        """The refusal of a connection over the node's bound: ``busy`` when the client's HELLO
+        arrives (before its signature is checked), closed with that code; logged at most once
+        per ten seconds, with the count."""
+        bound = self.config.connections
+
+        def refuse() -> None:
+            n = bound.refused(asyncio.get_running_loop().time())
+            if n:
+                log.warning(
+                    "refused %d quic connection(s) in the last %.0f s (latest from %s): busy: the node "
+                    "holds its bound of %d connections", n, LOG_INTERVAL_S, conn.address or "?",
+                    bound.limit(fd=False),
+                    extra={"transport": "quic", "reason": "busy", "code": "HANDSHAKE_FAILED"},
+                )  # fmt: skip
+            raise bound_error(bound.limit(fd=False))
+
+        return refuse
 
     def _fetch_ticket(self, auth: _ClientAuth, label: bytes) -> SessionTicketLike | None:
         """The library asks for a ticket to resume with. In CA mode a ticket resumes only
@@ -347,6 +373,9 @@ class QuicListener(Listener):
 
     def _forget(self, conn: QuicConn) -> None:
         self._conns.discard(conn)
+        if conn in self._counted:
+            self._counted.discard(conn)
+            self.config.connections.give(fd=False)
 
     async def close(self) -> None:
         conns = list(self._conns)

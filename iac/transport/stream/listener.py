@@ -12,9 +12,10 @@ from typing import Any
 from iac.errors import CloseCode, IacError, ProtocolError
 from iac.protocol.handshake import ServerHandshake
 from iac.transport.base import Connection, Listener, OnConnection, TransportConfig
+from iac.transport.bound import LOG_INTERVAL_S, bound_error
 from iac.transport.limits import HandshakeLimiter, busy_error
 from iac.transport.session import goaway_frame
-from iac.transport.stream.connection import establish
+from iac.transport.stream.connection import StreamConnection, establish
 from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
 
 log = logging.getLogger("iac.transport")
@@ -99,19 +100,67 @@ class StreamListener(Listener):
         if self._closing:
             transport.abort()
             return
+        peer_url = self._describe_peer(transport)
+        bound = self.config.connections
+        if not bound.try_take(fd=True):
+            await self._refuse_over_bound(proto, peer_url)
+            return
+        released = False
+
+        def release(conn: Connection | None = None) -> None:
+            """The connection is over: forgotten, and no longer counted against the bound."""
+            nonlocal released
+            if conn is not None:
+                self._conns.discard(conn)
+            if not released:
+                released = True
+                bound.give(fd=True)
+
+        conn: StreamConnection | None = None
+        try:
+            conn = await self._establish(proto, peer_url)
+            if conn is None:
+                return
+            conn.on_closed = release
+            if not conn.finished:
+                self._conns.add(conn)
+            await self._run(conn)
+        finally:
+            if conn is None or conn.finished:
+                release(conn)
+
+    async def _refuse_over_bound(self, proto: FrameProtocol, peer_url: str) -> None:
+        """A connection over the node's bound: ``busy``, before the HELLO exchange; logged at
+        most once per ten seconds, with the count."""
+        bound = self.config.connections
+        self.count_refusal("busy")
+        n = bound.refused(asyncio.get_running_loop().time())
+        if n:
+            log.warning(
+                "refused %d %s connection(s) in the last %.0f s (latest from %s): busy: the node holds "
+                "its bound of %d connections", n, self.transport, LOG_INTERVAL_S, peer_url,
+                bound.limit(fd=True),
+                extra={"transport": self.transport, "reason": "busy", "code": "HANDSHAKE_FAILED"},
+            )  # fmt: skip
+        await self._refuse(proto, bound_error(bound.limit(fd=True)))
+
+    async def _establish(self, proto: FrameProtocol, peer_url: str) -> StreamConnection | None:
+        """The handshake limit, the precheck and the HELLO exchange: the connection, or None
+        (refused or failed; counted and logged)."""
+        transport = proto.transport
+        assert transport is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.handshake_timeout
-        peer_url = self._describe_peer(transport)
         if self._source is not None:
             source = self._source(transport)
             if not self.allow_source(source, peer_url):
                 await self._refuse(proto, busy_error(source))
-                return
+                return None
         try:
             refusal = self._precheck(transport) if self._precheck is not None else None
             if refusal is not None:
                 raise refusal
-            conn = await establish(
+            return await establish(
                 proto,
                 self._make_handshake(),
                 config=self.config,
@@ -126,18 +175,15 @@ class StreamListener(Listener):
                 extra={"transport": self.transport, "reason": exc.name, "code": exc.close_code.name},
             )  # fmt: skip
             await self._refuse(proto, exc)
-            return
         except IacError as exc:
             self.count_refusal(exc.name)
             log.info("%s connection from %s failed: %s", self.transport, peer_url, exc)
-            return
         except NETWORK_ERRORS as exc:
             self.count_refusal("network_error")
             log.info("%s connection from %s failed: %s", self.transport, peer_url, describe_error(exc))
-            return
-        conn.on_closed = self._conns.discard  # forgotten as soon as it is closed
-        if not conn.finished:
-            self._conns.add(conn)
+        return None
+
+    async def _run(self, conn: StreamConnection) -> None:
         try:
             await self._on_connection(conn)
         except asyncio.CancelledError:
