@@ -112,3 +112,25 @@ def test_over_the_bound_dials_get_busy_and_the_node_goes_on(transport: str) -> N
     log = run(main(), timeout=60).decode()
     lines = [line for line in log.splitlines() if "busy: the node holds" in line]
     assert len(lines) == 1 and "refused 1 " in lines[0], log  # the next 4 wait for the next line
+
+
+BURST = 256
+
+
+@pytest.mark.parametrize("transport", ["tls", "quic"])
+def test_a_burst_of_dials_all_complete(transport: str) -> None:
+    """256 dials arriving at once, at the server's default configuration: every one gets its
+    request answered (clients retry a failed attempt with backoff and jitter); no timing."""
+
+    async def main() -> None:
+        async with server([f"{transport}://127.0.0.1:0"], transport={"idle_timeout": 30.0}) as srv:
+            conns, _, errors, _ = await open_peers(
+                srv.address(transport), srv.agent_id, BURST, client_config()
+            )
+            try:
+                assert errors == [] and len(conns) == BURST
+                await _held(srv, BURST)
+            finally:
+                await close_all(conns)
+
+    run(main(), timeout=60)

@@ -26,7 +26,6 @@ import gc
 import json
 import logging
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
 from iac.transport.base import Connection, TransportConfig
+from iac.transport.dialer import Backoff
 from iac.transport.endpoints import dial
 from iac.wire.dicts import DictionarySet, default_dictionary, derive_dictionary, message_prefix
 from iac.wire.elide import elide
@@ -78,9 +78,8 @@ async def serve(spec: dict[str, Any]) -> None:
 
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(spec["rlimit_nofile"]), hard))
-    transport = TransportConfig(
-        dictionaries=DictionarySet([default_dictionary()]), idle_timeout=None, **spec.get("transport", {})
-    )
+    fields: dict[str, Any] = {"idle_timeout": None, **spec.get("transport", {})}
+    transport = TransportConfig(dictionaries=DictionarySet([default_dictionary()]), **fields)
     config = NodeConfig(transport=transport, **spec.get("node", {}))
     async with Node(listen=spec["listen"], config=config) as node:
 
@@ -192,6 +191,7 @@ async def open_peer(
     the first attempt, attempts made)``. A failed attempt is retried after a jittered,
     doubling pause (``backoff`` to 3.2 s); the last failure is raised."""
     identity = Identity.generate()
+    pause = Backoff(initial=backoff, maximum=3.2, jitter=0.5)
     t0 = time.monotonic()
     for n in range(1, attempts + 1):
         try:
@@ -205,7 +205,7 @@ async def open_peer(
         except (IacError, TimeoutError):
             if n == attempts:
                 raise
-            await asyncio.sleep(random.uniform(0.5, 1.0) * min(backoff * 2 ** (n - 1), 3.2))
+            await asyncio.sleep(pause.next_delay())
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -139,6 +139,15 @@ class TransportConfig:
     handshake_rate: float | None = 20.0
     handshake_burst: int = 40
     handshake_sources: int = 10_000
+    #: Dial bursts: a listener runs at most ``handshake_concurrency`` handshakes (TLS/QUIC and
+    #: HELLO) at once; new connections beyond wait, oldest first, in a queue of at most
+    #: ``handshake_backlog`` (QUIC: their first datagram, the latest per source address; TLS/TCP
+    #: and UNIX: the accepted socket, before its HELLO exchange), so that a burst completes in
+    #: order instead of every handshake slowing down until all time out. A queued QUIC
+    #: connection starts at most 8 per event-loop turn. Over the backlog: dropped (QUIC: the
+    #: client sends its Initial again) or refused ``busy``.
+    handshake_concurrency: int = 32
+    handshake_backlog: int = 4096
     #: Also limit loopback addresses and UNIX-socket peers (local processes; off by default).
     handshake_limit_local: bool = False
     #: QUIC address validation (Retry, RFC 9000 section 8.1): "auto" sends Retry while more
@@ -197,6 +206,8 @@ class TransportConfig:
             object.__setattr__(self, "nonce_cache", NonceCache(self.max_skew_us))
         if self.handshake_rate is not None and (self.handshake_rate <= 0 or self.handshake_burst < 1):
             raise ConfigError("handshake_rate must be positive (or None) and handshake_burst at least 1")
+        if self.handshake_concurrency < 1 or self.handshake_backlog < 0:
+            raise ConfigError("handshake_concurrency must be at least 1 and handshake_backlog not negative")
         if self.handshake_sources < 1:
             raise ConfigError("handshake_sources must be at least 1")
         if self.quic_retry not in RETRY_MODES:

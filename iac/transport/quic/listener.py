@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,8 @@ from iac.transport.session import nonce_cache
 from iac.wire.identity import Identity
 
 log = logging.getLogger("iac.transport.quic")
+#: Queued connections a listener starts in one event-loop turn (each costs a TLS handshake step).
+_STARTS_PER_TURN = 8
 
 
 @dataclass
@@ -82,6 +85,11 @@ class QuicListener(Listener):
         self._server: Any = None  # the library's QuicServer
         self._conns: set[QuicConn] = set()
         self._counted: set[QuicConn] = set()  # counted against the node's connection bound
+        #: Connections in their handshake (TLS and HELLO), and new connections waiting to start
+        #: (their first datagram by source address, oldest first; ``handshake_backlog``).
+        self._handshaking: set[QuicConn] = set()
+        self._waiting: OrderedDict[Any, tuple[Any, bytes, float]] = OrderedDict()
+        self._drain_handle: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: Connections refused before or during the HELLO exchange, by reason (``busy``,
         #: ``replayed_hello``, ``admission_denied``, ``handshake_timeout``, ...).
@@ -227,7 +235,7 @@ class QuicListener(Listener):
             return True
         source = str(addr[0])
         if self.limiter.allow(source, now):
-            return True
+            return self._start_or_queue(server, data, addr, now)
         self._count("busy")
         if self.limiter.first_refusal(source):
             log.info(
@@ -235,6 +243,55 @@ class QuicListener(Listener):
                 extra={"transport": "quic", "reason": "busy"},
             )  # fmt: skip
         return False
+
+    # -- dial bursts: handshakes queued, a few started per loop turn ---------------------------
+
+    def _start_or_queue(self, server: Any, data: bytes, addr: Any, now: float) -> bool:
+        """A new connection's first datagram: take it now while fewer than
+        ``handshake_concurrency`` handshakes run and none wait; else queue it, or drop it when
+        the queue is full. A source address keeps its first datagram (the client's first
+        Initial, which carries its ClientHello: a later one may be only an ACK or the close
+        of a dial it gave up, and would not open a connection)."""
+        waiting = self._waiting
+        if not waiting and len(self._handshaking) < self.config.handshake_concurrency:
+            return True
+        if addr not in waiting:
+            if len(waiting) < self.config.handshake_backlog:
+                waiting[addr] = (server, data, now)
+            else:
+                self._count("handshake_backlog")
+        return False
+
+    def _handshake_done(self, conn: QuicConn) -> None:
+        if conn in self._handshaking:
+            self._handshaking.discard(conn)
+            if self._waiting and self._drain_handle is None:
+                self._drain_handle = asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Start queued connections while there is room, at most :data:`_STARTS_PER_TURN` in
+        this loop turn; those that waited longer than half of ``handshake_timeout`` are dropped
+        (their client is about to give up on them, and dials again with a new one)."""
+        self._drain_handle = None
+        lib = self.backend
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting = self._waiting
+        started = 0
+        while (
+            waiting
+            and started < _STARTS_PER_TURN
+            and len(self._handshaking) < self.config.handshake_concurrency
+        ):
+            addr, (server, data, since) = waiting.popitem(last=False)
+            if now - since > self.config.handshake_timeout / 2 or server is not self._server:
+                self._count("handshake_backlog")
+                continue
+            assert lib.QuicServer is not None
+            lib.QuicServer.datagram_received(server, data, addr)
+            started += 1
+        if waiting and len(self._handshaking) < self.config.handshake_concurrency:
+            self._drain_handle = loop.call_soon(self._drain)
 
     # -- each connection -----------------------------------------------------------------------
 
@@ -248,6 +305,7 @@ class QuicListener(Listener):
             proto = protocol(quic)
             conn = QuicConn(proto, self.identity, self.config, dialed=False, on_finished=self._forget)
             proto.conn = conn
+            self._handshaking.add(conn)
             auth = _ClientAuth()
             if lib.connection_tickets is not None:
                 lib.connection_tickets(
@@ -349,6 +407,7 @@ class QuicListener(Listener):
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def _refused(self, conn: QuicConn, reason: str, detail: str) -> None:
+        self._handshake_done(conn)
         self._count(reason)
         log.info(
             "refused quic connection from %s: %s: %s", conn.address or "?", reason, detail,
@@ -359,6 +418,7 @@ class QuicListener(Listener):
         return [c for c in self._conns if not c.closed]
 
     def _accepted(self, conn: QuicConn) -> None:
+        self._handshake_done(conn)
         self.accepted += 1
         self._conns.add(conn)
         task = asyncio.get_running_loop().create_task(self._run_handler(conn))
@@ -372,6 +432,7 @@ class QuicListener(Listener):
             await conn.close(CloseCode.INTERNAL_ERROR, "connection handler failed")
 
     def _forget(self, conn: QuicConn) -> None:
+        self._handshake_done(conn)
         self._conns.discard(conn)
         if conn in self._counted:
             self._counted.discard(conn)
@@ -382,6 +443,10 @@ class QuicListener(Listener):
         await asyncio.gather(*(c.close(CloseCode.GOING_AWAY, "listener closing") for c in conns))
         for task in list(self._tasks):
             task.cancel()
+        self._waiting.clear()
+        if self._drain_handle is not None:
+            self._drain_handle.cancel()
+            self._drain_handle = None
         if self._server is not None:
             self._server.close()
             self._server = None
