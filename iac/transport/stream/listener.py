@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from iac.errors import CloseCode, IacError, ProtocolError
+from iac.errors import CloseCode, HandshakeError, IacError, ProtocolError
 from iac.protocol.handshake import ServerHandshake
 from iac.transport.base import Connection, Listener, OnConnection, TransportConfig
 from iac.transport.bound import LOG_INTERVAL_S, bound_error
@@ -51,6 +51,8 @@ class StreamListener(Listener):
         self._conns: set[Connection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._slots = asyncio.Semaphore(config.handshake_concurrency)  # HELLO exchanges running
+        self._queued = 0  # connections waiting for a slot
         #: Connections refused or failed before the HELLO verified, by reason (the error's
         #: name: ``busy``, ``admission_denied``, ``replayed_hello``, ``transport_error``, ...).
         self.refused: dict[str, int] = {}
@@ -156,6 +158,36 @@ class StreamListener(Listener):
             if not self.allow_source(source, peer_url):
                 await self._refuse(proto, busy_error(source))
                 return None
+        # Dial bursts: at most handshake_concurrency HELLO exchanges at once, the rest wait in
+        # order (at most handshake_backlog of them) within their handshake deadline.
+        slots = self._slots
+        if slots.locked() and self._queued >= self.config.handshake_backlog:
+            self.count_refusal("busy")
+            await self._refuse(proto, HandshakeError("busy: too many handshakes waiting; try again later"))
+            return None
+        self._queued += 1
+        try:
+            async with asyncio.timeout_at(deadline):
+                await slots.acquire()
+        except TimeoutError:
+            self.count_refusal("handshake_timeout")
+            log.info(
+                "%s connection from %s: its handshake waited past its deadline", self.transport, peer_url
+            )
+            transport.abort()
+            return None
+        finally:
+            self._queued -= 1
+        try:
+            return await self._exchange(proto, peer_url, deadline)
+        finally:
+            slots.release()
+
+    async def _exchange(
+        self, proto: FrameProtocol, peer_url: str, deadline: float
+    ) -> StreamConnection | None:
+        transport = proto.transport
+        assert transport is not None
         try:
             refusal = self._precheck(transport) if self._precheck is not None else None
             if refusal is not None:
