@@ -98,7 +98,10 @@ async def serve(spec: dict[str, Any]) -> None:
             elif cmd == "stats":
                 st = node.stats()
                 bound = transport.connections
-                _emit({"connections": st.connections, "handled": st.handled, "held": bound.held})
+                cpu = time.process_time()
+                _emit(
+                    {"connections": st.connections, "handled": st.handled, "held": bound.held, "cpu_s": cpu}
+                )
             elif cmd == "quit":
                 break
 
