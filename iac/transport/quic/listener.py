@@ -85,6 +85,7 @@ class QuicListener(Listener):
         self._server: Any = None  # the library's QuicServer
         self._conns: set[QuicConn] = set()
         self._counted: set[QuicConn] = set()  # counted against the node's connection bound
+        self._over: set[QuicConn] = set()  # over it: refused busy when their HELLO arrives
         #: Connections in their handshake (TLS and HELLO), and new connections waiting to start
         #: (their first datagram by source address, oldest first; ``handshake_backlog``).
         self._handshaking: set[QuicConn] = set()
@@ -319,6 +320,7 @@ class QuicListener(Listener):
             if self.config.connections.try_take(fd=False):
                 self._counted.add(conn)
             else:
+                self._over.add(conn)
                 precheck = self._over_bound(conn)
             conn.accept(
                 binding=self.cert_sha256,
@@ -408,6 +410,10 @@ class QuicListener(Listener):
 
     def _refused(self, conn: QuicConn, reason: str, detail: str) -> None:
         self._handshake_done(conn)
+        if conn in self._over:  # over the node's bound: counted as busy, logged by _over_bound
+            self._over.discard(conn)
+            self._count("busy")
+            return
         self._count(reason)
         log.info(
             "refused quic connection from %s: %s: %s", conn.address or "?", reason, detail,
@@ -433,6 +439,7 @@ class QuicListener(Listener):
 
     def _forget(self, conn: QuicConn) -> None:
         self._handshake_done(conn)
+        self._over.discard(conn)
         self._conns.discard(conn)
         if conn in self._counted:
             self._counted.discard(conn)
