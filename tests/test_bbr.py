@@ -718,8 +718,7 @@ async def _roundtrip(congestion: str) -> tuple[str, int]:
     from iac.wire.frames import FrameType, encode_frame
     from iac.wire.identity import Identity
 
-    # elide_prefixes off: the bodies are not Messages, which elide/1 would give a from/to prefix
-    config = TransportConfig(congestion=congestion, elide_prefixes=False)
+    config = TransportConfig(congestion=congestion)
     got: asyncio.Queue[int] = asyncio.Queue()
 
     async def on_conn(conn: Any) -> None:

@@ -15,7 +15,7 @@ from iac.node.node import Context, Node
 from iac.transport.base import TransportConfig
 from iac.transport.session import hello_params
 from iac.wire.dicts import DictionarySet, default_dictionary, message_prefix
-from iac.wire.elide import ELIDE_CAPABILITY, elide, elides, restore
+from iac.wire.elide import ELIDE_CAPABILITY, MAX_ELIDED_BODY, elide, elides, restore
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameDecoder, FrameType, encode_frame
 from iac.wire.message import open_message
@@ -57,6 +57,11 @@ def test_rule_in_memory() -> None:
     assert restore(full, prefix) == full
     assert elide(prefix, prefix) == prefix  # never an empty body
     assert elide(full, b"") == full
+    # large bodies are neither elided nor restored (restoring copies the body)
+    big = prefix + b"\x18" + bytes(MAX_ELIDED_BODY)
+    assert elide(big, prefix) == big and restore(big[len(prefix) :], prefix) == big[len(prefix) :]
+    edge = prefix + b"\x18" + bytes(MAX_ELIDED_BODY - 1)
+    assert restore(elide(edge, prefix), prefix) == edge
     assert elides(["x", ELIDE_CAPABILITY], (ELIDE_CAPABILITY,)) and not elides([ELIDE_CAPABILITY], ["x"])
     # only MESSAGE bodies are restored; FORWARD bodies cross relays as they are
     ds = DictionarySet()
@@ -66,6 +71,9 @@ def test_rule_in_memory() -> None:
         encode_frame(FrameType.MESSAGE, cut) + encode_frame(FrameType.FORWARD, cut)
     )
     assert [f.body for f in frames] == [full, cut]
+    # bodies that are not Messages (raw transport users) cross untouched
+    (raw,) = FrameDecoder(dictionaries=ds).feed(encode_frame(FrameType.MESSAGE, b"run:1"))
+    assert raw.body == b"run:1"
 
 
 def test_hello_announces_the_capability_unless_off() -> None:
