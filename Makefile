@@ -50,6 +50,7 @@ vectors: $(VENV)/.installed-dev
 	$(BIN)/python -m tools.make_payload_vectors
 	$(BIN)/python -m tools.vectors.records
 	$(BIN)/python -m tools.vectors.mesh
+	$(BIN)/python -m tools.vectors.elide
 
 # Retrain the shipped dictionary on the training split of the corpus.
 dict: $(VENV)/.installed-dev
