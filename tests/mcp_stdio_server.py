@@ -9,8 +9,18 @@ progress), ``block`` (waits until cancelled; ``cancelled`` resource says how man
 
 from __future__ import annotations
 
-import asyncio
 import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--misbehave"]:  # before the SDK's slow imports
+    how = sys.argv[2]
+    if how == "exit":
+        sys.exit(3)
+    if how == "garbage":
+        print("this is not JSON", flush=True)
+    sys.stdin.read()  # "mute": never answers initialize
+    sys.exit(0)
+
+import asyncio
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
@@ -85,16 +95,6 @@ def build() -> MCPServer:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--misbehave":
-        how = sys.argv[2]
-        if how == "exit":
-            sys.exit(3)
-        if how == "garbage":
-            print("this is not JSON", flush=True)
-            sys.stdin.read()
-        if how == "mute":
-            sys.stdin.read()  # never answers initialize
-        return
     build().run("stdio")
 
 
