@@ -40,6 +40,19 @@ Allow = Mapping[str, Collection[str]] | Callable[[str, str], bool] | None
 
 #: Parts a request's stream holds before the backend waits (its flow control toward the caller).
 PART_QUEUE = 64
+#: Keys one counter of ``stats()`` holds (callers choose method and tool names): the rest are
+#: counted under ``other``.
+MAX_COUNTER_KEYS = 256
+#: The label of each counter of ``stats()`` in metrics (:meth:`McpEndpoint.export`).
+METRIC_LABELS = {"calls": "method", "tools": "tool", "refused": "reason", "errors": "code", "events": "event"}
+
+
+def bump(counter: Counter[str], key: str) -> None:
+    """Count ``key``, or ``other`` once the counter holds :data:`MAX_COUNTER_KEYS` keys."""
+    if key not in counter and len(counter) >= MAX_COUNTER_KEYS:
+        key = "other"
+    counter[key] += 1
+
 
 RequestKey = tuple[str, str | int]
 
@@ -181,6 +194,14 @@ class McpEndpoint:
             "in_flight": sum(self._in_flight.values()),
         }
 
+    def export(self, metrics: Any) -> Callable[[], None]:
+        """Export :meth:`stats` in a :class:`~iac.integrations.metrics.NodeMetrics` (``iac_mcp_calls``
+        by method, ``iac_mcp_tools`` by tool, ``iac_mcp_refused`` by reason, ``iac_mcp_errors`` by
+        code, ``iac_mcp_events``, and the ``sessions`` and ``in_flight`` gauges). Returns what
+        removes them."""
+        remove: Callable[[], None] = metrics.add_source("mcp", self.stats, METRIC_LABELS)
+        return remove
+
     # --- the handler ------------------------------------------------------------------------------
 
     async def handle(self, ctx: Context) -> AsyncIterator[Any]:
@@ -209,7 +230,7 @@ class McpEndpoint:
                 return
             session.last_used = self._now()
             if env.kind == "notification":
-                self.calls[env.method] += 1
+                bump(self.calls, env.method)
             await self.backend.deliver(session, env.message or {})
             yield {"ok": True}
         elif env.kind == "listen":
@@ -312,9 +333,9 @@ class McpEndpoint:
         session.requests[key] = queue
         session.methods[key] = method
         self._in_flight[sender] += 1
-        self.calls[method] += 1
+        bump(self.calls, method)
         if tool:
-            self.tools[tool] += 1
+            bump(self.tools, tool)
         answered = False
         try:
             await self.backend.deliver(session, env.message)
@@ -344,7 +365,7 @@ class McpEndpoint:
     def _final(self, session: Session, method: str, message: dict[str, Any]) -> dict[str, Any]:
         error = message.get("error")
         if isinstance(error, dict):
-            self.errors[str(error.get("code"))] += 1
+            bump(self.errors, str(error.get("code")))
         if method == "tools/list" and self.allow is not None and isinstance(message.get("result"), dict):
             result = dict(message["result"])
             tools = result.get("tools")
@@ -433,4 +454,15 @@ def _annotate(env: Envelope) -> None:
             span.set_attribute("mcp.tool", tool)
 
 
-__all__ = ["PART_QUEUE", "Allow", "Backend", "Limits", "McpCaller", "McpEndpoint", "Session", "request_key"]
+__all__ = [
+    "MAX_COUNTER_KEYS",
+    "METRIC_LABELS",
+    "PART_QUEUE",
+    "Allow",
+    "Backend",
+    "Limits",
+    "McpCaller",
+    "McpEndpoint",
+    "Session",
+    "request_key",
+]
