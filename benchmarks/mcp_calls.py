@@ -76,7 +76,7 @@ async def serve(workdir: str) -> None:
 
     listen = ["quic://127.0.0.1:0", "tls://127.0.0.1:0", f"unix://{workdir}/run/agent.sock"]
     async with Node(listen=listen, config=im.announce(NodeConfig())) as node:
-        im.serve(node, make_server(), limits=im.Limits(calls_per_peer=256, calls_total=1024))
+        im.serve(node, make_server(), limits=im.Limits(calls_per_peer=48, calls_total=48))
         app = make_server().streamable_http_app()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))

@@ -233,3 +233,32 @@ def test_malformed_and_oversized_messages_get_jsonrpc_errors_and_counters():
             }
 
     run(main())
+
+
+def test_listen_streams_and_calls_fit_in_the_node_handlers():
+    async def main():
+        limits = im.Limits(listens_per_peer=1, listens_total=1)
+        async with node_pair("unix", server_config=im.announce(NodeConfig())) as pair, Node() as other:
+            with pytest.raises(Exception, match="max_handlers"):
+                im.serve(pair.server, build(), limits=im.Limits(calls_total=60, listens_total=16))
+            server = im.serve(pair.server, build(), limits=limits)
+            other.add_peer(pair.server.agent_id, *pair.server.addresses)
+            async with (
+                im.connect(pair.client, pair.server.agent_id) as (r1, w1),
+                ClientSession(r1, w1) as first,
+            ):
+                await first.initialize()
+                await eventually(lambda: server.stats()["listening"] == 1, timeout=5)
+                stats = im.ClientStats()
+                async with (
+                    im.connect(other, pair.server.agent_id, stats=stats) as (r2, w2),
+                    ClientSession(r2, w2) as second,
+                ):
+                    await second.initialize()
+                    await eventually(lambda: stats.failed.get("listen_refused") == 1, timeout=5)
+                    assert server.stats()["refused"] == {"listens_full": 1}
+                    # without a listen stream the session still calls tools
+                    assert text(await second.call_tool("add", {"a": 5, "b": 5})) == "10"
+            await eventually(lambda: server.stats()["listening"] == 0, timeout=5)
+
+    run(main())

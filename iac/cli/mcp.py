@@ -4,7 +4,7 @@
 (any language) on the mesh: it starts ``CMD ARGS``, makes the MCP handshake with it (within
 ``--init-timeout``, default 10 s) and answers MCP over IAC for it; every caller gets a session of
 its own. Calls in flight are bounded per calling agent (``--calls-per-peer``, default 8) and in
-total (``--calls-total``, default 64); more are answered at once with JSON-RPC error -32050.
+total (``--calls-total``, default 48); more are answered at once with JSON-RPC error -32050.
 ``--allow AGENT=TOOL,TOOL`` limits tools per caller (``*`` for every caller or every tool).
 With ``--registry ID@URL`` it publishes its record with ``mcp/1``, its tools' digests and any
 ``--capability``. It prints ``node ID``, ``listening URL`` lines and ``tools N``; a child that
@@ -42,7 +42,7 @@ from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.protocol.records import is_capability
 
-DEFAULTS = {"calls_per_peer": 8, "calls_total": 64, "init_timeout": 10.0}
+DEFAULTS = {"calls_per_peer": 8, "calls_total": 48, "init_timeout": 10.0}
 
 
 def _mcp() -> Any:
@@ -89,7 +89,9 @@ async def run_serve(args: argparse.Namespace) -> int:
     allow = _allow(args.allow)
     limits = mcp.Limits(calls_per_peer=args.calls_per_peer, calls_total=args.calls_total)
     listen = checks.listen_urls(args.listen)
-    node = Node(identity, listen=listen, config=mcp.announce(NodeConfig(transport=transport_config(args))))
+    handlers = max(64, limits.calls_total + limits.listens_total)  # each call holds a handler
+    config = NodeConfig(transport=transport_config(args), max_handlers=handlers)
+    node = Node(identity, listen=listen, config=mcp.announce(config))
     with checks.listen_errors(listen):
         await node.start()
     bridge = mcp.StdioBridge(node, argv, allow=allow, limits=limits, init_timeout=args.init_timeout)
@@ -203,7 +205,7 @@ def register(sub: Any) -> None:
         "--calls-total",
         type=integer(minimum=1, what="number of calls"),
         default=DEFAULTS["calls_total"],
-        help="calls in flight in all (default 64); more get error -32050",
+        help="calls in flight in all (default 48); more get error -32050",
     )
     s.add_argument(
         "--init-timeout",

@@ -301,6 +301,9 @@ class McpClientTransport:
             try:
                 async with contextlib.aclosing(stream) as parts:
                     async for part in parts:
+                        if isinstance(part.payload, dict) and part.payload.get("ok") is False:
+                            self.stats.failed["listen_refused"] += 1
+                            return  # the agent holds as many listen streams as it may
                         got = self._part(part.payload)
                         if got is not None:
                             await self._answer(got)

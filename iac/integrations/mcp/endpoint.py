@@ -112,11 +112,17 @@ class Limits:
 
     #: Requests in flight from one calling agent, and in all.
     calls_per_peer: int = 8
-    calls_total: int = 64
+    calls_total: int = 48
+    #: Listen streams (a session's stream of what belongs to no request) per calling agent, and
+    #: in all. Each call and each listen stream holds one of the node's handlers while it runs:
+    #: ``calls_total + listens_total`` must fit in ``NodeConfig.max_handlers`` (64).
+    listens_per_peer: int = 2
+    listens_total: int = 16
     #: Sessions one calling agent may hold, and in all.
     sessions_per_peer: int = 8
     sessions_total: int = 256
-    #: A session nobody used for this long is closed (when a new one is opened).
+    #: A session nobody used for this long is closed (when a new one is opened); a listen stream
+    #: ends after this long (the caller opens it again), so an abandoned session becomes idle.
     session_idle: float = 600.0
     #: Largest JSON-RPC message taken, in bytes.
     max_message_bytes: int = 1 << 20
@@ -125,6 +131,8 @@ class Limits:
         for name in ("calls_per_peer", "calls_total", "sessions_per_peer", "sessions_total"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.listens_per_peer < 0 or self.listens_total < 0:
+            raise ConfigError("listens_per_peer and listens_total must not be negative")
         if self.session_idle <= 0 or self.max_message_bytes < 1024:
             raise ConfigError("session_idle must be positive and max_message_bytes at least 1024")
 
@@ -153,6 +161,7 @@ class McpEndpoint:
         self.limits = limits or Limits()
         self.sessions: dict[tuple[str, str], Session] = {}
         self._in_flight: Counter[str] = Counter()
+        self._listening = 0
         self.calls: Counter[str] = Counter()
         self.tools: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
@@ -169,6 +178,12 @@ class McpEndpoint:
                 f"the node does not announce {CAPABILITY} in its HELLO; make it with "
                 "NodeConfig from iac.integrations.mcp.announce(config)"
             )
+        handlers = self.node.config.max_handlers
+        if self.limits.calls_total + self.limits.listens_total > handlers:
+            raise ConfigError(
+                f"calls_total + listens_total ({self.limits.calls_total} + {self.limits.listens_total}) "
+                f"must fit in the node's max_handlers ({handlers}): each holds a handler while it runs"
+            )
         previous = self.node.handler(MSG_TYPE)
         self._fallback = previous if previous != self.handle else self._fallback
         self.node.on(MSG_TYPE)(self.handle)
@@ -183,7 +198,7 @@ class McpEndpoint:
         """``calls`` per JSON-RPC method, ``tools`` per tool called, ``refused`` per reason (never
         reached the backend: malformed, over a bound, a tool the allow-list refuses), ``errors``
         per JSON-RPC error code answered, ``events`` (sessions opened/closed, cancels, dropped
-        messages), ``sessions`` and ``in_flight`` now."""
+        messages), ``sessions``, ``in_flight`` and ``listening`` (listen streams) now."""
         return {
             "calls": dict(self.calls),
             "tools": dict(self.tools),
@@ -192,6 +207,7 @@ class McpEndpoint:
             "events": dict(self.events),
             "sessions": len(self.sessions),
             "in_flight": sum(self._in_flight.values()),
+            "listening": self._listening,
         }
 
     def export(self, metrics: Any) -> Callable[[], None]:
@@ -383,15 +399,27 @@ class McpEndpoint:
             self.refused["unknown_session" if session is None else "second_listen"] += 1
             yield {"ok": False}
             return
+        lim = self.limits
+        mine = sum(1 for s in self.sessions.values() if s.listen is not None and s.key[0] == ctx.sender)
+        if mine >= lim.listens_per_peer or self._listening >= lim.listens_total:
+            self.refused["listens_full"] += 1
+            yield {"ok": False, "error": "listen streams full"}
+            return
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(PART_QUEUE)
         session.listen = queue
+        self._listening += 1
+        ends = self._now() + lim.session_idle  # the caller opens it again: an abandoned one ends
         try:
             while not session.closed:
-                message = await queue.get()
+                try:
+                    message = await asyncio.wait_for(queue.get(), max(0.0, ends - self._now()))
+                except TimeoutError:
+                    return
                 if not message:
                     return
                 yield {"message": message}
         finally:
+            self._listening -= 1
             if session.listen is queue:
                 session.listen = None
 
