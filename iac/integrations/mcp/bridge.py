@@ -93,6 +93,7 @@ class StdioBackend:
         self._startup: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._write_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # --- the child --------------------------------------------------------------------------------
 
@@ -174,15 +175,18 @@ class StdioBackend:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):
                     await proc.wait()
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        tasks = [*self._tasks, *([self._reader] if self._reader is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _fail(self, why: str) -> None:
         if self.failed is not None and not self.failed.done():
             self.failed.set_result(ChildFailed(why))
         for pending in list(self._pending.values()):
-            asyncio.get_running_loop().create_task(self._answer_error(pending, why))
+            task = asyncio.get_running_loop().create_task(self._answer_error(pending, why))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         self._pending.clear()
 
     async def _answer_error(self, pending: _Pending, why: str) -> None:
@@ -339,12 +343,14 @@ class StdioBackend:
             return
         pending = self._pending.pop(bid, None)
         self._tokens.pop(f"iac-{bid}", None)
+        loop = asyncio.get_running_loop()
+        work = [self._quiet_write(cancelled_notification(bid, "the caller cancelled"))]
         if pending is not None and self.endpoint is not None:
-            asyncio.get_running_loop().create_task(self.endpoint.unanswered(session, rid))
-        task = asyncio.get_running_loop().create_task(
-            self._quiet_write(cancelled_notification(bid, "the caller cancelled"))
-        )
-        task.add_done_callback(lambda t: t.exception())
+            work.append(self.endpoint.unanswered(session, rid))
+        for coro in work:
+            task = loop.create_task(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _quiet_write(self, message: dict[str, Any]) -> None:
         with contextlib.suppress(ChildFailed):

@@ -180,7 +180,12 @@ class McpClientTransport:
             async for item in self._write_recv:
                 sender: contextvars.Context | None = self._write_recv.last_context
                 message = dump(item.message)
-                kind = message_kind(message)
+                try:
+                    kind = message_kind(message)
+                except McpBindingError:
+                    self.stats.failed["bad_write"] += 1
+                    log.warning("MCP over IAC: the session wrote what is not JSON-RPC; dropped")
+                    continue
                 if kind == "request":
                     self.stats.calls[str(message["method"])] += 1
                     ctx = sender.copy() if sender is not None else None

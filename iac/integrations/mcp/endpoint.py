@@ -247,7 +247,12 @@ class McpEndpoint:
             session.last_used = self._now()
             if env.kind == "notification":
                 bump(self.calls, env.method)
-            await self.backend.deliver(session, env.message or {})
+            try:
+                await self.backend.deliver(session, env.message or {})
+            except McpBindingError as exc:
+                self.refused[exc.reason] += 1
+                yield {"ok": False, "error": str(exc)}
+                return
             yield {"ok": True}
         elif env.kind == "listen":
             async for part in self._listen(ctx, env):
@@ -354,7 +359,13 @@ class McpEndpoint:
             bump(self.tools, tool)
         answered = False
         try:
-            await self.backend.deliver(session, env.message)
+            try:
+                await self.backend.deliver(session, env.message)
+            except McpBindingError as exc:  # the backend's own parser is stricter than the binding
+                self.refused[exc.reason] += 1
+                answered = True
+                yield {"message": error_message(rid, exc.code, str(exc), {"reason": exc.reason})}
+                return
             while True:
                 message, final = await queue.get()
                 if message is None:  # the backend settled it without a response (cancelled)
