@@ -221,20 +221,35 @@ def _git(*args: str) -> str:
         return ""
 
 
-def metadata(argv: list[str]) -> dict[str, Any]:
-    from importlib.metadata import version
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
-    versions = {}
-    for pkg in ("mcp", "aioquic", "pynacl", "zstandard", "uvicorn"):
-        with contextlib.suppress(Exception):
-            versions[pkg] = version(pkg)
+
+def environment() -> dict[str, Any]:
+    """The machine, the library versions and the commit, as the suite's results record them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    libraries: dict[str, str | None] = {}
+    for pkg in ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2"):
+        try:
+            libraries[pkg] = version(pkg)
+        except PackageNotFoundError:
+            libraries[pkg] = None
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "iac", "benchmarks")
     return {
-        "command": "python -m benchmarks.mcp_calls " + " ".join(argv),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "system": platform.system()},
-        "versions": versions,
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "libraries": libraries,
+        "git_commit": _git("rev-parse", "--short", "HEAD") or None,
+        "git_dirty": bool(dirty),
     }
 
 
@@ -268,9 +283,25 @@ def main() -> None:
     sizes = dict(QUICK if args.quick else FULL)
     if args.rounds is not None:
         sizes["rounds"] = max(1, args.rounds)
-    meta = metadata(sys.argv[1:])
+    command = " ".join(["python -m benchmarks.mcp_calls", *sys.argv[1:]])
+    started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    env = environment()
+    t0 = time.monotonic()
     result = asyncio.run(run(sizes))
-    out = {"benchmark": "mcp_calls", **meta, "sizes": sizes, "in_flight": IN_FLIGHT, **result}
+    out = {
+        "schema": "iac-bench-record/1",
+        "command": command,
+        "started": started,
+        "duration_s": round(time.monotonic() - t0, 1),
+        "environment": env,
+        "result": {
+            "benchmark": "mcp_calls",
+            "sizes": sizes,
+            "in_flight": IN_FLIGHT,
+            "text_bytes": len(TEXT),
+            **result,
+        },
+    }
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n", "utf-8")
     print(table(result))
 
