@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 
 from iac import Identity, Node
 from iac.integrations import mcp as im
+from iac.mesh.service import MeshClient, serve_registry
 
 IAC = [sys.executable, "-m", "iac"]
 SERVER = [sys.executable, str(Path(__file__).with_name("mcp_stdio_server.py"))]
@@ -125,44 +126,66 @@ def test_a_stdio_server_on_the_mesh_driven_through_iac_mcp_connect_until_the_age
     run(main(), timeout=40)
 
 
+def children(pid: int) -> set[int]:
+    """The processes ``pid`` started (Linux)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(c) for c in path.read_text().split()} if path.exists() else set()
+
+
 def test_one_caller_flooding_the_bridge_while_another_is_served(tmp_path, sockdir):
+    """Also: the bridge registers itself (mcp/1, its tools, --capability) and stops its child."""
+
     async def main():
-        async with serving(tmp_path, sockdir, "--calls-per-peer", "2", "--calls-total", "4") as bridge:
-            seen = await ready(bridge)
-            async with Node() as flooder, Node() as polite:
-                for node in (flooder, polite):
-                    node.add_peer(seen["node"], seen["listening"])
-                async with (
-                    im.connect(flooder, seen["node"]) as (fr, fw),
-                    ClientSession(fr, fw) as flood,
-                    im.connect(polite, seen["node"]) as (pr, pw),
-                    ClientSession(pr, pw) as served,
-                ):
-                    await flood.initialize()
-                    await served.initialize()
-                    calls = [asyncio.ensure_future(flood.call_tool("block", {})) for _ in range(6)]
-                    done: set[asyncio.Future] = set()
-                    pending = set(calls)
-                    while len(done) < 4:  # the bound answers at once: 4 of 6 refused, 2 held by the child
-                        more, pending = await asyncio.wait(
-                            pending, timeout=10, return_when=asyncio.FIRST_COMPLETED
-                        )
-                        assert more, "the bridge did not refuse the calls over the bound"
-                        done |= more
-                    assert [c.exception().error.code for c in done] == [im.BUSY] * 4 and len(pending) == 2
-                    # the other caller is served while the flooder holds its two
-                    assert text(await served.call_tool("add", {"a": 1, "b": 2})) == "3"
-                    assert all(not c.done() for c in pending)
-                    for c in pending:
-                        c.cancel()
-                    await asyncio.gather(*pending, return_exceptions=True)
-            bridge.send_signal(signal.SIGTERM)  # stops the child and the node, prints its counters
-            out = (await asyncio.wait_for(bridge.stdout.read(), 10)).decode()
-            assert await bridge.wait() == 0
-            stats = json.loads(out.strip().splitlines()[-1].removeprefix("stats "))
-            assert stats["refused"]["busy"] == 4 and stats["tools"] == {"block": 2, "add": 1}
+        async with Node(listen=[f"unix://{sockdir}/run/registry.sock"]) as registry:
+            serve_registry(registry)
+            reg = f"{registry.agent_id}@{registry.addresses[0]}"
+            flags = ["--calls-per-peer", "2", "--calls-total", "4", "--registry", reg, "--capability", "fs"]
+            async with serving(tmp_path, sockdir, *flags) as bridge:
+                seen = await ready(bridge)
+                (child,) = children(bridge.pid)  # the stdio MCP server
+                await flood_while_served(seen, registry)
+                bridge.send_signal(signal.SIGTERM)  # stops the child and the node, prints its counters
+                out = (await asyncio.wait_for(bridge.stdout.read(), 10)).decode()
+                assert await bridge.wait() == 0
+                assert (
+                    not Path(f"/proc/{child}").exists()
+                    or "zombie" in Path(f"/proc/{child}/status").read_text()
+                )
+                stats = json.loads(out.strip().splitlines()[-1].removeprefix("stats "))
+                assert stats["refused"]["busy"] == 4 and stats["tools"] == {"block": 2, "add": 1}
 
     run(main(), timeout=40)
+
+
+async def flood_while_served(seen: dict[str, str], registry: Node) -> None:
+    async with Node() as flooder, Node() as polite:
+        flooder.add_peer(seen["node"], seen["listening"])
+        async with MeshClient(polite, registry.agent_id, registry.addresses, publish=False) as mesh:
+            # found through the registry, by capability and by tool name
+            assert await mesh.find("fs") == [seen["node"]]
+            assert await im.find_tool(mesh, "add") == [seen["node"]]
+        async with (
+            im.connect(flooder, seen["node"]) as (fr, fw),
+            ClientSession(fr, fw) as flood,
+            im.connect(polite, seen["node"]) as (pr, pw),
+            ClientSession(pr, pw) as served,
+        ):
+            await flood.initialize()
+            await served.initialize()
+            calls = [asyncio.ensure_future(flood.call_tool("block", {})) for _ in range(6)]
+            done: set[asyncio.Future] = set()
+            pending = set(calls)
+            while len(done) < 4:  # the bound answers at once: 4 of 6 refused, 2 held by the child
+                more, pending = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+                assert more, "the bridge did not refuse the calls over the bound"
+                done |= more
+            assert [c.exception().error.code for c in done] == [im.BUSY] * 4 and len(pending) == 2
+            # the other caller is served while the flooder holds its two
+            assert text(await served.call_tool("add", {"a": 1, "b": 2})) == "3"
+            assert all(not c.done() for c in pending)
+            for c in pending:
+                c.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 def test_children_that_fail_at_start_are_one_line_and_exit_1(tmp_path, sockdir):
