@@ -438,6 +438,7 @@ def render_mcp(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         p50s = [rd[name]["p50_ms"] for rd in d["rounds"]]
         rates = [rd[name]["calls_per_s"] for rd in d["rounds"]]
         p50 = sheet.span(r, f"{name}/p50_ms", {"median": m["p50_ms"], "min": min(p50s), "max": max(p50s)})
+        p50 += " ms"
         rate = sheet.span(
             r, f"{name}/calls_per_s", {"median": m["calls_per_s"], "min": min(rates), "max": max(rates)}
         )
@@ -447,7 +448,7 @@ def render_mcp(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
             rate += (
                 f" ({sheet.put(r, f'{name}/calls_per_s_vs_http', ratios['calls_per_s_vs_http'], 'ratio')}×)"
             )
-        rows.append([name, f"{p50} ms", rate])
+        rows.append([name, p50, rate])
     sz = d["sizes"]
     head = (
         f"{sz['rounds']} rounds of {sz['sequential']} sequential calls (p50) and {sz['concurrent']} calls "
