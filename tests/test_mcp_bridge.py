@@ -152,7 +152,8 @@ def test_one_caller_flooding_the_bridge_while_another_is_served(tmp_path, sockdi
                     or "zombie" in Path(f"/proc/{child}/status").read_text()
                 )
                 stats = json.loads(out.strip().splitlines()[-1].removeprefix("stats "))
-                assert stats["refused"]["busy"] == 4 and stats["tools"] == {"block": 2, "add": 1}
+                assert stats["refused"] == {"busy": 4, "unknown_method": 1}
+                assert stats["tools"] == {"block": 2, "add": 1}
 
     run(main(), timeout=40)
 
@@ -164,6 +165,10 @@ async def flood_while_served(seen: dict[str, str], registry: Node) -> None:
             # found through the registry, by capability and by tool name
             assert await mesh.find("fs") == [seen["node"]]
             assert await im.find_tool(mesh, "add") == [seen["node"]]
+        # a method that is not MCP's never reaches the child
+        odd = {"mcp": "1", "session": "p" * 16, "message": {"jsonrpc": "2.0", "id": 1, "method": "x/y"}}
+        (part,) = [p.payload async for p in polite.stream(seen["node"], "RUN", odd, timeout=10)]
+        assert part["message"]["error"]["code"] == -32601
         async with (
             im.connect(flooder, seen["node"]) as (fr, fw),
             ClientSession(fr, fw) as flood,
