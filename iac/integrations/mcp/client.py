@@ -241,6 +241,7 @@ class McpClientTransport:
         try:
             async with contextlib.aclosing(stream) as parts:
                 async for part in parts:
+                    self._gone = None  # the agent answers (again)
                     got = self._part(part.payload)
                     if got is None:
                         continue
