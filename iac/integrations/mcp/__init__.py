@@ -12,6 +12,7 @@ The wire format is docs/PROTOCOL.md, "Extension: MCP over IAC"; a node that serv
 ``mcp/1`` in its HELLO (:func:`announce`).
 """
 
+from iac.errors import McpBindingError, McpChildFailed, McpUnsupported
 from iac.integrations.mcp.binding import (
     BUSY,
     CAPABILITY,
@@ -19,14 +20,13 @@ from iac.integrations.mcp.binding import (
     TOOL_REFUSED,
     UNREACHABLE,
     VERSION,
-    McpBindingError,
     announce,
     tool_bucket,
     tool_capabilities,
     tool_capability,
 )
-from iac.integrations.mcp.bridge import ChildFailed, StdioBridge
-from iac.integrations.mcp.client import ClientStats, McpClientTransport, McpUnsupported, connect
+from iac.integrations.mcp.bridge import StdioBridge
+from iac.integrations.mcp.client import ClientStats, McpClientTransport, connect
 from iac.integrations.mcp.discovery import find_tool, publish_tools
 from iac.integrations.mcp.endpoint import Limits, McpCaller, McpEndpoint
 from iac.integrations.mcp.server import McpServer, caller_of, serve
@@ -38,11 +38,11 @@ __all__ = [
     "TOOL_REFUSED",
     "UNREACHABLE",
     "VERSION",
-    "ChildFailed",
     "ClientStats",
     "Limits",
     "McpBindingError",
     "McpCaller",
+    "McpChildFailed",
     "McpClientTransport",
     "McpEndpoint",
     "McpServer",

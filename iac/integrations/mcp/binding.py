@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from iac.errors import ConfigError, IacError
+from iac.errors import ConfigError, McpBindingError
 from iac.node.config import NodeConfig
 from iac.wire.enums import MessageType
 
@@ -62,17 +62,6 @@ TOOL_REFUSED = -32051
 SESSIONS_FULL = -32052
 
 _SESSION = re.compile(r"[A-Za-z0-9_-]{16,64}")
-
-
-class McpBindingError(IacError):
-    """A payload that is not MCP over IAC, or breaks its bounds. ``reason`` is the counter name
-    (``not_mcp``, ``bad_version``, ``bad_session``, ``too_large``, ``too_deep``, ``not_jsonrpc``)
-    and ``code`` the JSON-RPC error code it is answered with."""
-
-    def __init__(self, reason: str, message: str, code: int = INVALID_REQUEST) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.code = code
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac[mcp]'") from exc
 
-from iac.errors import ConfigError, LocalError
+from iac.errors import ConfigError, McpChildFailed
 from iac.integrations.mcp.binding import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
@@ -51,10 +51,6 @@ log = logging.getLogger("iac.integrations")
 
 #: Longest line the child may write (one JSON-RPC message).
 MAX_CHILD_LINE = 8 << 20
-
-
-class ChildFailed(LocalError):
-    """The stdio MCP server exited, wrote what is not JSON-RPC, or did not answer ``initialize``."""
 
 
 class _Pending:
@@ -85,7 +81,7 @@ class StdioBackend:
         self.proc: asyncio.subprocess.Process | None = None
         self.initialize_result: dict[str, Any] = {}
         self.tools: list[str] = []
-        self.failed: asyncio.Future[ChildFailed] | None = None
+        self.failed: asyncio.Future[McpChildFailed] | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._by_caller: dict[tuple[tuple[str, str], Any], int] = {}
@@ -106,7 +102,7 @@ class StdioBackend:
                 env=self.env, cwd=self.cwd, limit=MAX_CHILD_LINE,
             )  # fmt: skip
         except OSError as exc:
-            raise ChildFailed(f"cannot start {self.argv[0]!r}: {exc.strerror or exc}") from None
+            raise McpChildFailed(f"cannot start {self.argv[0]!r}: {exc.strerror or exc}") from None
         self._reader = loop.create_task(self._read())
         try:
             async with asyncio.timeout(self.init_timeout):
@@ -120,15 +116,15 @@ class StdioBackend:
                 )
         except TimeoutError:
             await self.stop()
-            raise ChildFailed(
+            raise McpChildFailed(
                 f"the stdio MCP server did not answer initialize within {self.init_timeout:g} s"
             ) from None
-        except ChildFailed:
+        except McpChildFailed:
             await self.stop()
             raise
         if "error" in init or not isinstance(init.get("result"), dict):
             await self.stop()
-            raise ChildFailed(
+            raise McpChildFailed(
                 f"the stdio MCP server refused initialize: {json.dumps(init.get('error'))[:200]}"
             )
         self.initialize_result = init["result"]
@@ -141,9 +137,9 @@ class StdioBackend:
                 self.tools = sorted(
                     str(t.get("name")) for t in tools if isinstance(t, dict) and t.get("name")
                 )
-            except (TimeoutError, ChildFailed) as exc:
+            except (TimeoutError, McpChildFailed) as exc:
                 await self.stop()
-                raise ChildFailed(f"the stdio MCP server did not list its tools: {exc}") from None
+                raise McpChildFailed(f"the stdio MCP server did not list its tools: {exc}") from None
 
     async def _startup_request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         bid = next(self._ids)
@@ -182,7 +178,7 @@ class StdioBackend:
 
     def _fail(self, why: str) -> None:
         if self.failed is not None and not self.failed.done():
-            self.failed.set_result(ChildFailed(why))
+            self.failed.set_result(McpChildFailed(why))
         for pending in list(self._pending.values()):
             task = asyncio.get_running_loop().create_task(self._answer_error(pending, why))
             self._tasks.add(task)
@@ -196,7 +192,7 @@ class StdioBackend:
     async def _write(self, message: dict[str, Any]) -> None:
         proc = self.proc
         if proc is None or proc.stdin is None or proc.returncode is not None:
-            raise ChildFailed("the stdio MCP server is not running")
+            raise McpChildFailed("the stdio MCP server is not running")
         line = json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n"
         async with self._write_lock:
             try:
@@ -204,7 +200,7 @@ class StdioBackend:
                 await proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._fail(f"the stdio MCP server closed its stdin: {exc}")
-                raise ChildFailed("the stdio MCP server closed its stdin") from None
+                raise McpChildFailed("the stdio MCP server closed its stdin") from None
 
     async def _read(self) -> None:
         proc = self.proc
@@ -229,7 +225,7 @@ class StdioBackend:
                 return
             try:
                 await self._from_child(message)
-            except ChildFailed:
+            except McpChildFailed:
                 return
             except Exception:
                 log.exception("routing a message of the stdio MCP server failed")
@@ -319,7 +315,7 @@ class StdioBackend:
                 forward["params"] = params
             try:
                 await self._write(forward)
-            except ChildFailed as exc:
+            except McpChildFailed as exc:
                 self._pending.pop(bid, None)
                 await endpoint.route(session, error_message(rid, INTERNAL_ERROR, str(exc)), None)
             return
@@ -353,7 +349,7 @@ class StdioBackend:
             task.add_done_callback(self._tasks.discard)
 
     async def _quiet_write(self, message: dict[str, Any]) -> None:
-        with contextlib.suppress(ChildFailed):
+        with contextlib.suppress(McpChildFailed):
             await self._write(message)
 
     async def close(self, session: Session) -> None:
@@ -367,7 +363,7 @@ class StdioBackend:
 
 class StdioBridge(McpEndpoint):
     """A stdio MCP server (``argv``) answering MCP over IAC on ``node``: ``await bridge.start()``
-    (raises :class:`ChildFailed`), then ``await bridge.failed`` says when the child broke;
+    (raises :class:`McpChildFailed`), then ``await bridge.failed`` says when the child broke;
     ``await bridge.stop()`` stops it."""
 
     def __init__(
@@ -392,7 +388,7 @@ class StdioBridge(McpEndpoint):
         return self
 
     @property
-    def failed(self) -> asyncio.Future[ChildFailed]:
+    def failed(self) -> asyncio.Future[McpChildFailed]:
         assert self.child.failed is not None, "start() first"
         return self.child.failed
 
@@ -405,4 +401,4 @@ class StdioBridge(McpEndpoint):
         await self.child.stop()
 
 
-__all__ = ["MAX_CHILD_LINE", "ChildFailed", "StdioBackend", "StdioBridge"]
+__all__ = ["MAX_CHILD_LINE", "StdioBackend", "StdioBridge"]

@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac[mcp]'") from exc
 
-from iac.errors import ConfigError, IacError, RemoteError, RequestTimeout
+from iac.errors import ConfigError, IacError, McpUnsupported, RemoteError, RequestTimeout
 from iac.integrations.mcp.binding import (
     CAPABILITY,
     INTERNAL_ERROR,
@@ -59,10 +59,6 @@ log = logging.getLogger("iac.integrations")
 _BUFFER = 32
 #: How long a listen stream lasts before it is opened again (a stream's timeout is finite).
 _LISTEN_SPAN = 3600.0
-
-
-class McpUnsupported(IacError):
-    """The agent's HELLO does not announce MCP over IAC (``mcp/1``)."""
 
 
 class ClientStats:
@@ -337,4 +333,4 @@ def connect(node: Node, peer: str, **options: Any) -> McpClientTransport:
     return McpClientTransport(node, peer, **options)
 
 
-__all__ = ["ClientStats", "McpClientTransport", "McpUnsupported", "connect"]
+__all__ = ["ClientStats", "McpClientTransport", "connect"]
