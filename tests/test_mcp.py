@@ -262,3 +262,23 @@ def test_listen_streams_and_calls_fit_in_the_node_handlers():
             await eventually(lambda: server.stats()["listening"] == 0, timeout=5)
 
     run(main())
+
+
+def test_a_run_handler_already_there_keeps_the_run_messages_that_are_not_mcp():
+    async def main():
+        async with node_pair("unix", server_config=im.announce(NodeConfig())) as pair:
+
+            @pair.server.on("RUN")
+            async def parts(ctx):  # an application's own streaming RUN handler (A2A's is one)
+                for i in range(ctx.payload["n"]):
+                    yield {"i": i}
+
+            im.serve(pair.server, build())
+            to = pair.server.agent_id
+            got = [p.payload async for p in pair.client.stream(to, "RUN", {"n": 3}, timeout=5)]
+            assert got == [{"i": 0}, {"i": 1}, {"i": 2}]
+            async with im.connect(pair.client, to) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                assert text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
+
+    run(main())
