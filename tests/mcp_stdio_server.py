@@ -45,6 +45,11 @@ def build() -> MCPServer:
         return str(getattr(request, "agent_id", ""))
 
     @mcp.tool()
+    def principal(ctx: Context) -> str:
+        """The principal a trusted gateway named for the call (over IAC), else ''."""
+        return str(getattr(ctx.request_context.request, "principal", ""))
+
+    @mcp.tool()
     async def count(n: int, ctx: Context) -> str:
         """Report progress n times, then answer."""
         for i in range(1, n + 1):

@@ -282,3 +282,28 @@ def test_a_run_handler_already_there_keeps_the_run_messages_that_are_not_mcp():
                 assert text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
 
     run(main())
+
+
+def test_a_principal_is_believed_only_from_a_trusted_gateway():
+    async def main():
+        async with node_pair("unix", server_config=im.announce(NodeConfig())) as pair, Node() as other:
+            other.add_peer(pair.server.agent_id, *pair.server.addresses)
+            server = im.serve(pair.server, build(), trusted_gateways=[pair.client.agent_id])
+            to = pair.server.agent_id
+            async with (
+                im.connect(pair.client, to, principal="alice") as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                assert text(await session.call_tool("principal", {})) == "alice"
+                assert text(await session.call_tool("whoami", {})) == pair.client.agent_id
+            async with (
+                im.connect(other, to, principal="alice") as (read, write),
+                ClientSession(read, write) as s,
+            ):
+                with pytest.raises(MCPError) as refused:
+                    await s.initialize()
+                assert "unauthorized" in str(refused.value)
+            assert server.stats()["refused"] == {"untrusted_principal": 1}
+
+    run(main())

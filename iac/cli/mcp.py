@@ -5,7 +5,8 @@
 ``--init-timeout``, default 10 s) and answers MCP over IAC for it; every caller gets a session of
 its own. Calls in flight are bounded per calling agent (``--calls-per-peer``, default 8) and in
 total (``--calls-total``, default 48); more are answered at once with JSON-RPC error -32050.
-``--allow AGENT=TOOL,TOOL`` limits tools per caller (``*`` for every caller or every tool).
+``--allow AGENT=TOOL,TOOL`` limits tools per caller (``*`` for every caller or every tool);
+``--trust-gateway AGENT`` believes that gateway's principal (field 19).
 With ``--registry ID@URL`` it publishes its record with ``mcp/1``, its tools' digests and any
 ``--capability``. It prints ``node ID``, ``listening URL`` lines and ``tools N``; a child that
 exits, writes non-JSON or does not answer ``initialize`` in time makes it print one line and exit
@@ -94,7 +95,12 @@ async def run_serve(args: argparse.Namespace) -> int:
     node = Node(identity, listen=listen, config=mcp.announce(config))
     with checks.listen_errors(listen):
         await node.start()
-    bridge = mcp.StdioBridge(node, argv, allow=allow, limits=limits, init_timeout=args.init_timeout)
+    for gateway in args.trust_gateway:
+        checks.agent_id("--trust-gateway", gateway)
+    bridge = mcp.StdioBridge(
+        node, argv, allow=allow, limits=limits, init_timeout=args.init_timeout,
+        trusted_gateways=args.trust_gateway,
+    )  # fmt: skip
     try:
         await bridge.start()
         async with contextlib.AsyncExitStack() as stack:
@@ -219,6 +225,13 @@ def register(sub: Any) -> None:
         default=[],
         metavar="AGENT=TOOLS",
         help="tools AGENT may call, comma-separated (* for any agent or any tool; default: all to all)",
+    )
+    s.add_argument(
+        "--trust-gateway",
+        action="append",
+        default=[],
+        metavar="AGENT",
+        help="believe this gateway's principal (field 19); from others a principal is refused",
     )
     add_registry_option(s, "publish the node, mcp/1 and its tools to the registry AGENT_ID@ADDRESS")
     s.add_argument(

@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 try:
@@ -376,9 +376,10 @@ class StdioBridge(McpEndpoint):
         init_timeout: float = 10.0,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        trusted_gateways: Collection[str] = (),
     ) -> None:
         backend = StdioBackend(argv, init_timeout=init_timeout, env=env, cwd=cwd)
-        super().__init__(node, backend, allow=allow, limits=limits)
+        super().__init__(node, backend, allow=allow, limits=limits, trusted_gateways=trusted_gateways)
         backend.endpoint = self
         self.child = backend
 

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from iac.errors import ConfigError, HandlerError
+from iac.errors import ConfigError, ErrorCode, HandlerError
 from iac.integrations.mcp.binding import (
     BUSY,
     CAPABILITY,
@@ -93,11 +93,20 @@ class McpEndpoint:
     """Answers MCP over IAC on ``node`` with ``backend`` (see the module). ``stats()`` counts."""
 
     def __init__(
-        self, node: Node, backend: Backend, *, allow: Allow = None, limits: Limits | None = None
+        self,
+        node: Node,
+        backend: Backend,
+        *,
+        allow: Allow = None,
+        limits: Limits | None = None,
+        trusted_gateways: Collection[str] = (),
     ) -> None:
         self.node = node
         self.backend = backend
         self.allow = allow
+        #: AgentIds whose principal (field 19) is believed; a message naming one from any other
+        #: signer is refused with ERROR ``unauthorized``.
+        self.trusted_gateways = frozenset(trusted_gateways)
         self.limits = limits or Limits()
         self.sessions: dict[tuple[str, str], Session] = {}
         self._in_flight: Counter[str] = Counter()
@@ -166,6 +175,11 @@ class McpEndpoint:
             async for part in self._other(ctx):
                 yield part
             return
+        if ctx.principal and ctx.sender not in self.trusted_gateways:
+            self.refused["untrusted_principal"] += 1
+            raise HandlerError(
+                ErrorCode.UNAUTHORIZED, "a principal (field 19) is believed only from a trusted gateway"
+            )
         size = len(ctx.message.payload_json.encode())
         try:
             env = parse_payload(ctx.payload, size, max_bytes=self.limits.max_message_bytes)

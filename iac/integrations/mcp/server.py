@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+from collections.abc import Collection
 from typing import Any
 
 try:
@@ -184,10 +185,11 @@ class McpServer(McpEndpoint):
         *,
         allow: Allow = None,
         limits: Limits | None = None,
+        trusted_gateways: Collection[str] = (),
         raise_exceptions: bool = False,
     ) -> None:
         backend = SdkBackend(server, raise_exceptions=raise_exceptions)
-        super().__init__(node, backend, allow=allow, limits=limits)
+        super().__init__(node, backend, allow=allow, limits=limits, trusted_gateways=trusted_gateways)
         backend.endpoint = self
         self.sdk = backend
 
@@ -204,10 +206,15 @@ def serve(
     *,
     allow: Allow = None,
     limits: Limits | None = None,
+    trusted_gateways: Collection[str] = (),
     raise_exceptions: bool = False,
 ) -> McpServer:
-    """Answer MCP over IAC on ``node`` with the SDK ``server`` (see :class:`McpServer`)."""
-    endpoint = McpServer(node, server, allow=allow, limits=limits, raise_exceptions=raise_exceptions)
+    """Answer MCP over IAC on ``node`` with the SDK ``server`` (see :class:`McpServer`).
+    ``trusted_gateways``: AgentIds whose principal (field 19) tools may believe."""
+    endpoint = McpServer(
+        node, server, allow=allow, limits=limits, trusted_gateways=trusted_gateways,
+        raise_exceptions=raise_exceptions,
+    )  # fmt: skip
     endpoint.attach()
     return endpoint
 
