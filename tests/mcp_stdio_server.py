@@ -21,6 +21,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--misbehave"]:  # before the SD
     sys.exit(0)
 
 import asyncio
+import os
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
@@ -72,6 +73,11 @@ def build() -> MCPServer:
         """Sleep, then answer."""
         await asyncio.sleep(seconds)
         return "slept"
+
+    @mcp.tool()
+    def crash(code: int) -> str:
+        """End the process at once (a stdio server that dies mid-call)."""
+        os._exit(code)
 
     @mcp.tool()
     def fail(why: str) -> str:

@@ -216,3 +216,22 @@ def test_children_that_fail_at_start_are_one_line_and_exit_1(tmp_path, sockdir):
         await asyncio.gather(*(one(how, says) for how, says in cases.items()))
 
     run(main(), timeout=30)
+
+
+def test_a_child_that_dies_mid_call_fails_the_call_and_the_bridge(tmp_path, sockdir):
+    async def main():
+        async with serving(tmp_path, sockdir) as bridge:
+            seen = await ready(bridge)
+            async with Node() as caller:
+                caller.add_peer(seen["node"], seen["listening"])
+                async with im.connect(caller, seen["node"]) as (r, w), ClientSession(r, w) as session:
+                    await session.initialize()
+                    with pytest.raises(MCPError) as failed:
+                        await session.call_tool("crash", {"code": 5})
+                    assert failed.value.error.code == im.UNREACHABLE
+                    assert "exited with code 5" in str(failed.value)
+            assert await asyncio.wait_for(bridge.wait(), 20) == 1
+            err = (await bridge.stderr.read()).decode().strip().splitlines()
+            assert err == ["iac mcp serve: error: the stdio MCP server exited with code 5"], err
+
+    run(main(), timeout=30)
