@@ -426,6 +426,37 @@ def render_nat(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     return [r.source_line(doc), "", head, "", *table(["", "figure"], "lr", rows)]
 
 
+# --- MCP tool calls (benchmarks/mcp_calls.py) -----------------------------------------------------
+
+
+def render_mcp(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+    (r,) = res
+    d = r.data
+    base = "MCP streamable HTTP"
+    rows = []
+    for name, m in d["medians"].items():
+        p50s = [rd[name]["p50_ms"] for rd in d["rounds"]]
+        rates = [rd[name]["calls_per_s"] for rd in d["rounds"]]
+        p50 = sheet.span(r, f"{name}/p50_ms", {"median": m["p50_ms"], "min": min(p50s), "max": max(p50s)})
+        p50 += " ms"
+        rate = sheet.span(
+            r, f"{name}/calls_per_s", {"median": m["calls_per_s"], "min": min(rates), "max": max(rates)}
+        )
+        if name != base:
+            ratios = d["ratios"][name]
+            p50 += f" ({sheet.put(r, f'{name}/p50_vs_http', ratios['p50_vs_http'], 'ratio')}×)"
+            rate += (
+                f" ({sheet.put(r, f'{name}/calls_per_s_vs_http', ratios['calls_per_s_vs_http'], 'ratio')}×)"
+            )
+        rows.append([name, p50, rate])
+    sz = d["sizes"]
+    head = (
+        f"{sz['rounds']} rounds of {sz['sequential']} sequential calls (p50) and {sz['concurrent']} calls "
+        f"with {d['in_flight']} in flight (calls/s); median [min .. max] over rounds, ratio to {base}"
+    )
+    return [r.source_line(doc), "", head, "", *table(["transport", "tool-call p50", "calls/s"], "lrr", rows)]
+
+
 # --- where IAC is behind ---------------------------------------------------------------------------
 
 
@@ -459,6 +490,7 @@ RENDERERS: dict[str, Renderer] = {
     "behind": render_behind,
     "cc": render_cc,
     "nat": render_nat,
+    "mcp": render_mcp,
     "flood": render_flood,
     "roundtrip": render_roundtrip,
     "scaleout": render_scaleout,

@@ -229,6 +229,14 @@ def _cases(e: Env) -> list[Case]:
         "write the token",
     )
     case("a2a card", ["a2a", "card", "--key", key, "--to", "xx"], AGENT_ID_TEXT)
+    # mcp
+    case("mcp", ["mcp", "nosuch"], "invalid choice", "choose from")
+    sv = ["mcp", "serve", "--key", key, "--listen", "tls://127.0.0.1:0"]
+    case("mcp serve", sv, "--stdio -- CMD ARGS")
+    case("mcp serve", [*sv, "--calls-per-peer", "0", "--stdio", "--", "x"], "--calls-per-peer")
+    case("mcp serve", [*sv, "--allow", "nope", "--stdio", "--", "x"], "AGENT=TOOL")
+    case("mcp serve", [*sv, "--stdio", "--", str(t / "no-such-server")], "cannot start")
+    case("mcp connect", ["mcp", "connect", "--key", key, "--to", "xx"], AGENT_ID_TEXT)
     return out
 
 

@@ -199,6 +199,25 @@ class MessageRejected(PeerError):
     name = "message_rejected"
 
 
+class McpBindingError(MessageRejected):
+    """A payload of MCP over IAC that breaks the binding or its bounds. ``reason`` is the counter
+    (``not_mcp``, ``bad_version``, ``bad_session``, ``too_large``, ``too_deep``, ``not_jsonrpc``)
+    and ``code`` the JSON-RPC error code it is answered with (docs/PROTOCOL.md, section 23)."""
+
+    name = "mcp_binding_error"
+
+    def __init__(self, reason: str, message: str, code: int = -32600) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+
+
+class McpUnsupported(PeerError):
+    """The agent's HELLO does not announce MCP over IAC (``mcp/1``): nothing was sent to it."""
+
+    name = "mcp_unsupported"
+
+
 class InvalidAgentId(MessageRejected):
     """An AgentId is not 64 lowercase hex characters of a valid Ed25519 key."""
 

@@ -313,5 +313,57 @@ class NodeMetrics:
 
         return detach
 
+    def add_source(
+        self, name: str, stats: Callable[[], Mapping[str, Any]], labels: Mapping[str, str] | None = None
+    ) -> Callable[[], None]:
+        """Export what an integration's ``stats()`` returns (MCP over IAC's, say) under
+        ``{prefix}_{name}_{key}``: a mapping of counts becomes a counter labelled
+        ``labels.get(key, "key")`` (at most :data:`MAX_SOURCE_LABELS` values, the rest summed into
+        ``other``); a number becomes a gauge. Read when Prometheus scrapes, on the loop's thread.
+        Returns what removes it."""
+        collector = _SourceCollector(self.prefix, name, stats, dict(labels or {}))
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
 
-__all__ = ["DEFAULT_BUCKETS", "OTHER", "OUTCOMES", "NodeMetrics", "type_name"]
+
+#: Label values one counter of an added source gets (the rest are summed into ``other``).
+MAX_SOURCE_LABELS = 64
+
+
+class _SourceCollector:
+    """Turns an integration's ``stats()`` into metric families when the registry is collected."""
+
+    def __init__(
+        self, prefix: str, name: str, stats: Callable[[], Mapping[str, Any]], labels: dict[str, str]
+    ) -> None:
+        self._prefix, self._name, self._read, self._labels = prefix, name, stats, labels
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def _stats(self) -> Mapping[str, Any]:
+        if threading.get_ident() == self._thread:
+            return self._read()
+
+        async def snapshot() -> Mapping[str, Any]:
+            return self._read()
+
+        return asyncio.run_coroutine_threadsafe(snapshot(), self._loop).result(timeout=10)
+
+    def collect(self) -> Iterator[Metric]:
+        base = f"{self._prefix}_{self._name}"
+        for key, value in sorted(self._stats().items()):
+            if isinstance(value, Mapping):
+                ranked = sorted(value.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
+                values: Counter[str] = Counter()
+                for i, (label, n) in enumerate(ranked):
+                    values[str(label) if i < MAX_SOURCE_LABELS else OTHER] += int(n)
+                doc = f"{self._name} {key}, by {self._labels.get(key, 'key')}."
+                yield _counter(f"{base}_{key}", doc, self._labels.get(key, "key"), values)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                yield GaugeMetricFamily(f"{base}_{key}", f"{self._name} {key} now.", value=value)
+
+
+__all__ = ["DEFAULT_BUCKETS", "MAX_SOURCE_LABELS", "OTHER", "OUTCOMES", "NodeMetrics", "type_name"]
