@@ -170,6 +170,11 @@ class SdkBackend:
             return self.mcp._tool_manager.get_tool(name) is not None
         return name in self._tool_names
 
+    @property
+    def low_level_tool_names(self) -> frozenset[str]:
+        """The tools set with :meth:`set_tool_names` (a low-level server's)."""
+        return frozenset(self._tool_names)
+
     def set_tool_names(self, names: set[str]) -> None:
         """The tools a low-level server serves (what ``has_tool`` answers; MCPServer knows its own)."""
         self._tool_names = set(names)
@@ -197,7 +202,7 @@ class McpServer(McpEndpoint):
         """The names of the tools the server serves (to publish them: :mod:`.discovery`)."""
         if isinstance(self.sdk.mcp, MCPServer):
             return sorted(t.name for t in await self.sdk.mcp.list_tools())
-        return sorted(self.sdk._tool_names)
+        return sorted(self.sdk.low_level_tool_names)
 
 
 def serve(
