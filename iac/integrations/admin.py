@@ -11,6 +11,8 @@ existing one that group or others can enter is refused). A client whose uid (``S
 Linux) is not this process's is closed unanswered and logged. The protocol: the client sends one
 line, ``status``; the node answers one JSON object (:func:`status_of`) and closes. Requests are
 bounded (:data:`MAX_REQUEST` bytes within :data:`READ_TIMEOUT` seconds, :data:`MAX_CLIENTS` at once).
+When every slot is taken, a new client takes the slot of the client that has waited longest without
+sending its request: idle clients of this uid delay ``iac status`` by milliseconds, never make it fail.
 
 The default path is ``$XDG_RUNTIME_DIR/iac/ID.sock`` (``ID``: the first 16 hex digits of the
 node's AgentId) when ``XDG_RUNTIME_DIR`` names a directory, else ``~/.iac/run/ID.sock``.
@@ -39,8 +41,8 @@ log = logging.getLogger("iac.integrations")
 
 #: The largest request line, in bytes.
 MAX_REQUEST = 1024
-#: Seconds a client has to send its request.
-READ_TIMEOUT = 5.0
+#: Seconds a client has to send its request line.
+READ_TIMEOUT = 1.0
 #: Clients served at once; more are closed unanswered.
 MAX_CLIENTS = 8
 #: The largest answer a client reads, in bytes.
@@ -123,10 +125,14 @@ class AdminSocket:
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: set[asyncio.StreamWriter] = set()
+        #: Clients that have not sent their request yet, oldest first.
+        self._waiting: dict[asyncio.StreamWriter, None] = {}
         self._started = 0.0
         self._inode: tuple[int, int] | None = None
         #: Clients closed unanswered because another uid ran them.
         self.refused = 0
+        #: Clients closed because they sent no request while a new client needed their slot.
+        self.evicted = 0
 
     @property
     def path(self) -> Path | None:
@@ -171,18 +177,28 @@ class AdminSocket:
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = peer_uid(writer.get_extra_info("socket"))
-        if (uid is not None and uid != os.getuid()) or len(self._clients) >= MAX_CLIENTS:
-            if uid is not None and uid != os.getuid():
-                self.refused += 1
-                log.warning(
-                    "status socket %s: refused a client of uid %d", self._path, uid, extra={"reason": "uid"}
-                )
+        if uid is not None and uid != os.getuid():
+            self.refused += 1
+            log.warning(
+                "status socket %s: refused a client of uid %d", self._path, uid, extra={"reason": "uid"}
+            )
             writer.close()
             return
+        if len(self._clients) >= MAX_CLIENTS:
+            if not self._waiting:  # every slot is answering: this client waits for none
+                writer.close()
+                return
+            idle = next(iter(self._waiting))
+            del self._waiting[idle]
+            self._clients.discard(idle)
+            self.evicted += 1
+            idle.transport.abort()
         self._clients.add(writer)
+        self._waiting[writer] = None
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 line = await reader.readline()
+            self._waiting.pop(writer, None)
             if line.strip() == STATUS and self._node is not None:
                 answer: dict[str, Any] = status_of(self._node, self._started)
             else:
@@ -192,6 +208,7 @@ class AdminSocket:
         except (ValueError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass
         finally:
+            self._waiting.pop(writer, None)
             self._clients.discard(writer)
             writer.close()
 
@@ -206,6 +223,7 @@ class AdminSocket:
             with contextlib.suppress(Exception):
                 writer.close()
         self._clients.clear()
+        self._waiting.clear()
         path = self._path
         if path is not None and self._inode is not None:
             with contextlib.suppress(OSError):
