@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
@@ -38,8 +40,7 @@ try:
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, TransportProtocol
     from starlette.applications import Starlette
     from starlette.authentication import AuthCredentials, SimpleUser
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the A2A gateway needs a2a-sdk[http-server] and uvicorn: pip install 'iac[a2a]'"
@@ -50,6 +51,15 @@ from iac.integrations.a2a.auth import GatewayAuth
 from iac.integrations.a2a.binding import VERSION, error_name, interface_url
 from iac.integrations.a2a.client import BindingStats, IacTransport, fetch_card
 from iac.integrations.a2a.proxy import ProxyHandler, forward_principal
+from iac.integrations.a2a.tenants import (
+    ConnectionGuard,
+    FairShares,
+    GatewayLimits,
+    ReplayCache,
+    Throttled,
+    guarded_protocol,
+)
+from iac.integrations.slots import ByteBudget
 from iac.node.node import Node
 
 Scope = MutableMapping[str, Any]
@@ -58,18 +68,24 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+log = logging.getLogger("iac.integrations")
+
 _SCOPE_KEY = "iac.gateway"
 _INSPECT = 64 * 1024  # bytes of a JSON response read back to count its error code
+_MAX_HEAD = 16 * 1024  # bytes of a request head
 
 
 class GatewayStats:
     """``requests``: JSON-RPC POSTs; ``refused``: answered at the gateway, never forwarded (by
-    reason: ``unauthenticated``, ``too_large`` and the JSON-RPC errors); ``answered_errors``: A2A
-    errors of forwarded calls (by JSON-RPC error name); plus the forwarding handler's and the IAC
-    client side's counters."""
+    reason: ``unauthenticated``, ``too_large``, ``throttled`` (HTTP 429: no call slot within
+    ``queue_wait``), ``bodies_per_client``/``bodies_total``, ``client_left`` and the JSON-RPC
+    errors); ``answered_errors``: A2A errors of forwarded calls (by JSON-RPC error name);
+    ``replayed``: repeated ``messageId`` answered from the first answer; plus the forwarding
+    handler's and the IAC client side's counters."""
 
     def __init__(self) -> None:
         self.requests = 0
+        self.replayed = 0
         self.refused: Counter[str] = Counter()
         self.answered_errors: Counter[str] = Counter()
 
@@ -102,7 +118,9 @@ def _forwarding(scc: ServerCallContext) -> ClientCallContext:
 
 
 class _Front:
-    """The ASGI layer before a2a-sdk's routes: authentication, the body bound, counting."""
+    """The ASGI layer before a2a-sdk's routes: authentication, the body read within its bounds,
+    a repeated ``messageId`` answered from the first answer, the principal's fair share of the
+    calls toward the agent, counting."""
 
     def __init__(self, app: ASGIApp, gateway: A2AGateway) -> None:
         self.app = app
@@ -125,42 +143,156 @@ class _Front:
             stats.refused["too_large"] += 1
             await _reply(send, 413, f"the body is over {gw.max_body} bytes")
             return
+        client = str((scope.get("client") or ("",))[0])
+        held = [0]
+        try:
+            await self._read_and_serve(scope, receive, send, principal, client, declared, held)
+        finally:
+            gw.bodies.give(client, held[0])
+
+    async def _read_and_serve(
+        self, scope: Scope, receive: Receive, send: Send, principal: str, client: str, declared: str,
+        held: list[int],
+    ) -> None:  # fmt: skip
+        gw, stats = self.gw, self.gw.stats_
+
+        async def hold(size: int) -> bool:
+            refused = gw.bodies.take(client, size)
+            if refused is None:
+                held[0] += size
+                return True
+            stats.refused[f"bodies_{refused}"] += 1
+            bound = gw.limits.max_bodies if refused == "total" else gw.limits.max_bodies_per_client
+            text = f"request bodies in flight are over {bound} bytes ({refused}); retry later"
+            await _reply(send, 429 if refused == "per_client" else 503, text)
+            return False
+
+        if declared.isdigit() and not await hold(int(declared)):
+            return
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                stats.refused["client_left"] += 1
+                log.debug("gateway: %s (%s) left in the middle of its request body", principal, client)
+                return
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > gw.max_body:
+                stats.refused["too_large"] += 1
+                await _reply(send, 413, f"the body is over {gw.max_body} bytes")
+                return
+            if received > held[0] and not await hold(received - held[0]):
+                return
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        request_id, message_id = _ids(body)
+        if message_id is not None:
+            entry = gw.replays.begin(principal, message_id, gw.clock())
+            if entry is not None:
+                await self._replay(send, entry, request_id)
+                return
+        answer: list[Any] = []
+        try:
+            try:
+                await gw.shares.acquire(principal, gw.limits.queue_wait)
+            except Throttled as exc:
+                stats.refused["throttled"] += 1
+                await _reply(send, 429, str(exc), code=-32000, request_id=request_id,
+                             data={"principal": exc.principal, "in_flight": exc.in_flight})  # fmt: skip
+                return
+            try:
+                await self._serve(scope, receive, send, principal, body, answer)
+            finally:
+                gw.shares.release(principal)
+        finally:
+            if message_id is not None:
+                gw.replays.finish(principal, message_id, answer[0] if answer else None)
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, principal: str, body: bytes, answer: list[Any]
+    ) -> None:
+        stats = self.gw.stats_
         record: dict[str, Any] = {"forwarded": False}
         scope = dict(scope)
         scope["user"] = SimpleUser(principal)
         scope["auth"] = AuthCredentials(["authenticated"])
         scope[_SCOPE_KEY] = record
-        received = 0
+        given = False
 
-        async def bounded() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > gw.max_body:
-                stats.refused["too_large"] += 1
-                record["too_large"] = True
-                raise HTTPException(status_code=413)  # a2a-sdk answers "Payload too large"
-            return message
+        async def replayed() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # what comes next: the client leaving
 
         json_body: list[bytes] = []
         is_json = False
+        status = 200
+        head: list[tuple[bytes, bytes]] = []
+        kept: list[bytes] | None = []
+        kept_size = 0
+        limit = self.gw.limits.replay_bytes
 
         async def counted(message: Message) -> None:
-            nonlocal is_json
+            nonlocal is_json, status, head, kept, kept_size
             if message["type"] == "http.response.start":
-                ctype = dict(message.get("headers", ())).get(b"content-type", b"")
+                status, head = int(message["status"]), list(message.get("headers", ()))
+                ctype = dict(head).get(b"content-type", b"")
                 is_json = ctype.startswith(b"application/json")
-            elif message["type"] == "http.response.body" and is_json:
-                if sum(map(len, json_body)) < _INSPECT:
-                    json_body.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    self._count(b"".join(json_body), record)
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                kept_size += len(chunk)
+                if kept is not None:
+                    if kept_size <= limit:
+                        kept.append(chunk)
+                    else:
+                        kept = None  # too large to give again: a repeat is refused, not run
+                if is_json:
+                    if sum(map(len, json_body)) < _INSPECT:
+                        json_body.append(chunk)
+                    if not message.get("more_body"):
+                        self._count(b"".join(json_body), record)
+                if not message.get("more_body") and record["forwarded"]:
+                    answer.append((status, head, b"".join(kept) if kept is not None else None))
             await send(message)
 
-        await self.app(scope, bounded, counted)
+        try:
+            await self.app(scope, replayed, counted)
+        except ClientDisconnect:
+            stats.refused["client_left"] += 1
+            log.debug("gateway: %s left before its answer was sent", principal)
+
+    async def _replay(self, send: Send, entry: Any, request_id: Any) -> None:
+        """Answer a repeated ``messageId`` with the first call's answer (waiting for it)."""
+        stats = self.gw.stats_
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.gw.stream_timeout):
+                await entry.done.wait()
+        got = entry.answer
+        if got is None or got[2] is None:
+            stats.refused["repeat_unanswerable"] += 1
+            await _reply(send, 409, "this messageId was sent before and its answer cannot be given again",
+                         request_id=request_id)  # fmt: skip
+            return
+        status, head, body = got
+        stats.replayed += 1
+        if dict(head).get(b"content-type", b"").startswith(b"application/json"):
+            with contextlib.suppress(ValueError, TypeError):
+                doc = json.loads(body)
+                doc["id"] = request_id
+                body = json.dumps(doc).encode()
+        head = [(k, v) for k, v in head if k.lower() != b"content-length"]
+        head.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": head})
+        await send({"type": "http.response.body", "body": body})
 
     def _count(self, body: bytes, record: dict[str, Any]) -> None:
-        if b'"error"' not in body or record.get("too_large"):
+        if b'"error"' not in body:
             return
         try:
             code = json.loads(body)["error"]["code"]
@@ -173,8 +305,38 @@ class _Front:
             stats.answered_errors[error_name(code)] += 1
 
 
-async def _reply(send: Send, status: int, text: str, extra: dict[str, str] | None = None) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": text}}).encode()
+def _ids(body: bytes) -> tuple[Any, str | None]:
+    """The JSON-RPC id of a request, and the ``messageId`` of a SendMessage or
+    SendStreamingMessage (None for other calls, and for a body that is not such a request)."""
+    if b"messageId" not in body and b"message_id" not in body and b'"id"' not in body:
+        return None, None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    request_id = doc.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
+        request_id = None
+    if doc.get("method") not in ("SendMessage", "SendStreamingMessage"):
+        return request_id, None
+    params = doc.get("params")
+    message = params.get("message") if isinstance(params, dict) else None
+    mid = None
+    if isinstance(message, dict):
+        mid = message.get("messageId", message.get("message_id"))
+    if not isinstance(mid, str) or not 0 < len(mid) <= 256:
+        return request_id, None
+    return request_id, f"{doc['method']} {mid}"
+
+
+async def _reply(
+    send: Send, status: int, text: str, extra: dict[str, str] | None = None, *, code: int = -32600,
+    request_id: Any = None, data: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    error: dict[str, Any] = {"code": code, "message": text, **({"data": data} if data else {})}
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -197,6 +359,8 @@ class A2AGateway:
     card, fetched over IAC (``GetAgentCard``) when not given. ``max_body``: largest request body.
     ``timeout``/``stream_timeout``: of a forwarded unary call / stream. ``advertise_iac``: list the
     agent's own IAC interfaces in the published card too (IAC clients then go direct).
+    ``limits``: the bounds per tenant and in total (:class:`GatewayLimits`); ``clock``: seconds,
+    for the repeated-``messageId`` window.
     """
 
     def __init__(
@@ -214,6 +378,8 @@ class A2AGateway:
         advertise_iac: bool = True,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        limits: GatewayLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scheme, self.host, self.port = _parse_listen(listen)
         if self.scheme == "https" and not (tls_cert and tls_key):
@@ -229,6 +395,12 @@ class A2AGateway:
         self.tls = (tls_cert, tls_key)
         self.stats_ = GatewayStats()
         self.binding_stats = BindingStats()
+        lim = self.limits = limits or GatewayLimits()
+        self.clock = clock
+        self.bodies = ByteBudget(lim.max_bodies, lim.max_bodies_per_client)
+        self.shares = FairShares(lim.max_calls, lim.max_calls_per_principal, lim.max_queued)
+        self.replays = ReplayCache(lim.replay_window, lim.replay_entries, lim.replay_bytes)
+        self.guard: ConnectionGuard | None = None
         self.card = pb.AgentCard()
         self.url = ""
         self.app: ASGIApp | None = None
@@ -246,6 +418,7 @@ class A2AGateway:
     def stats(self) -> dict[str, Any]:
         s = self.stats_
         h = self.handler
+        g = self.guard
         return {
             "requests": s.requests,
             "refused": dict(s.refused),
@@ -253,6 +426,12 @@ class A2AGateway:
             "forwarded": dict(h.forwarded) if h else {},
             "failed": dict(h.failed) if h else {},
             "iac": self.binding_stats.snapshot(),
+            "replayed": s.replayed,
+            "throttled": dict(self.shares.throttled),
+            "calls_in_flight": dict(self.shares.in_flight),
+            "connections": g.slots.in_use if g else 0,
+            "connections_refused": dict(g.slots.refused) if g else {},
+            "connections_closed": dict(g.closed) if g else {},
         }
 
     def build(self, url: str) -> ASGIApp:
@@ -301,9 +480,11 @@ class A2AGateway:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{self.scheme}://{host}:{port}/"
         app = self.build(self.url)
+        self.guard = ConnectionGuard(self.limits, f"A2A gateway {self.url}", asyncio.get_running_loop().time)
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2,
-            timeout_keep_alive=75,
+            timeout_keep_alive=max(1, int(self.limits.keep_alive)), http=guarded_protocol(self.guard),
+            h11_max_incomplete_event_size=_MAX_HEAD, backlog=1024,
             ssl_certfile=self.tls[0], ssl_keyfile=self.tls[1],
         )  # fmt: skip
         self._server = _Server(config)
