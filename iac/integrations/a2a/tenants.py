@@ -18,7 +18,7 @@ import logging
 import os
 import resource
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -349,6 +349,50 @@ class _Guarded(H11Protocol):
         self.transport.close()
 
 
+class GatewayCollector:
+    """Prometheus metric families of a gateway's ``stats()`` (register it on a registry, e.g.
+    ``NodeMetrics.registry``): requests, refusals by reason, HTTP 429s by principal, calls in
+    flight by principal, repeats answered, connections and those refused or closed."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], prefix: str = "iac_a2a_gateway") -> None:
+        self._stats = stats
+        self.prefix = prefix
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s, pre = self._stats(), self.prefix
+        yield CounterMetricFamily(
+            f"{pre}_requests", "JSON-RPC POSTs the gateway received.", value=s["requests"]
+        )
+        yield CounterMetricFamily(
+            f"{pre}_replayed", "Repeated messageIds answered from the first answer.", value=s["replayed"]
+        )
+        yield GaugeMetricFamily(f"{pre}_connections", "HTTP connections open.", value=s["connections"])
+        tables = (
+            ("refused", "Requests answered at the gateway, never forwarded, by reason.", "reason", "refused"),
+            ("throttled", "Calls answered HTTP 429 (no call slot in time), by principal.", "principal",
+             "throttled"),
+            ("connections_refused", "HTTP connections refused, by bound.", "bound", "connections_refused"),
+            ("connections_closed", "HTTP connections closed for a slow head or body.", "reason",
+             "connections_closed"),
+        )  # fmt: skip
+        for name, doc, label, key in tables:
+            family = CounterMetricFamily(f"{pre}_{name}", doc, labels=[label])
+            for value, n in sorted(s[key].items()):
+                family.add_metric([str(value)], n)
+            yield family
+        gauge = GaugeMetricFamily(
+            f"{pre}_calls_in_flight", "Calls toward the agent in flight, by principal.", labels=["principal"]
+        )
+        for principal, n in sorted(s["calls_in_flight"].items()):
+            gauge.add_metric([principal], n)
+        yield gauge
+
+
 def guarded_protocol(guard: ConnectionGuard) -> type[H11Protocol]:
     """The HTTP protocol class (uvicorn's ``Config(http=...)``) that applies ``guard``."""
     return type("GuardedH11", (_Guarded,), {"guard": guard})
@@ -358,6 +402,7 @@ __all__ = [
     "Answer",
     "ConnectionGuard",
     "FairShares",
+    "GatewayCollector",
     "GatewayLimits",
     "ReplayCache",
     "Throttled",
