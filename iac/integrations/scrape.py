@@ -102,7 +102,10 @@ class ScrapeServer:
         address = peer[0] if isinstance(peer, tuple) else ""
         refused = self._slots.take(address)
         if refused is not None:
-            self._refusals.refused(refused, asyncio.get_running_loop().time())
+            loop = asyncio.get_running_loop()
+            due = self._refusals.refused(refused, loop.time())
+            if due is not None:  # the count since the last line is logged when the interval ends
+                loop.call_at(due, lambda: self._refusals.flush(loop.time()))
             writer.transport.abort()
             return
         self._clients.add(writer)

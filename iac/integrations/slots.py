@@ -96,9 +96,18 @@ class RefusalLog:
         #: Lines written.
         self.lines = 0
 
-    def refused(self, reason: str, now: float) -> None:
+    def refused(self, reason: str, now: float) -> float | None:
+        """Count a refusal; logs it now, or returns when :meth:`flush` should log what is pending
+        (None: nothing waits, or a flush is due already)."""
         self.pending[reason] += 1
         if self.last is not None and now - self.last < self.interval:
+            return self.last + self.interval if sum(self.pending.values()) == 1 else None
+        self.flush(now)
+        return None
+
+    def flush(self, now: float) -> None:
+        """Log the refusals counted since the last line, if any."""
+        if not self.pending:
             return
         self.last = now
         counts = ", ".join(f"{n} {r}" for r, n in sorted(self.pending.items()))

@@ -80,6 +80,10 @@ class Front:
         held = [0]
         try:
             await self._read_and_serve(scope, receive, send, principal, client, declared, held)
+        except asyncio.CancelledError:
+            if not gw.closing:
+                raise
+            log.debug("gateway: a call of %s ended by the gateway's shutdown", principal)
         finally:
             gw.bodies.give(client, held[0])
 

@@ -52,6 +52,7 @@ from iac.integrations.a2a.tenants import (
     ConnectionGuard,
     FairShares,
     GatewayLimits,
+    GuardedListener,
     ReplayCache,
     guarded_protocol,
 )
@@ -146,6 +147,7 @@ class A2AGateway:
         self.shares = FairShares(lim.max_calls, lim.max_calls_per_principal, lim.max_queued)
         self.replays = ReplayCache(lim.replay_window, lim.replay_entries, lim.replay_bytes)
         self.guard: ConnectionGuard | None = None
+        self.closing = False
         self.card = pb.AgentCard()
         self.url = ""
         self.app: ASGIApp | None = None
@@ -174,8 +176,8 @@ class A2AGateway:
             "replayed": s.replayed,
             "throttled": dict(self.shares.throttled),
             "calls_in_flight": dict(self.shares.in_flight),
-            "connections": g.slots.in_use if g else 0,
-            "connections_refused": dict(g.slots.refused) if g else {},
+            "connections": g.live if g else 0,
+            "connections_refused": dict(g.refused) if g else {},
             "connections_closed": dict(g.closed) if g else {},
         }
 
@@ -212,12 +214,15 @@ class A2AGateway:
                 self.node, self.agent_id, *self.addresses, timeout=self.timeout
             )
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        guard = ConnectionGuard(self.limits, f"A2A gateway {self.host}:{self.port}", time.monotonic)
+        sock = GuardedListener(family, socket.SOCK_STREAM)
+        sock.guard = guard
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
+            guard.close()
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         sock.listen(128)
         sock.setblocking(False)
@@ -225,7 +230,7 @@ class A2AGateway:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{self.scheme}://{host}:{port}/"
         app = self.build(self.url)
-        self.guard = ConnectionGuard(self.limits, f"A2A gateway {self.url}", asyncio.get_running_loop().time)
+        self.guard = guard
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2,
             timeout_keep_alive=max(1, int(self.limits.keep_alive)), http=guarded_protocol(self.guard),
@@ -244,6 +249,7 @@ class A2AGateway:
     async def close(self) -> None:
         if self._server is None or self._task is None:
             return
+        self.closing = True  # the calls uvicorn cancels at the end of its grace end quietly
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5)
@@ -251,6 +257,8 @@ class A2AGateway:
             self._server.force_exit = True
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 2)
+        if self.guard is not None:
+            self.guard.close()
         self._server = self._task = None
 
 
