@@ -12,16 +12,13 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.authentication import AuthCredentials, SimpleUser
 from starlette.requests import ClientDisconnect
 
 from iac.integrations.a2a.binding import error_name
 from iac.integrations.a2a.tenants import Throttled
-
-if TYPE_CHECKING:
-    from iac.integrations.a2a.gateway import A2AGateway
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -55,7 +52,9 @@ class Front:
     a repeated ``messageId`` answered from the first answer, the principal's fair share of the
     calls toward the agent, counting."""
 
-    def __init__(self, app: ASGIApp, gateway: A2AGateway) -> None:
+    def __init__(self, app: ASGIApp, gateway: Any) -> None:
+        """``gateway``: the :class:`~iac.integrations.a2a.gateway.A2AGateway` it fronts (its
+        auth, bounds, budgets, shares and counters)."""
         self.app = app
         self.gw = gateway
 
