@@ -46,16 +46,10 @@ from iac.errors import ConfigError
 from iac.integrations.a2a.auth import GatewayAuth
 from iac.integrations.a2a.binding import VERSION, interface_url
 from iac.integrations.a2a.client import BindingStats, IacTransport, fetch_card
+from iac.integrations.a2a.connections import ConnectionGuard, GuardedListener, guarded_protocol
 from iac.integrations.a2a.front import SCOPE_KEY, ASGIApp, Front, GatewayStats
 from iac.integrations.a2a.proxy import ProxyHandler, forward_principal
-from iac.integrations.a2a.tenants import (
-    ConnectionGuard,
-    FairShares,
-    GatewayLimits,
-    GuardedListener,
-    ReplayCache,
-    guarded_protocol,
-)
+from iac.integrations.a2a.tenants import FairShares, GatewayLimits, ReplayCache
 from iac.integrations.slots import ByteBudget
 from iac.node.node import Node
 
