@@ -81,6 +81,9 @@ def test_the_replay_cache_keeps_answers_per_principal_within_its_window_and_boun
         assert cache.begin("alice", "m1", now=604) is None
         assert cache.begin("alice", "m3", now=605) is None  # 3 entries > 2: the oldest goes
         assert cache.begin("alice", "m2", now=606) is None
+        cache.finish("alice", "m2", (200, [], None))  # too large to keep: a repeat is told so
+        kept = cache.begin("alice", "m2", now=607)
+        assert kept is not None and kept.answer == (200, [], None)
 
     run(main())
 

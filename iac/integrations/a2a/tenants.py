@@ -164,8 +164,8 @@ class FairShares:
             fut.set_result(None)
 
 
-#: An answer as sent: (status, headers, body).
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+#: An answer as sent: (status, headers, body); the body None when it was too large to keep.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes | None]
 
 
 @dataclass
@@ -224,7 +224,7 @@ class ReplayCache:
         if answer is None:
             self._drop(principal, message_id)
             return
-        entry.answer, entry.size = answer, len(answer[2])
+        entry.answer, entry.size = answer, len(answer[2] or b"")
         self._bytes[principal] += entry.size
         entry.done.set()
         while self._bytes[principal] > self.max_bytes and seen:
