@@ -12,7 +12,7 @@ Linux) is not this process's is closed unanswered and logged. The protocol: the 
 line, ``status``; the node answers one JSON object (:func:`status_of`) and closes. Requests are
 bounded (:data:`MAX_REQUEST` bytes within :data:`READ_TIMEOUT` seconds, :data:`MAX_CLIENTS` at once).
 When every slot is taken, a new client takes the slot of the client that has waited longest without
-sending its request: idle clients of this uid delay ``iac status`` by milliseconds, never make it fail.
+sending anything: idle clients of this uid delay ``iac status`` by milliseconds, never make it fail.
 
 The default path is ``$XDG_RUNTIME_DIR/iac/ID.sock`` (``ID``: the first 16 hex digits of the
 node's AgentId) when ``XDG_RUNTIME_DIR`` names a directory, else ``~/.iac/run/ID.sock``.
@@ -23,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import socket
 import stat
+import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +103,19 @@ def _alive(path: Path) -> bool:
     return True
 
 
+def _has_sent(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> bool:
+    """Whether a client has sent something not read yet (in the reader's buffer or the socket's):
+    such a client is about to be answered and is never the one evicted for a newcomer."""
+    if getattr(reader, "_buffer", b""):
+        return True
+    sock = writer.get_extra_info("socket")
+    try:
+        pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, AttributeError, ValueError):
+        return False
+    return int.from_bytes(pending, sys.byteorder) > 0
+
+
 def status_of(node: Node, started: float) -> dict[str, Any]:
     """The answer to ``status``: the node's id, addresses, pid, uptime and ``node.stats()``
     (counters, queue depths, refusals by reason, ``peer_links``, ``peer_state``)."""
@@ -125,8 +141,8 @@ class AdminSocket:
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: set[asyncio.StreamWriter] = set()
-        #: Clients that have not sent their request yet, oldest first.
-        self._waiting: dict[asyncio.StreamWriter, None] = {}
+        #: Clients whose request has not been read yet, oldest first.
+        self._waiting: dict[asyncio.StreamWriter, asyncio.StreamReader] = {}
         self._started = 0.0
         self._inode: tuple[int, int] | None = None
         #: Clients closed unanswered because another uid ran them.
@@ -185,16 +201,16 @@ class AdminSocket:
             writer.close()
             return
         if len(self._clients) >= MAX_CLIENTS:
-            if not self._waiting:  # every slot is answering: this client waits for none
+            idle = next((w for w, r in self._waiting.items() if not _has_sent(w, r)), None)
+            if idle is None:  # every slot is answering, or has its request: this client waits for none
                 writer.close()
                 return
-            idle = next(iter(self._waiting))
             del self._waiting[idle]
             self._clients.discard(idle)
             self.evicted += 1
             idle.transport.abort()
         self._clients.add(writer)
-        self._waiting[writer] = None
+        self._waiting[writer] = reader
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 line = await reader.readline()
