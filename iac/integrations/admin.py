@@ -50,6 +50,8 @@ READ_TIMEOUT = 1.0
 MAX_CLIENTS = 8
 #: The largest answer a client reads, in bytes.
 MAX_ANSWER = 64 * 1024 * 1024
+#: Connections :func:`fetch_status` tries when one is closed unanswered.
+ATTEMPTS = 3
 #: The request that asks for the status.
 STATUS = b"status"
 #: Version of the JSON answer.
@@ -252,7 +254,24 @@ class AdminSocket:
 
 def fetch_status(path: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any]:
     """Ask the node serving ``path`` for its status (blocking). :class:`TransportError` naming the
-    fix when nothing answers there."""
+    fix when nothing answers there. A connection closed before any answer (the node was busy with
+    :data:`MAX_CLIENTS` others) is tried again, :data:`ATTEMPTS` times in all within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return _fetch_once(path, max(deadline - time.monotonic(), 0.05))
+        except _Unanswered as exc:
+            if attempt == ATTEMPTS or time.monotonic() + 0.05 * attempt >= deadline:
+                raise TransportError(str(exc)) from None
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Unanswered(TransportError):
+    """Closed before any answer: another attempt may be answered."""
+
+
+def _fetch_once(path: str | os.PathLike[str], timeout: float) -> dict[str, Any]:
     p = Path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -286,12 +305,16 @@ def fetch_status(path: str | os.PathLike[str], timeout: float = 5.0) -> dict[str
                     raise TransportError(f"{p}: the answer is larger than {MAX_ANSWER} bytes")
         except TimeoutError:
             raise TransportError(f"{p}: no answer within {timeout:g} s; the node is busy or stuck") from None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            if chunks:
+                raise TransportError(f"{p}: the connection failed ({exc.strerror})") from None
+            raise _Unanswered(f"{p}: the connection failed ({exc.strerror})") from None
         except OSError as exc:
             raise TransportError(f"{p}: the connection failed ({exc.strerror})") from None
     finally:
         sock.close()
     if not chunks:
-        raise TransportError(
+        raise _Unanswered(
             f"{p}: the node closed the connection unanswered; it answers only its own user "
             "(run iac status as that user)"
         )
