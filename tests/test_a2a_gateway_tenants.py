@@ -40,6 +40,7 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 #: Every honest call is answered within this many seconds while an attack runs.
 DEADLINE = 5.0
 LIMITS = ia.GatewayLimits()
+SLOW = os.environ.get("IAC_SLOW") == "1"
 
 
 def rpc(text: str, *, message_id: str | None = None, method: str = "SendMessage", rid: Any = 1) -> bytes:
@@ -136,7 +137,9 @@ async def _raw_post(
 _UNREAD: list[asyncio.StreamWriter] = []
 
 
+@pytest.mark.slow  # 40 unread streams and 40 slow calls by default; IAC_SLOW=1: 80 and 70
 def test_one_principal_with_slow_calls_and_unread_streams_gets_its_share_and_429s(tmp_path: Path) -> None:
+    n_streams, n_calls = (80, 70) if SLOW else (40, 40)
     status_dir = tmp_path / "run"
     status_dir.mkdir(mode=0o700)
     extra = ("--metrics", "127.0.0.1:0", "--admin", str(status_dir / "gw.sock"))
@@ -146,18 +149,22 @@ def test_one_principal_with_slow_calls_and_unread_streams_gets_its_share_and_429
             url = seen["gateway"]
             port = int(url.rstrip("/").rsplit(":", 1)[1])
             share = LIMITS.max_calls_per_principal
-            # alice: 40 streams she never reads (her share fills up), then 40 slow unary calls
-            for _ in range(40):
-                await _raw_post(rpc("slow", method="SendStreamingMessage"), TOKEN, port, read=False)
+            # alice: streams she never reads (her share fills up), then slow unary calls, from
+            # four addresses (at most 64 connections each)
+            for i in range(n_streams):  # each a call of its own (a messageId of its own)
+                stream = rpc("slow", method="SendStreamingMessage")
+                await _raw_post(stream, TOKEN, port, read=False, source=f"127.0.0.{2 + i % 2}")
             await eventually(lambda: worker.executions >= share, timeout=20)
             slow = [
-                asyncio.create_task(_raw_post(rpc("slow"), TOKEN, port, read=True, source="127.0.0.3"))
-                for _ in range(40)
+                asyncio.create_task(
+                    _raw_post(rpc("slow"), TOKEN, port, read=True, source=f"127.0.0.{4 + i % 2}")
+                )
+                for i in range(n_calls)
             ]
             async with httpx.AsyncClient() as http:
                 await honest_calls(http, url)  # while alice's calls wait in the queue
                 answers = [a for a in await asyncio.gather(*slow) if a is not None]
-                assert [status for status, _ in answers] == [429] * 40
+                assert [status for status, _ in answers] == [429] * n_calls
                 error = answers[0][1]["error"]
                 assert "'alice'" in error["message"]
                 assert error["data"] == {"principal": "alice", "in_flight": share}
@@ -165,7 +172,7 @@ def test_one_principal_with_slow_calls_and_unread_streams_gets_its_share_and_429
                 r = await http.get(seen["metrics"], timeout=DEADLINE)
                 assert r.status_code == 200
                 # the streams past her share were answered 429 too, into sockets she never reads
-                throttled = 40 + 40 - share
+                throttled = n_streams + n_calls - share
                 assert f'iac_a2a_gateway_throttled_total{{principal="alice"}} {throttled}.0' in r.text
             assert (await asyncio.to_thread(fetch_status, seen["status"]))["agent_id"] == seen["node"]
             stats, err = await stop(proc)
