@@ -259,33 +259,45 @@ async def gateway_here(limits: ia.GatewayLimits, **kw: Any):
             yield gw, worker
 
 
+@pytest.mark.slow  # 20 of each, 0.5 s heads by default; IAC_SLOW=1: 300, 300, 1,000 at the defaults
 def test_slow_heads_slow_bodies_and_silent_connections_are_closed(caplog: pytest.LogCaptureFixture) -> None:
-    limits = ia.GatewayLimits(head_timeout=0.5, min_body_rate=1024)
+    if SLOW:  # the reported attack, at the default times (more connections, to hold them all)
+        limits, counts, wait = ia.GatewayLimits(max_connections=2048), (1000, 300, 300), 30.0
+    else:
+        limits, counts, wait = ia.GatewayLimits(head_timeout=0.5), (20, 20, 20), 10.0
 
     async def main() -> None:
         async with gateway_here(limits) as (gw, _worker), httpx.AsyncClient() as http:
             port = int(gw.url.rstrip("/").rsplit(":", 1)[1])
             socks: dict[str, list[socket.socket]] = {"silent": [], "slow_head": [], "slow_body": []}
             head = "".join(f"{k}: {v}\r\n" for k, v in headers(TOKEN).items())
-            for kind, first in (
+            kinds = (
                 ("silent", b""),
                 ("slow_head", b"POST / HTTP/1.1\r\nHost: x\r\n"),
                 ("slow_body", f"POST / HTTP/1.1\r\nHost: x\r\n{head}Content-Length: 99999\r\n\r\n".encode()),
-            ):
-                for _ in range(20):
-                    s = attacker(port)
-                    s.sendall(first)
-                    socks[kind].append(s)
+            )
+
+            def open_all() -> None:  # in a thread: the loop keeps accepting meanwhile
+                n = 0
+                for (kind, first), count in zip(kinds, counts, strict=True):
+                    for _ in range(count):  # at most 60 from one address
+                        source = (f"127.0.1.{n // 60}", 0)
+                        s = socket.create_connection(("127.0.0.1", port), source_address=source)
+                        s.sendall(first)
+                        socks[kind].append(s)
+                        n += 1
+
+            await asyncio.to_thread(open_all)
             await honest_calls(http, gw.url)
             every = [s for group in socks.values() for s in group]
-            await eventually(lambda: all(_closed_by_peer(s) for s in every), timeout=10)
+            await eventually(lambda: all(_closed_by_peer(s) for s in every), timeout=wait)
             closed = gw.stats()["connections_closed"]
-            assert closed == {"slow_head": 40, "slow_body": 20}, closed
+            assert closed == {"slow_head": counts[0] + counts[1], "slow_body": counts[2]}, closed
             for s in every:
                 s.close()
 
     with caplog.at_level(logging.DEBUG, logger="iac"):
-        run(main(), timeout=60, loop_errors=False)
+        run(main(), timeout=30 + 2 * wait, loop_errors=False)
 
 
 def test_bodies_in_flight_are_bounded_per_client() -> None:
