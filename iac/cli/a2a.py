@@ -6,7 +6,8 @@ publishes the A2A agent behind IAC agent ``AGENT`` to plain A2A clients: its car
 a bearer token (``--tokens``) or an API key (``--api-keys``, header ``--api-key-header``); both
 files hold ``PRINCIPAL SECRET`` lines and must be private (mode 0600). Each call is forwarded
 signed by the gateway's key, the caller's principal in Message field 19. It prints
-``gateway URL``, ``card URL`` and ``node ID``, serves until interrupted, then prints its counters.
+``gateway URL``, ``card URL`` and ``node ID`` (and ``status PATH``, ``metrics URL``), serves until
+interrupted, then prints its counters. Its bounds per tenant and in total are in ``--help``.
 
 ``iac a2a bridge --key K --listen URL --to http://HOST:PORT`` the other way: a node that answers
 A2A over IAC for the HTTP A2A agent at that URL (``--bearer-token-file`` for the HTTP leg).
@@ -36,6 +37,7 @@ from iac.cli.options import (
     serve_until_signal,
     transport_config,
 )
+from iac.cli.serving import metrics_of, print_lines, running
 from iac.errors import ConfigError, IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
@@ -66,10 +68,10 @@ def _run(main: Any) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _node(args: argparse.Namespace, listen: list[str] | None = None) -> Node:
+def _node(args: argparse.Namespace, listen: list[str] | None = None, metrics: Any = None) -> Node:
     identity = checks.load_key(args.key)
     config = NodeConfig(transport=transport_config(args))
-    return Node(identity, listen=checks.listen_urls(listen) if listen else [], config=config)
+    return Node(identity, listen=checks.listen_urls(listen) if listen else [], config=config, metrics=metrics)
 
 
 async def run_gateway(args: argparse.Namespace) -> int:
@@ -81,16 +83,24 @@ async def run_gateway(args: argparse.Namespace) -> int:
         auth = a2a.GatewayAuth.from_file(args.tokens, "bearer")
     else:
         auth = a2a.GatewayAuth.from_file(args.api_keys, "apikey", args.api_key_header)
-    async with _node(args) as node:
+    limits = a2a.GatewayLimits(
+        max_calls=args.max_calls, max_calls_per_principal=min(args.max_calls_per_principal, args.max_calls),
+        max_connections=args.max_connections, max_per_address=args.max_connections_per_address,
+    )  # fmt: skip
+    metrics = metrics_of(args)
+    async with _node(args, metrics=metrics) as node:
         gateway = a2a.A2AGateway(
             node, args.to, addresses=args.addr, auth=auth, listen=args.listen, max_body=args.max_body,
             timeout=args.timeout, advertise_iac=not args.no_advertise_iac,
-            tls_cert=args.https_cert, tls_key=args.https_key,
+            tls_cert=args.https_cert, tls_key=args.https_key, limits=limits,
         )  # fmt: skip
-        async with gateway:
+        async with gateway, running(node, args, metrics) as lines:
+            if metrics is not None:
+                metrics.registry.register(a2a.GatewayCollector(gateway.stats))
             print(f"gateway {gateway.url}", flush=True)
             print(f"card {gateway.url}.well-known/agent-card.json", flush=True)
             print(f"node {node.agent_id}", flush=True)
+            print_lines(lines)
             await serve_until_signal()
             print(f"stats {json.dumps(gateway.stats(), sort_keys=True)}", flush=True)
     return 0
@@ -160,7 +170,18 @@ def register(sub: Any) -> None:
     p = sub.add_parser("a2a", help="A2A over IAC: an HTTP gateway, a bridge, an agent's card")
     verbs = p.add_subparsers(dest="a2a_verb", metavar="VERB", required=True)
 
-    g = verbs.add_parser("gateway", help="serve A2A JSON-RPC over HTTP in front of an IAC agent")
+    g = verbs.add_parser(
+        "gateway",
+        help="serve A2A JSON-RPC over HTTP in front of an IAC agent",
+        description="Serve A2A JSON-RPC (and SSE) over HTTP in front of an IAC agent. Bounds, per "
+        "tenant and in total: a request head within 10 s; a body at 1 KiB/s or more; an idle "
+        "kept-alive connection 75 s; --max-connections in total (lowered to fit the descriptor "
+        "limit) and --max-connections-per-address; request bodies in flight 64 MiB in total and "
+        "8 MiB per client address; --max-calls toward the agent, --max-calls-per-principal of them "
+        "for one principal, a call beyond waits at most 5 s (256 wait at most) then gets HTTP 429; "
+        "a repeated messageId from the same principal within 10 minutes (256 per principal) is "
+        "answered from the first answer, not run again.",
+    )
     g.add_argument("--key", required=True, help="the gateway's key file (it signs what it forwards)")
     g.add_argument("--listen", required=True, metavar="URL", help="http://HOST:PORT (or https://)")
     g.add_argument("--to", required=True, metavar="AGENT", help="the IAC agent's AgentId")
@@ -180,8 +201,36 @@ def register(sub: Any) -> None:
     g.add_argument("--https-cert", default=None, help="serve https:// with this certificate (PEM)")
     g.add_argument("--https-key", default=None, help="... and this key (PEM)")
     g.add_argument("--no-advertise-iac", action="store_true", help="publish only the JSON-RPC interface")
+    g.add_argument(
+        "--max-calls",
+        metavar="N",
+        type=integer(minimum=1, maximum=1024, what="count"),
+        default=48,
+        help="calls and streams toward the agent at once (default 48: below a peer's 64 in flight)",
+    )
+    g.add_argument(
+        "--max-calls-per-principal",
+        metavar="N",
+        type=integer(minimum=1, maximum=1024, what="count"),
+        default=16,
+        help="... of them for one principal (default 16); more wait at most 5 s, then HTTP 429",
+    )
+    g.add_argument(
+        "--max-connections",
+        metavar="N",
+        type=integer(minimum=1, maximum=1 << 20, what="count"),
+        default=1024,
+        help="HTTP connections at once (default 1024, lowered to fit the descriptor limit)",
+    )
+    g.add_argument(
+        "--max-connections-per-address",
+        metavar="N",
+        type=integer(minimum=1, maximum=1 << 20, what="count"),
+        default=64,
+        help="HTTP connections at once from one client address (default 64)",
+    )
     add_transport_options(g)
-    add_server_options(g, admin=False, metrics=False)
+    add_server_options(g)
     g.set_defaults(func=_run(run_gateway))
 
     b = verbs.add_parser("bridge", help="answer A2A over IAC for an HTTP A2A agent")

@@ -165,7 +165,7 @@ def add_server_options(p: argparse.ArgumentParser, *, admin: bool = True, metric
             metavar="PATH",
             help="serve `iac status` on this UNIX socket (mode 0600, in a private directory; "
             "default $XDG_RUNTIME_DIR/iac/ID.sock or ~/.iac/run/ID.sock, ID the AgentId's first 16 "
-            "hex digits)",
+            "hex digits; 8 clients at once, each sending its request line within 1 s)",
         )
         group.add_argument("--no-admin", action="store_true", help="serve no status socket")
     if metrics:
@@ -173,7 +173,8 @@ def add_server_options(p: argparse.ArgumentParser, *, admin: bool = True, metric
             "--metrics",
             default=None,
             metavar="HOST:PORT",
-            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs iac[metrics])",
+            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs iac[metrics]; 16 "
+            "connections at once, 4 per client address, each sending its request within 10 s)",
         )
 
 

@@ -60,6 +60,7 @@ from iac.protocol.records import (
 from iac.wire._pb.iac_pb2 import TaskState
 from iac.wire.enums import MessageType
 from iac.wire.identity import Identity, check_agent_id, is_agent_id
+from iac.wire.private import write_private
 
 log = logging.getLogger("iac.mesh")
 
@@ -203,9 +204,10 @@ class MeshClient:
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"{self.seq_file}: not a seq counter ({exc})") from None
             seq = max(seq, stored + 1)
-            tmp = self.seq_file.with_name(self.seq_file.name + ".tmp")
-            tmp.write_text(f"{seq}\n")
-            os.replace(tmp, self.seq_file)
+            try:
+                write_private(self.seq_file, f"{seq}\n".encode())
+            except OSError as exc:
+                raise ConfigError(f"{self.seq_file}: cannot write the seq counter ({exc})") from None
         self._last_seq = seq
         return seq
 

@@ -33,6 +33,7 @@ from iac.integrations.a2a.gateway import A2AGateway
 from iac.integrations.a2a.principal import principal_of
 from iac.integrations.a2a.proxy import ProxyHandler
 from iac.integrations.a2a.server import A2AServer, IacUser, serve
+from iac.integrations.a2a.tenants import GatewayCollector, GatewayLimits
 
 __all__ = [
     "BINDING",
@@ -45,6 +46,8 @@ __all__ = [
     "A2AServer",
     "Endpoint",
     "GatewayAuth",
+    "GatewayCollector",
+    "GatewayLimits",
     "IacBinding",
     "IacBindingError",
     "IacTransport",
