@@ -258,20 +258,23 @@ def fetch_status(path: str | os.PathLike[str], timeout: float = 5.0) -> dict[str
     :data:`MAX_CLIENTS` others) is tried again, :data:`ATTEMPTS` times in all within ``timeout``."""
     deadline = time.monotonic() + timeout
     for attempt in range(1, ATTEMPTS + 1):
-        try:
-            return _fetch_once(path, max(deadline - time.monotonic(), 0.05))
-        except _Unanswered as exc:
-            if attempt == ATTEMPTS or time.monotonic() + 0.05 * attempt >= deadline:
-                raise TransportError(str(exc)) from None
-            time.sleep(0.05 * attempt)
+        answer = _fetch_once(path, max(deadline - time.monotonic(), 0.05))
+        if not isinstance(answer, _Unanswered):
+            return answer
+        if attempt == ATTEMPTS or time.monotonic() + 0.05 * attempt >= deadline:
+            raise TransportError(answer.why)
+        time.sleep(0.05 * attempt)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class _Unanswered(TransportError):
-    """Closed before any answer: another attempt may be answered."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unanswered:
+    """Closed before any answer (``why``): another attempt may be answered."""
+
+    why: str
 
 
-def _fetch_once(path: str | os.PathLike[str], timeout: float) -> dict[str, Any]:
+def _fetch_once(path: str | os.PathLike[str], timeout: float) -> dict[str, Any] | _Unanswered:
     p = Path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -308,13 +311,13 @@ def _fetch_once(path: str | os.PathLike[str], timeout: float) -> dict[str, Any]:
         except (BrokenPipeError, ConnectionResetError) as exc:
             if chunks:
                 raise TransportError(f"{p}: the connection failed ({exc.strerror})") from None
-            raise _Unanswered(f"{p}: the connection failed ({exc.strerror})") from None
+            return _Unanswered(f"{p}: the connection failed ({exc.strerror})")
         except OSError as exc:
             raise TransportError(f"{p}: the connection failed ({exc.strerror})") from None
     finally:
         sock.close()
     if not chunks:
-        raise _Unanswered(
+        return _Unanswered(
             f"{p}: the node closed the connection unanswered; it answers only its own user "
             "(run iac status as that user)"
         )

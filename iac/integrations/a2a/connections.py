@@ -88,6 +88,11 @@ class ConnectionGuard:
             with contextlib.suppress(OSError):
                 self._spare = os.open(os.devnull, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
+    @property
+    def has_spare(self) -> bool:
+        """Whether a descriptor is held in reserve (to accept and close one over the limit)."""
+        return self._spare is not None
+
     def release_spare(self) -> None:
         if self._spare is not None:
             os.close(self._spare)
@@ -143,7 +148,7 @@ class GuardedListener(socket.socket):
             try:
                 conn, addr = super().accept()
             except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE) or guard._spare is None:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not guard.has_spare:
                     raise
                 guard.release_spare()  # room for one: take the connection off the queue and close it
                 try:
