@@ -40,7 +40,7 @@ from iac.wire.enums import Intent, MessageType
 from iac.wire.identity import Identity
 
 try:
-    __version__ = importlib.metadata.version("iac")
+    __version__ = importlib.metadata.version("iac-mesh")
 except importlib.metadata.PackageNotFoundError:  # a source checkout that is not installed
     __version__ = "0+unknown"
 

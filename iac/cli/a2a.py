@@ -1,4 +1,4 @@
-"""``iac a2a``: A2A over IAC from the command line (``pip install 'iac[a2a]'``).
+"""``iac a2a``: A2A over IAC from the command line (``pip install 'iac-mesh[a2a]'``).
 
 ``iac a2a gateway --key K --listen http://HOST:PORT --to AGENT --addr URL --tokens FILE``
 publishes the A2A agent behind IAC agent ``AGENT`` to plain A2A clients: its card at
@@ -45,7 +45,7 @@ def _a2a() -> Any:
     try:
         from iac.integrations import a2a
     except ImportError:
-        raise ConfigError("iac a2a needs the A2A SDK: pip install 'iac[a2a]'") from None
+        raise ConfigError("iac a2a needs the A2A SDK: pip install 'iac-mesh[a2a]'") from None
     return a2a
 
 

@@ -143,7 +143,9 @@ def _store_spec(spec: str) -> str:
         try:
             importlib.import_module("redis")
         except ImportError:
-            raise ConfigError(f"--store {spec}: needs the Redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                f"--store {spec}: needs the Redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         return spec
     raise ConfigError(f"--store {spec!r:.60}: not a registry store; give {forms}")
 

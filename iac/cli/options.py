@@ -173,7 +173,7 @@ def add_server_options(p: argparse.ArgumentParser, *, admin: bool = True, metric
             "--metrics",
             default=None,
             metavar="HOST:PORT",
-            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs iac[metrics])",
+            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs iac-mesh[metrics])",
         )
 
 

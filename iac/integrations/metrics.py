@@ -1,4 +1,4 @@
-"""Prometheus metrics for one node (``pip install 'iac[metrics]'``).
+"""Prometheus metrics for one node (``pip install 'iac-mesh[metrics]'``).
 
 ::
 
@@ -32,7 +32,9 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.exposition import choose_encoder
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.metrics needs prometheus-client: pip install 'iac[metrics]'") from exc
+    raise ImportError(
+        "iac.integrations.metrics needs prometheus-client: pip install 'iac-mesh[metrics]'"
+    ) from exc
 
 from iac.errors import ERROR_CODES, ConfigError
 from iac.integrations.scrape import ScrapeServer, parse_listen

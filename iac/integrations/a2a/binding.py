@@ -37,7 +37,7 @@ try:
     from google.protobuf.json_format import MessageToDict, ParseDict
     from google.protobuf.message import Message as ProtoMessage
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.a2a needs a2a-sdk: pip install 'iac[a2a]'") from exc
+    raise ImportError("iac.integrations.a2a needs a2a-sdk: pip install 'iac-mesh[a2a]'") from exc
 
 from iac.errors import ConfigError, IacError
 from iac.transport.base import parse_address
