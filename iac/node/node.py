@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from iac.errors import ConfigError, ErrorCode, RemoteError, TransportError
 from iac.node.config import PeerEvent
@@ -34,9 +34,10 @@ from iac.node.runtime import NodeRuntime
 from iac.node.types import FileSent, ReceivedFile, Reply, Sent, dumps
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
-from iac.wire._pb.iac_pb2 import Message, TaskState
+from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, message_type
 from iac.wire.message import FLAG_ORDERED, sender_of
+from iac.wire.task import TaskState
 
 log = logging.getLogger("iac.node")
 
@@ -65,8 +66,20 @@ class Context:
         return int(self.message.msg_type)
 
     @property
-    def task(self) -> TaskState | None:
-        return self.message.task if self.message.HasField("task") else None
+    def has_task(self) -> bool:
+        """The message carries a task envelope (every DELEGATE_TASK does)."""
+        return self.message.HasField("task")
+
+    @property
+    def task(self) -> TaskState:
+        """The message's task envelope. Every DELEGATE_TASK carries one (the node checked its intent
+        and step before the handler runs); another type only when its sender attached one
+        (:attr:`has_task`): without one this raises :class:`~iac.ConfigError`."""
+        if not self.message.HasField("task"):
+            raise ConfigError(
+                f"this {MessageType(self.msg_type).name} message carries no task; check ctx.has_task first"
+            )
+        return cast(TaskState, self.message.task)
 
     @property
     def deadline_us(self) -> int:
@@ -277,7 +290,7 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
-    ) -> AsyncIterator[Reply]:
+    ) -> AsyncGenerator[Reply, None]:
         """A request answered by a sequence of parts: ``async for part in node.stream(peer, "RUN")``.
 
         The handler is an async generator; each value it yields is a :class:`Reply` here, in order.
