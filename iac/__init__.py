@@ -3,9 +3,9 @@
 Signed (Ed25519), dictionary-compressed (zstd) protobuf messages between AI agents, peer to peer
 over QUIC, TLS/TCP and UNIX sockets. This module is what an agent author types: the
 :class:`Node`, its configuration and policies, the values handlers get and callers receive, the
-wire enums, and the errors people catch. Everything else lives in the layer packages
-(docs/API.md): :mod:`iac.errors`, :mod:`iac.wire`, :mod:`iac.protocol`, :mod:`iac.stores`,
-:mod:`iac.transport`, :mod:`iac.node`, :mod:`iac.mesh`, :mod:`iac.testing`.
+wire enums, and the errors people catch. Everything else lives in the layer packages (the API
+reference, docs/reference/): :mod:`iac.errors`, :mod:`iac.wire`, :mod:`iac.protocol`,
+:mod:`iac.stores`, :mod:`iac.transport`, :mod:`iac.node`, :mod:`iac.mesh`, :mod:`iac.testing`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,17 @@ from iac.protocol.guards import prompt_injection_guard
 from iac.protocol.routing import RelayPolicy
 from iac.transport.base import TransportConfig
 from iac.transport.dialer import DialPolicy
-from iac.wire._pb.iac_pb2 import TaskState
 from iac.wire.enums import Intent, MessageType
 from iac.wire.identity import Identity
+from iac.wire.task import TaskState
 
 try:
-    __version__ = importlib.metadata.version("iac-mesh")
+    _installed = importlib.metadata.version("iac-mesh")
 except importlib.metadata.PackageNotFoundError:  # a source checkout that is not installed
-    __version__ = "0+unknown"
+    _installed = "0+unknown"
+#: The installed version of the distribution ``iac-mesh`` (``0+unknown`` in a checkout that is not
+#: installed).
+__version__ = _installed
 
 __all__ = [
     "ConfigError",

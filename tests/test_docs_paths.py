@@ -1,6 +1,6 @@
 """Every module, name and file the documents point at exists.
 
-The documents are docs/*.md, README.md and benchmarks/README.md. A dotted name that starts with
+The documents are docs/**/*.md, README.md and benchmarks/README.md. A dotted name that starts with
 ``iac.`` or ``tools.`` must import (the longest importable prefix, then attributes: a class, a
 function, a method, an enum member); a path that starts with ``iac/``, ``tools/`` or
 ``benchmarks/`` must be a file or a folder of the repository.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "benchmarks" / "README.md"])
+DOCUMENTS = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md", ROOT / "benchmarks" / "README.md"])
 
 #: ``iac.Name`` or ``tools.module.name``; not inside a path or a longer dotted word
 #: (``proto/iac.proto`` is a file, checked as a path when it is written as one).

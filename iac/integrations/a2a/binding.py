@@ -49,6 +49,7 @@ BINDING = "IAC"
 #: The A2A protocol versions the binding carries (major.minor), preferred first.
 VERSIONS = ("1.0",)
 VERSION = VERSIONS[0]
+"""The A2A protocol version the binding prefers (the first of ``VERSIONS``)."""
 #: The IAC message type that carries A2A calls.
 MSG_TYPE = MessageType.RUN
 #: The binding's own method: the agent's public card (what an HTTP agent serves at its
