@@ -1,4 +1,4 @@
-"""What user code relies on to type-check strictly: the typed TaskState, ``ctx.task``, ``stream``.
+"""What user code relies on to type-check strictly: TaskState, ``ctx.task``, ``stream``, ``expose``.
 
 The guides' examples run under ``mypy --strict`` (tests/test_guides.py); these tests hold the run
 time side of the same promises, and one mypy run checks a small agent that uses them.
@@ -66,6 +66,19 @@ async def main(node: iac.Node, peer: str) -> None:
     async def parts(ctx: iac.Context) -> AsyncIterator[int]:
         yield 1
 
+    @node.expose
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    @node.expose("shout")
+    async def shout(text: str) -> str:
+        return text.upper()
+
+    reveal_type(add)
+    reveal_type(shout)
+    total: int = add(1, b=2)
+    unsubscribe = node.on_file(lambda f: None)
+    unsubscribe()
     task = iac.TaskState(task_id="t", intent=iac.Intent.ASSIGN_TASK, step=1, steps=1, state_ref="r")
     await node.delegate(peer, task, {}, timeout=1)
     async with contextlib.aclosing(node.stream(peer, "RUN", timeout=1)) as stream:
@@ -82,4 +95,9 @@ def test_a_small_agent_passes_mypy_strict(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert 'Revealed type is "iac.node.types.Reply"' in out.stdout, out.stdout
+    # expose keeps the function's type (a decorator that returned Any lost it); mypy writes
+    # builtins.int or int, by version
+    revealed = out.stdout.replace("builtins.", "")
+    assert 'Revealed type is "def (a: int, b: int =) -> int"' in revealed, out.stdout
+    assert 'Revealed type is "def (text: str) -> typing.Coroutine[Any, Any, str]"' in revealed, out.stdout
     assert "error" not in out.stdout.replace("Revealed", ""), out.stdout

@@ -20,18 +20,19 @@ Conventions this node keeps on the wire:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from iac.errors import ConfigError, ErrorCode, RemoteError, TransportError
 from iac.node.config import PeerEvent
 from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent, dumps
+from iac.node.types import FileSent, ReceivedFile, Reply, Sent, payload_text
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
@@ -42,6 +43,21 @@ from iac.wire.task import TaskState
 log = logging.getLogger("iac.node")
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C")
+
+
+def _subscribe(callbacks: list[C], callback: C) -> Callable[[], None]:
+    """Append ``callback``; the function returned removes it again (once; later calls do nothing)."""
+    callbacks.append(callback)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            callbacks.remove(callback)
+
+    return remove
+
 
 _CANCEL = int(MessageType.CANCEL)
 _COMMAND = int(MessageType.COMMAND)
@@ -146,29 +162,49 @@ class Node(NodeRuntime):
         self._check_open()
         await self._peers.connect(peer)
 
-    def on(self, msg_type: MessageType | int | str) -> Callable[[F], F]:
+    def on(self, msg_type: MessageType | int | str, *, replace: bool = False) -> Callable[[F], F]:
         """Register the handler of a message type: ``@node.on(MessageType.DELEGATE_TASK)`` or
         ``@node.on("DELEGATE_TASK")``.
 
-        The handler takes a :class:`Context` (sync or async); its return value (JSON) is the
-        REPLY; :class:`~iac.HandlerError` becomes that ERROR code, any other exception ``internal``.
+        The handler takes a :class:`Context` (sync or async, or an async generator that streams
+        its answer: :meth:`stream`); its return value (JSON) is the REPLY;
+        :class:`~iac.HandlerError` becomes that ERROR code, any other exception ``internal``.
+        A second handler for a type raises :class:`~iac.ConfigError` unless ``replace=True``.
         """
         mt = message_type(msg_type)
         self._dispatch.check_handled_type(mt)
 
         def register(func: F) -> F:
-            self._dispatch.on(mt, func)
+            self._dispatch.on(mt, func, replace=replace)
             return func
 
         return register
 
-    def expose(self, func_or_name: Callable[..., Any] | str | None = None, *, name: str | None = None) -> Any:
+    @overload
+    def expose(
+        self, func_or_name: Callable[P, R], *, name: str | None = None, replace: bool = False
+    ) -> Callable[P, R]: ...
+
+    @overload
+    def expose(
+        self, func_or_name: str | None = None, *, name: str | None = None, replace: bool = False
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def expose(
+        self,
+        func_or_name: Callable[..., Any] | str | None = None,
+        *,
+        name: str | None = None,
+        replace: bool = False,
+    ) -> Any:
         """Put a function on the remote-call allow-list: ``@node.expose``, ``@node.expose("name")``
-        or ``node.expose(func, name="name")``. Nothing else is ever callable by name."""
+        or ``node.expose(func, name="name")``; the function is returned as it is, with its type.
+        Nothing else is ever callable by name. A second function under a name raises
+        :class:`~iac.ConfigError` unless ``replace=True``."""
         if callable(func_or_name):
-            return self._dispatch.expose(func_or_name, name)
+            return self._dispatch.expose(func_or_name, name, replace=replace)
         chosen = func_or_name if isinstance(func_or_name, str) else name
-        return lambda func: self._dispatch.expose(func, chosen)
+        return lambda func: self._dispatch.expose(func, chosen, replace=replace)
 
     def handler(self, msg_type: MessageType | int | str) -> Handler | None:
         """The handler registered for ``msg_type`` (:meth:`on`), or None."""
@@ -180,15 +216,19 @@ class Node(NodeRuntime):
         Returns a function that removes the callback again."""
         return self._peers.on_peer(callback)
 
-    def on_error(self, callback: ErrorCallback) -> None:
+    def on_error(self, callback: ErrorCallback) -> Callable[[], None]:
         """Call ``callback(peer, message, code, text)`` for an ERROR that answers no pending request
-        (e.g. a one-way message refused with ``busy``)."""
-        self._inbound.error_callbacks.append(callback)
+        (e.g. a one-way message refused with ``busy``).
 
-    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> None:
+        Returns a function that removes the callback again."""
+        return _subscribe(self._inbound.error_callbacks, callback)
+
+    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> Callable[[], None]:
         """Call ``callback(ReceivedFile)`` (sync or async) when a file was verified and renamed into
-        the inbox (``NodeConfig.inbox_dir``)."""
-        self._files.on_file(callback)
+        the inbox (``NodeConfig.inbox_dir``).
+
+        Returns a function that removes the callback again."""
+        return self._files.on_file(callback)
 
     def peer_events(self) -> AsyncIterator[PeerEvent]:
         """Peer up/down events as an async iterator (ends when the node closes)."""
@@ -404,7 +444,7 @@ class Node(NodeRuntime):
         mt = message_type(msg_type)
         if mt in RESPONSE_TYPES or mt == _CANCEL:
             raise ConfigError("REPLY, ERROR, ACK and CANCEL cannot be broadcast")
-        text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
+        text = payload_text(payload, payload_json)
         return await self._outbox.broadcast(mt, text, extra_data, hop_limit)
 
     async def send_file(

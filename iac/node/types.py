@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from iac.errors import ConfigError
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, sender_of
@@ -102,6 +103,23 @@ class ReceivedFile:
 
 
 dumps = dumps_compact
+
+
+def payload_text(payload: Any, payload_json: str | None) -> str:
+    """The ``payload_json`` of a message to send: given, or ``payload`` as JSON ("" for None).
+    A payload that is not JSON is the caller's to fix: :class:`~iac.ConfigError` says how."""
+    if payload_json is not None:
+        return payload_json
+    if payload is None:
+        return ""
+    try:
+        return dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"the payload is not JSON ({exc}): pass dicts, lists, strings, numbers, booleans and None "
+            "(convert the rest, e.g. a set to a list), or JSON text as payload_json=...; bytes go in "
+            "extra_data=... or, for files, send_file()"
+        ) from None
 
 
 def error_payload(code: str, message: str) -> str:

@@ -117,7 +117,10 @@ def encode_frame(
     one; with neither the body goes raw.
     """
     if len(body) > max_frame_size:
-        raise FrameTooLarge(f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}")
+        raise FrameTooLarge(
+            f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}: send large data "
+            "as a file (Node.send_file, in chunks), or raise TransportConfig.max_frame_size on both sides"
+        )
     flags = 0
     if compress_with is not None or plain_zstd:
         packed = (compress_with or NO_DICTIONARY).compress(body)
