@@ -21,9 +21,10 @@ Conventions this node keeps on the wire:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
@@ -46,6 +47,37 @@ F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
 C = TypeVar("C")
+
+
+#: What the first dial of a scheme imports: its adapter, and for QUIC the backend (aioquic), its
+#: congestion control and the certificate code; the IDNA codec that ssl encodes host names with,
+#: and the thread pool that resolves them. Node.start() and add_peer() import them,
+#: so that the first request of a process costs a dial, not tens of milliseconds of imports.
+_DIAL_IMPORTS = {
+    "quic": (
+        "iac.transport.quic",
+        "iac.transport.quic.backend",
+        "iac.transport.quic.congestion.adapter",
+        "cryptography.hazmat.backends.openssl",
+        "encodings.idna",
+        "concurrent.futures.thread",
+    ),
+    "tls": ("iac.transport.tls", "encodings.idna", "concurrent.futures.thread"),
+    "unix": ("iac.transport.unix",),
+}
+_imported_schemes: set[str] = set()
+
+
+def _import_transports(urls: Iterable[str]) -> None:
+    for url in urls:
+        scheme = url.partition("://")[0]
+        if scheme in _imported_schemes or scheme not in _DIAL_IMPORTS:
+            continue
+        _imported_schemes.add(scheme)
+        modules = [importlib.import_module(name) for name in _DIAL_IMPORTS[scheme]]
+        if scheme == "quic":
+            with contextlib.suppress(ConfigError):  # no backend installed: the dial says so
+                modules[1].get_backend()
 
 
 def _subscribe(callbacks: list[C], callback: C) -> Callable[[], None]:
@@ -134,11 +166,17 @@ class Node(NodeRuntime):
     def _context(self, msg: Message, payload: Any, expects_reply: bool) -> Context:
         return Context(self, msg, payload, expects_reply)
 
+    async def start(self) -> None:
+        """Open the replay store and the listeners; import the transports the peer book dials."""
+        await super().start()
+        _import_transports(url for urls in self.peer_book.values() for url in urls)
+
     # --- registration -----------------------------------------------------------------------------
 
     def add_peer(self, agent_id: str, *urls: str) -> None:
         """Add addresses for a peer (tried in order by the fallback dialer)."""
         self._peers.add(agent_id, *urls)
+        _import_transports(urls)
 
     def add_route(self, dest: str, via: str) -> None:
         """Reach ``dest`` through the relay ``via`` (a static route: never replaced by a learned one).
