@@ -20,11 +20,9 @@ Conventions this node keeps on the wire:
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
@@ -33,7 +31,8 @@ from iac.node.config import PeerEvent
 from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent, payload_text
+from iac.node.transports import import_transports
+from iac.node.types import FileSent, ReceivedFile, Reply, Sent, payload_text, subscribe
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
@@ -46,49 +45,6 @@ log = logging.getLogger("iac.node")
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
-C = TypeVar("C")
-
-
-#: What the first dial of a scheme imports: its adapter, and for QUIC the backend (aioquic), its
-#: congestion control and the certificate code; the IDNA codec that ssl encodes host names with,
-#: and the thread pool that resolves them. Node.start() and add_peer() import them,
-#: so that the first request of a process costs a dial, not tens of milliseconds of imports.
-_DIAL_IMPORTS = {
-    "quic": (
-        "iac.transport.quic",
-        "iac.transport.quic.backend",
-        "iac.transport.quic.congestion.adapter",
-        "cryptography.hazmat.backends.openssl",
-        "encodings.idna",
-        "concurrent.futures.thread",
-    ),
-    "tls": ("iac.transport.tls", "encodings.idna", "concurrent.futures.thread"),
-    "unix": ("iac.transport.unix",),
-}
-_imported_schemes: set[str] = set()
-
-
-def _import_transports(urls: Iterable[str]) -> None:
-    for url in urls:
-        scheme = url.partition("://")[0]
-        if scheme in _imported_schemes or scheme not in _DIAL_IMPORTS:
-            continue
-        _imported_schemes.add(scheme)
-        modules = [importlib.import_module(name) for name in _DIAL_IMPORTS[scheme]]
-        if scheme == "quic":
-            with contextlib.suppress(ConfigError):  # no backend installed: the dial says so
-                modules[1].get_backend()
-
-
-def _subscribe(callbacks: list[C], callback: C) -> Callable[[], None]:
-    """Append ``callback``; the function returned removes it again (once; later calls do nothing)."""
-    callbacks.append(callback)
-
-    def remove() -> None:
-        with contextlib.suppress(ValueError):
-            callbacks.remove(callback)
-
-    return remove
 
 
 _CANCEL = int(MessageType.CANCEL)
@@ -169,14 +125,14 @@ class Node(NodeRuntime):
     async def start(self) -> None:
         """Open the replay store and the listeners; import the transports the peer book dials."""
         await super().start()
-        _import_transports(url for urls in self.peer_book.values() for url in urls)
+        import_transports(url for urls in self.peer_book.values() for url in urls)
 
     # --- registration -----------------------------------------------------------------------------
 
     def add_peer(self, agent_id: str, *urls: str) -> None:
         """Add addresses for a peer (tried in order by the fallback dialer)."""
         self._peers.add(agent_id, *urls)
-        _import_transports(urls)
+        import_transports(urls)
 
     def add_route(self, dest: str, via: str) -> None:
         """Reach ``dest`` through the relay ``via`` (a static route: never replaced by a learned one).
@@ -259,7 +215,7 @@ class Node(NodeRuntime):
         (e.g. a one-way message refused with ``busy``).
 
         Returns a function that removes the callback again."""
-        return _subscribe(self._inbound.error_callbacks, callback)
+        return subscribe(self._inbound.error_callbacks, callback)
 
     def on_file(self, callback: Callable[[ReceivedFile], Any]) -> Callable[[], None]:
         """Call ``callback(ReceivedFile)`` (sync or async) when a file was verified and renamed into

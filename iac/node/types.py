@@ -4,10 +4,11 @@ and the ERROR payload helpers its collaborators share."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from iac.errors import ConfigError
 from iac.wire._pb.iac_pb2 import Message
@@ -100,6 +101,20 @@ class ReceivedFile:
     path: Path
     size: int
     sha256: str
+
+
+C = TypeVar("C")
+
+
+def subscribe(callbacks: list[C], callback: C) -> Callable[[], None]:
+    """Append ``callback``; the function returned removes it again (once; later calls do nothing)."""
+    callbacks.append(callback)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            callbacks.remove(callback)
+
+    return remove
 
 
 dumps = dumps_compact
