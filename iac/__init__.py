@@ -27,7 +27,7 @@ from iac.errors import (
 from iac.mesh import MeshClient, serve_registry
 from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
 from iac.node.node import Context, Node
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent
+from iac.node.types import FileSent, ReceivedFile, Reply, SendOptions, Sent
 from iac.protocol.guards import prompt_injection_guard
 from iac.protocol.routing import RelayPolicy
 from iac.transport.base import TransportConfig
@@ -67,6 +67,7 @@ __all__ = [
     "RemoteError",
     "Reply",
     "RequestTimeout",
+    "SendOptions",
     "Sent",
     "TaskState",
     "Topology",

@@ -32,7 +32,16 @@ from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime
 from iac.node.transports import import_transports
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent, payload_text, subscribe
+from iac.node.types import (
+    FileSent,
+    ReceivedFile,
+    Reply,
+    SendOptions,
+    Sent,
+    payload_text,
+    send_options,
+    subscribe,
+)
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
@@ -245,6 +254,7 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
+        options: SendOptions | None = None,
     ) -> Sent:
         """Send a one-way message. ``payload`` is any JSON value (or pass ``payload_json``).
 
@@ -257,18 +267,21 @@ class Node(NodeRuntime):
         message; the receiver sees it as ``ctx.principal``).
         ``early=False``: never in 0-RTT early data (docs/PROTOCOL.md, "0-RTT": on a resumed QUIC
         connection it waits until the peer's HELLO verified).
+        ``options``: these settings in one :class:`~iac.SendOptions` (the keywords win).
         """
         self._check_open()
+        o = send_options(options, ack=ack, ordered=ordered, sealed=sealed, extra_data=extra_data,
+                         via=via, early=early, principal=principal)  # fmt: skip
         mt = message_type(msg_type)
-        build: dict[str, Any] = {"payload_json": payload_json, "extra_data": extra_data, "task": task}
-        build |= {"sealed": sealed, "principal": principal}
-        if ack:
+        build: dict[str, Any] = {"payload_json": payload_json, "extra_data": o.extra_data, "task": task}
+        build |= {"sealed": o.sealed, "principal": o.principal}
+        if o.ack:
             return await self._pending.send_reliable(
-                peer, mt, payload, ordered=ordered, via=via, early=early, **build
+                peer, mt, payload, ordered=o.ordered, via=o.via, early=o.early, **build
             )
-        kind, flags = ("ordered", FLAG_ORDERED) if ordered else ("main", 0)
+        kind, flags = ("ordered", FLAG_ORDERED) if o.ordered else ("main", 0)
         msg = self._outbox.build(peer, mt, payload, kind=kind, flags=flags, **build)
-        await self._outbox.transmit(peer, msg, via, early=early)
+        await self._outbox.transmit(peer, msg, o.via, early=o.early)
         return Sent(peer, msg.session_id, msg.msg_id, None)
 
     async def request(
@@ -286,27 +299,23 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
+        options: SendOptions | None = None,
     ) -> Reply:
         """Send a request and wait for its REPLY. Raises :class:`~iac.RemoteError` for an ERROR
         answer, :class:`~iac.RequestTimeout` after ``timeout`` (a CANCEL is sent), or a
         :class:`~iac.TransportError`. ``ack=True`` retransmits until the callee answers or
         acknowledges. ``via``: through this relay (see :meth:`send`); the reply comes back the same way.
-        ``early=False``: never in 0-RTT early data (see :meth:`send`)."""
+        ``early=False``: never in 0-RTT early data (see :meth:`send`). ``options``: these settings
+        in one :class:`~iac.SendOptions` (the keywords win)."""
         self._check_open()
+        o = send_options(options, timeout=timeout, ack=ack, sealed=sealed, extra_data=extra_data,
+                         via=via, early=early, principal=principal)  # fmt: skip
         return await self._pending.request(
-            peer,
-            message_type(msg_type),
-            payload,
-            timeout=self.config.request_timeout if timeout is None else timeout,
-            ack=ack,
-            task=task,
-            via=via,
-            early=early,
-            payload_json=payload_json,
-            extra_data=extra_data,
-            sealed=sealed,
-            principal=principal,
-        )
+            peer, message_type(msg_type), payload,
+            timeout=self.config.request_timeout if o.timeout is None else o.timeout,
+            ack=o.ack, task=task, via=o.via, early=o.early, payload_json=payload_json,
+            extra_data=o.extra_data, sealed=o.sealed, principal=o.principal,
+        )  # fmt: skip
 
     def stream(
         self,
@@ -324,6 +333,7 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
+        options: SendOptions | None = None,
     ) -> AsyncGenerator[Reply, None]:
         """A request answered by a sequence of parts: ``async for part in node.stream(peer, "RUN")``.
 
@@ -333,9 +343,12 @@ class Node(NodeRuntime):
         ``idle_timeout`` the wait for each part (default: ``timeout``); either raises
         :class:`~iac.RequestTimeout`. An ERROR from the handler raises :class:`~iac.RemoteError`.
         Leaving the loop early (or ``aclose()``, or cancelling) sends CANCEL, which stops the
-        handler; use ``contextlib.aclosing(node.stream(...))`` to close at once."""
+        handler; use ``contextlib.aclosing(node.stream(...))`` to close at once. ``options``: the
+        settings of :meth:`request` in one :class:`~iac.SendOptions` (the keywords win)."""
         self._check_open()
-        timeout = self.config.request_timeout if timeout is None else timeout
+        o = send_options(options, timeout=timeout, sealed=sealed, extra_data=extra_data, via=via,
+                         early=early, principal=principal)  # fmt: skip
+        timeout = self.config.request_timeout if o.timeout is None else o.timeout
         return self._streams.consume(
             peer,
             message_type(msg_type),
@@ -343,21 +356,29 @@ class Node(NodeRuntime):
             timeout=timeout,
             idle_timeout=timeout if idle_timeout is None else idle_timeout,
             window=window,
-            via=via,
-            early=early,
-            sealed=sealed,
-            extra_data=extra_data,
+            via=o.via,
+            early=o.early,
+            sealed=o.sealed,
+            extra_data=o.extra_data,
             task=task,
             payload_json=payload_json,
-            principal=principal,
+            principal=o.principal,
         )
 
     async def call(
-        self, peer: str, name: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
+        self,
+        peer: str,
+        name: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        options: SendOptions | None = None,
+        **kwargs: Any,
     ) -> Any:
-        """Call a function that ``peer`` exposed; return its result (JSON). ``timeout`` as for
-        :meth:`request` (a remote keyword argument named ``timeout`` goes through :meth:`invoke`)."""
-        return await self.invoke(peer, name, args, kwargs, timeout=timeout)
+        """Call a function that ``peer`` exposed; return its result (JSON). ``timeout`` and
+        ``options`` as for :meth:`request` (a remote keyword argument named ``timeout`` or
+        ``options`` goes through :meth:`invoke`)."""
+        return await self.invoke(peer, name, args, kwargs, timeout=timeout, options=options)
 
     async def invoke(
         self,
@@ -370,10 +391,12 @@ class Node(NodeRuntime):
         sealed: bool = False,
         ack: bool = False,
         via: str | None = None,
+        options: SendOptions | None = None,
     ) -> Any:
-        """:meth:`call` with a timeout and options."""
+        """:meth:`call` with the arguments as values, a timeout and options (as for :meth:`request`)."""
         payload = {"name": name, "args": list(args), "kwargs": dict(kwargs or {})}
-        reply = await self.request(peer, _COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack, via=via)
+        o = send_options(options, timeout=timeout, sealed=sealed, ack=ack, via=via)
+        reply = await self.request(peer, _COMMAND, payload, options=o)
         return reply.payload
 
     async def delegate(
@@ -387,9 +410,12 @@ class Node(NodeRuntime):
         sealed: bool = False,
         ack: bool = False,
         via: str | None = None,
+        options: SendOptions | None = None,
     ) -> Reply:
         """Hand a task to ``peer`` (DELEGATE_TASK). If it does not answer in time (or cannot be
-        reached, or is ``busy``), try the fallback agent(s) in order."""
+        reached, or is ``busy``), try the fallback agent(s) in order. ``options`` as for
+        :meth:`request`."""
+        o = send_options(options, timeout=timeout, sealed=sealed, ack=ack, via=via)
         if not isinstance(task, TaskState):
             raise ConfigError(
                 "delegate() takes the task envelope as iac.TaskState(task_id=..., intent=..., step=..., "
@@ -399,16 +425,7 @@ class Node(NodeRuntime):
         for i, target in enumerate(targets):
             last = i == len(targets) - 1
             try:
-                return await self.request(
-                    target,
-                    _DELEGATE_TASK,
-                    payload,
-                    timeout=timeout,
-                    task=task,
-                    sealed=sealed,
-                    ack=ack,
-                    via=via,
-                )
+                return await self.request(target, _DELEGATE_TASK, payload, task=task, options=o)
             except RemoteError as exc:
                 if exc.code not in (ErrorCode.BUSY, ErrorCode.TIMEOUT) or last:
                     raise

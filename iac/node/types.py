@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,45 @@ def subscribe(callbacks: list[C], callback: C) -> Callable[[], None]:
             callbacks.remove(callback)
 
     return remove
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    """How messages go, as one value that every sending method of :class:`~iac.Node` takes as
+    ``options=`` (``send``, ``request``, ``stream``, ``call``, ``invoke``, ``delegate``): build it
+    once, use it for every call. A keyword argument given beside it with a value other than its
+    default wins over the field. A field a method has no use for is ignored (``send`` waits for
+    no answer, so it has no ``timeout``; only ``send`` orders, ``stream`` does not retransmit)."""
+
+    #: ACK_REQUESTED: retransmitted until acknowledged (or answered).
+    ack: bool = False
+    #: ORDERED: delivered in order per session (``send``).
+    ordered: bool = False
+    #: The payload encrypted end to end to the receiver's key.
+    sealed: bool = False
+    #: Bytes beside the JSON payload, signed with the message.
+    extra_data: bytes = b""
+    #: Through this relay (inside FORWARD), else directly, a route, or the peer book.
+    via: str | None = None
+    #: False: never in 0-RTT early data.
+    early: bool = True
+    #: For a gateway: the caller it authenticated (field 19, signed with the message).
+    principal: str = ""
+    #: Seconds to wait for the answer; None: ``NodeConfig.request_timeout``.
+    timeout: float | None = None
+
+    def merged(self, **given: Any) -> SendOptions:
+        """These options with each of ``given`` that differs from the field's default."""
+        changed = {k: v for k, v in given.items() if v != getattr(_DEFAULT_OPTIONS, k)}
+        return dataclasses.replace(self, **changed) if changed else self
+
+
+_DEFAULT_OPTIONS = SendOptions()
+
+
+def send_options(options: SendOptions | None, **given: Any) -> SendOptions:
+    """``options`` (or the defaults) with the keyword arguments a caller gave beside it."""
+    return (options or _DEFAULT_OPTIONS).merged(**given)
 
 
 dumps = dumps_compact
