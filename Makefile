@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test fuzz proto dict vectors bench clean
+.PHONY: demo test docs fuzz proto dict vectors bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
 	$(BIN)/pytest -q
+
+# The API reference and the guides as a site in build/site (mkdocs.yml; `make test` builds it too,
+# with warnings as errors, in tests/test_reference.py).
+docs: $(VENV)/.installed-dev
+	$(BIN)/mkdocs build --strict
 
 # Coverage-guided fuzzing of the parsers a hostile peer reaches (tests/fuzz/): each target for
 # FUZZ_SECONDS seconds, or only TARGET (frames, message, hello, forward, records, files, dict).

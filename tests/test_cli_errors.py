@@ -177,7 +177,9 @@ def _cases(e: Env) -> list[Case]:
     case("registry", [*regv, "--grace", "nan", "--store", "memory"], "--grace", "finite number 0 or more")
     case("registry", [*regv, "--store", "bogus"], "not a registry store", "memory, sqlite:PATH")
     case("registry", [*regv, "--store", f"sqlite:{t / 'nodir' / 'r.db'}"], "mkdir -p")
-    case("registry", [*regv, "--store", "redis://127.0.0.1:6379", "NO_REDIS"], "pip install 'iac[redis]'")
+    case(
+        "registry", [*regv, "--store", "redis://127.0.0.1:6379", "NO_REDIS"], "pip install 'iac-mesh[redis]'"
+    )
     # send, request, call
     case("send", ["send", "--key", key, *target, "--timeout", "inf"], "--timeout", "finite number")
     case("send", ["send", "--key", key, *target, "--type", "ACK"], "not a message type to send", "RUN")

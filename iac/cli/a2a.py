@@ -1,4 +1,4 @@
-"""``iac a2a``: A2A over IAC from the command line (``pip install 'iac[a2a]'``).
+"""``iac a2a``: A2A over IAC from the command line (``pip install 'iac-mesh[a2a]'``).
 
 ``iac a2a gateway --key K --listen http://HOST:PORT --to AGENT --addr URL --tokens FILE``
 publishes the A2A agent behind IAC agent ``AGENT`` to plain A2A clients: its card at
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def _a2a() -> Any:
     try:
         from iac.integrations import a2a
     except ImportError:
-        raise ConfigError("iac a2a needs the A2A SDK: pip install 'iac[a2a]'") from None
+        raise ConfigError("iac a2a needs the A2A SDK: pip install 'iac-mesh[a2a]'") from None
     return a2a
 
 
@@ -68,6 +69,31 @@ def _run(main: Any) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def https_files(cert: str | None, key: str | None) -> None:
+    """``--https-cert`` and ``--https-key``: both or neither, and a PEM certificate with its key
+    (loaded here, so that a missing or bad file is one line, not the HTTP server's traceback)."""
+    if cert is None and key is None:
+        return
+    if cert is None or key is None:
+        raise ConfigError("--https-cert and --https-key go together: give the certificate and its key (PEM)")
+    for flag, path in (("--https-cert", cert), ("--https-key", key)):
+        if not Path(path).is_file():
+            what = "is a directory" if Path(path).is_dir() else "no such file"
+            raise ConfigError(f"{flag} {path}: {what}; give a PEM file")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"--https-cert {cert} --https-key {key}: not a PEM certificate and its private key"
+            f"{f' ({exc.reason})' if exc.reason and exc.reason != 'PEM lib' else ''}; "
+            "make a pair with iac certs init"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"--https-cert {cert}: cannot read it ({exc.strerror}); check its permissions"
+        ) from None
+
+
 def _node(args: argparse.Namespace, listen: list[str] | None = None, metrics: Any = None) -> Node:
     identity = checks.load_key(args.key)
     config = NodeConfig(transport=transport_config(args))
@@ -79,6 +105,7 @@ async def run_gateway(args: argparse.Namespace) -> int:
     a2a = _a2a()
     if bool(args.tokens) == bool(args.api_keys):
         raise ConfigError("give exactly one of --tokens FILE (bearer) and --api-keys FILE")
+    https_files(args.https_cert, args.https_key)
     if args.tokens:
         auth = a2a.GatewayAuth.from_file(args.tokens, "bearer")
     else:
@@ -157,10 +184,17 @@ async def run_bridge(args: argparse.Namespace) -> int:
 async def run_card(args: argparse.Namespace) -> int:
     checks.agent_id("--to", args.to)
     a2a = _a2a()
+    from a2a.utils.errors import InvalidAgentResponseError
     from google.protobuf.json_format import MessageToDict
 
     async with _node(args) as node:
-        card = await a2a.fetch_card(node, args.to, *args.addr, timeout=args.timeout)
+        try:
+            card = await a2a.fetch_card(node, args.to, *args.addr, timeout=args.timeout)
+        except InvalidAgentResponseError:  # it answers RUN, but not as A2A over IAC does
+            raise ConfigError(
+                f"{args.to[:16]}… serves no A2A over IAC: it answers RUN, but not with an A2A answer "
+                "(an A2A agent serves with iac.integrations.a2a.serve, or iac a2a bridge)"
+            ) from None
     print(json.dumps(MessageToDict(card), indent=2))
     return 0
 

@@ -23,7 +23,7 @@ def version() -> str:
     """The installed version, from pyproject.toml (as ``iac.__version__``, which the command line,
     a layer below the package's public surface, does not import)."""
     try:
-        return importlib.metadata.version("iac")
+        return importlib.metadata.version("iac-mesh")
     except importlib.metadata.PackageNotFoundError:  # a source checkout that is not installed
         return "0+unknown"
 

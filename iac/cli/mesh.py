@@ -45,6 +45,7 @@ from iac.cli.options import (
     add_transport_options,
     integer,
     json_arg,
+    payload_arg,
     print_listening,
     seconds,
     serve_until_signal,
@@ -144,7 +145,9 @@ def _store_spec(spec: str) -> str:
         try:
             importlib.import_module("redis")
         except ImportError:
-            raise ConfigError(f"--store {spec}: needs the Redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                f"--store {spec}: needs the Redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         return spec
     raise ConfigError(f"--store {spec!r:.60}: not a registry store; give {forms}")
 
@@ -171,7 +174,7 @@ async def _run_registry(args: argparse.Namespace) -> int:
         except StoreUnavailable as exc:
             raise ConfigError(f"--store {args.store}: {exc}") from None
         node = Node(identity, listen=listen, config=node_config, metrics=metrics)
-        with checks.listen_errors(listen):
+        with checks.listen_errors(listen, metrics=getattr(args, "metrics", None)):
             await node.start()
         try:
             serve_registry(node, state)
@@ -234,7 +237,7 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
 def _message(args: argparse.Namespace) -> tuple[int, Any, TaskState | None]:
     """The message type, JSON payload and task envelope of ``send`` and ``request``."""
     msg_type = _msg_type(args.type)
-    payload = json_arg(args.payload, "--payload") if args.payload is not None else None
+    payload = payload_arg(args.payload) if args.payload is not None else None
     return msg_type, payload, _task(args.task, msg_type)
 
 
@@ -243,6 +246,9 @@ async def _run_send(args: argparse.Namespace) -> int:
     async with _client(args) as mesh:
         try:
             async with asyncio.timeout(args.timeout):
+                if args.ack:  # dial first: a refused handshake is named (as ping and request do),
+                    # not retried until the timeout behind "no ACK"
+                    await mesh.node.connect(await mesh.resolve(args.to))
                 sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task)
                 if args.ack:
                     await sent.wait()
@@ -309,7 +315,12 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
 
 def _add_message_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", default="RUN", help="message type name or number (default RUN)")
-    p.add_argument("--payload", default=None, metavar="JSON", help="JSON payload")
+    p.add_argument(
+        "--payload",
+        default=None,
+        metavar="JSON",
+        help="JSON payload; @FILE reads it from FILE, - from standard input (at most 4 MiB)",
+    )
     p.add_argument(
         "--task",
         default=None,

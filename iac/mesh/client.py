@@ -57,10 +57,10 @@ from iac.protocol.records import (
     sign_revocation,
     sign_rotation,
 )
-from iac.wire._pb.iac_pb2 import TaskState
 from iac.wire.enums import MessageType
 from iac.wire.identity import Identity, check_agent_id, is_agent_id
 from iac.wire.private import write_private
+from iac.wire.task import TaskState
 
 log = logging.getLogger("iac.mesh")
 

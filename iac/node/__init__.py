@@ -8,7 +8,7 @@ files, answers).
 from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
 from iac.node.node import Context, Node
 from iac.node.observe import Observer
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent
+from iac.node.types import FileSent, ReceivedFile, Reply, SendOptions, Sent
 
 __all__ = [
     "Context",
@@ -20,6 +20,7 @@ __all__ = [
     "PeerEvent",
     "ReceivedFile",
     "Reply",
+    "SendOptions",
     "Sent",
     "Topology",
 ]

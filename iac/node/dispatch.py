@@ -48,6 +48,14 @@ _COMMAND = int(MessageType.COMMAND)
 _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
 
 
+def _answer_ping(ctx: Any) -> None:
+    """The node's own PING handler: an empty REPLY (``node.on("PING")`` replaces it)."""
+
+
+def _qualname(func: Callable[..., Any]) -> str:
+    return str(getattr(func, "__qualname__", None) or repr(func))
+
+
 class _NotJson(Exception):
     """A streaming handler yielded a value that is not JSON."""
 
@@ -74,7 +82,7 @@ class Dispatcher:
         self._make_context = make_context
         self._observers = observers
         self._pipeline = pipeline
-        self.handlers: dict[int, Handler] = {int(MessageType.PING): lambda ctx: None}
+        self.handlers: dict[int, Handler] = {int(MessageType.PING): _answer_ping}
         self.exposed: dict[str, Callable[..., Any]] = {}
         #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
         self._kinds: dict[Callable[..., Any], int] = {}
@@ -99,8 +107,16 @@ class Dispatcher:
 
     # --- registration ---------------------------------------------------------------------------
 
-    def on(self, msg_type: int, func: Handler) -> None:
+    def on(self, msg_type: int, func: Handler, *, replace: bool = False) -> None:
+        """Register ``func`` for ``msg_type``; a second handler for a type is refused unless
+        ``replace`` (the node's own PING answer is replaced without it)."""
         self.check_handled_type(msg_type)
+        old = self.handlers.get(int(msg_type))
+        if old is not None and old is not _answer_ping and not replace:
+            raise ConfigError(
+                f"{type_name(int(msg_type))} already has a handler ({_qualname(old)}); "
+                "pass replace=True to replace it"
+            )
         self.handlers[int(msg_type)] = func
 
     @staticmethod
@@ -115,10 +131,18 @@ class Dispatcher:
         if msg_type == MessageType.CREDIT:
             raise ConfigError("CREDIT is a stream's flow control, handled by the node")
 
-    def expose(self, func: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+    def expose(
+        self, func: Callable[..., Any], name: str | None, *, replace: bool = False
+    ) -> Callable[..., Any]:
         call_name = name or getattr(func, "__name__", None)
         if not isinstance(call_name, str) or not call_name:
             raise ConfigError("an exposed function needs a name")
+        old = self.exposed.get(call_name)
+        if old is not None and not replace:
+            raise ConfigError(
+                f"{call_name!r} is already exposed ({_qualname(old)}); pass replace=True to replace it, "
+                "or name=... to expose it under another name"
+            )
         self.exposed[call_name] = func
         return func
 

@@ -15,7 +15,7 @@ from iac.node.observe import Observers
 from iac.node.peers import Peers
 from iac.node.sign import Signer
 from iac.node.stats import Counters
-from iac.node.types import Sent, Sessions, dumps
+from iac.node.types import Sent, Sessions, payload_text
 from iac.protocol.routing import Router, Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
@@ -75,7 +75,7 @@ class Outbox:
         principal: str = "",
     ) -> Message:
         check_agent_id_cached(peer)
-        text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
+        text = payload_text(payload, payload_json)
         msg = build_message(
             sender=self.agent_id,
             to=peer,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +166,7 @@ class Streams:
         via: str | None,
         early: bool,
         **build: Any,
-    ) -> AsyncIterator[Reply]:
+    ) -> AsyncGenerator[Reply, None]:
         """Send a STREAM request and yield its parts in order (see :meth:`~iac.Node.stream`)."""
         for name, value in (("timeout", timeout), ("idle_timeout", idle_timeout)):
             if not 0 < value < math.inf:

@@ -37,8 +37,9 @@ from iac.wire._pb.iac_pb2 import Dict, Forward, Message
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType
 
-#: From the side that dialed the tap to the target listener, and back.
+#: From the side that dialed the tap to the target listener.
 UP = "up"
+#: From the target listener back to the side that dialed the tap.
 DOWN = "down"
 
 

@@ -38,6 +38,7 @@ from iac.wire.dicts import Dictionary, DictionarySet
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame
 
 MiB = 1024 * 1024
+#: The URL schemes a node listens on and dials.
 TRANSPORTS = ("quic", "tls", "unix")
 #: ``TransportConfig.quic_retry``: when a QUIC listener validates addresses with Retry.
 RETRY_MODES = ("auto", "always", "never")
@@ -344,6 +345,7 @@ class Listener(ABC):
         await self.close()
 
 
+#: What a listener calls with each accepted connection.
 OnConnection = Callable[[Connection], Awaitable[None]]
 
 

@@ -1,4 +1,4 @@
-"""A2A over IAC (``pip install 'iac[a2a]'``): A2A agents and clients (the a2a-sdk) talking over
+"""A2A over IAC (``pip install 'iac-mesh[a2a]'``): A2A agents and clients (the a2a-sdk) talking over
 signed IAC messages, and a gateway between A2A's JSON-RPC over HTTP and IAC agents.
 
 * :func:`register` / :func:`client`: an a2a-sdk client whose calls to a card's ``iac://``

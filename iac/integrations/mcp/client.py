@@ -25,7 +25,7 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 try:
     import anyio
@@ -270,7 +270,7 @@ class McpClientTransport:
             )
 
     def _stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Reply]:
-        return cast("AsyncGenerator[Reply]", self.node.stream(*args, **kwargs))
+        return self.node.stream(*args, **kwargs)
 
     def _part(self, payload: Any) -> dict[str, Any] | None:
         message = payload.get("message") if isinstance(payload, dict) else None
