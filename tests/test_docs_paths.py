@@ -31,8 +31,8 @@ DOCUMENTS = sorted(
 DOTTED = re.compile(r"(?<![\w./-])(?:iac|tools)(?:\.[A-Za-z_]\w*)+")
 #: ``iac/…``, ``tools/…`` or ``benchmarks/…`` up to the first character a path here does not use.
 PATH = re.compile(r"(?<![\w./-])(?:iac|tools|benchmarks)/[\w./-]*")
-#: Written like a path, but not one: the ALPN protocol identifier.
-NOT_PATHS = {"iac/1"}
+#: Written like a path, but not one: the ALPN protocol identifier, MCP method names.
+NOT_PATHS = {"iac/1", "tools/list", "tools/call"}
 
 
 def _mentions(pattern: re.Pattern[str]) -> list[tuple[str, str]]:

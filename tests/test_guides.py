@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 GUIDES = ROOT / "docs" / "guides"
 #: One guide per task a user has; each has at least one example.
-TASKS = ("first-agent", "streaming", "mesh", "files", "a2a", "operations", "nat")
+TASKS = ("first-agent", "streaming", "mesh", "files", "a2a", "mcp", "operations", "nat")
 _BLOCK = re.compile(r"<!-- example: ([\w-]+) -->\n```python\n(.*?)```", re.DOTALL)
 
 #: What each example prints (a part of it).
@@ -29,6 +29,7 @@ EXPECTED = {
     "mesh-relay": "True 2",
     "files": "report.pdf 1080000 True True",
     "a2a": "hello <alice>: hi",
+    "mcp": "True",
     "operations-metrics": "['iac_handled_total 3.0']",
     "operations-tracing": "['iac handle RUN', 'iac request RUN', 'plan'] 1",
     "operations-ca": "ok\nrefused",
