@@ -1,4 +1,4 @@
-"""``iac mcp``: MCP over IAC from the command line (``pip install 'iac[mcp]'``).
+"""``iac mcp``: MCP over IAC from the command line (``pip install 'iac-mesh[mcp]'``).
 
 ``iac mcp serve --key K --listen URL --stdio -- CMD ARGS...`` puts an existing stdio MCP server
 (any language) on the mesh: it starts ``CMD ARGS``, makes the MCP handshake with it (within
@@ -50,7 +50,7 @@ def _mcp() -> Any:
     try:
         from iac.integrations import mcp
     except ImportError:
-        raise ConfigError("iac mcp needs the MCP SDK: pip install 'iac[mcp]'") from None
+        raise ConfigError("iac mcp needs the MCP SDK: pip install 'iac-mesh[mcp]'") from None
     return mcp
 
 

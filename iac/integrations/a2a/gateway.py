@@ -39,7 +39,7 @@ try:
     from starlette.requests import Request
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "the A2A gateway needs a2a-sdk[http-server] and uvicorn: pip install 'iac[a2a]'"
+        "the A2A gateway needs a2a-sdk[http-server] and uvicorn: pip install 'iac-mesh[a2a]'"
     ) from exc
 
 from iac.errors import ConfigError

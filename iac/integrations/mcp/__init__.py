@@ -1,4 +1,4 @@
-"""MCP over IAC (``pip install 'iac[mcp]'``): the Model Context Protocol's JSON-RPC carried as
+"""MCP over IAC (``pip install 'iac-mesh[mcp]'``): the Model Context Protocol's JSON-RPC carried as
 signed IAC messages, between the stock ``mcp`` SDK's client sessions and servers.
 
 * :func:`connect`: the read/write streams of an ``mcp`` ``ClientSession`` toward an agent.

@@ -32,7 +32,7 @@ try:
     from mcp_types.methods import SPEC_CLIENT_METHODS, SPEC_CLIENT_NOTIFICATION_METHODS
     from mcp_types.version import LATEST_HANDSHAKE_VERSION
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac[mcp]'") from exc
+    raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac-mesh[mcp]'") from exc
 
 from iac.errors import ConfigError, McpChildFailed
 from iac.integrations.mcp.binding import (

@@ -32,7 +32,7 @@ try:
     from mcp.shared._context_streams import ContextReceiveStream, ContextSendStream, create_context_streams
     from mcp.shared.message import SessionMessage
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac[mcp]'") from exc
+    raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac-mesh[mcp]'") from exc
 
 from iac.errors import ConfigError, IacError, McpUnsupported, RemoteError, RequestTimeout
 from iac.integrations.mcp.binding import (

@@ -37,7 +37,7 @@ try:
     from mcp.shared.message import ServerMessageMetadata, SessionMessage
     from pydantic import ValidationError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac[mcp]'") from exc
+    raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac-mesh[mcp]'") from exc
 
 from iac.integrations.mcp.binding import McpBindingError, cancelled_notification
 from iac.integrations.mcp.endpoint import Allow, Limits, McpCaller, McpEndpoint, Session
