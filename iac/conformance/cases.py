@@ -1,0 +1,637 @@
+"""The cases the tester runs against a node it dials: each an id, the section of
+docs/PROTOCOL.md it checks, the sentence quoted, and a coroutine that returns what it saw.
+
+The negative frames are the bytes of ``proto/testvectors/v1.json`` (``negative``), read from
+the file (:mod:`iac.conformance.vectors`), never rebuilt here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from iac.conformance import link as links
+from iac.conformance.peer import Closed, Dialed, NoAnswer, Peer, client_handshake, make_hello
+from iac.conformance.vectors import LiveVector, live_negatives
+from iac.errors import CloseCode, TransportError
+from iac.protocol.clock import now_us
+from iac.protocol.handshake import NONCE_SIZE, PROTOCOL_VERSION, Role, encode_goaway
+from iac.wire._pb.iac_pb2 import Hello, Message
+from iac.wire.enums import MessageType, type_name
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.identity import Identity
+from iac.wire.message import FLAG_ACK_REQUESTED, sign_hello, sign_message
+
+MAX_SKEW_US = 60_000_000
+
+
+@dataclass
+class Outcome:
+    passed: bool
+    expected: str
+    seen: str
+
+
+class Failed(Exception):
+    """A case that cannot go on: ``seen`` is what happened instead."""
+
+    def __init__(self, seen: str) -> None:
+        super().__init__(seen)
+        self.seen = seen
+
+
+@dataclass
+class Target:
+    """The node under test and what the run learnt about it."""
+
+    url: str
+    to: str
+    timeout: float
+    identity: Identity = field(default_factory=Identity.generate)
+    reached: bool = False  # an IAC HELLO came back at least once
+    case_deadline: float = 0.0  # set by the runner: when the running case must end
+    _first: Dialed | None = None
+    _witness: Peer | None = None
+    _witness_key: Identity = field(default_factory=Identity.generate)
+    _open: list[Peer] = field(default_factory=list)
+
+    @property
+    def transport(self) -> str:
+        return self.url.split(":", 1)[0]
+
+    def deadline(self) -> float:
+        return self.case_deadline or time.monotonic() + self.timeout
+
+    async def dial(self, identity: Identity | None = None, **kw: object) -> Dialed:
+        """A connection with the HELLO exchange run (not judged). Each has a key of its own unless
+        ``identity`` is given: a second connection of one key is another rule (section 6)."""
+        try:
+            link = await links.dial(self.url, max(self.deadline() - time.monotonic(), 0.01))
+        except TransportError as exc:
+            raise Failed(str(exc)) from None
+        me = identity or Identity.generate()
+        d = await client_handshake(link, me, self.to, self.deadline(), **kw)  # type: ignore[arg-type]
+        self._open.append(d.peer)
+        if d.server is not None and d.server.hello is not None:
+            self.reached = True
+        return d
+
+    async def session(self, identity: Identity | None = None) -> Peer:
+        """A connection whose handshake went through (judged by the hello.* cases, not here).
+
+        With ``identity`` (a key used again: the vectors' signer, the witness) the connection is
+        confirmed by a PING first, and dialed again while the node closes it with GOING_AWAY:
+        its previous connection of that key may not be gone yet on the node's side."""
+        while True:
+            d = await self.dial(identity)
+            if d.closed is not None:
+                raise Failed(f"the handshake was refused: {d.closed.describe()}")
+            assert d.server is not None
+            if d.server.error:
+                raise Failed(f"the node's HELLO: {d.server.error}")
+            if identity is None:
+                return d.peer
+            _, got = await d.peer.request(self.to, MessageType.PING, self.deadline())
+            if isinstance(got, Message):
+                return d.peer
+            d.peer.link.close()
+            if got.code != CloseCode.GOING_AWAY:
+                raise Failed(f"the node refused the tester's HELLO: {got.describe()}")
+
+    async def first(self) -> Dialed:
+        """One honest handshake, shared by the hello.* cases."""
+        if self._first is None:
+            self._first = await self.dial(self.identity)
+        return self._first
+
+    async def serves(self) -> str:
+        """ "" when a PING on another connection (the witness) is answered, else what happened."""
+        for attempt in (1, 2):
+            try:
+                if self._witness is None or self._witness.closed is not None:
+                    self._witness = await self.session(self._witness_key)
+                    self._open.remove(self._witness)
+                _, answer = await self._witness.request(self.to, MessageType.PING, self.deadline())
+            except NoAnswer:
+                return f"another connection's PING: no answer in {self.timeout:g} s"
+            except Failed as exc:
+                return f"another connection: {exc.seen}"
+            if isinstance(answer, Message) and int(answer.msg_type) == MessageType.REPLY:
+                return ""
+            if attempt == 2:
+                return f"another connection's PING: {_describe(answer)}"
+            self._witness = None  # closed in between (idle): dial once more
+        return "unreachable"
+
+    async def end_case(self) -> None:
+        """Close what the case opened, politely (GOAWAY, then wait for the node's end briefly), so
+        that the next connection of the same key is not a duplicate."""
+        peers, self._open = self._open, []
+        first = self._first.peer if self._first else None
+        await asyncio.gather(*(goodbye(p) for p in peers if p is not first))
+
+    def close(self) -> None:
+        for p in (self._witness, self._first.peer if self._first else None, *self._open):
+            if p is not None:
+                p.link.close()
+
+
+async def goodbye(peer: Peer, seconds: float = 1.0) -> None:
+    """GOAWAY NO_ERROR, then wait (at most ``seconds``) for the other side to end the connection."""
+    if peer.closed is None and peer.link.transport != "quic":  # QUIC: the close itself says NO_ERROR
+        with contextlib.suppress(Exception):  # whatever state the link is in, it is being dropped
+            await peer.send_raw(encode_frame(FrameType.GOAWAY, encode_goaway(0, "case done")), control=True)
+            await peer.close_seen(time.monotonic() + seconds)
+    peer.link.close()
+
+
+def _describe(got: Message | Closed) -> str:
+    if isinstance(got, Closed):
+        return got.describe()
+    name = type_name(got.msg_type)
+    return f"{name} {got.payload_json[:120]!r}"
+
+
+def _error_code(msg: Message) -> str:
+    try:
+        value = json.loads(msg.payload_json)
+    except Exception:  # the node sent something that is not JSON: say so
+        return "<not JSON>"
+    return str(value.get("code")) if isinstance(value, dict) else "<not an object>"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    section: str
+    quote: str
+    run: Callable[[Target], Awaitable[Outcome]]
+    transports: tuple[str, ...] = ("quic", "tls", "unix")
+
+
+CASES: list[Case] = []
+
+
+def case(
+    cid: str, section: str, quote: str, transports: tuple[str, ...] = ("quic", "tls", "unix")
+) -> Callable[[Callable[[Target], Awaitable[Outcome]]], Callable[[Target], Awaitable[Outcome]]]:
+    def add(fn: Callable[[Target], Awaitable[Outcome]]) -> Callable[[Target], Awaitable[Outcome]]:
+        CASES.append(Case(cid, section, quote, fn, transports))
+        return fn
+
+    return add
+
+
+def _check(expected: str, seen: str) -> Outcome:
+    return Outcome(expected == seen, expected, seen)
+
+
+# --- the node's HELLO -----------------------------------------------------------------------------
+
+
+async def _server_hello(t: Target) -> tuple[Dialed, Hello]:
+    d = await t.first()
+    if d.closed is not None:
+        raise Failed(f"no HELLO: {d.closed.describe()}")
+    assert d.server is not None
+    if d.server.hello is None:
+        raise Failed(f"the node's HELLO does not open: {d.server.error}")
+    return d, d.server.hello
+
+
+@case(
+    "hello.signature",
+    "6 HELLO",
+    "A HELLO is signed like a Message (section 3) with field 15 in place of "
+    "field 8, in the domain of its sender's role",
+)
+async def _hello_signature(t: Target) -> Outcome:
+    d = await t.first()
+    if d.closed is not None:
+        raise Failed(f"no HELLO: {d.closed.describe()}")
+    assert d.server is not None
+    return _check(
+        "a HELLO that verifies in iac-hello-server-v1",
+        d.server.error or "a HELLO that verifies in iac-hello-server-v1",
+    )
+
+
+@case("hello.identity", "6 Roles and orders", "whose `peer_agent_id` names the client")
+async def _hello_identity(t: Target) -> Outcome:
+    d, h = await _server_hello(t)
+    want_peer = t.identity.agent_id if d.peer.link.client_first else ""
+    expected = f"agent_id {t.to[:16]}…, peer_agent_id {want_peer[:16] or '(empty)'}"
+    return _check(expected, f"agent_id {h.agent_id[:16]}…, peer_agent_id {h.peer_agent_id[:16] or '(empty)'}")
+
+
+@case(
+    "hello.nonce",
+    "6 Roles and orders",
+    "The server checks it and answers with its own HELLO, whose `peer_nonce` echoes the client's nonce",
+)
+async def _hello_nonce(t: Target) -> Outcome:
+    d, h = await _server_hello(t)
+    echo = d.nonce.hex() if d.peer.link.client_first else "(empty)"
+    return _check(
+        f"nonce of {NONCE_SIZE} bytes, peer_nonce {echo}",
+        f"nonce of {len(h.nonce)} bytes, peer_nonce {h.peer_nonce.hex() or '(empty)'}",
+    )
+
+
+@case(
+    "hello.binding",
+    "6 HELLO",
+    "`channel_binding` | SHA-256 of the server's certificate (DER) as the "
+    "sender saw it; empty on UNIX sockets",
+)
+async def _hello_binding(t: Target) -> Outcome:
+    d, h = await _server_hello(t)
+    return _check(d.peer.link.binding.hex() or "(empty)", h.channel_binding.hex() or "(empty)")
+
+
+@case("hello.freshness", "6 Checks on a received HELLO", "`|now − timestamp| ≤ max_skew`: else `stale_hello`")
+async def _hello_fresh(t: Target) -> Outcome:
+    d, h = await _server_hello(t)
+    assert d.server is not None
+    skew = (h.timestamp - d.server.received_us) / 1e6
+    return Outcome(abs(skew) <= 60, "timestamp within 60 s of the tester's clock", f"{skew:+.3f} s")
+
+
+@case(
+    "hello.fields",
+    "6 HELLO",
+    "`version` | 1; `max_frame_size` | the largest frame the sender accepts, "
+    "at least 1024; 0 = not announced",
+)
+async def _hello_fields(t: Target) -> Outcome:
+    _, h = await _server_hello(t)
+    ok = h.version == PROTOCOL_VERSION and (h.max_frame_size == 0 or h.max_frame_size >= 1024)
+    return Outcome(
+        ok, "version 1, max_frame_size 0 or ≥ 1024", f"version {h.version}, max_frame_size {h.max_frame_size}"
+    )
+
+
+# --- refused HELLOs -----------------------------------------------------------------------------
+
+
+async def _refused(t: Target, expected: int, **kw: object) -> Outcome:
+    want = f"close 0x{expected:02x} {CloseCode(expected).name.lower()}, then other connections served"
+    d = await t.dial(**kw)  # type: ignore[arg-type]
+    try:
+        closed = d.closed or await d.peer.close_seen(t.deadline())
+    except NoAnswer:
+        closed = None
+    finally:
+        d.peer.link.close()
+    seen = "the connection stayed open" if closed is None else closed.describe()
+    ok = closed is not None and closed.code == expected
+    if ok:
+        served = await t.serves()
+        if served:
+            return Outcome(False, want, f"{seen}; then {served}")
+        seen += ", then other connections served"
+    return Outcome(ok, want, seen)
+
+
+def _flip_signature(identity: Identity) -> Callable[[Hello], bytes]:
+    def forge(h: Hello) -> bytes:
+        raw = sign_hello(identity, h, Role.CLIENT.domain)
+        return encode_frame(FrameType.HELLO, raw[:-1] + bytes([raw[-1] ^ 1]))
+
+    return forge
+
+
+@case(
+    "hello.refuse.signature",
+    "6 Checks on a received HELLO",
+    "`agent_id` is an AgentId and the signature verifies by it in the sender role's domain: else "
+    "`hello_bad_signature` (0x11)",
+)
+async def _hello_bad_sig(t: Target) -> Outcome:
+    me = Identity.generate()
+    return await _refused(t, CloseCode.BAD_HELLO_SIGNATURE, identity=me, forge=_flip_signature(me))
+
+
+def _set(**fields: object) -> Callable[[Hello], None]:
+    def forge(h: Hello) -> None:
+        for k, v in fields.items():
+            setattr(h, k, v)
+
+    return forge
+
+
+@case(
+    "hello.refuse.stale",
+    "6 Checks on a received HELLO",
+    "`|now − timestamp| ≤ max_skew`: else `stale_hello` (0x13)",
+)
+async def _hello_stale(t: Target) -> Outcome:
+    return await _refused(t, CloseCode.STALE_HELLO, forge=_set(timestamp=now_us() - 3_600_000_000))
+
+
+@case(
+    "hello.refuse.version", "6 Checks on a received HELLO", "`version` is 1: else `handshake_failed` (0x10)"
+)
+async def _hello_version(t: Target) -> Outcome:
+    return await _refused(t, CloseCode.HANDSHAKE_FAILED, forge=_set(version=2))
+
+
+@case(
+    "hello.refuse.nonce_size",
+    "6 Checks on a received HELLO",
+    "`nonce` is 16 bytes: else `handshake_failed` (0x10)",
+)
+async def _hello_nonce_size(t: Target) -> Outcome:
+    return await _refused(t, CloseCode.HANDSHAKE_FAILED, forge=_set(nonce=b"\x01" * 15))
+
+
+@case(
+    "hello.refuse.frame_size",
+    "6 Checks on a received HELLO",
+    "`max_frame_size` is 0 or at least 1024: else `handshake_failed` (0x10)",
+)
+async def _hello_frame_size(t: Target) -> Outcome:
+    return await _refused(t, CloseCode.HANDSHAKE_FAILED, forge=_set(max_frame_size=1023))
+
+
+@case(
+    "hello.refuse.binding",
+    "6 Checks on a received HELLO",
+    "`channel_binding` equals this connection's "
+    "binding (section 7; empty on UNIX), compared in constant time: else `channel_binding_mismatch` (0x15)",
+)
+async def _hello_binding_bad(t: Target) -> Outcome:
+    bad = b"\x00" * 32 if t.transport != "unix" else b"\x01" * 32
+    return await _refused(t, CloseCode.CHANNEL_BINDING, forge=_set(channel_binding=bad))
+
+
+@case(
+    "hello.refuse.wrong_peer",
+    "6 Checks on a received HELLO",
+    "`peer_agent_id`, when set, names this node (0x12)",
+)
+async def _hello_wrong_peer(t: Target) -> Outcome:
+    return await _refused(t, CloseCode.WRONG_PEER, forge=_set(peer_agent_id=Identity.generate().agent_id))
+
+
+@case(
+    "hello.refuse.replay",
+    "6 Checks on a received HELLO",
+    "last the nonce is unseen in the nonce cache (0x14, below), which records it",
+)
+async def _hello_replay(t: Target) -> Outcome:
+    d = await t.first()
+    if not d.sent:
+        raise Failed("no HELLO was accepted to replay")
+    return await _refused(t, CloseCode.REPLAYED_HELLO, replay=d.sent)
+
+
+@case(
+    "hello.refuse.second",
+    "6 Checks on a received HELLO",
+    "A second HELLO on a connection is `unexpected_hello` (0x17)",
+)
+async def _hello_second(t: Target) -> Outcome:
+    peer = await t.session()
+    binding = peer.link.binding
+    await peer.send_raw(
+        make_hello(peer.identity, Role.CLIENT, nonce=b"\x02" * 16, binding=binding), control=True
+    )
+    return await _closed_with(t, peer, CloseCode.UNEXPECTED_HELLO)
+
+
+@case(
+    "hello.refuse.early_message",
+    "6 Roles and orders",
+    "During the exchange the only frames allowed on "
+    "the control stream (the connection, on TLS/TCP and UNIX) are HELLO and GOAWAY; any other frame there "
+    "is `handshake_failed`",
+    ("quic", "tls"),
+)
+async def _early_message(t: Target) -> Outcome:
+    me = Identity.generate()
+
+    def forge(h: Hello) -> bytes:
+        msg = Peer(links.Link(), me).build(t.to, MessageType.PING)
+        return encode_frame(FrameType.MESSAGE, sign_message(me, msg))
+
+    return await _refused(t, CloseCode.HANDSHAKE_FAILED, identity=me, forge=forge)
+
+
+async def _closed_with(t: Target, peer: Peer, code: int, *, plain_end_ok: bool = False) -> Outcome:
+    """The connection closed with ``code`` and another connection is served after. ``plain_end_ok``:
+    the tester ended its side of a TLS connection (TLS has no half-close, so the node's GOAWAY
+    cannot reach it): the end of the connection is all there is to see."""
+    want = f"close 0x{code:02x} {CloseCode(code).name.lower()}, then other connections served"
+    if plain_end_ok:
+        want = f"close 0x{code:02x} or the end of the connection (TLS: no half-close), then other connections"
+        want += " served"
+    try:
+        closed = await peer.close_seen(t.deadline())
+    except NoAnswer:
+        peer.link.close()
+        return Outcome(False, want, f"no close in {t.timeout:g} s")
+    peer.link.close()
+    if closed.code != code and not (plain_end_ok and closed.code is None):
+        return Outcome(False, want, closed.describe())
+    served = await t.serves()
+    return Outcome(
+        not served,
+        want,
+        closed.describe() + (f"; then {served}" if served else ", then other connections served"),
+    )
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+@case("ping.reply", "11 Answers", "A handler's outcome: its result as REPLY (`null` for none)")
+async def _ping(t: Target) -> Outcome:
+    peer = await t.session()
+    _req, got = await peer.request(t.to, MessageType.PING, t.deadline())
+    if isinstance(got, Closed):
+        return Outcome(False, "REPLY null", got.describe())
+    ok = (
+        int(got.msg_type) == MessageType.REPLY
+        and got.payload_json in ("null", "")
+        and getattr(got, "from") == t.to
+    )
+    return Outcome(ok, "REPLY null from the node, naming the PING", _describe(got))
+
+
+@case(
+    "oneway.ack",
+    "11 Answers",
+    "**ACK** (12) acknowledges a one-way ACK_REQUESTED message once its handler finished",
+)
+async def _oneway_ack(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, flags=FLAG_ACK_REQUESTED)
+    await peer.send_message(msg)
+    from iac.conformance.peer import answers
+
+    got = await peer.message(t.deadline(), lambda m: answers(m, msg))
+    return _check("ACK", _describe(got).split(" ")[0] if isinstance(got, Message) else _describe(got))
+
+
+@case(
+    "message.bad_signature",
+    "8 What each fault costs",
+    "`from` not a valid AgentId, or bad signature, in a "
+    "MESSAGE frame | refuse, count `bad_signature`, charge the peer's verify budget; the connection goes on "
+    "| ERROR `bad_signature` to the HELLO-proved peer",
+)
+async def _msg_bad_sig(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    body = sign_message(peer.identity, msg)
+    await peer.send_raw(encode_frame(FrameType.MESSAGE, body[:-1] + bytes([body[-1] ^ 1])))
+    got = await peer.message(t.deadline(), lambda m: int(m.msg_type) == MessageType.ERROR)
+    first = f"ERROR {_error_code(got)}" if isinstance(got, Message) else got.describe()
+    _, after = await peer.request(t.to, MessageType.PING, t.deadline())
+    return _check(
+        "ERROR bad_signature; the same connection then answers a PING",
+        first
+        + (
+            "; the same connection then answers a PING"
+            if isinstance(after, Message) and int(after.msg_type) == MessageType.REPLY
+            else f"; then {_describe(after)}"
+        ),
+    )
+
+
+@case(
+    "message.stale",
+    "8 What each fault costs",
+    "stale or future timestamp | refuse, count `stale` | ERROR `bad_request`",
+)
+async def _msg_stale(t: Target) -> Outcome:
+    peer = await t.session()
+    _, got = await peer.request(t.to, MessageType.PING, t.deadline(), timestamp_us=now_us() - 600_000_000)
+    return _check(
+        "ERROR bad_request",
+        f"ERROR {_error_code(got)}"
+        if isinstance(got, Message) and int(got.msg_type) == MessageType.ERROR
+        else _describe(got),
+    )
+
+
+@case(
+    "message.duplicate",
+    "8 What each fault costs",
+    "duplicate of a message already handled | count "
+    "`duplicate`; send its answer again (the cached REPLY or ERROR, else the ACK when ACK_REQUESTED)",
+)
+async def _msg_dup(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    frame = await peer.send_message(msg)
+    from iac.conformance.peer import answers
+
+    first = await peer.message(t.deadline(), lambda m: answers(m, msg))
+    await peer.send_raw(frame)
+    again = await peer.message(t.deadline(), lambda m: answers(m, msg))
+    if isinstance(first, Closed) or isinstance(again, Closed):
+        return Outcome(False, "the same REPLY twice", _describe(first) + " / " + _describe(again))
+    same = (first.session_id, first.msg_id) == (again.session_id, again.msg_id)
+    return Outcome(
+        same and int(first.msg_type) == MessageType.REPLY,
+        "the same REPLY twice (same session_id, msg_id)",
+        f"{_describe(first)} ids {first.session_id:#x}/{first.msg_id}, then ids "
+        f"{again.session_id:#x}/{again.msg_id}",
+    )
+
+
+@case(
+    "message.not_addressed",
+    "8 What each fault costs",
+    "MESSAGE frame addressed to another agent or to "
+    "nobody | refuse, count `not_addressed` | ERROR `policy_denied`",
+)
+async def _msg_not_addressed(t: Target) -> Outcome:
+    peer = await t.session()
+    _, got = await peer.request(Identity.generate().agent_id, MessageType.PING, t.deadline())
+    return _check(
+        "ERROR policy_denied",
+        f"ERROR {_error_code(got)}"
+        if isinstance(got, Message) and int(got.msg_type) == MessageType.ERROR
+        else _describe(got),
+    )
+
+
+@case(
+    "message.impersonation",
+    "6 After the handshake",
+    "A verified `from` other than the peer that this "
+    "connection's HELLO proved closes the connection with `impersonation` (0x18)",
+)
+async def _msg_impersonation(t: Target) -> Outcome:
+    peer = await t.session()
+    other = Identity.generate()
+    msg = Peer(peer.link, other).build(t.to, MessageType.PING, deadline_s=t.timeout)
+    await peer.send_message(msg, signer=other)
+    return await _closed_with(t, peer, CloseCode.IMPERSONATION)
+
+
+# --- the negative vectors -----------------------------------------------------------------------
+
+
+async def push_dictionary(t: Target, peer: Peer, content: bytes) -> str:
+    """Push ``content`` (DICT, section 5) and wait for its DICT_ACK: "" once installed, else why
+    the vector that needs it does not apply (a node MAY ignore DICT)."""
+    import hashlib
+
+    from iac.wire._pb.iac_pb2 import Dict
+
+    dict_id = int.from_bytes(content[4:8], "little")
+    body = Dict(dict_id=dict_id, sha256=hashlib.sha256(content).digest(), content=content)
+    await peer.send_raw(
+        encode_frame(FrameType.DICT, body.SerializeToString(deterministic=True)), control=True
+    )
+    try:
+        while True:
+            got = await peer.frame(time.monotonic() + min(t.timeout / 2, 2.0))
+            if isinstance(got, Closed):
+                return f"not applicable: the node closed on the vector's dictionary ({got.describe()})"
+            if got.type is FrameType.DICT_ACK and Dict.FromString(got.body).dict_id == dict_id:
+                return ""
+    except NoAnswer:
+        return f"not applicable: the node did not acknowledge dictionary {dict_id} (section 5, Off)"
+
+
+def _vector_case(v: LiveVector) -> Case:
+    async def run(t: Target) -> Outcome:
+        peer = await t.session(v.signer)
+        if v.dictionary is not None:
+            pushed = await push_dictionary(t, peer, v.dictionary)
+            if pushed:
+                return Outcome(True, "the vector's dictionary installed first", pushed)
+        await peer.send_raw(v.frame)
+        if v.truncated:
+            peer.link.end_sending()
+        if v.close_code is None:
+            got = await peer.message(t.deadline(), lambda m: int(m.msg_type) == MessageType.ERROR)
+            first = f"ERROR {_error_code(got)}" if isinstance(got, Message) else got.describe()
+            _, after = await peer.request(t.to, MessageType.PING, t.deadline())
+            tail = (
+                "; the connection goes on"
+                if isinstance(after, Message) and int(after.msg_type) == MessageType.REPLY
+                else f"; then {_describe(after)}"
+            )
+            return _check("ERROR bad_signature; the connection goes on", first + tail)
+        return await _closed_with(t, peer, v.close_code, plain_end_ok=v.truncated and t.transport == "tls")
+
+    return Case(f"vector.{v.name}", v.section, v.quote, run)
+
+
+def all_cases(vectors: Path | None = None) -> list[Case]:
+    """The fixed cases, then one per live negative vector of ``vectors`` (default: the checkout's)."""
+    return [*CASES, *(_vector_case(v) for v in live_negatives(vectors))]
+
+
+__all__ = ["CASES", "Case", "Failed", "Outcome", "Target", "all_cases"]
