@@ -7,189 +7,32 @@ the file (:mod:`iac.conformance.vectors`), never rebuilt here.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 from iac.conformance import link as links
-from iac.conformance.peer import Closed, Dialed, NoAnswer, Peer, client_handshake, make_hello
+from iac.conformance.peer import Closed, Dialed, NoAnswer, Peer, make_hello
+from iac.conformance.target import (
+    CASES,
+    Case,
+    Failed,
+    Outcome,
+    Target,
+    case,
+    check,
+    describe,
+    error_code,
+)
 from iac.conformance.vectors import LiveVector, live_negatives
-from iac.errors import CloseCode, TransportError
+from iac.errors import CloseCode
 from iac.protocol.clock import now_us
-from iac.protocol.handshake import NONCE_SIZE, PROTOCOL_VERSION, Role, encode_goaway
+from iac.protocol.handshake import NONCE_SIZE, PROTOCOL_VERSION, Role
 from iac.wire._pb.iac_pb2 import Hello, Message
-from iac.wire.enums import MessageType, type_name
+from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.message import FLAG_ACK_REQUESTED, sign_hello, sign_message
-
-MAX_SKEW_US = 60_000_000
-
-
-@dataclass
-class Outcome:
-    passed: bool
-    expected: str
-    seen: str
-
-
-class Failed(Exception):
-    """A case that cannot go on: ``seen`` is what happened instead."""
-
-    def __init__(self, seen: str) -> None:
-        super().__init__(seen)
-        self.seen = seen
-
-
-@dataclass
-class Target:
-    """The node under test and what the run learnt about it."""
-
-    url: str
-    to: str
-    timeout: float
-    identity: Identity = field(default_factory=Identity.generate)
-    reached: bool = False  # an IAC HELLO came back at least once
-    case_deadline: float = 0.0  # set by the runner: when the running case must end
-    _first: Dialed | None = None
-    _witness: Peer | None = None
-    _witness_key: Identity = field(default_factory=Identity.generate)
-    _open: list[Peer] = field(default_factory=list)
-
-    @property
-    def transport(self) -> str:
-        return self.url.split(":", 1)[0]
-
-    def deadline(self) -> float:
-        return self.case_deadline or time.monotonic() + self.timeout
-
-    async def dial(self, identity: Identity | None = None, **kw: object) -> Dialed:
-        """A connection with the HELLO exchange run (not judged). Each has a key of its own unless
-        ``identity`` is given: a second connection of one key is another rule (section 6)."""
-        try:
-            link = await links.dial(self.url, max(self.deadline() - time.monotonic(), 0.01))
-        except TransportError as exc:
-            raise Failed(str(exc)) from None
-        me = identity or Identity.generate()
-        d = await client_handshake(link, me, self.to, self.deadline(), **kw)  # type: ignore[arg-type]
-        self._open.append(d.peer)
-        if d.server is not None and d.server.hello is not None:
-            self.reached = True
-        return d
-
-    async def session(self, identity: Identity | None = None) -> Peer:
-        """A connection whose handshake went through (judged by the hello.* cases, not here).
-
-        With ``identity`` (a key used again: the vectors' signer, the witness) the connection is
-        confirmed by a PING first, and dialed again while the node closes it with GOING_AWAY:
-        its previous connection of that key may not be gone yet on the node's side."""
-        while True:
-            d = await self.dial(identity)
-            if d.closed is not None:
-                raise Failed(f"the handshake was refused: {d.closed.describe()}")
-            assert d.server is not None
-            if d.server.error:
-                raise Failed(f"the node's HELLO: {d.server.error}")
-            if identity is None:
-                return d.peer
-            _, got = await d.peer.request(self.to, MessageType.PING, self.deadline())
-            if isinstance(got, Message):
-                return d.peer
-            d.peer.link.close()
-            if got.code != CloseCode.GOING_AWAY:
-                raise Failed(f"the node refused the tester's HELLO: {got.describe()}")
-
-    async def first(self) -> Dialed:
-        """One honest handshake, shared by the hello.* cases."""
-        if self._first is None:
-            self._first = await self.dial(self.identity)
-        return self._first
-
-    async def serves(self) -> str:
-        """ "" when a PING on another connection (the witness) is answered, else what happened."""
-        for attempt in (1, 2):
-            try:
-                if self._witness is None or self._witness.closed is not None:
-                    self._witness = await self.session(self._witness_key)
-                    self._open.remove(self._witness)
-                _, answer = await self._witness.request(self.to, MessageType.PING, self.deadline())
-            except NoAnswer:
-                return f"another connection's PING: no answer in {self.timeout:g} s"
-            except Failed as exc:
-                return f"another connection: {exc.seen}"
-            if isinstance(answer, Message) and int(answer.msg_type) == MessageType.REPLY:
-                return ""
-            if attempt == 2:
-                return f"another connection's PING: {_describe(answer)}"
-            self._witness = None  # closed in between (idle): dial once more
-        return "unreachable"
-
-    async def end_case(self) -> None:
-        """Close what the case opened, politely (GOAWAY, then wait for the node's end briefly), so
-        that the next connection of the same key is not a duplicate."""
-        peers, self._open = self._open, []
-        first = self._first.peer if self._first else None
-        await asyncio.gather(*(goodbye(p) for p in peers if p is not first))
-
-    def close(self) -> None:
-        for p in (self._witness, self._first.peer if self._first else None, *self._open):
-            if p is not None:
-                p.link.close()
-
-
-async def goodbye(peer: Peer, seconds: float = 1.0) -> None:
-    """GOAWAY NO_ERROR, then wait (at most ``seconds``) for the other side to end the connection."""
-    if peer.closed is None and peer.link.transport != "quic":  # QUIC: the close itself says NO_ERROR
-        with contextlib.suppress(Exception):  # whatever state the link is in, it is being dropped
-            await peer.send_raw(encode_frame(FrameType.GOAWAY, encode_goaway(0, "case done")), control=True)
-            await peer.close_seen(time.monotonic() + seconds)
-    peer.link.close()
-
-
-def _describe(got: Message | Closed) -> str:
-    if isinstance(got, Closed):
-        return got.describe()
-    name = type_name(got.msg_type)
-    return f"{name} {got.payload_json[:120]!r}"
-
-
-def _error_code(msg: Message) -> str:
-    try:
-        value = json.loads(msg.payload_json)
-    except Exception:  # the node sent something that is not JSON: say so
-        return "<not JSON>"
-    return str(value.get("code")) if isinstance(value, dict) else "<not an object>"
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    section: str
-    quote: str
-    run: Callable[[Target], Awaitable[Outcome]]
-    transports: tuple[str, ...] = ("quic", "tls", "unix")
-
-
-CASES: list[Case] = []
-
-
-def case(
-    cid: str, section: str, quote: str, transports: tuple[str, ...] = ("quic", "tls", "unix")
-) -> Callable[[Callable[[Target], Awaitable[Outcome]]], Callable[[Target], Awaitable[Outcome]]]:
-    def add(fn: Callable[[Target], Awaitable[Outcome]]) -> Callable[[Target], Awaitable[Outcome]]:
-        CASES.append(Case(cid, section, quote, fn, transports))
-        return fn
-
-    return add
-
-
-def _check(expected: str, seen: str) -> Outcome:
-    return Outcome(expected == seen, expected, seen)
-
 
 # --- the node's HELLO -----------------------------------------------------------------------------
 
@@ -215,7 +58,7 @@ async def _hello_signature(t: Target) -> Outcome:
     if d.closed is not None:
         raise Failed(f"no HELLO: {d.closed.describe()}")
     assert d.server is not None
-    return _check(
+    return check(
         "a HELLO that verifies in iac-hello-server-v1",
         d.server.error or "a HELLO that verifies in iac-hello-server-v1",
     )
@@ -226,7 +69,7 @@ async def _hello_identity(t: Target) -> Outcome:
     d, h = await _server_hello(t)
     want_peer = t.identity.agent_id if d.peer.link.client_first else ""
     expected = f"agent_id {t.to[:16]}…, peer_agent_id {want_peer[:16] or '(empty)'}"
-    return _check(expected, f"agent_id {h.agent_id[:16]}…, peer_agent_id {h.peer_agent_id[:16] or '(empty)'}")
+    return check(expected, f"agent_id {h.agent_id[:16]}…, peer_agent_id {h.peer_agent_id[:16] or '(empty)'}")
 
 
 @case(
@@ -237,7 +80,7 @@ async def _hello_identity(t: Target) -> Outcome:
 async def _hello_nonce(t: Target) -> Outcome:
     d, h = await _server_hello(t)
     echo = d.nonce.hex() if d.peer.link.client_first else "(empty)"
-    return _check(
+    return check(
         f"nonce of {NONCE_SIZE} bytes, peer_nonce {echo}",
         f"nonce of {len(h.nonce)} bytes, peer_nonce {h.peer_nonce.hex() or '(empty)'}",
     )
@@ -251,7 +94,7 @@ async def _hello_nonce(t: Target) -> Outcome:
 )
 async def _hello_binding(t: Target) -> Outcome:
     d, h = await _server_hello(t)
-    return _check(d.peer.link.binding.hex() or "(empty)", h.channel_binding.hex() or "(empty)")
+    return check(d.peer.link.binding.hex() or "(empty)", h.channel_binding.hex() or "(empty)")
 
 
 @case("hello.freshness", "6 Checks on a received HELLO", "`|now − timestamp| ≤ max_skew`: else `stale_hello`")
@@ -461,7 +304,7 @@ async def _ping(t: Target) -> Outcome:
         and got.payload_json in ("null", "")
         and getattr(got, "from") == t.to
     )
-    return Outcome(ok, "REPLY null from the node, naming the PING", _describe(got))
+    return Outcome(ok, "REPLY null from the node, naming the PING", describe(got))
 
 
 @case(
@@ -476,7 +319,7 @@ async def _oneway_ack(t: Target) -> Outcome:
     from iac.conformance.peer import answers
 
     got = await peer.message(t.deadline(), lambda m: answers(m, msg))
-    return _check("ACK", _describe(got).split(" ")[0] if isinstance(got, Message) else _describe(got))
+    return check("ACK", describe(got).split(" ")[0] if isinstance(got, Message) else describe(got))
 
 
 @case(
@@ -492,15 +335,15 @@ async def _msg_bad_sig(t: Target) -> Outcome:
     body = sign_message(peer.identity, msg)
     await peer.send_raw(encode_frame(FrameType.MESSAGE, body[:-1] + bytes([body[-1] ^ 1])))
     got = await peer.message(t.deadline(), lambda m: int(m.msg_type) == MessageType.ERROR)
-    first = f"ERROR {_error_code(got)}" if isinstance(got, Message) else got.describe()
+    first = f"ERROR {error_code(got)}" if isinstance(got, Message) else got.describe()
     _, after = await peer.request(t.to, MessageType.PING, t.deadline())
-    return _check(
+    return check(
         "ERROR bad_signature; the same connection then answers a PING",
         first
         + (
             "; the same connection then answers a PING"
             if isinstance(after, Message) and int(after.msg_type) == MessageType.REPLY
-            else f"; then {_describe(after)}"
+            else f"; then {describe(after)}"
         ),
     )
 
@@ -513,11 +356,11 @@ async def _msg_bad_sig(t: Target) -> Outcome:
 async def _msg_stale(t: Target) -> Outcome:
     peer = await t.session()
     _, got = await peer.request(t.to, MessageType.PING, t.deadline(), timestamp_us=now_us() - 600_000_000)
-    return _check(
+    return check(
         "ERROR bad_request",
-        f"ERROR {_error_code(got)}"
+        f"ERROR {error_code(got)}"
         if isinstance(got, Message) and int(got.msg_type) == MessageType.ERROR
-        else _describe(got),
+        else describe(got),
     )
 
 
@@ -537,12 +380,12 @@ async def _msg_dup(t: Target) -> Outcome:
     await peer.send_raw(frame)
     again = await peer.message(t.deadline(), lambda m: answers(m, msg))
     if isinstance(first, Closed) or isinstance(again, Closed):
-        return Outcome(False, "the same REPLY twice", _describe(first) + " / " + _describe(again))
+        return Outcome(False, "the same REPLY twice", describe(first) + " / " + describe(again))
     same = (first.session_id, first.msg_id) == (again.session_id, again.msg_id)
     return Outcome(
         same and int(first.msg_type) == MessageType.REPLY,
         "the same REPLY twice (same session_id, msg_id)",
-        f"{_describe(first)} ids {first.session_id:#x}/{first.msg_id}, then ids "
+        f"{describe(first)} ids {first.session_id:#x}/{first.msg_id}, then ids "
         f"{again.session_id:#x}/{again.msg_id}",
     )
 
@@ -556,11 +399,11 @@ async def _msg_dup(t: Target) -> Outcome:
 async def _msg_not_addressed(t: Target) -> Outcome:
     peer = await t.session()
     _, got = await peer.request(Identity.generate().agent_id, MessageType.PING, t.deadline())
-    return _check(
+    return check(
         "ERROR policy_denied",
-        f"ERROR {_error_code(got)}"
+        f"ERROR {error_code(got)}"
         if isinstance(got, Message) and int(got.msg_type) == MessageType.ERROR
-        else _describe(got),
+        else describe(got),
     )
 
 
@@ -616,14 +459,14 @@ def _vector_case(v: LiveVector) -> Case:
             peer.link.end_sending()
         if v.close_code is None:
             got = await peer.message(t.deadline(), lambda m: int(m.msg_type) == MessageType.ERROR)
-            first = f"ERROR {_error_code(got)}" if isinstance(got, Message) else got.describe()
+            first = f"ERROR {error_code(got)}" if isinstance(got, Message) else got.describe()
             _, after = await peer.request(t.to, MessageType.PING, t.deadline())
             tail = (
                 "; the connection goes on"
                 if isinstance(after, Message) and int(after.msg_type) == MessageType.REPLY
-                else f"; then {_describe(after)}"
+                else f"; then {describe(after)}"
             )
-            return _check("ERROR bad_signature; the connection goes on", first + tail)
+            return check("ERROR bad_signature; the connection goes on", first + tail)
         return await _closed_with(t, peer, v.close_code, plain_end_ok=v.truncated and t.transport == "tls")
 
     return Case(f"vector.{v.name}", v.section, v.quote, run)

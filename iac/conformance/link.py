@@ -216,8 +216,19 @@ class QuicLink(Link):
     def close(self, code: int = 0, reason: str = "") -> None:
         self._protocol.close(error_code=code, reason_phrase=reason)
         if self.udp is not None:
-            udp = self.udp
-            asyncio.get_running_loop().call_later(0.05, udp.close)  # let the CONNECTION_CLOSE leave
+            udp, self.udp = self.udp, None
+            # the CONNECTION_CLOSE is written at once; then no timer may fire on a closed socket
+            asyncio.get_running_loop().call_soon(_drop_udp, self._protocol, udp)
+
+
+def _drop_udp(protocol: Any, udp: asyncio.BaseTransport) -> None:
+    """Close a dialed link's UDP socket and the library's timer with it."""
+    timer = protocol._timer
+    if timer is not None:
+        timer.cancel()
+        protocol._timer = None
+    protocol._handle_timer = lambda: None  # a timer re-armed while closing has nothing to send to
+    udp.close()
 
 
 def _quic_config(*, is_client: bool, idle: float) -> Any:
@@ -248,7 +259,7 @@ async def _dial_quic(url: str, timeout: float) -> Link:
         protocol.connect(remote)
         await protocol.wait_connected()
     except BaseException:
-        transport.close()
+        _drop_udp(protocol, transport)
         raise
     if link.alpn != ALPN:
         link.close()
@@ -257,15 +268,16 @@ async def _dial_quic(url: str, timeout: float) -> Link:
     return link
 
 
-async def dial(url: str, timeout: float) -> Link:
+async def dial(url: str, timeout: float, *, said: float | None = None) -> Link:
     """A raw connection to ``url`` (``tls://``, ``unix://``, ``quic://``), TLS or QUIC handshake
-    done, no IAC byte sent yet. Raises :class:`TransportError` (refused, unreachable, no answer)."""
+    done, no IAC byte sent yet, within ``timeout`` seconds (``said``: the timeout to name when it
+    passes). Raises :class:`TransportError` (refused, unreachable, no answer)."""
     scheme = url.split(":", 1)[0]
     try:
         coro = _dial_quic(url, timeout) if scheme == "quic" else _dial_stream(url)
         return await asyncio.wait_for(coro, timeout)
     except TimeoutError:
-        raise TransportError(f"{url}: no answer in {timeout:g} s") from None
+        raise TransportError(f"{url}: no answer in {said or timeout:g} s") from None
     except (OSError, ssl.SSLError, ConnectionError) as exc:
         raise TransportError(f"{url}: {type(exc).__name__}: {exc}") from None
 

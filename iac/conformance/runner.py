@@ -9,8 +9,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from iac.conformance.cases import Case, Failed, Outcome, Target
 from iac.conformance.peer import NoAnswer
+from iac.conformance.target import Case, Failed, Outcome, Target
 from iac.errors import IacError
 
 #: Seconds each case may take, all its steps together (``--timeout``).
