@@ -71,8 +71,8 @@ class Target:
         me = identity or Identity.generate()
         d = await client_handshake(link, me, self.to, self.deadline(), **kw)  # type: ignore[arg-type]
         self._open.append(d.peer)
-        if (d.server is not None and d.server.hello is not None) or (d.closed and d.closed.code is not None):
-            self.reached = True  # the other side speaks IAC: a HELLO, a GOAWAY or a close code came back
+        if d.server is not None or (d.closed and d.closed.code is not None):
+            self.reached = True  # the other side speaks IAC: a frame, a GOAWAY or a close code came back
         return d
 
     async def session(self, identity: Identity | None = None) -> Peer:
