@@ -19,6 +19,7 @@ from iac.conformance.target import (
     Failed,
     Outcome,
     Target,
+    capability_faults,
     case,
     check,
     describe,
@@ -108,14 +109,19 @@ async def _hello_fresh(t: Target) -> Outcome:
 @case(
     "hello.fields",
     "6 HELLO",
-    "`version` | 1; `max_frame_size` | the largest frame the sender accepts, "
-    "at least 1024; 0 = not announced",
+    "`version` | 1; `max_frame_size` | the largest frame the sender accepts, at least 1024; 0 = not "
+    "announced. (18 Capabilities) A sender MUST NOT announce an entry of another form, nor one twice, nor "
+    "more than 64",
 )
 async def _hello_fields(t: Target) -> Outcome:
     _, h = await _server_hello(t)
     ok = h.version == PROTOCOL_VERSION and (h.max_frame_size == 0 or h.max_frame_size >= 1024)
+    caps = capability_faults(h.capabilities)
     return Outcome(
-        ok, "version 1, max_frame_size 0 or ≥ 1024", f"version {h.version}, max_frame_size {h.max_frame_size}"
+        ok and not caps,
+        "version 1, max_frame_size 0 or ≥ 1024, capabilities of the form name/version",
+        f"version {h.version}, max_frame_size {h.max_frame_size}, capabilities {list(h.capabilities)}"
+        + (f" ({caps})" if caps else ""),
     )
 
 
@@ -293,7 +299,11 @@ async def _closed_with(t: Target, peer: Peer, code: int, *, plain_end_ok: bool =
 # --- messages -----------------------------------------------------------------------------------
 
 
-@case("ping.reply", "11 Answers", "A handler's outcome: its result as REPLY (`null` for none)")
+@case(
+    "ping.reply",
+    "11 Answers",
+    "a node MUST answer a PING request (`deadline` ≠ 0) with REPLY `null` (`payload_json` = `null`)",
+)
 async def _ping(t: Target) -> Outcome:
     peer = await t.session()
     _req, got = await peer.request(t.to, MessageType.PING, t.deadline())

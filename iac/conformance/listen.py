@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from iac.conformance.link import Link, Server
 from iac.conformance.peer import Closed, HelloSeen, NoAnswer, Peer, make_hello, read_hello
 from iac.conformance.runner import DEFAULT_TIMEOUT, CaseResult, Report
-from iac.conformance.target import Outcome
+from iac.conformance.target import Outcome, capability_faults
 from iac.errors import CloseCode, IacError
 from iac.protocol.clock import now_us
 from iac.protocol.handshake import NONCE_SIZE, PROTOCOL_VERSION, Role, encode_goaway
@@ -136,11 +136,13 @@ def _judge_hello(
         and len(h.nonce) == NONCE_SIZE
         and (h.max_frame_size == 0 or h.max_frame_size >= 1024)
     )
+    caps = capability_faults(h.capabilities)
     j.put(
         "client.hello.fields",
-        ok,
-        "version 1, nonce of 16 bytes, max_frame_size 0 or ≥ 1024",
-        f"version {h.version}, nonce of {len(h.nonce)} bytes, max_frame_size {h.max_frame_size}",
+        ok and not caps,
+        "version 1, nonce of 16 bytes, max_frame_size 0 or ≥ 1024, capabilities of the form name/version",
+        f"version {h.version}, nonce of {len(h.nonce)} bytes, max_frame_size {h.max_frame_size}, "
+        f"capabilities {list(h.capabilities)}" + (f" ({caps})" if caps else ""),
     )
     return h
 

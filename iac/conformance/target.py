@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from iac.conformance import link as links
@@ -157,6 +158,21 @@ def error_code(msg: Message) -> str:
     except Exception:  # the node sent something that is not JSON: say so
         return "<not JSON>"
     return str(value.get("code")) if isinstance(value, dict) else "<not an object>"
+
+
+_CAPABILITY = re.compile(r"[a-z][a-z0-9-]{0,31}/[1-9][0-9]*")
+
+
+def capability_faults(capabilities: Sequence[str]) -> str:
+    """What is wrong with a HELLO's ``capabilities`` (section 18, "Capabilities"), "" if nothing."""
+    bad = [c for c in capabilities if not _CAPABILITY.fullmatch(c)]
+    if bad:
+        return f"not name/version: {bad[:3]}"
+    if len(set(capabilities)) != len(capabilities):
+        return "an entry announced twice"
+    if len(capabilities) > 64:
+        return f"{len(capabilities)} entries, above 64"
+    return ""
 
 
 @dataclass(frozen=True)
