@@ -24,7 +24,7 @@ import pytest
 
 from iac.conformance import CASES, all_cases
 from iac.conformance.listen import CLIENT_CASES
-from iac.conformance.vectors import live_negatives
+from iac.conformance.vectors import live_accepts, live_negatives
 from iac.wire.identity import Identity
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="iac-run-")}
@@ -89,10 +89,10 @@ def test_passes_against_iac_node(node: dict[str, str], transport: str) -> None:
     assert out.returncode == 0 and not failed, failed
     ids = [c["id"] for c in doc["cases"]]
     assert len(ids) == len(set(ids))
+    assert sum(i.startswith("accept.") for i in ids) == 6
     assert sum(i.startswith("vector.") for i in ids) == 51  # the 53 negatives but the two that need 256 bytes
-    expected = {c.id for c in CASES if transport in c.transports} | {
-        f"vector.{v.name}" for v in live_negatives()
-    }
+    expected = {c.id for c in CASES if transport in c.transports}
+    expected |= {f"vector.{v.name}" for v in live_negatives()} | {f"accept.{v.name}" for v in live_accepts()}
     assert set(ids) == expected
     for c in doc["cases"]:
         assert c["section"] and c["quote"] and c["expected"] and c["seen"]

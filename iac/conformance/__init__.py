@@ -12,8 +12,9 @@ Built from the wire and protocol layers and raw sockets (:mod:`.link`), not from
 :mod:`iac.transport`, which only sends well-formed frames; it uses no test hook of ``iac``.
 """
 
-from iac.conformance.cases import CASES, Case, Outcome, Target, all_cases
 from iac.conformance.runner import DEFAULT_TIMEOUT, CaseResult, Report, run_server_suite
+from iac.conformance.target import CASES, Case, Outcome, Target
+from iac.conformance.vector_cases import all_cases
 
 __all__ = [
     "CASES",

@@ -7,15 +7,12 @@ the file (:mod:`iac.conformance.vectors`), never rebuilt here.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 from iac.conformance import link as links
 from iac.conformance.peer import Closed, Dialed, NoAnswer, Peer, make_hello
 from iac.conformance.target import (
     CASES,
-    Case,
     Failed,
     Outcome,
     Target,
@@ -25,7 +22,6 @@ from iac.conformance.target import (
     describe,
     error_code,
 )
-from iac.conformance.vectors import LiveVector, live_negatives
 from iac.errors import CloseCode
 from iac.protocol.clock import now_us
 from iac.protocol.handshake import NONCE_SIZE, PROTOCOL_VERSION, Role
@@ -251,7 +247,7 @@ async def _hello_second(t: Target) -> Outcome:
     await peer.send_raw(
         make_hello(peer.identity, Role.CLIENT, nonce=b"\x02" * 16, binding=binding), control=True
     )
-    return await _closed_with(t, peer, CloseCode.UNEXPECTED_HELLO)
+    return await closed_with(t, peer, CloseCode.UNEXPECTED_HELLO)
 
 
 @case(
@@ -272,7 +268,7 @@ async def _early_message(t: Target) -> Outcome:
     return await _refused(t, CloseCode.HANDSHAKE_FAILED, identity=me, forge=forge)
 
 
-async def _closed_with(t: Target, peer: Peer, code: int, *, plain_end_ok: bool = False) -> Outcome:
+async def closed_with(t: Target, peer: Peer, code: int, *, plain_end_ok: bool = False) -> Outcome:
     """The connection closed with ``code`` and another connection is served after. ``plain_end_ok``:
     the tester ended its side of a TLS connection (TLS has no half-close, so the node's GOAWAY
     cannot reach it): the end of the connection is all there is to see."""
@@ -428,63 +424,7 @@ async def _msg_impersonation(t: Target) -> Outcome:
     other = Identity.generate()
     msg = Peer(peer.link, other).build(t.to, MessageType.PING, deadline_s=t.timeout)
     await peer.send_message(msg, signer=other)
-    return await _closed_with(t, peer, CloseCode.IMPERSONATION)
+    return await closed_with(t, peer, CloseCode.IMPERSONATION)
 
 
-# --- the negative vectors -----------------------------------------------------------------------
-
-
-async def push_dictionary(t: Target, peer: Peer, content: bytes) -> str:
-    """Push ``content`` (DICT, section 5) and wait for its DICT_ACK: "" once installed, else why
-    the vector that needs it does not apply (a node MAY ignore DICT)."""
-    import hashlib
-
-    from iac.wire._pb.iac_pb2 import Dict
-
-    dict_id = int.from_bytes(content[4:8], "little")
-    body = Dict(dict_id=dict_id, sha256=hashlib.sha256(content).digest(), content=content)
-    await peer.send_raw(
-        encode_frame(FrameType.DICT, body.SerializeToString(deterministic=True)), control=True
-    )
-    try:
-        while True:
-            got = await peer.frame(time.monotonic() + min(t.timeout / 2, 2.0))
-            if isinstance(got, Closed):
-                return f"not applicable: the node closed on the vector's dictionary ({got.describe()})"
-            if got.type is FrameType.DICT_ACK and Dict.FromString(got.body).dict_id == dict_id:
-                return ""
-    except NoAnswer:
-        return f"not applicable: the node did not acknowledge dictionary {dict_id} (section 5, Off)"
-
-
-def _vector_case(v: LiveVector) -> Case:
-    async def run(t: Target) -> Outcome:
-        peer = await t.session(v.signer)
-        if v.dictionary is not None:
-            pushed = await push_dictionary(t, peer, v.dictionary)
-            if pushed:
-                return Outcome(True, "the vector's dictionary installed first", pushed)
-        await peer.send_raw(v.frame)
-        if v.truncated:
-            peer.link.end_sending()
-        if v.close_code is None:
-            got = await peer.message(t.deadline(), lambda m: int(m.msg_type) == MessageType.ERROR)
-            first = f"ERROR {error_code(got)}" if isinstance(got, Message) else got.describe()
-            _, after = await peer.request(t.to, MessageType.PING, t.deadline())
-            tail = (
-                "; the connection goes on"
-                if isinstance(after, Message) and int(after.msg_type) == MessageType.REPLY
-                else f"; then {describe(after)}"
-            )
-            return check("ERROR bad_signature; the connection goes on", first + tail)
-        return await _closed_with(t, peer, v.close_code, plain_end_ok=v.truncated and t.transport == "tls")
-
-    return Case(f"vector.{v.name}", v.section, v.quote, run)
-
-
-def all_cases(vectors: Path | None = None) -> list[Case]:
-    """The fixed cases, then one per live negative vector of ``vectors`` (default: the checkout's)."""
-    return [*CASES, *(_vector_case(v) for v in live_negatives(vectors))]
-
-
-__all__ = ["CASES", "Case", "Failed", "Outcome", "Target", "all_cases"]
+__all__ = ["CASES", "closed_with"]

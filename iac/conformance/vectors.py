@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from iac.errors import CloseCode, ConfigError
+from iac.wire._pb.iac_pb2 import Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from iac.wire.identity import Identity
+from iac.wire.message import FLAG_ACK_REQUESTED
 
 #: Where a source checkout keeps the vectors (the tester takes ``--vectors FILE`` otherwise).
 DEFAULT_VECTORS = Path(__file__).resolve().parents[2] / "proto" / "testvectors" / "v1.json"
@@ -77,6 +80,7 @@ class LiveVector:
     quote: str
     section: str = _TABLE
     dictionary: bytes | None = None  # a dictionary of the vectors file the frame names: pushed first
+    answered: bool = True  # an accept vector draws an ERROR (stale, not addressed) unless ACK_REQUESTED
 
     @property
     def truncated(self) -> bool:
@@ -101,17 +105,50 @@ def _zstd_dict_id(frame: bytes) -> int:
     return int.from_bytes(z[start : start + did_size], "little")
 
 
-def live_negatives(path: Path | None = None) -> list[LiveVector]:
-    """The negatives of ``v1.json`` a node announcing the default ``max_frame_size`` can be sent."""
+ACCEPT_QUOTE = (
+    "`frame_hex`, `max_frame_size`, `agent_id`, `signed_hex`, `unsigned_hex` — frames a receiver MUST accept "
+    "though a canonical serializer would not write them"
+)
+
+
+def _load(path: Path | None) -> tuple[Path, dict[str, object]]:
     path = path or DEFAULT_VECTORS
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc: dict[str, object] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the test vectors {path}: {exc} (give --vectors FILE)") from None
+    return path, doc
+
+
+def _signer_and_files(path: Path, doc: dict[str, Any]) -> tuple[Identity, dict[int, Path]]:
     signer = Identity.from_seed(bytes.fromhex(doc["vectors"][0]["seed_hex"]))
-    files = {int(k): path.parent / name for k, name in doc.get("dictionaries", {}).items()}
+    return signer, {int(k): path.parent / name for k, name in doc.get("dictionaries", {}).items()}
+
+
+def live_accepts(path: Path | None = None) -> list[LiveVector]:
+    """The ``accept`` vectors: frames a receiver must take although no canonical serializer writes
+    them. Each is a message from the vectors' signer to another agent: a receiver that accepted the
+    frame judges it past its signature (it is not addressed to the receiver, nor fresh)."""
+    path, doc = _load(path)
+    signer, files = _signer_and_files(path, doc)
     out: list[LiveVector] = []
-    for v in doc["negative"]:
+    for v in doc["accept"]:  # type: ignore[attr-defined]
+        frame = bytes.fromhex(v["frame_hex"])
+        named = _zstd_dict_id(frame)
+        content = files[named].read_bytes() if named in files else None
+        ack = bool(Message.FromString(bytes.fromhex(v["signed_hex"])).flags & FLAG_ACK_REQUESTED)
+        out.append(
+            LiveVector(v["name"], "", frame, signer, None, ACCEPT_QUOTE, "17 Test vectors", content, not ack)
+        )
+    return out
+
+
+def live_negatives(path: Path | None = None) -> list[LiveVector]:
+    """The negatives of ``v1.json`` a node announcing the default ``max_frame_size`` can be sent."""
+    path, doc = _load(path)
+    signer, files = _signer_and_files(path, doc)
+    out: list[LiveVector] = []
+    for v in doc["negative"]:  # type: ignore[attr-defined]
         if int(v.get("max_frame_size", DEFAULT_MAX_FRAME_SIZE)) != DEFAULT_MAX_FRAME_SIZE:
             continue
         if v["error"] not in EXPECTED:
@@ -124,4 +161,4 @@ def live_negatives(path: Path | None = None) -> list[LiveVector]:
     return out
 
 
-__all__ = ["DEFAULT_VECTORS", "EXPECTED", "LiveVector", "live_negatives"]
+__all__ = ["ACCEPT_QUOTE", "DEFAULT_VECTORS", "EXPECTED", "LiveVector", "live_accepts", "live_negatives"]
