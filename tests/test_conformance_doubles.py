@@ -123,6 +123,12 @@ def _error_internal(msg: Message, state: dict[str, object]) -> bool:
     return True
 
 
+def _error_other_ids(msg: Message, state: dict[str, object]) -> bool:
+    if msg.msg_type == MessageType.ERROR:
+        msg.reply_to += 1
+    return True
+
+
 def _reply_one(msg: Message, state: dict[str, object]) -> bool:
     if msg.msg_type == MessageType.REPLY:
         msg.payload_json = "1"
@@ -154,6 +160,7 @@ BREAKS: dict[str, Mutate] = {
     "hello_capability": _hello(lambda h: h.capabilities.append("Stream-1")),
     "close_code": _goaway_code,
     "error_code": _message(_error_internal),
+    "error_ids": _message(_error_other_ids),
     "reply_payload": _message(_reply_one),
     "no_ack": _message(_drop_ack),
     "fresh_answer": _message(_fresh_answer_ids),
@@ -294,7 +301,7 @@ def test_the_unbroken_proxy_passes_every_case(node: tuple[str, Identity]) -> Non
 
 
 #: Further ways to break a case's rule (one case, several rules).
-EXTRA_BREAKS = {"hello_capability": ["hello.fields"]}
+EXTRA_BREAKS = {"hello_capability": ["hello.fields"], "error_ids": ["message.bad_signature"]}
 
 
 def _broken_by() -> dict[str, list[str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from iac.conformance import link as links
-from iac.conformance.peer import Closed, Dialed, NoAnswer, Peer, make_hello
+from iac.conformance.peer import Closed, Dialed, NoAnswer, Peer, answers, make_hello
 from iac.conformance.target import (
     CASES,
     Failed,
@@ -322,7 +322,6 @@ async def _oneway_ack(t: Target) -> Outcome:
     peer = await t.session()
     msg = peer.build(t.to, MessageType.PING, flags=FLAG_ACK_REQUESTED)
     await peer.send_message(msg)
-    from iac.conformance.peer import answers
 
     got = await peer.message(t.deadline(), lambda m: answers(m, msg))
     return check("ACK", describe(got).split(" ")[0] if isinstance(got, Message) else describe(got))
@@ -341,10 +340,15 @@ async def _msg_bad_sig(t: Target) -> Outcome:
     body = sign_message(peer.identity, msg)
     await peer.send_raw(encode_frame(FrameType.MESSAGE, body[:-1] + bytes([body[-1] ^ 1])))
     got = await peer.message(t.deadline(), lambda m: int(m.msg_type) == MessageType.ERROR)
-    first = f"ERROR {error_code(got)}" if isinstance(got, Message) else got.describe()
+    first = describe(got)
+    if isinstance(got, Message):
+        named = got.to == peer.identity.agent_id and answers(got, msg)
+        first = f"ERROR {error_code(got)}" + (
+            " naming the message's ids" if named else " naming other ids or peer"
+        )
     _, after = await peer.request(t.to, MessageType.PING, t.deadline())
     return check(
-        "ERROR bad_signature; the same connection then answers a PING",
+        "ERROR bad_signature naming the message's ids; the same connection then answers a PING",
         first
         + (
             "; the same connection then answers a PING"
@@ -380,7 +384,6 @@ async def _msg_dup(t: Target) -> Outcome:
     peer = await t.session()
     msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
     frame = await peer.send_message(msg)
-    from iac.conformance.peer import answers
 
     first = await peer.message(t.deadline(), lambda m: answers(m, msg))
     await peer.send_raw(frame)
