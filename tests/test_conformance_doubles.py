@@ -34,13 +34,15 @@ from iac.protocol.clock import now_us
 from iac.protocol.handshake import Role, decode_goaway, encode_goaway
 from iac.transport.certs import generate_self_signed
 from iac.wire._pb.iac_pb2 import Hello, Message
+from iac.wire.dicts import DictionarySet
 from iac.wire.enums import MessageType
-from iac.wire.frames import Frame, FrameDecoder, FrameType, encode_frame
+from iac.wire.frames import Frame, FrameDecoder, FrameType, PackedFrame, encode_frame
 from iac.wire.identity import Domain, Identity
 from iac.wire.message import Session, build_message, open_hello, open_message, sign_hello
 from iac.wire.message import sign_message as sign
 
 ENV_DIR = tempfile.mkdtemp(prefix="iac-run-")
+NO_DICT = DictionarySet().require(0)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +166,36 @@ BREAKS: dict[str, Mutate] = {
     "reply_payload": _message(_reply_one),
     "no_ack": _message(_drop_ack),
     "fresh_answer": _message(_fresh_answer_ids),
-    "refuse_compressed": lambda fr, key, state: None,  # the proxy refuses the tester's zstd MESSAGEs itself
+    "hello_compressed": lambda fr, key, state: (
+        bytes((FrameType.HELLO, 1)) + _varint(len(z := NO_DICT.compress(fr.body))) + z
+        if fr.type is FrameType.HELLO
+        else None
+    ),
+}
+
+#: What the proxy does with a frame the tester sent: "pass", "drop" it, or "refuse" it (GOAWAY and
+#: close, as a node that refuses what it must take).
+UpFilter = Callable[[PackedFrame, dict[str, object]], str]
+
+
+def _old_ids(p: PackedFrame, state: dict[str, object]) -> str:
+    """A replay window of 1000 ids instead of at least 1024."""
+    if p.type is not FrameType.MESSAGE or p.dict_id is not None:
+        return "pass"
+    msg = Message.FromString(p.payload)
+    newest = max(int(state.get("newest", 0)), msg.msg_id)  # type: ignore[call-overload]
+    state["newest"] = newest
+    return "drop" if msg.msg_id + 1000 < newest else "pass"
+
+
+UP_BREAKS: dict[str, UpFilter] = {
+    "refuse_compressed": lambda p, state: (
+        "refuse" if p.type is FrameType.MESSAGE and p.dict_id is not None else "pass"
+    ),
+    "refuse_nonminimal": lambda p, state: (
+        "refuse" if p.wire_size > 2 + len(_varint(len(p.payload))) + len(p.payload) else "pass"
+    ),
+    "small_window": _old_ids,
 }
 
 #: What breaks each case's rule (the vector cases by the outcome their row demands).
@@ -175,6 +206,8 @@ BROKEN_BY = {
     "hello.binding": "hello_bound",
     "hello.freshness": "hello_old",
     "hello.fields": "hello_version",
+    "frame.nonminimal_length": "refuse_nonminimal",
+    "message.window": "small_window",
     "ping.reply": "reply_payload",
     "oneway.ack": "no_ack",
     "message.bad_signature": "error_code",
@@ -197,13 +230,12 @@ def breaker(case_id: str) -> str:
     return "close_code"  # hello.refuse.*, message.impersonation
 
 
-def _has_zstd_message(dec: FrameDecoder, data: bytes) -> bool:
-    """Whether ``data`` completes a compressed MESSAGE (what the tester sends is not always a frame:
-    after a fault, stop looking)."""
-    try:
-        return any(p.type is FrameType.MESSAGE and p.dict_id is not None for p in dec.feed_packed(data))
-    except Exception:  # a negative vector: not this double's business
-        return False
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
 
 
 class Proxy:
@@ -212,9 +244,14 @@ class Proxy:
     (a node that stops serving others after a fault)."""
 
     def __init__(
-        self, node_path: str, key: Identity, mutate: Mutate | None, stop_after_refusal: bool = False
+        self,
+        node_path: str,
+        key: Identity,
+        mutate: Mutate | None,
+        stop_after_refusal: bool = False,
+        up_filter: UpFilter | None = None,
     ):
-        self.node_path, self.key, self.mutate = node_path, key, mutate
+        self.node_path, self.key, self.mutate, self.up_filter = node_path, key, mutate, up_filter
         self.stop_after_refusal = stop_after_refusal
         self.refused = False
         self.state: dict[str, object] = {}
@@ -238,19 +275,27 @@ class Proxy:
             return
         nr, nw = await asyncio.open_unix_connection(self.node_path)
 
-        refuse_zstd = self.mutate is BREAKS["refuse_compressed"]
         seen_up = FrameDecoder()
 
         async def up() -> None:
             with contextlib.suppress(OSError):
                 while data := await r.read(65536):
-                    if refuse_zstd and _has_zstd_message(seen_up, data):
-                        w.write(
-                            encode_frame(FrameType.GOAWAY, encode_goaway(CloseCode.BAD_COMPRESSION, "no"))
-                        )
-                        w.close()
-                        break
-                    nw.write(data)
+                    if self.up_filter is None:
+                        nw.write(data)
+                    else:
+                        for p in seen_up.feed_packed(data):
+                            verdict = self.up_filter(p, self.state)
+                            if verdict == "refuse":
+                                w.write(
+                                    encode_frame(
+                                        FrameType.GOAWAY, encode_goaway(CloseCode.PROTOCOL_ERROR, "no")
+                                    )
+                                )
+                                w.close()
+                                return
+                            if verdict == "pass":
+                                flags = 0 if p.dict_id is None else 1
+                                nw.write(bytes((p.type, flags)) + _varint(len(p.payload)) + p.payload)
                     await nw.drain()
             with contextlib.suppress(OSError):
                 nw.write_eof()
@@ -275,13 +320,18 @@ UNIX_CASES = [c for c in all_cases() if "unix" in c.transports]
 
 
 def _run_through(
-    node: tuple[str, Identity], ids: list[str], mutate: Mutate | None, **kw: bool
+    node: tuple[str, Identity],
+    ids: list[str],
+    mutate: Mutate | None,
+    *,
+    stop_after_refusal: bool = False,
+    up_filter: UpFilter | None = None,
 ) -> dict[str, bool]:
     path, key = node
 
     async def main() -> dict[str, bool]:
         d = tempfile.mkdtemp(prefix="iac-px-")
-        proxy = Proxy(path, key, mutate, **kw)
+        proxy = Proxy(path, key, mutate, stop_after_refusal, up_filter)
         srv = await proxy.start(f"{d}/p.sock")
         try:
             cases = [c for c in UNIX_CASES if c.id in ids]
@@ -301,7 +351,11 @@ def test_the_unbroken_proxy_passes_every_case(node: tuple[str, Identity]) -> Non
 
 
 #: Further ways to break a case's rule (one case, several rules).
-EXTRA_BREAKS = {"hello_capability": ["hello.fields"], "error_ids": ["message.bad_signature"]}
+EXTRA_BREAKS = {
+    "hello_capability": ["hello.fields"],
+    "hello_compressed": ["hello.fields"],
+    "error_ids": ["message.bad_signature"],
+}
 
 
 def _broken_by() -> dict[str, list[str]]:
@@ -313,7 +367,7 @@ def _broken_by() -> dict[str, list[str]]:
 
 def test_every_case_has_a_double() -> None:
     by_break = _broken_by()
-    assert set(by_break) == set(BREAKS)
+    assert set(by_break) == set(BREAKS) | set(UP_BREAKS)
     assert {i for ids in by_break.values() for i in ids} == {c.id for c in UNIX_CASES}
     # the one case that needs a certificate (TLS, QUIC) has its double below
     assert [c.id for c in all_cases() if "unix" not in c.transports] == ["hello.refuse.early_message"]
@@ -341,13 +395,16 @@ def test_early_message_fails_against_a_tls_node_that_takes_anything() -> None:
     assert cid == "hello.refuse.early_message" and not passed, seen
 
 
-@pytest.mark.parametrize("name", sorted(BREAKS))
+@pytest.mark.parametrize("name", sorted([*BREAKS, *UP_BREAKS]))
 def test_each_case_fails_against_the_double_that_breaks_its_rule(
     node: tuple[str, Identity], name: str
 ) -> None:
     """Exactly the cases whose rule the double breaks fail, each naming itself."""
     ids = _broken_by()[name]
-    results = _run_through(node, ids, BREAKS[name])
+    if name in UP_BREAKS:
+        results = _run_through(node, ids, None, up_filter=UP_BREAKS[name])
+    else:
+        results = _run_through(node, ids, BREAKS[name])
     assert results == dict.fromkeys(ids, False), [k for k, v in results.items() if v]
 
 

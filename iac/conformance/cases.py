@@ -106,18 +106,20 @@ async def _hello_fresh(t: Target) -> Outcome:
     "hello.fields",
     "6 HELLO",
     "`version` | 1; `max_frame_size` | the largest frame the sender accepts, at least 1024; 0 = not "
-    "announced. (18 Capabilities) A sender MUST NOT announce an entry of another form, nor one twice, nor "
-    "more than 64",
+    "announced. (4) HELLO frames MUST be sent raw. (18 Capabilities) A sender MUST NOT announce an entry "
+    "of another form, nor one twice, nor more than 64",
 )
 async def _hello_fields(t: Target) -> Outcome:
-    _, h = await _server_hello(t)
+    d, h = await _server_hello(t)
+    assert d.server is not None
     ok = h.version == PROTOCOL_VERSION and (h.max_frame_size == 0 or h.max_frame_size >= 1024)
     caps = capability_faults(h.capabilities)
+    raw = "raw" if not d.server.compressed else "compressed"
     return Outcome(
-        ok and not caps,
-        "version 1, max_frame_size 0 or ≥ 1024, capabilities of the form name/version",
-        f"version {h.version}, max_frame_size {h.max_frame_size}, capabilities {list(h.capabilities)}"
-        + (f" ({caps})" if caps else ""),
+        ok and not caps and not d.server.compressed,
+        "a raw HELLO frame, version 1, max_frame_size 0 or ≥ 1024, capabilities of the form name/version",
+        f"a {raw} HELLO frame, version {h.version}, max_frame_size {h.max_frame_size}, "
+        f"capabilities {list(h.capabilities)}" + (f" ({caps})" if caps else ""),
     )
 
 
@@ -428,6 +430,41 @@ async def _msg_impersonation(t: Target) -> Outcome:
     msg = Peer(peer.link, other).build(t.to, MessageType.PING, deadline_s=t.timeout)
     await peer.send_message(msg, signer=other)
     return await closed_with(t, peer, CloseCode.IMPERSONATION)
+
+
+@case(
+    "frame.nonminimal_length",
+    "4 Layout and types",
+    "Senders SHOULD write it minimally; receivers MUST accept a non-minimal one.",
+)
+async def _nonminimal(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    body = sign_message(peer.identity, msg)
+    n = len(body)
+    length = bytes([(n & 0x7F) | 0x80, (n >> 7) | 0x80, 0x00])  # three bytes where one or two do
+    await peer.send_raw(bytes([FrameType.MESSAGE, 0]) + length + body)
+    got = await peer.message(t.deadline(), lambda m: answers(m, msg))
+    return check("REPLY", describe(got).split(" ")[0])
+
+
+@case(
+    "message.window",
+    "10 The window",
+    "`N` MUST be at least 1024 (default 1024).",
+)
+async def _window(t: Target) -> Outcome:
+    peer = await t.session()
+    got = []
+    for msg_id in (1100, 1100 - 1023):  # the second is the oldest id a window of 1024 still holds
+        msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+        msg.msg_id = msg_id
+        await peer.send_message(msg)
+        got.append(describe(await peer.message(t.deadline(), lambda m, msg=msg: answers(m, msg))))  # type: ignore[misc]
+    return check(
+        "REPLY to msg_id 1100, then REPLY to msg_id 77",
+        f"{got[0].split(' ')[0]} to msg_id 1100, then {got[1].split(' ')[0]} to msg_id 77",
+    )
 
 
 __all__ = ["CASES", "closed_with"]

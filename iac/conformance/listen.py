@@ -58,7 +58,10 @@ CLIENT_CASES: dict[str, tuple[str, str]] = {
         "6 Checks on a received HELLO",
         "`|now − timestamp| ≤ max_skew`: else `stale_hello` (0x13)",
     ),
-    "client.hello.fields": ("6 HELLO", "`version` | 1; `nonce` | exactly 16 random bytes"),
+    "client.hello.fields": (
+        "6 HELLO",
+        "`version` | 1; `nonce` | exactly 16 random bytes. (4) HELLO frames MUST be sent raw",
+    ),
     "client.message.signed": (
         "6 After the handshake",
         "A verified `from` other than the peer that this "
@@ -139,8 +142,10 @@ def _judge_hello(
     caps = capability_faults(h.capabilities)
     j.put(
         "client.hello.fields",
-        ok and not caps,
-        "version 1, nonce of 16 bytes, max_frame_size 0 or ≥ 1024, capabilities of the form name/version",
+        ok and not caps and not seen.compressed,
+        "a raw HELLO frame, version 1, nonce of 16 bytes, max_frame_size 0 or ≥ 1024, capabilities of the "
+        "form name/version",
+        f"a {'compressed' if seen.compressed else 'raw'} HELLO frame, "
         f"version {h.version}, nonce of {len(h.nonce)} bytes, max_frame_size {h.max_frame_size}, "
         f"capabilities {list(h.capabilities)}" + (f" ({caps})" if caps else ""),
     )

@@ -192,6 +192,7 @@ class HelloSeen:
     hello: Hello | None = None
     error: str = ""
     received_us: int = 0
+    compressed: bool = False  # a HELLO frame with the zstd flag (HELLOs go raw, section 4)
 
 
 #: Changes a HELLO before it is signed, or replaces the signed bytes (returns them).
@@ -230,7 +231,7 @@ async def read_hello(peer: Peer, sender: Role, deadline: float) -> HelloSeen | C
     got = await peer.frame(deadline)
     if isinstance(got, Closed):
         return got
-    seen = HelloSeen(raw=got.body, received_us=now_us())
+    seen = HelloSeen(raw=got.body, received_us=now_us(), compressed=got.dict_id is not None)
     if got.type is not FrameType.HELLO:
         seen.error = f"a {got.type.name} frame instead of HELLO"
         return seen
