@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from iac.errors import ConfigError
 from iac.wire.identity import Identity, check_agent_id
 
 
-def _printer(args: argparse.Namespace) -> Any:
+def _printer(args: argparse.Namespace) -> Callable[[CaseResult], None] | None:
     if args.json:
         return None
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from iac.conformance.peer import NoAnswer
@@ -92,7 +92,12 @@ async def run_case(case: Case, target: Target) -> CaseResult:
 
 
 async def run_server_suite(
-    url: str, to: str, cases: Sequence[Case], *, timeout: float = DEFAULT_TIMEOUT, on_result: object = None
+    url: str,
+    to: str,
+    cases: Sequence[Case],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_result: Callable[[CaseResult], None] | None = None,
 ) -> Report:
     """Every case that applies to ``url``'s transport, one after the other, against the node at ``url``."""
     target = Target(url, to, timeout)
@@ -103,7 +108,7 @@ async def run_server_suite(
                 continue
             result = await run_case(case, target)
             report.results.append(result)
-            if callable(on_result):
+            if on_result is not None:
                 on_result(result)
     finally:
         target.close()
