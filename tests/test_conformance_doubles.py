@@ -369,8 +369,9 @@ def test_every_case_has_a_double() -> None:
     by_break = _broken_by()
     assert set(by_break) == set(BREAKS) | set(UP_BREAKS)
     assert {i for ids in by_break.values() for i in ids} == {c.id for c in UNIX_CASES}
-    # the one case that needs a certificate (TLS, QUIC) has its double below
-    assert [c.id for c in all_cases() if "unix" not in c.transports] == ["hello.refuse.early_message"]
+    # the cases that need a certificate (TLS, QUIC) or QUIC itself have their doubles below
+    others = [c.id for c in all_cases() if "unix" not in c.transports]
+    assert sorted(others) == sorted(["hello.refuse.early_message", *QUIC_BREAKS])
 
 
 def test_early_message_fails_against_a_tls_node_that_takes_anything() -> None:
@@ -527,3 +528,100 @@ def test_each_client_case_fails_against_a_client_that_breaks_it(case_id: str) ->
     results = run(main(), timeout=30)
     assert results.get(case_id) is False, results
     assert set(CLIENT_BREAKS) == set(CLIENT_CASES)
+
+
+# --- QUIC doubles: a small QUIC node made of the tester's own pieces, one rule broken ----------------
+
+QUIC_BREAKS = {
+    "quic.control_message": "ignores MESSAGEs on the control stream",
+    "quic.bidi_stream": "takes a second bidirectional stream",
+    "quic.control_fin": "closes on a FIN of the control stream",
+    "quic.reset_stream": "closes on a reset stream",
+}
+
+
+async def _quic_node(link: Link, me: Identity, broken: str) -> None:
+    """Answer the client's HELLO, then every PING request with REPLY null (unless ``broken``)."""
+    peer = Peer(link, me)
+    decoders: dict[int, FrameDecoder] = {}
+    session = Session()
+    hello: Hello | None = None
+
+    async def close(code: int) -> None:
+        await peer.send_raw(encode_frame(FrameType.GOAWAY, encode_goaway(code, "double")), control=True)
+        link.close(code)
+
+    while True:
+        ev = await link.events.get()
+        if isinstance(ev, Ended):
+            return
+        if ev.stream % 4 == 0 and ev.stream != 0 and broken != "quic.bidi_stream":
+            return await close(CloseCode.PROTOCOL_ERROR)
+        if ev.reset:
+            decoders.pop(ev.stream, None)
+            if broken == "quic.reset_stream":
+                return await close(CloseCode.TRUNCATED_FRAME)
+            continue
+        if ev.stream == 0 and ev.end and broken == "quic.control_fin":
+            return await close(CloseCode.NO_ERROR)
+        dec = decoders.setdefault(ev.stream, FrameDecoder())
+        for fr in dec.feed(ev.data, final=ev.end and ev.stream != 0):
+            if fr.type is FrameType.HELLO and hello is None:
+                hello = open_hello(fr.body, Domain.HELLO_CLIENT)
+                await peer.send_raw(
+                    make_hello(
+                        me,
+                        Role.SERVER,
+                        nonce=secrets.token_bytes(16),
+                        binding=link.binding,
+                        peer_nonce=hello.nonce,
+                        peer_agent_id=hello.agent_id,
+                    ),
+                    control=True,
+                )
+            elif fr.type is FrameType.MESSAGE and hello is not None:
+                if ev.stream == 0 and broken == "quic.control_message":
+                    continue
+                msg = open_message(fr.body)
+                if msg.deadline:
+                    reply = build_message(
+                        sender=me.agent_id,
+                        to=hello.agent_id,
+                        msg_type=MessageType.REPLY,
+                        session=session,
+                        timestamp_us=now_us(),
+                        payload_json="null",
+                        reply_to=msg.msg_id,
+                        reply_session_id=msg.session_id,
+                    )
+                    await peer.send_raw(encode_frame(FrameType.MESSAGE, sign(me, reply)))
+
+
+def _run_quic_double(broken: str) -> dict[str, bool]:
+    me = Identity.generate()
+
+    async def main() -> dict[str, bool]:
+        server = Server(
+            "quic://127.0.0.1:0", generate_self_signed(me.agent_id), lambda link: _quic_node(link, me, broken)
+        )
+        url = await server.start()
+        try:
+            cases = [c for c in all_cases() if c.id in QUIC_BREAKS]
+            report = await run_server_suite(url, me.agent_id, cases, timeout=2.0)
+        finally:
+            server.close()
+        return {r.id: r.passed for r in report.results}
+
+    result: dict[str, bool] = run(main())
+    return result
+
+
+def test_the_unbroken_quic_double_passes_the_quic_cases() -> None:
+    assert _run_quic_double("") == dict.fromkeys(QUIC_BREAKS, True)
+
+
+@pytest.mark.parametrize("case_id", sorted(QUIC_BREAKS))
+def test_each_quic_case_fails_against_the_double_that_breaks_it(case_id: str) -> None:
+    results = _run_quic_double(case_id)
+    assert results[case_id] is False, (QUIC_BREAKS[case_id], results)
+    assert [k for k, v in results.items() if not v] == [case_id]

@@ -12,6 +12,7 @@ Built from the wire and protocol layers and raw sockets (:mod:`.link`), not from
 :mod:`iac.transport`, which only sends well-formed frames; it uses no test hook of ``iac``.
 """
 
+from iac.conformance import quic_cases  # noqa: F401 (registers the QUIC cases)
 from iac.conformance.runner import DEFAULT_TIMEOUT, CaseResult, Report, run_server_suite
 from iac.conformance.target import CASES, Case, Outcome, Target
 from iac.conformance.vector_cases import all_cases

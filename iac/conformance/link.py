@@ -36,6 +36,7 @@ class Data:
     stream: int
     data: bytes
     end: bool = False
+    reset: bool = False  # QUIC: the sender reset the stream (what it held of a frame is lost)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def _quic_protocol(link_ready: Callable[[QuicLink], None] | None) -> type[Any]:
             elif isinstance(event, StreamDataReceived):
                 link.events.put_nowait(Data(event.stream_id, event.data, event.end_stream))
             elif isinstance(event, StreamReset):
-                link.events.put_nowait(Data(event.stream_id, b"", end=True))
+                link.events.put_nowait(Data(event.stream_id, b"", end=True, reset=True))
             elif isinstance(event, ConnectionTerminated):
                 code = event.error_code if event.frame_type is None else None
                 link.events.put_nowait(Ended(code, event.reason_phrase))
@@ -211,6 +212,20 @@ class QuicLink(Link):
 
     def end_sending(self) -> None:
         self._quic.send_stream_data(CONTROL, b"", end_stream=True)
+        self._protocol.transmit()
+
+    async def send_on_new_bidi(self, data: bytes) -> None:
+        """``data`` on a new bidirectional stream (which the mapping forbids: a case sends it)."""
+        sid = self._quic.get_next_available_stream_id(is_unidirectional=False)
+        self._quic.send_stream_data(sid, data, end_stream=True)
+        self._protocol.transmit()
+
+    async def send_and_reset(self, data: bytes) -> None:
+        """``data`` on a new unidirectional stream, then RESET_STREAM instead of FIN."""
+        sid = self._quic.get_next_available_stream_id(is_unidirectional=True)
+        self._quic.send_stream_data(sid, data, end_stream=False)
+        self._protocol.transmit()
+        self._quic.reset_stream(sid, 0)
         self._protocol.transmit()
 
     def close(self, code: int = 0, reason: str = "") -> None:

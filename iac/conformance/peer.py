@@ -65,6 +65,9 @@ class Peer:
     # --- reading -------------------------------------------------------------------------------
 
     def _feed(self, ev: Data) -> list[Frame]:
+        if ev.reset:
+            self._decoders.pop(ev.stream, None)
+            return []
         dec = self._decoders.setdefault(ev.stream, FrameDecoder(max_frame_size=self._max))
         try:
             frames = dec.feed(ev.data, final=ev.end)
