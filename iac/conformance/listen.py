@@ -185,8 +185,6 @@ async def judge_connection(link: Link, me: Identity, timeout: float, wait: float
             j.put("client.connect", False, "a client HELLO", got.describe())
             return j
         j.put("client.connect", True, "a client HELLO", "a client HELLO")
-        if not got.hello and got.raw and not got.error.startswith("a "):
-            pass
         if got.error.startswith("a ") and got.error.endswith("instead of HELLO"):
             j.put("client.message.after_hello", False, "HELLO first", got.error)
         h = _judge_hello(
@@ -227,6 +225,11 @@ async def _serve(j: _Judge, peer: Peer, me: Identity, h: Hello, *, deadline: flo
             got = await peer.frame(deadline)
         except NoAnswer:
             j.put("client.close", False, "GOAWAY 0x00 no_error", "the connection stayed open")
+            return
+        if isinstance(got, Closed) and peer.local_fault:  # a frame the tester's limits refuse
+            j.put(
+                "client.message.signed", False, "frames within the tester's max_frame_size", peer.local_fault
+            )
             return
         if isinstance(got, Closed):
             normal = got.code in (CloseCode.NO_ERROR, CloseCode.GOING_AWAY)
