@@ -19,7 +19,8 @@ from typing import Any
 from iac.cli.options import integer, print_error, seconds
 from iac.conformance import DEFAULT_TIMEOUT, CaseResult, Report, all_cases, run_server_suite
 from iac.conformance.listen import DEFAULT_WAIT, run_client_suite
-from iac.errors import ConfigError
+from iac.errors import ConfigError, InvalidAgentId
+from iac.transport.base import parse_address
 from iac.wire.identity import Identity, check_agent_id
 
 
@@ -44,12 +45,13 @@ def _finish(args: argparse.Namespace, report: Report) -> int:
 def _cmd(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except ConfigError as exc:  # a usage error: exit 2, as for arguments the parser refuses
+    except (ConfigError, InvalidAgentId) as exc:  # a usage error: exit 2, as for arguments the parser refuses
         print_error("conformance", exc)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
+    parse_address(args.url)  # a URL that is not tls://, unix:// or quic:// is a usage error
     vectors = Path(args.vectors) if args.vectors else None
     if args.client:
         identity = Identity.load(args.key) if args.key else Identity.generate()
