@@ -27,7 +27,7 @@ from conftest import run
 
 from iac.conformance import all_cases, run_server_suite
 from iac.conformance.link import Ended, Link, Server, dial
-from iac.conformance.listen import CLIENT_CASES, run_client_suite
+from iac.conformance.listen import CLIENT_CASES, REFUSALS, run_client_suite
 from iac.conformance.peer import HelloSeen, Peer, make_hello, read_hello
 from iac.errors import CloseCode
 from iac.protocol.clock import now_us
@@ -625,3 +625,50 @@ def test_each_quic_case_fails_against_the_double_that_breaks_it(case_id: str) ->
     results = _run_quic_double(case_id)
     assert results[case_id] is False, (QUIC_BREAKS[case_id], results)
     assert [k for k, v in results.items() if not v] == [case_id]
+
+
+async def _lax_client(url: str, tester: str) -> None:
+    """A client that takes whatever server HELLO comes and closes normally: it refuses nothing."""
+    me = Identity.generate()
+    link = await dial(url, 5.0)
+    peer = Peer(link, me)
+    deadline = time.monotonic() + 5
+    seen = await read_hello(peer, Role.SERVER, deadline)
+    nonce = seen.hello.nonce if isinstance(seen, HelloSeen) and seen.hello is not None else b""
+    hello = make_hello(
+        me, Role.CLIENT, nonce=secrets.token_bytes(16), binding=b"", peer_nonce=nonce, peer_agent_id=tester
+    )
+    await peer.send_raw(hello, control=True)
+    await peer.send_raw(encode_frame(FrameType.GOAWAY, encode_goaway(0, "bye")), control=True)
+    link.close()
+
+
+def test_every_refusal_case_fails_against_a_client_that_refuses_nothing() -> None:
+    sock = tempfile.mkdtemp(prefix="iac-cl-")
+    tester = Identity.generate()
+
+    async def main() -> dict[str, bool]:
+        addr: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def announce(line: str) -> None:
+            if line.startswith("listening "):
+                addr.set_result(line.split()[1])
+
+        suite = asyncio.ensure_future(
+            run_client_suite(
+                f"unix://{sock}/t.sock",
+                tester,
+                connections=len(REFUSALS),
+                wait=5,
+                timeout=2,
+                announce=announce,
+                refusals=True,
+            )
+        )
+        url = await addr
+        for _ in REFUSALS:
+            await _lax_client(url, tester.agent_id)
+        report = await suite
+        return {r.id: r.passed for r in report.results}
+
+    assert run(main(), timeout=30) == {r.id: False for r in REFUSALS}

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from iac.conformance import CASES, all_cases
-from iac.conformance.listen import CLIENT_CASES
+from iac.conformance.listen import CLIENT_CASES, REFUSALS
 from iac.conformance.vectors import live_accepts, live_negatives
 from iac.wire.identity import Identity
 
@@ -324,3 +324,70 @@ def test_every_case_id_is_unique_and_cites_a_section() -> None:
     assert len(ids) == len(set(ids))
     for c in cases:
         assert c.section.split()[0].isdigit() and len(c.quote) > 20
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_listening_with_refusals_while_iac_ping_dials(tmp_path: Path, transport: str) -> None:
+    """--refusals: five forged server HELLOs, each refused by `iac ping` with its close code."""
+    sock = Path(tempfile.mkdtemp(prefix="iac-cf-"))
+    url = {"tls": "tls://127.0.0.1:0", "quic": "quic://127.0.0.1:0", "unix": f"unix://{sock}/t.sock"}[
+        transport
+    ]
+    assert iac("keygen", "--out", str(tmp_path / "a.key")).returncode == 0
+    n = len(REFUSALS)
+    tester = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "iac",
+            "conformance",
+            "--client",
+            url,
+            "--refusals",
+            "--connections",
+            str(n),
+            "--wait",
+            "20",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert tester.stdout is not None
+        tid = tester.stdout.readline().split()[1]
+        addr = tester.stdout.readline().split()[1]
+        argv = [
+            sys.executable,
+            "-m",
+            "iac",
+            "ping",
+            "--key",
+            str(tmp_path / "a.key"),
+            "--to",
+            tid,
+            "--addr",
+            addr,
+            "--count",
+            "1",
+        ]
+        pings = [
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+            for _ in range(n)
+        ]
+        errors = [p.communicate(timeout=30)[1] for p in pings]
+        assert [p.returncode for p in pings] == [1] * n, errors
+        doc = json.loads(tester.stdout.read())
+        assert tester.wait(timeout=30) == 0
+    finally:
+        if tester.poll() is None:
+            tester.kill()
+            tester.wait()
+        for stream in (tester.stdout, tester.stderr):
+            if stream is not None:
+                stream.close()
+    assert doc["failed"] == 0 and [c["id"] for c in doc["cases"]] == [r.id for r in REFUSALS], doc["cases"]
+    names = {"hello_bad_signature", "stale_hello", "channel_binding_mismatch", "wrong_peer"}
+    assert all(any(name in e for e in errors) for name in names), errors

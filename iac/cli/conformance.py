@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 announce=lambda line: print(line, flush=True),
                 on_result=_printer(args),
+                refusals=args.refusals,
             )
         )
         return _finish(args, report)
@@ -94,6 +95,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--client",
         action="store_true",
         help="listen at URL and judge the implementation as it dials in (its client role)",
+    )
+    p.add_argument(
+        "--refusals",
+        action="store_true",
+        help="--client: answer the first 5 connections with forged HELLOs (bad signature, stale, other "
+        "binding, wrong nonce echo, another key) that the implementation must refuse with their close codes",
     )
     p.add_argument("--key", default=None, help="--client: the tester's key file (default: a fresh key)")
     p.add_argument(

@@ -26,8 +26,16 @@ from iac.transport.certs import generate_self_signed
 from iac.wire._pb.iac_pb2 import Hello, Message
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
-from iac.wire.identity import Identity
-from iac.wire.message import FLAG_ACK_REQUESTED, Session, build_message, open_message, sender_of, sign_message
+from iac.wire.identity import Domain, Identity
+from iac.wire.message import (
+    FLAG_ACK_REQUESTED,
+    Session,
+    build_message,
+    open_message,
+    sender_of,
+    sign_hello,
+    sign_message,
+)
 
 #: Seconds ``--client`` waits for each connection (``--wait``).
 DEFAULT_WAIT = 30.0
@@ -172,6 +180,135 @@ class _Answerer:
         await self.peer.send_raw(encode_frame(FrameType.MESSAGE, sign_message(self.me, reply)))
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A forged server HELLO the dialing side must refuse with ``code`` (``unix_code`` on UNIX)."""
+
+    id: str
+    section: str
+    quote: str
+    forge: Callable[[Identity], Callable[[Hello], bytes | None]]
+    code: int
+    unix_code: int
+
+
+def _flip(me: Identity) -> Callable[[Hello], bytes | None]:
+    def forge(h: Hello) -> bytes:
+        raw = sign_hello(me, h, Domain.HELLO_SERVER)
+        return encode_frame(FrameType.HELLO, raw[:-1] + bytes([raw[-1] ^ 1]))
+
+    return forge
+
+
+def _other_signer(h: Hello) -> bytes:
+    """A HELLO that verifies, by a key the client did not dial."""
+    other = Identity.generate()
+    h.agent_id = other.agent_id
+    return encode_frame(FrameType.HELLO, sign_hello(other, h, Domain.HELLO_SERVER))
+
+
+def _setting(**fields: object) -> Callable[[Identity], Callable[[Hello], bytes | None]]:
+    def maker(me: Identity) -> Callable[[Hello], bytes | None]:
+        def forge(h: Hello) -> None:
+            for k, v in fields.items():
+                setattr(h, k, v(h) if callable(v) else v)
+
+        return forge
+
+    return maker
+
+
+_CHECKS = "6 Checks on a received HELLO"
+#: ``--refusals``: the first connections each get one of these instead of an honest HELLO.
+REFUSALS = (
+    Refusal(
+        "client.refuse.signature",
+        _CHECKS,
+        "`agent_id` is an AgentId and the signature verifies by it in the "
+        "sender role's domain: else `hello_bad_signature` (0x11)",
+        _flip,
+        0x11,
+        0x11,
+    ),
+    Refusal(
+        "client.refuse.stale",
+        _CHECKS,
+        "`|now − timestamp| ≤ max_skew`: else `stale_hello` (0x13)",
+        _setting(timestamp=lambda h: h.timestamp - 3_600_000_000),
+        0x13,
+        0x13,
+    ),
+    Refusal(
+        "client.refuse.binding",
+        _CHECKS,
+        "`channel_binding` equals this connection's binding (section 7; "
+        "empty on UNIX), compared in constant time: else `channel_binding_mismatch` (0x15)",
+        _setting(channel_binding=b"\x01" * 32),
+        0x15,
+        0x15,
+    ),
+    Refusal(
+        "client.refuse.nonce",
+        _CHECKS,
+        "Client first: `peer_nonce` equals the client's nonce "
+        "(`replayed_hello`, 0x14) … Server first: `peer_nonce` is empty (0x10).",
+        _setting(peer_nonce=b"\x02" * 16),
+        0x14,
+        0x10,
+    ),
+    Refusal(
+        "client.refuse.identity",
+        _CHECKS,
+        "**Client**, on the server's HELLO: its `agent_id` is the AgentId "
+        "that was dialed, when one was (`wrong_peer`, 0x12)",
+        lambda me: _other_signer,
+        0x12,
+        0x12,
+    ),
+)
+
+ALL_CLIENT_CASES = {**CLIENT_CASES, **{r.id: (r.section, r.quote) for r in REFUSALS}}
+
+
+async def refuse_connection(link: Link, me: Identity, refusal: Refusal, timeout: float) -> _Judge:
+    """Send ``refusal``'s forged HELLO where the honest one would go and see how the client closes."""
+    j = _Judge()
+    peer = Peer(link, me)
+    deadline = time.monotonic() + timeout
+    code = refusal.code if link.client_first else refusal.unix_code
+    want = f"close 0x{code:02x} {CloseCode(code).name.lower()}"
+    try:
+        forge = refusal.forge(me)
+        if link.client_first:
+            got = await read_hello(peer, Role.CLIENT, deadline)
+            if isinstance(got, Closed) or got.hello is None:
+                j.put(refusal.id, False, want, "no client HELLO to answer")
+                return j
+            j.hello_seen = True
+            hello = make_hello(
+                me,
+                Role.SERVER,
+                nonce=secrets.token_bytes(NONCE_SIZE),
+                binding=link.binding,
+                peer_nonce=got.hello.nonce,
+                peer_agent_id=got.hello.agent_id,
+                forge=forge,
+            )
+        else:
+            hello = make_hello(
+                me, Role.SERVER, nonce=secrets.token_bytes(NONCE_SIZE), binding=b"", forge=forge
+            )
+        await peer.send_raw(hello, control=True)
+        closed = await peer.close_seen(deadline)
+        j.hello_seen = True
+        j.put(refusal.id, closed.code == code, want, closed.describe())
+    except NoAnswer:
+        j.put(refusal.id, False, want, f"the connection stayed open {timeout:g} s")
+    finally:
+        link.close()
+    return j
+
+
 async def judge_connection(link: Link, me: Identity, timeout: float, wait: float) -> _Judge:
     j = _Judge()
     peer = Peer(link, me)
@@ -274,6 +411,7 @@ async def run_client_suite(
     timeout: float = DEFAULT_TIMEOUT,
     announce: Callable[[str], None] = print,
     on_result: Callable[[CaseResult], None] | None = None,
+    refusals: bool = False,
 ) -> Report:
     """Listen at ``url``; judge the next ``connections`` connections, each within ``wait`` seconds."""
     queue: asyncio.Queue[Link] = asyncio.Queue()
@@ -295,9 +433,12 @@ async def run_client_suite(
                 j = _Judge()
                 j.put("client.connect", False, "a connection", f"no connection in {wait:g} s")
             else:
-                j = await judge_connection(link, identity, timeout, wait)
+                if refusals and n <= len(REFUSALS):
+                    j = await refuse_connection(link, identity, REFUSALS[n - 1], timeout)
+                else:
+                    j = await judge_connection(link, identity, timeout, wait)
             report.reached = report.reached or j.hello_seen
-            for cid, (section, quote) in CLIENT_CASES.items():
+            for cid, (section, quote) in ALL_CLIENT_CASES.items():
                 out = j.outcomes.get(cid)
                 if out is None:
                     continue
@@ -313,4 +454,11 @@ async def run_client_suite(
     return report
 
 
-__all__ = ["CLIENT_CASES", "DEFAULT_WAIT", "judge_connection", "run_client_suite"]
+__all__ = [
+    "ALL_CLIENT_CASES",
+    "CLIENT_CASES",
+    "DEFAULT_WAIT",
+    "REFUSALS",
+    "judge_connection",
+    "run_client_suite",
+]
