@@ -140,6 +140,13 @@ def _cases(e: Env) -> list[Case]:
         "status", ["status", "--admin", str(t / "none.sock")], "no status socket there", "is the node running"
     )
     case("status", ["status", "--watch", "0"], "--watch", "more than 0")
+    # conformance
+    cf = ["conformance", "tls://127.0.0.1:9"]
+    case("conformance", cf, "--to AGENT_ID is required", "--client")
+    case("conformance", [*cf, "--to", SMALL_ORDER], "not an AgentId")
+    case("conformance", ["conformance", "ftp://127.0.0.1:9", "--to", bid], "not a transport address")
+    case("conformance", [*cf, "--to", bid, "--timeout", "-1"], "--timeout", "more than 0")
+    case("conformance", [*cf, "--to", bid, "--case", "nosuch"], "--case nosuch", "no case has that id")
     # ping
     ping = ["ping", "--key", key, *target]
     case("ping", [*ping, "--timeout", "inf"], "--timeout", "finite number more than 0")

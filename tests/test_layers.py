@@ -26,6 +26,7 @@ RANKS = {
     "stores": 3,
     "transport": 3,
     "node": 4,
+    "conformance": 4,
     "mesh": 5,
     "integrations": 6,
     "demo": 7,
