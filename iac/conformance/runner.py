@@ -19,6 +19,9 @@ DEFAULT_TIMEOUT = 5.0
 
 @dataclass(frozen=True)
 class CaseResult:
+    """One case's verdict: its id, section and the sentence it checks, what was expected and what
+    was seen, and how long it took."""
+
     id: str
     section: str
     quote: str
@@ -36,6 +39,8 @@ class CaseResult:
 
 @dataclass
 class Report:
+    """A run against one URL: its results in order, and whether anything IAC ever answered."""
+
     url: str
     role: str  # "server": the tester dialed; "client": the implementation dialed the tester
     results: list[CaseResult] = field(default_factory=list)

@@ -25,6 +25,8 @@ MAX_SKEW_US = 60_000_000
 
 @dataclass
 class Outcome:
+    """What a case's check returns: passed or not, with what it expected and what it saw."""
+
     passed: bool
     expected: str
     seen: str
@@ -177,6 +179,9 @@ def capability_faults(capabilities: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Case:
+    """A conformance case: its id, the section and sentence of docs/PROTOCOL.md it checks, the
+    check itself, and the transports it runs on."""
+
     id: str
     section: str
     quote: str
@@ -184,6 +189,7 @@ class Case:
     transports: tuple[str, ...] = ("quic", "tls", "unix")
 
 
+#: Every case of the server-role suite, in the order they run (filled by :func:`case`).
 CASES: list[Case] = []
 
 
