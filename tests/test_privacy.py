@@ -24,7 +24,18 @@ ALLOWED = {
         (f"iac/cli/{name}.py", "argparse._SubParsersAction"): (
             "argparse's subparsers type has no public name; used in annotations only"
         )
-        for name in ("conformance", "demo", "dicts", "files", "keys", "mesh", "net", "node", "proto", "status")
+        for name in (
+            "conformance",
+            "demo",
+            "dicts",
+            "files",
+            "keys",
+            "mesh",
+            "net",
+            "node",
+            "proto",
+            "status",
+        )
     },
     **{
         ("iac/conformance/link.py", expr): (
