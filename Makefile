@@ -46,7 +46,7 @@ proto: $(VENV)/.installed-dev
 # Rewrite the files in proto/testvectors/ (deterministic; existing zstd frames in v1.json are kept
 # while they decode).
 vectors: $(VENV)/.installed-dev
-	$(BIN)/python tools/make_testvectors.py
+	$(BIN)/python -m tools.make_testvectors
 	$(BIN)/python -m tools.make_payload_vectors
 	$(BIN)/python -m tools.vectors.records
 	$(BIN)/python -m tools.vectors.mesh

@@ -4,16 +4,14 @@ after ÷ before ≤ 1.05, with the baselines' own ratio beside it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from iac.bench.scenarios.regress import compare, cpu_summary, verdict
 
-from regress import compare, cpu_summary, verdict  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(

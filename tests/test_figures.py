@@ -7,16 +7,13 @@ section names exists and describes itself, and no figure is shown two ways. No b
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from iac.bench.reports import figures, figures_results
 
-import figures  # noqa: E402
-import figures_results  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SECTIONS = figures.sections()
 
