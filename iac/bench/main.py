@@ -162,8 +162,10 @@ def print_summary(doc: dict[str, Any], out: Path) -> None:
     for sc in doc["scenarios"]:
         print(f"\n== {sc['name']}: {sc['title']} [{sc['status']}]")
         if sc["status"] != "ok":
-            print(f"   {sc['reason']}")
+            print(f"   {sc['status']}: {sc['reason']}")
             continue
+        for who, why in sc.get("skipped", {}).items():
+            print(f"   {who}: skipped: {why}")
         for r in sc["rows"]:
             rr = "" if r["ratio"] is None else f"  x{r['ratio']:.2f} vs {r['baseline']}"
             print(

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import importlib.util
 import json
-import os
 import sys
 import tempfile
 import time
@@ -36,16 +34,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders.baselines import dumps_compact
+from iac.bench.contenders import brokers
+from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
+from iac.bench.contenders.http import HttpClient, HttpServer
 from iac.bench.harness.paths import child_env, module_argv
 from iac.bench.harness.process import Endpoint, Pair
-
-PAYLOAD = {"task": "summarize", "args": {"doc": "q3-report.pdf", "max_words": 120}, "priority": 2}
-REPLY = {"ok": True, "words": 118}
-PASSWORD = "correct horse battery staple"  # noqa: S105 (the baseline's shared secret, public by design)
-CLIENT_SEED = bytes(range(32))
-SERVER_SEED = bytes(range(32, 64))
-PATH = "/iac/v1/messages"
 
 NAMES = {
     "iac-quic": "IAC-QUIC",
@@ -56,7 +49,28 @@ NAMES = {
     "http-ed25519-tls": "HTTPS+Ed25519 JSON",
     "http-ed25519-unix": "HTTP+Ed25519 JSON/UNIX",
     "grpc": "gRPC unary (no auth)",
+    **brokers.NAMES,
 }
+#: What each contender secures: (encryption, per-message authentication).
+SECURES = {
+    "iac-quic": ("QUIC (TLS 1.3)", "Ed25519 both ways, replay check"),
+    "iac-tls": ("TLS 1.3", "Ed25519 both ways, replay check"),
+    "iac-unix": ("none (local socket)", "Ed25519 both ways, replay check"),
+    "http": ("none", "SHA-256 of payload + shared password"),
+    "http-ed25519": ("none", "Ed25519 both ways, replay check"),
+    "http-ed25519-tls": ("TLS 1.3", "Ed25519 both ways, replay check"),
+    "http-ed25519-unix": ("none (local socket)", "Ed25519 both ways, replay check"),
+    "grpc": ("none", "none"),
+    **brokers.SECURES,
+}
+
+
+def secures(contender: str) -> str:
+    """``encryption: …; per-message authentication: …`` of ``contender``."""
+    enc, auth = SECURES[contender]
+    return f"encryption: {enc}; per-message authentication: {auth}"
+
+
 #: The HTTP contenders: name -> (signed, transport).
 HTTP_KINDS = {
     "http": (False, "tcp"),
@@ -77,60 +91,7 @@ def have_aiohttp() -> bool:
 # --- HTTP envelopes -----------------------------------------------------------------------------
 
 
-def _sha(payload: str) -> str:
-    return hashlib.sha256((payload + PASSWORD).encode()).hexdigest()
-
-
-def _http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
-    env = {
-        "from": "agent-a",
-        "to": "agent-b",
-        "type": "RUN",
-        "payload": payload,
-        "timestamp": time.time_ns() // 1000,
-        "msg_id": msg_id,
-        "session_id": 1,
-    }
-    if signer is None:
-        env["hash"] = _sha(payload)
-        return dumps_compact(env).encode()
-    raw = dumps_compact(env)
-    sig = signer.sign(raw.encode()).signature.hex()
-    return dumps_compact({"envelope": raw, "sig": sig}).encode()
-
-
-def _http_open(body: bytes, verifier: Any | None) -> dict[str, Any]:
-    obj = json.loads(body)
-    if verifier is None:
-        if obj.get("hash") != _sha(obj["payload"]):
-            raise ValueError("bad hash")
-        env: dict[str, Any] = obj
-    else:
-        verifier.verify(obj["envelope"].encode(), bytes.fromhex(obj["sig"]))
-        env = json.loads(obj["envelope"])
-    json.loads(env["payload"])
-    return env
-
-
-def _keys(signed: bool, me: bytes, peer: bytes) -> tuple[Any, Any]:
-    if not signed:
-        return None, None
-    import nacl.signing
-
-    return nacl.signing.SigningKey(me), nacl.signing.SigningKey(peer).verify_key
-
-
 # --- servers ------------------------------------------------------------------------------------
-
-
-class Server:
-    handled = 0
-
-    async def start(self, host: str, directory: Path) -> dict[str, Any]:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        pass
 
 
 class IacServer(Server):
@@ -149,6 +110,11 @@ class IacServer(Server):
 
         @self.node.on(MessageType.RUN)
         def handler(ctx: Context) -> object:
+            if isinstance(ctx.payload, dict) and "oneway" in ctx.payload:  # see IacClient.event
+                if ctx.payload["oneway"] == "seen":
+                    return {"seen": self.events}
+                self.events += 1
+                return None
             self.handled += 1
             return REPLY
 
@@ -156,62 +122,6 @@ class IacServer(Server):
 
     async def close(self) -> None:
         await self.node.close()
-
-
-def _tls_server_context() -> Any:
-    import ssl
-
-    from iac.transport.certs import generate_self_signed
-
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    generate_self_signed("bench.localhost").load_into(ctx)
-    return ctx
-
-
-def _tls_client_context() -> Any:
-    import ssl
-
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # a self-signed benchmark certificate: encryption, not trust, is measured
-    return ctx
-
-
-class HttpServer(Server):
-    """aiohttp server; ``transport``: ``tcp`` (plain HTTP), ``tls`` (HTTPS, TLS 1.3) or ``unix``."""
-
-    def __init__(self, signed: bool, transport: str = "tcp") -> None:
-        self.signer, self.verifier = _keys(signed, SERVER_SEED, CLIENT_SEED)
-        self.transport = transport
-
-    async def start(self, host: str, directory: Path) -> dict[str, Any]:
-        from aiohttp import web
-
-        async def handle(request: web.Request) -> web.Response:
-            env = _http_open(await request.read(), self.verifier)
-            self.handled += 1
-            body = _http_body(json.dumps(REPLY), int(env["msg_id"]), self.signer)
-            return web.Response(body=body, content_type="application/json")
-
-        app = web.Application()
-        app.router.add_post(PATH, handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        if self.transport == "unix":
-            path = str(directory / f"http-{os.getpid()}.sock")
-            await web.UnixSite(self.runner, path).start()
-            return {"url": f"http://localhost{PATH}", "unix": path}
-        tls = self.transport == "tls"
-        site = web.TCPSite(self.runner, host, 0, ssl_context=_tls_server_context() if tls else None)
-        await site.start()
-        server = site._server
-        port = server.sockets[0].getsockname()[1] if server is not None else 0  # type: ignore[attr-defined]
-        return {"url": f"{'https' if tls else 'http'}://{host}:{port}{PATH}"}
-
-    async def close(self) -> None:
-        await self.runner.cleanup()
 
 
 class GrpcServer(Server):
@@ -227,13 +137,15 @@ class GrpcServer(Server):
         await self.server.close()
 
 
-def make_server(contender: str) -> Server:
+def make_server(contender: str) -> Server | brokers.BrokerServer:
     if contender.startswith("iac-"):
         return IacServer(contender[4:])
     if contender in HTTP_KINDS:
         return HttpServer(*HTTP_KINDS[contender])
     if contender == "grpc":
         return GrpcServer()
+    if contender in brokers.KINDS:
+        return brokers.make_server(contender, SERVER_SEED, CLIENT_SEED, json.dumps(REPLY))
     raise SystemExit(f"unknown contender {contender}")
 
 
@@ -271,25 +183,11 @@ async def serve(contender: str, host: str, directory: Path) -> int:
 # --- clients ------------------------------------------------------------------------------------
 
 
-class Client:
-    async def start(self, target: dict[str, Any], depth: int) -> None:
-        raise NotImplementedError
-
-    async def one(self, i: int) -> None:
-        raise NotImplementedError
-
-    def frame_bytes(self) -> int | None:
-        return None
-
-    async def close(self) -> None:
-        pass
-
-
 class IacClient(Client):
     async def start(self, target: dict[str, Any], depth: int) -> None:
         from iac.node.config import NodeConfig
         from iac.node.node import Node
-        from iac.wire._pb.iac_pb2 import MessageType
+        from iac.wire.enums import MessageType
 
         self.run_type = MessageType.RUN
         cfg = NodeConfig(sync_in_thread=False, max_in_flight=max(64, depth), max_handlers=64)
@@ -301,46 +199,21 @@ class IacClient(Client):
     async def one(self, i: int) -> None:
         await self.node.request(self.peer, self.run_type, PAYLOAD, timeout=60)
 
+    async def event(self, i: int) -> None:
+        """One one-way message (``Node.send``, no reply)."""
+        await self.node.send(self.peer, self.run_type, ONEWAY)
+
+    async def seen(self) -> int:
+        """How many one-way messages the server has handled (a request)."""
+        r = await self.node.request(self.peer, self.run_type, {"oneway": "seen"}, timeout=60)
+        return int(r.payload["seen"])
+
     def frame_bytes(self) -> int | None:
         st = self.node.stats()
         return st.bytes_sent + st.bytes_received
 
     async def close(self) -> None:
         await self.node.close()
-
-
-class HttpClient(Client):
-    def __init__(self, signed: bool) -> None:
-        self.signer, self.verifier = _keys(signed, CLIENT_SEED, SERVER_SEED)
-        self.payload = json.dumps(PAYLOAD)
-
-    async def start(self, target: dict[str, Any], depth: int) -> None:
-        import aiohttp
-
-        self.url = target["url"]
-        limit = max(64, depth)
-        connector: Any
-        if "unix" in target:
-            connector = aiohttp.UnixConnector(path=target["unix"], limit=limit)
-        elif self.url.startswith("https:"):
-            connector = aiohttp.TCPConnector(limit=limit, ssl=_tls_client_context())
-        else:
-            connector = aiohttp.TCPConnector(limit=limit)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60))
-
-    async def one(self, i: int) -> None:
-        body = _http_body(self.payload, i, self.signer)
-        async with self.session.post(
-            self.url, data=body, headers={"Content-Type": "application/json"}
-        ) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"HTTP {resp.status}")
-            env = _http_open(await resp.read(), self.verifier)
-            if int(env["msg_id"]) != i:
-                raise RuntimeError("reply to another request")
-
-    async def close(self) -> None:
-        await self.session.close()
 
 
 class GrpcClient(Client):
@@ -359,13 +232,15 @@ class GrpcClient(Client):
         await self.client.close()
 
 
-def make_client(contender: str) -> Client:
+def make_client(contender: str) -> Client | brokers.BrokerClient:
     if contender.startswith("iac-"):
         return IacClient()
     if contender in HTTP_KINDS:
         return HttpClient(HTTP_KINDS[contender][0])
     if contender == "grpc":
         return GrpcClient()
+    if contender in brokers.KINDS:
+        return brokers.make_client(contender, CLIENT_SEED, SERVER_SEED, json.dumps(PAYLOAD))
     raise SystemExit(f"unknown contender {contender}")
 
 
@@ -400,12 +275,21 @@ async def client(contender: str, target: dict[str, Any]) -> int:
     _say({"ready": True})
     reader = await _lines()
     next_id = 1
+    sent = 0  # one-way messages so far
     try:
         for _ in range(10_000_000):
             line = await reader.readline()
             if not line:
                 break
             cmd = json.loads(line)
+            if cmd.get("cmd") == "oneway":
+                count = int(cmd["count"])
+                c0 = time.process_time()
+                elapsed = await oneway(cl, count, next_id, sent + count)
+                sent += count
+                next_id += count
+                _say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
+                continue
             if cmd.get("cmd") != "run":
                 _say({"error": f"unknown command {cmd!r}"})
                 continue
@@ -428,6 +312,18 @@ async def client(contender: str, target: dict[str, Any]) -> int:
     finally:
         await cl.close()
     return 0
+
+
+async def oneway(cl: Any, count: int, start: int, total: int, timeout: float = 120.0) -> float:
+    """Send ``count`` one-way messages, then ask the server how many it has handled until it has
+    them all (``total`` since the start); the seconds from the first send to that answer."""
+    t0 = time.perf_counter()
+    for i in range(start, start + count):
+        await cl.event(i)
+    async with asyncio.timeout(timeout):
+        while await cl.seen() < total:
+            pass
+    return time.perf_counter() - t0
 
 
 env_for = child_env

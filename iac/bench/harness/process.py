@@ -91,6 +91,15 @@ class Pair:
         res["server_handled"] = s1["handled"] - s0["handled"]
         return res
 
+    def oneway(self, count: int, timeout: float = 300.0) -> dict[str, Any]:
+        """``count`` one-way messages from the client; its ``elapsed_s`` runs until the server has
+        handled them all, ``server_cpu_s`` is the server's CPU over that time."""
+        s0 = self.server.ask({"cmd": "cpu"})
+        res = self.client.ask({"cmd": "oneway", "count": count}, timeout)
+        s1 = self.server.ask({"cmd": "cpu"})
+        res["server_cpu_s"] = s1["cpu_s"] - s0["cpu_s"]
+        return res
+
     def close(self) -> None:
         self.client.close()
         self.server.close()

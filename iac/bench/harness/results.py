@@ -112,6 +112,8 @@ class Result:
     notes: list[str] = field(default_factory=list)
     raw: Any = None
     duration_s: float = 0.0
+    #: Contenders that could not run here: label -> ``<what is missing> — <the command that adds it>``.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def add(
         self,
@@ -123,8 +125,10 @@ class Result:
         better: str = "lower",
         baseline: str | None = None,
         iac: bool | None = None,
+        secures: str | None = None,
     ) -> None:
-        """One figure: per-round ``values`` (or an already summarized dict)."""
+        """One figure: per-round ``values`` (or an already summarized dict); ``secures`` says what
+        the contender protects (encryption, per-message authentication)."""
         stats = dict(values) if isinstance(values, dict) else summarize(values)
         stats.setdefault("n", 1)
         self.rows.append(
@@ -137,6 +141,7 @@ class Result:
                 "baseline": baseline,
                 "iac": contender.startswith("IAC") if iac is None else iac,
                 "ratio": None,
+                **({"secures": secures} if secures else {}),
             }
         )
 
@@ -164,6 +169,7 @@ class Result:
             "series": self.series,
             "notes": self.notes,
             "raw": self.raw,
+            **({"skipped": self.skipped} if self.skipped else {}),
         }
 
 

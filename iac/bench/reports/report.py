@@ -132,12 +132,24 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {r['metric']} | {r['contender']} | {_fmt(r['median'])} | "
                 f"{_fmt(r['min'])} .. {_fmt(r['max'])} | {r['unit']} ({r['better']} is better) | {rr} |"
             )
+        lines += secures_lines(sc)
         for note in sc["notes"]:
             lines += ["", f"* {note}"]
     if doc.get("plots"):
         lines += ["", "## Plots", ""]
         lines += [f"![{p}]({p})" for p in doc["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def secures_lines(sc: dict[str, Any]) -> list[str]:
+    """What each contender of ``sc`` secures, and the contenders skipped here and why."""
+    seen: dict[str, str] = {}
+    for r in sc["rows"]:
+        if r.get("secures"):
+            seen.setdefault(r["contender"], r["secures"])
+    lines = [f"* **{who}** — {what}" for who, what in seen.items()]
+    lines += [f"* **{who}** — skipped: {why}" for who, why in sc.get("skipped", {}).items()]
+    return ["", "What each contender secures:", "", *lines] if lines else []
 
 
 #: Plot data: (label, x values, y values) per line.

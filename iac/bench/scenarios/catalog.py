@@ -16,6 +16,7 @@ from typing import Any
 from iac.bench.harness.environment import quic_name
 from iac.bench.harness.results import Context, Result, downsample, interleave_async, run_script
 from iac.bench.harness.stats import median
+from iac.bench.scenarios.requests import oneway_between_processes
 
 
 def codec_json(ctx: Context) -> dict[str, Any]:
@@ -134,10 +135,11 @@ def sc_oneway(ctx: Context, res: Result) -> None:
         better="higher",
     )
     res.notes.append(
-        f"benchmarks/transport.py --only oneway: {data['messages_per_round']} messages per round. "
-        "Target: one-way >= 0.5 x the decode-only rate."
+        f"iac.bench.scenarios.transport --only oneway: {data['messages_per_round']} messages per round, "
+        "one process. Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
+    oneway_between_processes(ctx, res)
 
 
 @dataclass(frozen=True)

@@ -161,20 +161,20 @@ class BroadcastBench:
         import aiohttp
         from aiohttp import web
 
-        from iac.bench.contenders import endpoints
+        from iac.bench.contenders import common, http
 
-        _, verify_origin = endpoints._keys(True, endpoints.SERVER_SEED, endpoints.CLIENT_SEED)
+        _, verify_origin = http._keys(True, common.SERVER_SEED, common.CLIENT_SEED)
 
         async def handle(request: web.Request) -> web.Response:
             body = await request.read()
             signed = request.headers.get("X-Signed") == "1"
-            env = endpoints._http_open(body, verify_origin if signed else None)
+            env = http._http_open(body, verify_origin if signed else None)
             self.done.hit(int(json.loads(env["payload"])["k"]))
             return web.Response(status=204)
 
         for i in range(1, self.n):
             app = web.Application()
-            app.router.add_post(endpoints.PATH, handle)
+            app.router.add_post(common.PATH, handle)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.UnixSite(runner, str(self.dir / f"h{i}.sock")).start()
@@ -185,7 +185,7 @@ class BroadcastBench:
                     timeout=aiohttp.ClientTimeout(total=WAIT_S),
                 )
             )
-        self._origin_signer, _ = endpoints._keys(True, endpoints.CLIENT_SEED, endpoints.SERVER_SEED)
+        self._origin_signer, _ = http._keys(True, common.CLIENT_SEED, common.SERVER_SEED)
 
     async def close(self) -> None:
         for s in self._http_sessions:
@@ -240,17 +240,17 @@ class BroadcastBench:
         return (t1 - t0) * 1e3
 
     async def http_fanout(self, signed: bool) -> float:
-        from iac.bench.contenders import endpoints
+        from iac.bench.contenders import common, http
 
         key, payload = self._payload()
         fut = self.done.arm(key, self.n - 1)
         headers = {"Content-Type": "application/json", "X-Signed": "1" if signed else "0"}
         t0 = time.perf_counter()
         # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
-        body = endpoints._http_body(json.dumps(payload), key, self._origin_signer if signed else None)
+        body = http._http_body(json.dumps(payload), key, self._origin_signer if signed else None)
 
         async def post(session: Any) -> None:
-            async with session.post(f"http://localhost{endpoints.PATH}", data=body, headers=headers) as resp:
+            async with session.post(f"http://localhost{common.PATH}", data=body, headers=headers) as resp:
                 if resp.status != 204:
                     raise RuntimeError(f"HTTP {resp.status}")
 
