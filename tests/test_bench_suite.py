@@ -96,10 +96,10 @@ def _quick_suite(tmp_path: Path, *only: str) -> dict[str, dict]:
     by = {s["name"]: s for s in doc["scenarios"]}
     assert set(by) == set(only)
     for sc in by.values():
-        assert set(sc) == SCENARIO_FIELDS
+        assert SCENARIO_FIELDS <= set(sc) <= SCENARIO_FIELDS | {"skipped"}
         assert sc["status"] == "ok", sc["reason"]
         for row in sc["rows"]:
-            assert set(row) == ROW_FIELDS
+            assert ROW_FIELDS <= set(row) <= ROW_FIELDS | {"secures"}
             assert row["min"] <= row["median"] <= row["max"] and row["n"] >= 1
     return by
 
@@ -123,6 +123,9 @@ def test_quick_broadcast_scenario_fields(tmp_path):
             and rows[(mesh.HTTP_ED25519, metric)]["ratio"] is None
         )
     assert flood["baseline"] == sc["baseline"] and flood["ratio"] > 0
+    nats = [(mesh.NATS_FANOUT, metric), (mesh.NATS_ED25519, metric)]
+    assert all(k in rows for k in nats) or set(sc["skipped"]) == {k[0] for k in nats}
+    assert "per-message authentication: Ed25519" in flood["secures"]
     bytes_rows = [r for r in sc["rows"] if r["unit"] == "B"]
     assert {r["contender"] for r in bytes_rows} == {mesh.IAC_MESH, mesh.IAC_FANOUT}
     assert all(r["median"] > 0 for r in bytes_rows)

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +359,47 @@ class ZmqDealer(Sender):
             await self.reader
         self.sock.close()
         self.ctx.term()
+
+
+class NatsFanout:
+    """Broadcast as NATS users do it: one publish on a subject that ``n - 1`` subscribers (one
+    connection each, all in this process) receive; ``on_hit(key)`` runs for each delivery. Signed:
+    the origin signs once, every subscriber verifies."""
+
+    SUBJECT = "iac.bench.broadcast"
+
+    def __init__(self, n: int, on_hit: Callable[[int], None]) -> None:
+        self.n, self.on_hit = n, on_hit
+        self.server = NatsServerProcess()
+        self.conns: list[Any] = []
+        self.signer, self.verifier = keys(True, bytes(range(32)), bytes(range(32)))
+
+    async def setup(self) -> None:
+        import nats
+
+        url = await self.server.start()
+        for _ in range(self.n):
+            self.conns.append(await nats.connect(servers=[url], allow_reconnect=False))
+
+        async def deliver(msg: Any) -> None:
+            obj = json.loads(msg.data)
+            env = unseal(msg.data, self.verifier) if "sig" in obj else obj
+            self.on_hit(int(json.loads(env["payload"])["k"]))
+
+        for nc in self.conns[1:]:
+            await nc.subscribe(self.SUBJECT, cb=deliver)
+            await nc.flush()
+
+    async def publish(self, key: int, payload: dict[str, Any], signed: bool) -> None:
+        body = seal(json.dumps(payload), key, self.signer if signed else None, "EVENT")
+        await self.conns[0].publish(self.SUBJECT, body)
+        await self.conns[0].flush()
+
+    async def close(self) -> None:
+        for nc in self.conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        await self.server.close()
 
 
 BrokerServer = NatsResponder | ZmqRouter

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from iac.bench.contenders import brokers
 from iac.bench.harness.environment import quic_name
 from iac.bench.harness.results import Context, Result, downsample, interleave_async, run_script
 from iac.bench.harness.stats import median
@@ -148,6 +149,18 @@ class BroadcastPlan:
     rounds: int
 
 
+#: What each broadcast contender secures (all on UNIX sockets or loopback TCP, none encrypted).
+_IAC_LOCAL = "encryption: none (local socket); per-message authentication: Ed25519, replay check"
+BROADCAST_SECURES = {
+    "IAC broadcast (mesh flood)": _IAC_LOCAL,
+    "IAC fan-out (N-1 sends)": _IAC_LOCAL,
+    "HTTP+Ed25519 JSON fan-out": "encryption: none; per-message authentication: Ed25519",
+    "HTTP+JSON+SHA-256 fan-out": "encryption: none; per-message authentication: SHA-256 + shared password",
+    "NATS+Ed25519 subject fan-out": "encryption: none; per-message authentication: Ed25519",
+    "NATS subject fan-out": "encryption: none; per-message authentication: none",
+}
+
+
 def sc_broadcast(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import mesh
     from iac.node.node import Node
@@ -199,7 +212,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
         figs, sent, links = asyncio.run(one_size(n))
         res.raw["links"][str(n)] = links
         for label, values in figs.items():
-            res.add(label, f"completion, {n} agents", "ms", values)
+            res.add(label, f"completion, {n} agents", "ms", values, secures=BROADCAST_SECURES.get(label))
             series.setdefault(label, {})[str(n)] = median(values)
         for label, values in sent.items():
             if values:
@@ -223,12 +236,17 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
         "other neighbour; the origin rotates. IAC fan-out: one origin connected to all N-1 agents, "
         "one signed Node.send each. HTTP fan-out: aiohttp, a keep-alive connection to each agent's "
         "server, one body (Ed25519-signed once, or hashed once) POSTed to all N-1 at once; each server "
+        f"verifies it. NATS fan-out: one publish on a subject that N-1 subscriber connections (in this "
+        "process) receive through a nats-server on loopback; +Ed25519 signs it once, each subscriber "
         f"verifies it. {plan.rounds} rounds after 2 warm-ups, turns A B … B A."
     )
+    why = brokers.missing("nats")
+    if why:
+        res.skipped.update({mesh.NATS_ED25519: why, mesh.NATS_FANOUT: why})
 
 
 def sc_filetransfer(ctx: Context, res: Result) -> None:
-    from iac.bench.scenarios import mesh
+    from iac.bench.scenarios import filetransfer
     from iac.node.node import Node
 
     if not hasattr(Node, "send_file"):
@@ -237,16 +255,16 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
         return
     mib, rounds = (8, 3) if ctx.quick else (48, 5)
     work = Path(tempfile.mkdtemp(prefix="files-", dir=ctx.tmp))  # private: it holds UNIX sockets
-    src = mesh.make_file(work / "payload.bin", mib)
+    src = filetransfer.make_file(work / "payload.bin", mib)
     base = "bare aioquic, one stream"
     res.baseline = base
     steps: dict[str, Callable[[], Awaitable[float]]] = {}
 
     def over(url: str, backend: str | None = None) -> Callable[[], Awaitable[float]]:
-        return lambda: mesh.bench_iac_file(src, work, url, None, backend=backend)
+        return lambda: filetransfer.bench_iac_file(src, work, url, None, backend=backend)
 
     def bare(lib: str) -> Callable[[], Awaitable[float]]:
-        return lambda: mesh.bench_bare_aioquic(src, work, lib)
+        return lambda: filetransfer.bench_bare_aioquic(src, work, lib)
 
     steps[base] = bare("aioquic")
 

@@ -24,18 +24,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import random
 import shutil
-import ssl
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from iac.bench.contenders import brokers
 from iac.bench.harness.stats import median
+from iac.bench.scenarios.filetransfer import bench_bare_aioquic, bench_iac_file, make_file
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
 from iac.protocol.routing import RelayPolicy
@@ -47,6 +47,8 @@ IAC_MESH = "IAC broadcast (mesh flood)"
 IAC_FANOUT = "IAC fan-out (N-1 sends)"
 HTTP_ED25519 = "HTTP+Ed25519 JSON fan-out"
 HTTP_SHA256 = "HTTP+JSON+SHA-256 fan-out"
+NATS_FANOUT = "NATS subject fan-out"
+NATS_ED25519 = "NATS+Ed25519 subject fan-out"
 WAIT_S = 30.0  # longest a single broadcast may take before the round fails
 SETTLE_ROUNDS = 500  # bound on the quiescence wait after a flood (10 ms each)
 
@@ -112,6 +114,7 @@ class BroadcastBench:
         self._http_runners: list[Any] = []
         self._http_sessions: list[Any] = []
         self._cleanups: list[Callable[[], Awaitable[None]]] = []
+        self.nats = brokers.NatsFanout(n, self._hit) if brokers.missing("nats") is None else None
 
     def contenders(self) -> dict[str, Callable[[], Awaitable[float]]]:
         out: dict[str, Callable[[], Awaitable[float]]] = {
@@ -121,7 +124,21 @@ class BroadcastBench:
         if self.http:
             out[HTTP_ED25519] = lambda: self.http_fanout(signed=True)
             out[HTTP_SHA256] = lambda: self.http_fanout(signed=False)
+        if self.nats is not None:
+            out[NATS_ED25519] = lambda: self.nats_fanout(signed=True)
+            out[NATS_FANOUT] = lambda: self.nats_fanout(signed=False)
         return out
+
+    def _hit(self, key: int) -> None:
+        self.done.hit(key)
+
+    async def nats_fanout(self, signed: bool) -> float:
+        assert self.nats is not None
+        key, payload = self._payload()
+        fut = self.done.arm(key, self.n - 1)
+        t0 = time.perf_counter()
+        await self.nats.publish(key, payload, signed)
+        return (await asyncio.wait_for(fut, WAIT_S) - t0) * 1e3
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -153,6 +170,8 @@ class BroadcastBench:
             raise RuntimeError("the mesh did not connect within 30 s")
         if self.http:
             await self._setup_http()
+        if self.nats is not None:
+            await self.nats.setup()
 
     def _on_iac(self, ctx: Context) -> None:
         self.done.hit(int(ctx.payload["k"]))
@@ -197,6 +216,8 @@ class BroadcastBench:
         for node in (*self.mesh, *self.star):
             with contextlib.suppress(Exception):
                 await node.close()
+        if self.nats is not None:
+            await self.nats.close()
 
     # --- contenders --------------------------------------------------------------------------
 
@@ -308,138 +329,6 @@ async def bench_relay(requests: int, concurrency: int = 32) -> dict[str, Any]:
             out[label] = requests / (time.perf_counter() - t0)
         out["ratio"] = out["via_relay"] / out["direct"]
         return out
-
-
-# --- file transfer ------------------------------------------------------------------------------
-
-
-def make_file(path: Path, mib: int, seed: int = 1) -> Path:
-    """``mib`` MiB of incompressible bytes (seeded, so every contender sends the same file)."""
-    rng = random.Random(seed)
-    with path.open("wb") as f:
-        for _ in range(mib):
-            f.write(rng.randbytes(1 << 20))
-    return path
-
-
-@contextlib.contextmanager
-def quic_backend(name: str | None) -> Iterator[None]:
-    """Listeners and dials started inside use QUIC backend ``name`` (when IAC has the switch)."""
-    try:
-        from iac.transport.quic.backend import set_backend
-    except ImportError:
-        yield
-        return
-    set_backend(name)
-    try:
-        yield
-    finally:
-        set_backend(None)
-
-
-async def bench_iac_file(
-    path: Path,
-    workdir: Path,
-    url: str = "quic://127.0.0.1:0",
-    window: int | None = 16,
-    backend: str | None = None,
-) -> float:
-    """MB/s of one ``Node.send_file`` (connection set up before the clock starts); the received
-    file is checked for size and removed."""
-    scheme = url.split(":", 1)[0]
-    inbox = workdir / f"iac-inbox-{scheme}-{window}-{backend}"
-    if scheme == "unix":
-        url = f"unix://{workdir}/file-rx-{time.monotonic_ns()}.sock"
-    cfg = NodeConfig(inbox_dir=inbox, max_file_size=1 << 34, durable_files=False)
-    with quic_backend(backend if scheme == "quic" else None):
-        async with Node(listen=[url], config=cfg) as rx, Node() as tx:
-            tx.add_peer(rx.agent_id, *rx.addresses)
-            await tx.connect(rx.agent_id)
-            t0 = time.perf_counter()
-            res = await tx.send_file(rx.agent_id, path, window=window)
-            seconds = time.perf_counter() - t0
-    got = inbox / res.name
-    try:
-        if got.stat().st_size != res.size:
-            raise RuntimeError(f"received {got.stat().st_size} bytes of {res.size}")
-    finally:
-        with contextlib.suppress(OSError):
-            got.unlink()
-    return res.size / seconds / 1e6
-
-
-async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic") -> float:
-    """One QUIC stream: the client reads the file onto it; the server writes it to disk and hashes it.
-
-    ``lib``: ``aioquic``, or ``qh3`` (aioquic's API on a Rust core) for the accelerated backend's ceiling.
-    """
-    import importlib
-
-    aio = importlib.import_module(f"{lib}.asyncio")
-    connect, serve = aio.connect, aio.serve
-    QuicConnectionProtocol = importlib.import_module(f"{lib}.asyncio.protocol").QuicConnectionProtocol
-    QuicConfiguration = importlib.import_module(f"{lib}.quic.configuration").QuicConfiguration
-    StreamDataReceived = importlib.import_module(f"{lib}.quic.events").StreamDataReceived
-
-    from iac.transport.certs import generate_self_signed
-
-    cert = generate_self_signed("bench")
-    (workdir / "c.pem").write_bytes(cert.cert_pem)
-    (workdir / "k.pem").write_bytes(cert.key_pem)
-    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    out_path = workdir / f"bare-{lib}.bin"
-
-    class Server(QuicConnectionProtocol):  # type: ignore[valid-type,misc]
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, **kw)
-            self.f = out_path.open("wb")
-            self.h = hashlib.sha256()
-
-        def quic_event_received(self, event: Any) -> None:
-            if isinstance(event, StreamDataReceived):
-                self.f.write(event.data)
-                self.h.update(event.data)
-                if event.end_stream:
-                    self.f.close()
-                    self._quic.send_stream_data(event.stream_id, b"ok", end_stream=True)
-                    self.transmit()
-                    if not done.done():
-                        done.set_result(self.h.hexdigest())
-
-    scfg = QuicConfiguration(
-        is_client=False, alpn_protocols=["bench"], max_stream_data=16 << 20, max_data=64 << 20
-    )
-    scfg.load_cert_chain(str(workdir / "c.pem"), str(workdir / "k.pem"))
-    server = await serve("127.0.0.1", 0, configuration=scfg, create_protocol=Server)
-    port = server._transport.get_extra_info("sockname")[1]
-    ccfg = QuicConfiguration(
-        is_client=True,
-        alpn_protocols=["bench"],
-        verify_mode=ssl.CERT_NONE,
-        max_stream_data=16 << 20,
-        max_data=64 << 20,
-    )
-    try:
-        async with connect("127.0.0.1", port, configuration=ccfg) as client:
-            t0 = time.perf_counter()
-            reader, writer = await client.create_stream()
-            can_drain = getattr(writer, "_protocol", None) is not None  # qh3's stream writers have none
-            with path.open("rb") as f:
-                while block := f.read(256 * 1024):
-                    writer.write(block)
-                    if can_drain:
-                        await writer.drain()
-                    else:
-                        await asyncio.sleep(0)
-            writer.write_eof()
-            await reader.read()
-            await asyncio.wait_for(done, 60)
-            seconds = time.perf_counter() - t0
-    finally:
-        server.close()
-        with contextlib.suppress(OSError):
-            out_path.unlink()
-    return path.stat().st_size / seconds / 1e6
 
 
 async def main() -> None:
