@@ -28,7 +28,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
+	$(BIN)/python -m iac bench --smoke --out .bench-smoke
 	$(BIN)/pytest -q
 
 # Coverage-guided fuzzing of the parsers a hostile peer reaches (tests/fuzz/): each target for

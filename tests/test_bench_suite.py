@@ -375,3 +375,25 @@ def test_headline_picks_key_rows_and_says_who_is_ahead():
     assert (h["best_other"], h["best_other_median"]) == ("HTTP+SHA fan-out", 5.0)
     md = "\n".join(report.headline_markdown({"scenarios": [res.to_json()]}))
     assert "## Headline" in md and "| broadcast | completion, 100 agents | IAC flood |" in md
+
+
+def test_smoke_runs_the_whole_harness_on_a_tiny_plan(tmp_path):
+    """``iac bench --smoke`` (what ``make test`` runs): turns, statistics, the ratio to the baseline,
+    the environment, results.json, report.md and a plot, in about a second."""
+    out = tmp_path / "smoke"
+    res = subprocess.run(
+        [sys.executable, "-m", "iac", "bench", "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["command"] == "iac bench --smoke --out " + str(out) and doc["environment"]["cores"]
+    (sc,) = doc["scenarios"]
+    assert sc["name"] == "smoke" and sc["status"] == "ok"
+    rows = {r["contender"]: r for r in sc["rows"]}
+    codec, bare = rows["IAC codec encode + decode"], rows["bare PyNaCl Ed25519 sign + verify"]
+    assert codec["n"] == bare["n"] == 3 and codec["ratio"] == pytest.approx(codec["median"] / bare["median"])
+    assert "## smoke" in (out / "report.md").read_text(encoding="utf-8")
+    assert (out / "smoke_rounds.png").stat().st_size > 0

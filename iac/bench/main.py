@@ -44,6 +44,7 @@ from iac.bench.scenarios.catalog import (
     sc_setup,
 )
 from iac.bench.scenarios.requests import sc_cpu, sc_requests
+from iac.bench.scenarios.smoke import sc_smoke
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,11 @@ SCENARIOS: list[Scenario] = [
     Scenario("reconnect", "First delivery after a reconnect through the Node API, 20 ms RTT", sc_reconnect),
     Scenario("cc", "Congestion control over a bottleneck: goodput and request p99 during bulk", sc_cc),
     Scenario("nat", "Through NATs: time to a direct path, RTT direct vs relayed, relay bytes saved", sc_nat),
+    Scenario("smoke", "The harness on a tiny plan (make test): codec vs bare Ed25519, 50 messages", sc_smoke),
 ]
-#: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``.
-DEFAULT_SKIP_WHEN_ALL = {"cpu"}
+#: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``;
+#: ``smoke`` is the harness's own test (``--smoke``).
+DEFAULT_SKIP_WHEN_ALL = {"cpu", "smoke"}
 
 
 def select(only: Sequence[str] | None) -> list[Scenario]:
@@ -106,7 +109,8 @@ class Progress:
 
 def run(argv: Sequence[str] | None = None, command: str | None = None) -> int:
     ap = argparse.ArgumentParser(description="IAC benchmark suite")
-    ap.add_argument("--quick", action="store_true", help="smoke test: small counts (under 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="small counts: every scenario in a few minutes")
+    ap.add_argument("--smoke", action="store_true", help="the harness on a tiny plan only (about a second)")
     ap.add_argument("--only", action="append", metavar="NAME", help="run this scenario (repeatable)")
     ap.add_argument("--json-only", action="store_true", help="no progress, no Markdown, no plots")
     ap.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
@@ -117,6 +121,8 @@ def run(argv: Sequence[str] | None = None, command: str | None = None) -> int:
         for s in SCENARIOS:
             print(f"{s.name:<13} {s.title}")
         return 0
+    if args.smoke:
+        args.only, args.quick = ["smoke"], True
     chosen = select(args.only)
     # SIGTERM ends the run through sys.exit, so finally blocks and atexit (netem.Link) clean up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

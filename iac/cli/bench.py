@@ -38,6 +38,8 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     if args.quick:
         out.append("--quick")
+    if getattr(args, "smoke", False):
+        out.append("--smoke")
     for name in args.only or ():
         out += ["--only", name]
     if args.json_only:
@@ -85,7 +87,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add the ``bench`` verb to the ``iac`` sub-command parsers."""
     p = sub.add_parser("bench", help="run the benchmark suite (needs the extra: pip install 'iac[bench]')")
-    p.add_argument("--quick", action="store_true", help="smoke test: small counts, a few minutes")
+    p.add_argument("--quick", action="store_true", help="small counts: every scenario in a few minutes")
+    p.add_argument("--smoke", action="store_true", help="the harness on a tiny plan only (about a second)")
     p.add_argument("--only", action="append", metavar="NAME", help="run only this scenario (repeatable)")
     p.add_argument("--json-only", action="store_true", help="write results.json only, no progress output")
     p.add_argument("--out", default=None, help="output directory (default: ./bench-results)")

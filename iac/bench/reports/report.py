@@ -249,6 +249,15 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
             cdf(lo["series"]["latency_cdf_ms_at_max_loss"]),
             marker=None,
         )
+    sm = by.get("smoke")
+    if sm and sm["series"].get("per_round_us"):
+        figure(
+            "smoke_rounds.png",
+            "Smoke test: µs per message per round",
+            "round",
+            "µs per message",
+            by_int_x(sm["series"]["per_round_us"]),
+        )
     from iac.bench.reports import ccreport
 
     made += ccreport.plots(by.get("cc"), out)
