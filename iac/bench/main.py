@@ -168,7 +168,8 @@ def print_summary(doc: dict[str, Any], out: Path) -> None:
     for sc in doc["scenarios"]:
         print(f"\n== {sc['name']}: {sc['title']} [{sc['status']}]")
         if sc["status"] != "ok":
-            print(f"   {sc['status']}: {sc['reason']}")
+            status = "skipped" if sc["status"] in ("skipped", "unavailable") else sc["status"]
+            print(f"   {status}: {sc['reason']}")
             continue
         for who, why in sc.get("skipped", {}).items():
             print(f"   {who}: skipped: {why}")

@@ -226,13 +226,13 @@ def unavailable() -> str | None:
     """Why this machine cannot build a link, or None when it can (probably: :meth:`Link.start`
     is the real test)."""
     if not sys.platform.startswith("linux"):
-        return f"needs Linux network namespaces (this is {sys.platform})"
+        return f"Linux network namespaces not available (this is {sys.platform}) — run it on Linux"
     if os.geteuid() != 0:
-        return "needs root (ip netns / ip tuntap); run the suite as root to include it"
+        return "root needed for ip netns and TUN devices — run it as root (sudo iac bench)"
     if shutil.which("ip") is None:
-        return "needs iproute2 (`ip` not found; e.g. apt-get install iproute2)"
+        return "ip not found — apt-get install iproute2"
     if not os.path.exists("/dev/net/tun"):
-        return "needs /dev/net/tun (TUN devices are not available here)"
+        return "/dev/net/tun not available — modprobe tun (or give the container the TUN device)"
     return None
 
 

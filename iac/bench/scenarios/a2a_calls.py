@@ -49,7 +49,7 @@ def available() -> str | None:
         import httpx  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        return f"needs the a2a extra (pip install 'iac[a2a]'): {exc}"
+        return f"{exc.name} not installed — pip install 'iac[a2a]'"
     return None
 
 
