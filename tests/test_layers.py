@@ -219,3 +219,34 @@ def test_the_transport_never_verifies_a_message_signature() -> None:
 def test_no_hand_written_module_is_over_500_lines(module: str) -> None:
     lines = MODULES[module].read_text(encoding="utf-8").count("\n")
     assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}): split it along a seam"
+
+
+#: Where the repository keeps Python: no file there edits the import path (pytest's ``pythonpath``
+#: puts the root on it for tests; tools run as ``python -m tools.x``; child processes get PYTHONPATH).
+PYTHON_DIRS = ("iac", "tests", "tools", "benchmarks")
+
+
+def test_nothing_in_the_repository_edits_sys_path() -> None:
+    bad = []
+    for top in PYTHON_DIRS:
+        for path in sorted(p for p in (ROOT / top).rglob("*.py") if "node_modules" not in p.parts):
+            text = path.read_text(encoding="utf-8")
+            if "path" not in text or "sys" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                target = (
+                    node.func.value
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    else None
+                )
+                if isinstance(node, (ast.Assign, ast.AugAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets), None)
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == "path"
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "sys"
+                ):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "sys.path edited at: " + ", ".join(bad)
