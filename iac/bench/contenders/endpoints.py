@@ -57,9 +57,9 @@ SECURES = {
     "iac-tls": ("TLS 1.3", "Ed25519 both ways, replay check"),
     "iac-unix": ("none (local socket)", "Ed25519 both ways, replay check"),
     "http": ("none", "SHA-256 of payload + shared password"),
-    "http-ed25519": ("none", "Ed25519 both ways, replay check"),
-    "http-ed25519-tls": ("TLS 1.3", "Ed25519 both ways, replay check"),
-    "http-ed25519-unix": ("none (local socket)", "Ed25519 both ways, replay check"),
+    "http-ed25519": ("none", "Ed25519 both ways"),
+    "http-ed25519-tls": ("TLS 1.3", "Ed25519 both ways"),
+    "http-ed25519-unix": ("none (local socket)", "Ed25519 both ways"),
     "grpc": ("none", "none"),
     **brokers.SECURES,
 }
