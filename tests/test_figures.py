@@ -1,6 +1,7 @@
-"""The READMEs' benchmark figures are rendered from committed results files and agree.
+"""The benchmark figures of the READMEs and benchmarks/RESULTS.md are rendered from committed results
+files and agree.
 
-``benchmarks/figures.py --check`` as a test: no marked section is stale, every results file a
+``python -m iac.bench.reports.figures --check`` as a test: no marked section is stale, every results file a
 section names exists and describes itself, and no figure is shown two ways. No benchmark runs.
 """
 
@@ -18,8 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = figures.sections()
 
 
-def test_both_readmes_have_marked_sections():
+def test_every_document_has_marked_sections():
     assert {s.document for s in SECTIONS} == set(figures.DOCUMENTS)
+    assert figures.ROOT / "benchmarks" / "RESULTS.md" in figures.DOCUMENTS
+
+
+def test_the_readme_headline_shows_iac_against_nats_and_zeromq_bare_and_signed():
+    (head,) = [s for s in SECTIONS if s.document.name == "README.md" and s.document.parent == figures.ROOT]
+    assert head.name == "brokers"
+    for who in ("IAC-TLS/TCP", "NATS", "NATS+Ed25519", "ZeroMQ", "ZeroMQ+Ed25519"):
+        assert f"| {who} | encryption: " in head.rendered, who
 
 
 @pytest.mark.parametrize("sec", SECTIONS, ids=lambda s: s.where)

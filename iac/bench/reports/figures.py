@@ -1,4 +1,5 @@
-"""Render the benchmark figures of README.md and benchmarks/README.md from benchmarks/results/.
+"""Render the benchmark figures of README.md (its headline) and benchmarks/RESULTS.md from
+benchmarks/results/.
 
     .venv/bin/python benchmarks/figures.py            # rewrite every marked section in place
     .venv/bin/python benchmarks/figures.py --check    # exit 1 if a marked section is stale
@@ -31,7 +32,7 @@ from iac.bench.harness.paths import ROOT
 from iac.bench.reports.figures_results import DATED, Sheet, latest, load
 from iac.bench.reports.figures_tables import RENDERERS
 
-DOCUMENTS = (ROOT / "README.md", ROOT / "benchmarks" / "README.md")
+DOCUMENTS = (ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md")
 MARKER = re.compile(r"<!-- figures: ([\w-]+) \(([^)]*)\) -->\n(.*?)<!-- /figures -->", re.DOTALL)
 
 
@@ -97,7 +98,7 @@ def conflicts(secs: Sequence[Section]) -> list[str]:
 def problems(secs: Sequence[Section]) -> list[str]:
     """What ``--check`` fails on: sections that cannot be rendered, stale ones, conflicting figures."""
     out = [f"{s.where}: {s.error}" for s in secs if s.error]
-    out += [f"{s.where}: stale (run python benchmarks/figures.py)" for s in secs if s.stale]
+    out += [f"{s.where}: stale (run python -m iac.bench.reports.figures)" for s in secs if s.stale]
     return out + conflicts(secs)
 
 

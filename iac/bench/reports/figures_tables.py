@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from iac.bench.reports.figures_brokers import render_brokers
 from iac.bench.reports.figures_cc import render_cc
 from iac.bench.reports.figures_profile import (
     render_flood,
@@ -445,6 +446,7 @@ def render_behind(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
 
 
 RENDERERS: dict[str, Renderer] = {
+    "brokers": render_brokers,
     "suite-headline": render_suite_headline,
     "suite-scenarios": render_suite_scenarios,
     "transport": render_transport,
