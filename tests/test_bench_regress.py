@@ -1,4 +1,4 @@
-"""benchmarks/regress.py's verdicts: a figure is within the earlier commit's run-to-run range (or
+"""iac/bench/scenarios/regress.py's verdicts: a figure is within the earlier commit's run-to-run range (or
 1 % of it), or beyond its best or its worst in the metric's direction; CPU per request is held to
 after ÷ before ≤ 1.05, with the baselines' own ratio beside it."""
 

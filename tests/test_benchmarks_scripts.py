@@ -1,5 +1,5 @@
-"""Smoke tests of ``benchmarks/roundtrip.py``, ``benchmarks/scaleout.py``, ``benchmarks/flood.py``
-and ``benchmarks/regress.py``: they run and report every contender with sane numbers. No timing
+"""Smoke tests of the scenarios ``roundtrip``, ``scaleout``, ``flood`` and ``regress``
+(``iac/bench/scenarios/``): they run and report every contender with sane numbers. No timing
 thresholds (loopback figures on a shared machine say nothing); the counts that depend on the code
 alone are checked where the code fixes them."""
 

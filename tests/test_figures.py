@@ -34,7 +34,7 @@ def test_the_readme_headline_shows_iac_against_nats_and_zeromq_bare_and_signed()
 @pytest.mark.parametrize("sec", SECTIONS, ids=lambda s: s.where)
 def test_marked_section_is_rendered_from_its_files(sec):
     assert sec.error is None, sec.error
-    assert not sec.stale, f"{sec.where} is stale: run python benchmarks/figures.py"
+    assert not sec.stale, f"{sec.where} is stale: run python -m iac.bench.reports.figures"
     for source in sec.sources:  # every table names its file and the command that wrote it
         res = figures_results.load(source)
         assert f"[`{source}`]" in sec.rendered and f"`{res.doc['command']}`" in sec.rendered
@@ -71,7 +71,7 @@ def _mesh_results(root: Path, date: str, direct: float) -> str:
     path = f"benchmarks/results/{date}-benchmarks-mesh.json"
     doc = {
         "schema": figures_results.RECORD_SCHEMA,
-        "command": "python benchmarks/mesh.py --json bench-results/mesh.json",
+        "command": "python -m iac.bench.scenarios.mesh --json bench-results/mesh.json",
         "started": f"{date}T00:00:00+00:00",
         "environment": {
             "cpu_model": "cpu",

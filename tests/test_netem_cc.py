@@ -1,4 +1,4 @@
-"""The cc scenario (benchmarks/cc.py, benchmarks/ccreport.py): its figures and verdicts from
+"""The cc scenario (iac/bench/scenarios/cc.py, iac/bench/reports/ccreport.py): its figures and verdicts from
 made-up runs, and -- as root on Linux -- one short run over the emulated bottleneck."""
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def run(argv: Sequence[str] | None = None, command: str | None = None) -> int:
         "schema": SCHEMA,
         "command": args.command
         or command
-        or shlex.join([Path(sys.executable).name, "benchmarks/suite.py", *(argv or sys.argv[1:])]),
+        or shlex.join([Path(sys.executable).name, "-m", "iac.bench", *(argv or sys.argv[1:])]),
         "started": started.isoformat(timespec="seconds"),
         "quick": args.quick,
         "environment": environment(),

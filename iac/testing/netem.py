@@ -1,9 +1,9 @@
 """A link emulator between two network namespaces joined through TUN devices.
 
-    sudo .venv/bin/python benchmarks/netem.py check          # can this machine build the link?
-    sudo .venv/bin/python benchmarks/netem.py demo --loss 0.03 --delay 0.01
+    sudo .venv/bin/python -m iac.testing.netem check          # can this machine build the link?
+    sudo .venv/bin/python -m iac.testing.netem demo --loss 0.03 --delay 0.01
                                                                # build it, ping across, tear down
-    sudo .venv/bin/python benchmarks/netem.py demo --rate 10 --buffer-bdp 0.5 --delay 0.01
+    sudo .venv/bin/python -m iac.testing.netem demo --rate 10 --buffer-bdp 0.5 --delay 0.01
                                                                # ... through a 10 Mbit/s bottleneck
 
 A userspace relay can drop UDP datagrams but not TCP segments (the kernel's TCP would

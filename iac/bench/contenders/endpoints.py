@@ -125,7 +125,7 @@ class IacServer(Server):
 
 
 class GrpcServer(Server):
-    """``benchmarks/baselines.py``'s gRPC server (aio unary, bytes in/out, insecure channel)."""
+    """``iac/bench/contenders/baselines.py``'s gRPC server (aio unary, bytes in/out, insecure channel)."""
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         from iac.bench.contenders import baselines
@@ -217,7 +217,7 @@ class IacClient(Client):
 
 
 class GrpcClient(Client):
-    """``benchmarks/baselines.py``'s gRPC client, sending :data:`PAYLOAD` as JSON bytes."""
+    """``iac/bench/contenders/baselines.py``'s gRPC client, sending :data:`PAYLOAD` as JSON bytes."""
 
     async def start(self, target: dict[str, Any], depth: int) -> None:
         from iac.bench.contenders import baselines

@@ -1,4 +1,4 @@
-"""The IAC contender of ``benchmarks/node.py``: a server node and the client that asks it.
+"""The IAC contender of ``iac/bench/scenarios/node.py``: a server node and the client that asks it.
 
 The server (its own process) is a :class:`iac.node.node.Node` listening on one transport,
 answering RUN requests inline (``sync_in_thread=False``) with ``baselines.answer``; it also

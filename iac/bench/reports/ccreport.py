@@ -1,12 +1,12 @@
-"""The cc scenario's figures (``benchmarks/cc.py``): medians per setting and contender, the
+"""The cc scenario's figures (``iac/bench/scenarios/cc.py``): medians per setting and contender, the
 targets as same-run ratios with verdicts, the suite's rows, and the plots.
 
     .venv/bin/iac bench --only cc --out bench-results/cc            # the full scenario (about 85 min)
     IAC_CC_PLAN=targets .venv/bin/iac bench --only cc --out bench-results/cc
                                     # only the settings the targets are judged at (about 20 min)
-    .venv/bin/python benchmarks/ccreport.py save bench-results/cc/results.json
+    .venv/bin/python -m iac.bench.reports.ccreport save bench-results/cc/results.json
                                     # -> benchmarks/results/<date>-iac-bench-cc.json, as record.py keeps
-    .venv/bin/python benchmarks/ccreport.py show benchmarks/results/<date>-iac-bench-cc.json
+    .venv/bin/python -m iac.bench.reports.ccreport show benchmarks/results/<date>-iac-bench-cc.json
 
 A figure is the median over a setting's repetitions; a ratio is of two medians of the same
 run of the scenario. A run is CPU-limited when any of its processes was above
@@ -313,11 +313,11 @@ def fill_result(data: dict[str, Any], result: Any) -> None:
     plan = data["plan"]
     limited = sorted({w for w, by in agg.items() for f in by.values() if f["cpu_limited"]})
     result.notes.append(
-        f"benchmarks/cc.py: bulk transfer for {plan['seconds']:g} s per run "
+        f"iac/bench/scenarios/cc.py: bulk transfer for {plan['seconds']:g} s per run "
         f"({plan['frame_bytes'] // 1024} KiB frames back to back), requests (one at a time, echoed) "
         "on a second connection from "
         f"{plan['warmup_s']:g} s into the transfer, through a bottleneck between two namespaces "
-        f"(benchmarks/netem.py: rate limit, drop-tail queue of {plan['shallow_bdp']:g} (shallow) or "
+        f"(iac/testing/netem.py: rate limit, drop-tail queue of {plan['shallow_bdp']:g} (shallow) or "
         f"{plan['deep_bdp']:g} (deep) BDP, then delay and random loss in each direction); "
         f"{plan['reps']} runs per setting and contender, in turns; sharing: two flows at once for "
         f"{plan['share_seconds']:g} s, {plan['share_reps']} runs. Figures are medians over the runs; "

@@ -1,9 +1,9 @@
 """Render the benchmark figures of README.md (its headline) and benchmarks/RESULTS.md from
 benchmarks/results/.
 
-    .venv/bin/python benchmarks/figures.py            # rewrite every marked section in place
-    .venv/bin/python benchmarks/figures.py --check    # exit 1 if a marked section is stale
-    .venv/bin/python benchmarks/figures.py --latest   # point every marker at the newest file of
+    .venv/bin/python -m iac.bench.reports.figures            # rewrite every marked section in place
+    .venv/bin/python -m iac.bench.reports.figures --check    # exit 1 if a marked section is stale
+    .venv/bin/python -m iac.bench.reports.figures --latest   # point every marker at the newest file of
                                                       # its command, then rewrite
 
 A marked section is

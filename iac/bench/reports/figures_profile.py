@@ -1,8 +1,8 @@
 """The README sections ``roundtrip``, ``scaleout``, ``flood`` and ``regress`` (``figures.py``): the
-per-request path with both nodes in one process (``benchmarks/roundtrip.py``), one identity served
-by one or two processes sharing the replay store and nonce cache (``benchmarks/scaleout.py``), an
-honest peer under a flood (``benchmarks/flood.py``), and the suite's figures on an earlier commit
-and on this one (``benchmarks/regress.py``)."""
+per-request path with both nodes in one process (``iac/bench/scenarios/roundtrip.py``), one identity served
+by one or two processes sharing the replay store and nonce cache (``iac/bench/scenarios/scaleout.py``), an
+honest peer under a flood (``iac/bench/scenarios/flood.py``), and the suite's figures on an earlier commit
+and on this one (``iac/bench/scenarios/regress.py``)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def render_scaleout(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
 
 
 def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    """``benchmarks/flood.py``: the honest peer's p50 with and without the flood, per case."""
+    """``iac/bench/scenarios/flood.py``: the honest peer's p50 with and without the flood, per case."""
     (r,) = res
     d = r.data
     rows = []
@@ -172,7 +172,7 @@ def _regress_shown(row: dict[str, Any]) -> bool:
 
 
 def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    """``benchmarks/regress.py``: before and after, per figure, with the verdict."""
+    """``iac/bench/scenarios/regress.py``: before and after, per figure, with the verdict."""
     (r,) = res
     d = r.data
     cfg = d["config"]
@@ -226,7 +226,7 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
 
 
 def render_node_floors(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    """``benchmarks/node.py``: where each floor stands against the HTTP reference (the most the
+    """``iac/bench/scenarios/node.py``: where each floor stands against the HTTP reference (the most the
     node could reach), and the node's CPU per request over its floor's."""
     (r,) = res
     d = r.data

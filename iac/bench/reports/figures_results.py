@@ -1,6 +1,6 @@
 """The committed results files, the figures taken from them, and the targets they are held to.
 
-Used by ``benchmarks/figures.py`` (the marked README sections) and ``figures_tables.py`` (what
+Used by ``iac/bench/reports/figures.py`` (the marked README sections) and ``figures_tables.py`` (what
 each section shows). A figure is put on a :class:`Sheet` under a key inside its file's
 *family* (the file name without its date), formatted by the one function its kind names, so
 two sections that show the same figure show the same text unless they read different runs.
@@ -20,7 +20,7 @@ from typing import Any
 from iac.bench.harness.paths import PACKAGE, RESULTS, ROOT
 
 DATED = re.compile(r"^(\d{4}-\d{2}-\d{2})-(.+)\.json$")
-RECORD_SCHEMA = "iac-bench-record/1"  # benchmarks/record.py's wrapper around a script's JSON
+RECORD_SCHEMA = "iac-bench-record/1"  # iac/bench/harness/record.py's wrapper around a script's JSON
 
 #: Targets no benchmark script holds as a constant (transport.py's ``TARGET_*`` are read from it,
 #: node.py writes its targets into its JSON).
@@ -35,7 +35,7 @@ FILE_QUIC_TARGET = 0.7  # IAC-QUIC send_file MB/s >= 0.7 x a bare aioquic stream
 @dataclass(frozen=True)
 class Results:
     """One committed results file: the suite's ``results.json``, or a script's JSON wrapped by
-    ``benchmarks/record.py``; both carry ``command``, ``started`` and ``environment``."""
+    ``iac/bench/harness/record.py``; both carry ``command``, ``started`` and ``environment``."""
 
     path: str  # relative to the repository root
     doc: dict[str, Any]
@@ -182,7 +182,7 @@ def not_ok(res: Results, name: str) -> str | None:
 
 
 def transport_targets() -> dict[str, float]:
-    """The ``TARGET_*`` constants of ``benchmarks/transport.py``, read from its source (importing
+    """The ``TARGET_*`` constants of ``iac/bench/scenarios/transport.py``, read from its source (importing
     it would load the whole transport stack)."""
     tree = ast.parse((PACKAGE / "scenarios" / "transport.py").read_text(encoding="utf-8"))
     out: dict[str, float] = {}
@@ -310,7 +310,7 @@ NODE_METRICS = {
 
 
 def node_targets(r: Results, with_info: bool = False) -> list[Target]:
-    """``benchmarks/node.py``'s targets (and, ``with_info``, its ratios that have none)."""
+    """``iac/bench/scenarios/node.py``'s targets (and, ``with_info``, its ratios that have none)."""
     out = []
     for t in r.data["targets"]:
         if t["target"] is None and not with_info:

@@ -102,7 +102,7 @@ def render_suite_scenarios(sheet: Sheet, doc: Path, res: list[Results]) -> list[
 
 
 def render_transport(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    """The suite's scenarios that run ``benchmarks/transport.py``, and its targets."""
+    """The suite's scenarios that run ``iac/bench/scenarios/transport.py``, and its targets."""
     (r,) = res
     out = [r.source_line(doc)]
     for name, what in (
@@ -290,7 +290,7 @@ def render_broadcast(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     return [r.source_line(doc), "", note, "", *table(head, "l" + "r" * len(counts), rows)]
 
 
-# --- benchmarks/node.py and benchmarks/mesh.py ---------------------------------------------------
+# --- scenarios/node.py and scenarios/mesh.py ------------------------------------------------------
 
 NODE_LABELS = {
     "iac-quic": "IAC over QUIC (aioquic)",

@@ -1,4 +1,4 @@
-"""Printing the report of ``benchmarks/node.py`` (built by :mod:`nodereport`)."""
+"""Printing the report of ``iac/bench/scenarios/node.py`` (built by :mod:`nodereport`)."""
 
 from __future__ import annotations
 

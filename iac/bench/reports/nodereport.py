@@ -1,4 +1,4 @@
-"""The report of ``benchmarks/node.py``: figures, targets with verdicts, and the printed tables.
+"""The report of ``iac/bench/scenarios/node.py``: figures, targets with verdicts, and the printed tables.
 
 Targets are ratios of medians of one run. Those that need client and server on two cores at
 once (latency, requests/s, one-way rate: :data:`TWO_CORE`) use only the repetitions whose
@@ -111,7 +111,7 @@ def load_previous(path: Path | None) -> tuple[str, dict[str, Any]] | None:
     import json
 
     data = json.loads(path.read_text())
-    data = data.get("result", data)  # benchmarks/record.py wraps the script's JSON
+    data = data.get("result", data)  # iac/bench/harness/record.py wraps the script's JSON
     return path.name, data.get("contenders", {})
 
 
@@ -177,7 +177,7 @@ def build_report(
     previous = load_previous(getattr(args, "previous", None))
     report: dict[str, Any] = {
         "benchmark": "node",
-        "command": "python benchmarks/node.py " + " ".join(sys.argv[1:]),
+        "command": "python -m iac.bench.scenarios.node " + " ".join(sys.argv[1:]),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),

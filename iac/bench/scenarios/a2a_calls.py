@@ -1,6 +1,6 @@
 """The same A2A calls over A2A's JSON-RPC over HTTP and over the IAC binding (QUIC, TLS, UNIX).
 
-    .venv/bin/python benchmarks/a2a_calls.py [--quick] [--json OUT]
+    .venv/bin/python -m iac.bench.scenarios.a2a_calls [--quick] [--json OUT]
     .venv/bin/iac bench --only a2a                 # the suite's scenario (runs this script)
 
 One server process hosts the same a2a-sdk agent twice: a stock JSON-RPC server (Starlette under
@@ -341,7 +341,7 @@ def scenario(ctx: Any, res: Any, run_script: Callable[..., dict[str, Any]]) -> N
         r["iac"] = r["contender"] != HTTP
     plan = data["plan"]
     res.notes.append(
-        f"benchmarks/a2a_calls.py: {plan['rounds']} rounds, contenders taking turns; per round "
+        f"iac/bench/scenarios/a2a_calls.py: {plan['rounds']} rounds, contenders taking turns; per round "
         f"{plan['sequential']} sequential SendMessage calls, {plan['concurrent']} at 64 in flight, one "
         f"SendStreamingMessage of {plan['parts']} artifact updates; bytes over {plan['bytes_calls']} calls "
         "on a fresh connection through a counting relay. Same a2a-sdk agent, same server process; "

@@ -91,7 +91,7 @@ def sc_rtt(ctx: Context, res: Result) -> None:
         res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
         res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
     res.notes.append(
-        f"benchmarks/transport.py --only rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
+        f"scenarios/transport.py --only rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
         f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
         "one event loop. "
         "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
@@ -108,7 +108,7 @@ def sc_setup(ctx: Context, res: Result) -> None:
         metric = "first delivery, loopback" if where == "loopback" else "first delivery, 20 ms RTT"
         res.add(f"IAC {what}", metric, "ms", s)
     res.notes.append(
-        f"benchmarks/transport.py --only handshake: start of dial to the server's first delivered message, "
+        f"scenarios/transport.py --only handshake: start of dial to the server's first delivered message, "
         f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
         f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
         "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
@@ -333,7 +333,7 @@ def sc_loss(ctx: Context, res: Result) -> None:
         f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
         f"{plan.rounds} rounds per loss level; 20 ms RTT ({plan.one_way_delay * 1e3:.0f} ms each way); loss "
         "applies to every IP packet in each direction (TUN link between two network namespaces, "
-        "benchmarks/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
+        "iac/testing/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
         "connections, IAC one connection."
     )
     res.notes.extend(out["notes"])

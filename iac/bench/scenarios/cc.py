@@ -1,6 +1,6 @@
 """Congestion control over an emulated bottleneck: bulk goodput and request latency.
 
-    sudo .venv/bin/python benchmarks/cc.py --quick --json out.json   # the cc scenario alone
+    sudo .venv/bin/python -m iac.bench.scenarios.cc --quick --json out.json   # the cc scenario alone
     .venv/bin/iac bench --only cc                                    # the same, in the suite
 
 Two network namespaces joined by :class:`netem.Link`, with a bottleneck

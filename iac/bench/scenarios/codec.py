@@ -1,8 +1,8 @@
 """Codec benchmark: IAC encode/decode next to bare Ed25519, and bytes on the wire.
 
-    .venv/bin/python benchmarks/codec.py                 # full run (test.jsonl, 2000 messages)
-    .venv/bin/python benchmarks/codec.py --quick         # smoke test (200 messages, 3 repetitions)
-    .venv/bin/python benchmarks/codec.py --json out.json # also write the results as JSON
+    .venv/bin/python -m iac.bench.scenarios.codec                 # full run (test.jsonl, 2000 messages)
+    .venv/bin/python -m iac.bench.scenarios.codec --quick         # smoke test (200 messages, 3 repetitions)
+    .venv/bin/python -m iac.bench.scenarios.codec --json out.json # also write the results as JSON
 
 Timing (one process, pinned to one core where the OS allows it):
 

@@ -1,7 +1,7 @@
 """An honest peer's latency while another peer floods the node with valid messages.
 
-    .venv/bin/python benchmarks/flood.py [--quick] [--json FILE]
-    .venv/bin/python benchmarks/record.py flood          # a full run kept in benchmarks/results/
+    .venv/bin/python -m iac.bench.scenarios.flood [--quick] [--json FILE]
+    .venv/bin/python -m iac.bench.harness.record flood          # a full run kept in benchmarks/results/
 
 Three processes on loopback: the node (``flood.py serve``: an :class:`iac.Node` on TLS whose RUN
 handler does nothing), a flooder (``flood.py flood``: one authenticated connection that sends

@@ -1,6 +1,6 @@
 """Mesh benchmarks: broadcast completion, relayed vs direct requests, file transfer vs bare aioquic.
 
-    .venv/bin/python benchmarks/mesh.py [--quick] [--file-mib N] [--json OUT]
+    .venv/bin/python -m iac.bench.scenarios.mesh [--quick] [--file-mib N] [--json OUT]
 
 * Broadcast completion (:class:`BroadcastBench`): N agents (10, 50, 100) in this one
   process, on UNIX sockets; the time from the origin's first call to the last agent's
@@ -15,7 +15,7 @@
   single-stream transfer of the same file (client reads the file onto one stream; server
   writes it to disk and hashes it), in the same run.
 
-The suite (``benchmarks/suite.py``, scenarios ``broadcast`` and ``filetransfer``) drives
+The suite (``iac/bench/main.py``, scenarios ``broadcast`` and ``filetransfer``) drives
 these functions and interleaves the contenders.
 """
 

@@ -1,6 +1,6 @@
 """Through NATs: time to a direct path, request RTT direct vs relayed, relay bytes saved.
 
-    sudo .venv/bin/python benchmarks/nat.py [--quick] [--json FILE]
+    sudo .venv/bin/python -m iac.bench.scenarios.nat [--quick] [--json FILE]
 
 Real NATs in Linux network namespaces (:class:`iac.testing.NatLab`: MASQUERADE, unsolicited
 inbound dropped): a relay (also a registry) in the public namespace, node A and node B each
@@ -160,7 +160,7 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     )
     sym = data["symmetric"]
     res.notes.append(
-        f"benchmarks/nat.py: {data['rounds']} rounds in network namespaces (MASQUERADE NATs that drop "
+        f"scenarios/nat.py: {data['rounds']} rounds in network namespaces (MASQUERADE NATs that drop "
         "unsolicited packets, no added link delay); direct / relayed RTT = "
         f"{data['ratio_rtt_direct_relayed']:.2f}; "
         f"relay bytes saved {data['relay_bytes_saved_fraction']:.1%}; "

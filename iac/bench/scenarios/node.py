@@ -1,11 +1,11 @@
 """Node benchmark: IAC ``node.request`` over QUIC, TLS/TCP and UNIX next to its floor, HTTP and gRPC.
 
-    .venv/bin/python benchmarks/node.py                    # full run (~5 minutes)
-    .venv/bin/python benchmarks/node.py --quick            # smoke test (well under a minute)
-    .venv/bin/python benchmarks/node.py --json out.json    # also write every number as JSON
-    .venv/bin/python benchmarks/node.py --only iac-tls,floor-tls,http-ed25519 --reps 5 --count 300
-    .venv/bin/python benchmarks/node.py --loop asyncio     # leave out the uvloop contenders
-    .venv/bin/python benchmarks/node.py --profile iac-tls  # cProfile the IAC-TLS server process
+    .venv/bin/python -m iac.bench.scenarios.node                    # full run (~5 minutes)
+    .venv/bin/python -m iac.bench.scenarios.node --quick            # smoke test (well under a minute)
+    .venv/bin/python -m iac.bench.scenarios.node --json out.json    # also write every number as JSON
+    .venv/bin/python -m iac.bench.scenarios.node --only iac-tls,floor-tls,http-ed25519 --reps 5 --count 300
+    .venv/bin/python -m iac.bench.scenarios.node --loop asyncio     # leave out the uvloop contenders
+    .venv/bin/python -m iac.bench.scenarios.node --profile iac-tls  # cProfile the IAC-TLS server process
 
 Contenders, one run, side by side (``benchmarks/README.md``, "Node", says it all at length):
 

@@ -222,7 +222,7 @@ class Primitives:
 
     def decode_rate(self) -> float:
         """Messages/s of ``decode_message_frame`` over the request frames on one core (wall
-        clock, one pass), as ``benchmarks/codec.py`` measures decoding."""
+        clock, one pass), as ``iac/bench/scenarios/codec.py`` measures decoding."""
         leg = self.legs[0]
         frames, dicts = leg.frames, leg.receiver.dicts
         t = time.perf_counter()

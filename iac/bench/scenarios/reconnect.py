@@ -1,7 +1,7 @@
 """First delivery after a reconnect, through the Node API, at 20 ms RTT: QUIC 0-RTT vs QUIC 1-RTT
 vs TLS/TCP.
 
-    .venv/bin/python benchmarks/reconnect.py [--quick] [--json FILE]
+    .venv/bin/python -m iac.bench.scenarios.reconnect [--quick] [--json FILE]
 
 One server :class:`iac.Node` listens on QUIC and TLS; each contender is a client Node that already
 spoke to it once (so a QUIC client holds a session ticket), then lost its connection. The figure is
@@ -130,7 +130,7 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     for name, f in data["first_delivery_ms"].items():
         res.add(name, "first delivery after a reconnect, 20 ms RTT (Node API)", "ms", f, iac=True)
     res.notes.append(
-        f"benchmarks/reconnect.py: {data['rounds']} rounds, contenders taking turns; a client Node drops "
+        f"scenarios/reconnect.py: {data['rounds']} rounds, contenders taking turns; a client Node drops "
         "its connection, then node.request() dials again (from its peer book) and the figure is the time "
         f"until the server's handler has the request. 0-RTT / 1-RTT = {data['ratio_0rtt_1rtt']:.2f} "
         f"(target <= {TARGET_0RTT}); 0-RTT dials that resumed: {data['resumed']}/{data['rounds']}."

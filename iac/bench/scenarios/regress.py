@@ -1,9 +1,9 @@
 """Did anything else regress? The suite's scenarios run on an earlier commit and on this tree,
 in turns, on this machine, and every figure is compared with its run-to-run range.
 
-    .venv/bin/python benchmarks/regress.py --before e972342            # full scenarios, 3 rounds
-    .venv/bin/python benchmarks/regress.py --before e972342 --quick    # the suite's quick forms
-    .venv/bin/python benchmarks/regress.py --before e972342 --json out.json
+    .venv/bin/python -m iac.bench.scenarios.regress --before e972342            # full scenarios, 3 rounds
+    .venv/bin/python -m iac.bench.scenarios.regress --before e972342 --quick    # the suite's quick forms
+    .venv/bin/python -m iac.bench.scenarios.regress --before e972342 --json out.json
 
 The earlier commit is checked out in a temporary git worktree (nothing in this tree changes)
 and run with this tree's virtual environment: ``python -m iac bench --only …`` with the

@@ -1,19 +1,19 @@
 """Round trips with both ends in this process, for profiling the per-request path.
 
-    .venv/bin/python benchmarks/roundtrip.py                          # every contender, interleaved
-    .venv/bin/python benchmarks/roundtrip.py --json out.json          # ... and every number as JSON
-    .venv/bin/python benchmarks/roundtrip.py tls                      # one: CPU µs per round trip
-    .venv/bin/python benchmarks/roundtrip.py quic --floor             # the floor contender instead
-    .venv/bin/python benchmarks/roundtrip.py tls --in-flight 64       # 64 requests in flight
-    .venv/bin/python benchmarks/roundtrip.py tls --sync-in-thread     # the handler on a thread
-    .venv/bin/python benchmarks/roundtrip.py tls --profile out.pstats # cProfile the measured part
-    valgrind --tool=callgrind .venv/bin/python benchmarks/roundtrip.py tls --count 300 --reps 1
-    .venv/bin/python benchmarks/roundtrip.py --callgrind           # ... and that for TLS and UNIX
+    .venv/bin/python -m iac.bench.scenarios.roundtrip                          # every contender, interleaved
+    .venv/bin/python -m iac.bench.scenarios.roundtrip --json out.json          # ... and every number as JSON
+    .venv/bin/python -m iac.bench.scenarios.roundtrip tls                      # one: CPU µs per round trip
+    .venv/bin/python -m iac.bench.scenarios.roundtrip quic --floor             # the floor contender instead
+    .venv/bin/python -m iac.bench.scenarios.roundtrip tls --in-flight 64       # 64 requests in flight
+    .venv/bin/python -m iac.bench.scenarios.roundtrip tls --sync-in-thread     # the handler on a thread
+    .venv/bin/python -m iac.bench.scenarios.roundtrip tls --profile out.pstats # cProfile the measured part
+    valgrind --tool=callgrind .venv/bin/python -m iac.bench.scenarios.roundtrip tls --count 300 --reps 1
+    .venv/bin/python -m iac.bench.scenarios.roundtrip --callgrind           # ... and that for TLS and UNIX
 
-A server node (``NodeConfig(sync_in_thread=False)``, answering RUN as ``benchmarks/node.py``'s
+A server node (``NodeConfig(sync_in_thread=False)``, answering RUN as ``iac/bench/scenarios/node.py``'s
 IAC server does; with ``--sync-in-thread`` every call hops to a thread, ``adaptive_sync=False``)
 and a client node on one event loop, over
-``quic``, ``tls`` or ``unix``; or, with ``--floor``, ``benchmarks/floor.py``'s server and
+``quic``, ``tls`` or ``unix``; or, with ``--floor``, ``iac/bench/contenders/floor.py``'s server and
 client. After 300 warm-up requests, ``--reps`` times ``--count`` requests; it prints the CPU
 time per round trip of both ends together (``time.process_time``; with one core and no other
 process in the way it is also the wall time). Payloads as ``node.py``'s (seed 7).
@@ -324,7 +324,7 @@ def cli() -> None:
     ap.add_argument("--json", type=Path, help="(every contender) write every number as JSON here")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--in-flight", type=int, default=1)
-    ap.add_argument("--floor", action="store_true", help="benchmarks/floor.py's contender instead of IAC")
+    ap.add_argument("--floor", action="store_true", help="contenders/floor.py's contender instead of IAC")
     ap.add_argument("--sync-in-thread", action="store_true", help="the server's handler on a thread")
     ap.add_argument("--sign-in-worker", action="store_true", help="both nodes sign on the worker")
     ap.add_argument("--profile", help="write cProfile stats of the measured requests here")

@@ -1,15 +1,15 @@
 """One node identity served by one or two processes that share the replay store and the HELLO
 nonce cache: requests/s and server CPU per request, 1 -> 2 processes.
 
-    .venv/bin/python benchmarks/scaleout.py                 # full run (about 2 minutes)
-    .venv/bin/python benchmarks/scaleout.py --quick         # smoke test
-    .venv/bin/python benchmarks/scaleout.py --json out.json # also write every number as JSON
+    .venv/bin/python -m iac.bench.scenarios.scaleout                 # full run (about 2 minutes)
+    .venv/bin/python -m iac.bench.scenarios.scaleout --quick         # smoke test
+    .venv/bin/python -m iac.bench.scenarios.scaleout --json out.json # also write every number as JSON
 
 What SO_REUSEPORT workers would be (``benchmarks/README.md``, "Beyond one process"): every
 server process is a :class:`~iac.Node` with **the same identity**, listening on TLS/TCP, with a
 :class:`~iac.stores.sqlite.SqliteReplayStore` and a :class:`~iac.stores.nonces.SqliteNonceCache`
 on the same two files (``synchronous=NORMAL``), answering RUN requests inline as
-``benchmarks/node.py``'s IAC server does. IAC's listeners do not set SO_REUSEPORT, so each
+``iac/bench/scenarios/node.py``'s IAC server does. IAC's listeners do not set SO_REUSEPORT, so each
 process listens on a port of its own and each client process dials one of them: with many
 connections that is the split the kernel's hash gives. Contenders, in turns (order reversed
 every other repetition):

@@ -1,9 +1,9 @@
 """Transport benchmark: IAC over quic, tls and unix next to bare aioquic and bare TLS echoes.
 
-    .venv/bin/python benchmarks/transport.py                 # full run (about 70 s)
-    .venv/bin/python benchmarks/transport.py --quick         # smoke test (about 15 s)
-    .venv/bin/python benchmarks/transport.py --json out.json # also write every number as JSON
-    .venv/bin/python benchmarks/transport.py --only rtt      # one part: rtt, handshake, oneway
+    .venv/bin/python -m iac.bench.scenarios.transport                 # full run (about 70 s)
+    .venv/bin/python -m iac.bench.scenarios.transport --quick         # smoke test (about 15 s)
+    .venv/bin/python -m iac.bench.scenarios.transport --json out.json # also write every number as JSON
+    .venv/bin/python -m iac.bench.scenarios.transport --only rtt      # one part: rtt, handshake, oneway
 
 Everything runs in this one process on one event loop, on loopback (client and server
 share the CPU, so a figure is the CPU of both ends plus the kernel's loopback path).
@@ -33,7 +33,7 @@ reports the median over rounds with [min .. max] of the per-round figures.
   replay) while the sender pushes the test.jsonl payloads, signed and compressed ahead of
   the clock, as fast as ``send()`` allows; next to the codec's decode-only rate
   (``decode_message_frame`` over the same frames, one pass per round, as in
-  ``benchmarks/codec.py``). A second row signs and compresses inside the timed loop.
+  ``iac/bench/scenarios/codec.py``). A second row signs and compresses inside the timed loop.
 
 Targets: IAC-QUIC p50 RTT <= 1.8 x bare aioquic echo; one-way IAC-QUIC msgs/s
 >= 0.5 x decode rate; at 20 ms RTT, QUIC 0-RTT first delivery <= 0.6 x QUIC 1-RTT, and
@@ -68,7 +68,7 @@ from iac.bench.contenders.echo import (
     tls_echo,
 )
 from iac.bench.harness.stats import median, percentile
-from iac.bench.scenarios import codec  # benchmarks/codec.py: payloads and the decode pass
+from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
 from iac.testing.relay import Impairment, UdpRelay
 from iac.transport import dial, listen
 from iac.transport.base import Connection, Listener
