@@ -28,7 +28,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
+	$(BIN)/python -m iac bench --smoke --out .bench-smoke
 	$(BIN)/pytest -q
 
 # The API reference and the guides as a site in build/site (mkdocs.yml; `make test` builds it too,
@@ -51,7 +51,7 @@ proto: $(VENV)/.installed-dev
 # Rewrite the files in proto/testvectors/ (deterministic; existing zstd frames in v1.json are kept
 # while they decode).
 vectors: $(VENV)/.installed-dev
-	$(BIN)/python tools/make_testvectors.py
+	$(BIN)/python -m tools.make_testvectors
 	$(BIN)/python -m tools.make_payload_vectors
 	$(BIN)/python -m tools.vectors.records
 	$(BIN)/python -m tools.vectors.mesh

@@ -25,7 +25,7 @@ from iac.cli.main import build_parser
 from iac.wire.identity import Identity
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = str(ROOT / "benchmarks" / "corpus" / "train.jsonl")
+SAMPLES = str(ROOT / "iac" / "bench" / "corpus" / "train.jsonl")
 #: 64 hex digits, but the identity point (small order): not an AgentId.
 SMALL_ORDER = "01" + "00" * 31
 AGENT_ID_TEXT = "not a valid AgentId (64 lowercase hex digits of an Ed25519 public key)"

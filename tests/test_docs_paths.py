@@ -2,8 +2,10 @@
 
 The documents are docs/**/*.md, README.md, CHANGELOG.md and benchmarks/README.md. A dotted name
 that starts with ``iac.`` or ``tools.`` must import (the longest importable prefix, then
-attributes: a class, a function, a method, an enum member); a path that starts with ``iac/``,
-``tools/`` or ``benchmarks/`` must be a file or a folder of the repository.
+attributes: a class, a function, a method, an enum member); a path that starts with ``iac/``, ``tools/`` or
+``benchmarks/`` must be a file or a folder of the repository. Sections rendered from results files
+(between ``<!-- figures: … -->`` and ``<!-- /figures -->``) quote the commands as they were run, which
+may name files since moved; tests/test_figures.py checks those sections.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ DOTTED = re.compile(r"(?<![\w./-])(?:iac|tools)(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./-])(?:iac|tools|benchmarks)/[\w./-]*")
 #: Written like a path, but not one: the ALPN protocol identifier, MCP method names.
 NOT_PATHS = {"iac/1", "tools/list", "tools/call"}
+#: A section rendered from a results file (benchmarks/README.md, "Figures").
+RENDERED = re.compile(r"<!-- figures: [\w-]+ \([^)]*\) -->\n.*?<!-- /figures -->", re.DOTALL)
 
 
 def _mentions(pattern: re.Pattern[str]) -> list[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     for doc in DOCUMENTS:
-        for match in pattern.finditer(doc.read_text(encoding="utf-8")):
+        for match in pattern.finditer(RENDERED.sub("", doc.read_text(encoding="utf-8"))):
             found.add((doc.relative_to(ROOT).as_posix(), match.group().rstrip(".")))
     return sorted(found)
 
