@@ -45,7 +45,7 @@ FORBIDDEN_PATTERNS = [
     "*/tests/*",
     "benchmarks/*",
     "*/benchmarks/*",
-    "*results*",
+    "*results/*",
     "*.bench-smoke*",
     "*__pycache__*",
     "*.pyc",

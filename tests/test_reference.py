@@ -22,9 +22,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Packages under iac/ that are not library API: the command line and the demo are programs
-#: (documented by ``--help``); integrations is a folder whose modules are each public.
-NOT_LIBRARY = {"cli", "demo", "integrations"}
+#: Packages under iac/ that are not library API: the command line, the demo and the benchmark suite
+#: are programs (documented by ``--help``); integrations is a folder whose modules are each public.
+NOT_LIBRARY = {"bench", "cli", "demo", "integrations"}
 
 
 def public_modules() -> list[str]:

@@ -28,7 +28,7 @@ def _sha(payload: str) -> str:
     return hashlib.sha256((payload + PASSWORD).encode()).hexdigest()
 
 
-def _http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
+def http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
     env = {
         "from": "agent-a",
         "to": "agent-b",
@@ -46,7 +46,7 @@ def _http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
     return dumps_compact({"envelope": raw, "sig": sig}).encode()
 
 
-def _http_open(body: bytes, verifier: Any | None) -> dict[str, Any]:
+def http_open(body: bytes, verifier: Any | None) -> dict[str, Any]:
     obj = json.loads(body)
     if verifier is None:
         if obj.get("hash") != _sha(obj["payload"]):
@@ -59,7 +59,7 @@ def _http_open(body: bytes, verifier: Any | None) -> dict[str, Any]:
     return env
 
 
-def _keys(signed: bool, me: bytes, peer: bytes) -> tuple[Any, Any]:
+def signing_keys(signed: bool, me: bytes, peer: bytes) -> tuple[Any, Any]:
     if not signed:
         return None, None
     import nacl.signing
@@ -92,16 +92,16 @@ class HttpServer(Server):
     """aiohttp server; ``transport``: ``tcp`` (plain HTTP), ``tls`` (HTTPS, TLS 1.3) or ``unix``."""
 
     def __init__(self, signed: bool, transport: str = "tcp") -> None:
-        self.signer, self.verifier = _keys(signed, SERVER_SEED, CLIENT_SEED)
+        self.signer, self.verifier = signing_keys(signed, SERVER_SEED, CLIENT_SEED)
         self.transport = transport
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         from aiohttp import web
 
         async def handle(request: web.Request) -> web.Response:
-            env = _http_open(await request.read(), self.verifier)
+            env = http_open(await request.read(), self.verifier)
             self.handled += 1
-            body = _http_body(json.dumps(REPLY), int(env["msg_id"]), self.signer)
+            body = http_body(json.dumps(REPLY), int(env["msg_id"]), self.signer)
             return web.Response(body=body, content_type="application/json")
 
         app = web.Application()
@@ -125,7 +125,7 @@ class HttpServer(Server):
 
 class HttpClient(Client):
     def __init__(self, signed: bool) -> None:
-        self.signer, self.verifier = _keys(signed, CLIENT_SEED, SERVER_SEED)
+        self.signer, self.verifier = signing_keys(signed, CLIENT_SEED, SERVER_SEED)
         self.payload = json.dumps(PAYLOAD)
 
     async def start(self, target: dict[str, Any], depth: int) -> None:
@@ -143,13 +143,13 @@ class HttpClient(Client):
         self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60))
 
     async def one(self, i: int) -> None:
-        body = _http_body(self.payload, i, self.signer)
+        body = http_body(self.payload, i, self.signer)
         async with self.session.post(
             self.url, data=body, headers={"Content-Type": "application/json"}
         ) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}")
-            env = _http_open(await resp.read(), self.verifier)
+            env = http_open(await resp.read(), self.verifier)
             if int(env["msg_id"]) != i:
                 raise RuntimeError("reply to another request")
 

@@ -206,7 +206,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
             await bench.close()
             shutil.rmtree(work, ignore_errors=True)
 
-    base = mesh.HTTP_ED25519 if mesh._have_aiohttp() else mesh.IAC_FANOUT
+    base = mesh.HTTP_ED25519 if mesh.have_aiohttp() else mesh.IAC_FANOUT
     res.baseline = base
     for n in plan.sizes:
         figs, sent, links = asyncio.run(one_size(n))

@@ -203,7 +203,7 @@ def measure_sizes(payloads: Sequence[str]) -> dict[str, object]:
 # --- timing --------------------------------------------------------------------------------------
 
 
-def _pass(fn: Callable[[Any], object], items: Sequence[Any]) -> float:
+def timed_pass(fn: Callable[[Any], object], items: Sequence[Any]) -> float:
     """Mean µs per item of ``fn`` over ``items``."""
     gc.collect()
     t = time.perf_counter()
@@ -256,13 +256,13 @@ def measure_speed(payloads: Sequence[str], reps: int) -> dict[str, object]:
         "verify": (bare_verify, signed),
     }
     for fn, items in ops.values():  # warm-up
-        _pass(fn, items[: max(1, len(items) // 4)])
+        timed_pass(fn, items[: max(1, len(items) // 4)])
     times: dict[str, list[float]] = {k: [] for k in ops}
     order = list(ops)
     for r in range(reps):
         for name in order if r % 2 == 0 else order[::-1]:
             fn, items = ops[name]
-            times[name].append(_pass(fn, items))
+            times[name].append(timed_pass(fn, items))
     med = {k: median(v) for k, v in times.items()}
     per_rep_ratio = [
         (s + v) / (e + dd)
@@ -295,7 +295,7 @@ def environment() -> dict[str, object]:
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
         "machine": platform.machine(),
-        "processor": _cpu_model(),
+        "processor": cpu_model(),
         "iac": importlib.metadata.version("iac"),
         "zstandard": zstandard.__version__,
         "zstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
@@ -304,7 +304,7 @@ def environment() -> dict[str, object]:
     }
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

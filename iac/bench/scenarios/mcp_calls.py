@@ -70,8 +70,9 @@ async def serve(workdir: str) -> None:
     until stdin closes."""
     import uvicorn
 
-    from iac import Node, NodeConfig
     from iac.integrations import mcp as im
+    from iac.node.config import NodeConfig
+    from iac.node.node import Node
 
     listen = ["quic://127.0.0.1:0", "tls://127.0.0.1:0", f"unix://{workdir}/run/agent.sock"]
     async with Node(listen=listen, config=im.announce(NodeConfig())) as node:
@@ -106,8 +107,8 @@ def openers(info: dict[str, Any]) -> dict[str, Opener]:
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
-    from iac import Node
     from iac.integrations import mcp as im
+    from iac.node.node import Node
 
     def iac_session(address: str) -> Opener:
         @contextlib.asynccontextmanager

@@ -88,7 +88,7 @@ class _Completion:
             self.fut.set_result(time.perf_counter())
 
 
-def _have_aiohttp() -> bool:
+def have_aiohttp() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("aiohttp") is not None
@@ -106,7 +106,7 @@ class BroadcastBench:
             raise ValueError("a broadcast needs at least two agents")
         self.n = n
         self.dir = workdir
-        self.http = _have_aiohttp() if http is None else http
+        self.http = have_aiohttp() if http is None else http
         self.edges = graph(n, seed=n if seed is None else seed)
         self.key = 0
         self.done = _Completion()
@@ -183,12 +183,12 @@ class BroadcastBench:
 
         from iac.bench.contenders import common, http
 
-        _, verify_origin = http._keys(True, common.SERVER_SEED, common.CLIENT_SEED)
+        _, verify_origin = http.signing_keys(True, common.SERVER_SEED, common.CLIENT_SEED)
 
         async def handle(request: web.Request) -> web.Response:
             body = await request.read()
             signed = request.headers.get("X-Signed") == "1"
-            env = http._http_open(body, verify_origin if signed else None)
+            env = http.http_open(body, verify_origin if signed else None)
             self.done.hit(int(json.loads(env["payload"])["k"]))
             return web.Response(status=204)
 
@@ -205,7 +205,7 @@ class BroadcastBench:
                     timeout=aiohttp.ClientTimeout(total=WAIT_S),
                 )
             )
-        self._origin_signer, _ = http._keys(True, common.CLIENT_SEED, common.SERVER_SEED)
+        self._origin_signer, _ = http.signing_keys(True, common.CLIENT_SEED, common.SERVER_SEED)
 
     async def close(self) -> None:
         for s in self._http_sessions:
@@ -269,7 +269,7 @@ class BroadcastBench:
         headers = {"Content-Type": "application/json", "X-Signed": "1" if signed else "0"}
         t0 = time.perf_counter()
         # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
-        body = http._http_body(json.dumps(payload), key, self._origin_signer if signed else None)
+        body = http.http_body(json.dumps(payload), key, self._origin_signer if signed else None)
 
         async def post(session: Any) -> None:
             async with session.post(f"http://localhost{common.PATH}", data=body, headers=headers) as resp:

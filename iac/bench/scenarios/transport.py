@@ -302,7 +302,7 @@ class Bench:
         rate_enc: list[float] = []
 
         async def s_decode() -> None:
-            decode_us.append(codec._pass(decode, frames))
+            decode_us.append(codec.timed_pass(decode, frames))
 
         async def s_pre() -> None:
             batch = fresh(plan.oneway_count)
@@ -434,7 +434,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "environment": {
             "python": platform.python_version(),
             "aioquic": aioquic.__version__,
-            "processor": codec._cpu_model(),
+            "processor": codec.cpu_model(),
         },
     }
     with tempfile.TemporaryDirectory(prefix="iac-bench-") as tmp:
