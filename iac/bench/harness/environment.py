@@ -13,6 +13,8 @@ from typing import Any
 
 from iac.bench.harness.paths import ROOT
 
+#: The distribution a library is installed as, where its name differs (``iac`` is ``iac-mesh``).
+DISTRIBUTIONS = {"iac": "iac-mesh"}
 LIBRARIES = ("iac", "aioquic", "qh3", "pynacl", "zstandard", "protobuf", "aiohttp", "grpcio", "matplotlib")
 
 
@@ -55,7 +57,7 @@ def environment() -> dict[str, Any]:
     libs: dict[str, str | None] = {}
     for name in LIBRARIES:
         try:
-            libs[name] = importlib.metadata.version(name)
+            libs[name] = importlib.metadata.version(DISTRIBUTIONS.get(name, name))
         except importlib.metadata.PackageNotFoundError:
             libs[name] = None
     with contextlib.suppress(ImportError):

@@ -296,7 +296,7 @@ def environment() -> dict[str, object]:
         "implementation": platform.python_implementation(),
         "machine": platform.machine(),
         "processor": cpu_model(),
-        "iac": importlib.metadata.version("iac"),
+        "iac": importlib.metadata.version("iac-mesh"),
         "zstandard": zstandard.__version__,
         "zstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
         "pynacl": nacl.__version__,

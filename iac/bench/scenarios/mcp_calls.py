@@ -236,7 +236,7 @@ def environment() -> dict[str, Any]:
     libraries: dict[str, str | None] = {}
     for pkg in ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2"):
         try:
-            libraries[pkg] = version(pkg)
+            libraries[pkg] = version("iac-mesh" if pkg == "iac" else pkg)
         except PackageNotFoundError:
             libraries[pkg] = None
     dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "iac", "benchmarks")
