@@ -31,7 +31,7 @@ from iac.node.config import PeerEvent
 from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent, dumps
+from iac.node.types import Broadcast, FileSent, ReceivedFile, Reply, Sent, dumps
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message, TaskState
@@ -384,12 +384,15 @@ class Node(NodeRuntime):
         payload_json: str | None = None,
         extra_data: bytes = b"",
         hop_limit: int | None = None,
-    ) -> Sent:
+    ) -> Broadcast:
         """Flood a message (empty ``to``) to every connected peer, inside FORWARD with a hop limit
         (``NodeConfig.broadcast_hop_limit``). Every node that gets it hands it to its handler for
         ``msg_type`` once and sends it on to its own peers (relay policy permitting); this node does
-        not deliver it to itself. Broadcasts are never answered. Returns the ids it went out with
-        (``sent.peer`` is empty)."""
+        not deliver it to itself. Broadcasts are never answered. Returns a :class:`Broadcast`: the
+        ids it went out with (``peer`` is empty) and ``peers``, how many connected peers it was
+        sent to. 0 (this node has no connection, e.g. a mesh that idled out) is not an error, as
+        peers may come later, but it is logged as a WARNING and counted in
+        ``stats().routing["unsent"]`` (a metric too), so a broadcast that reached nobody is seen."""
         self._check_open()
         mt = message_type(msg_type)
         if mt in RESPONSE_TYPES or mt == _CANCEL:

@@ -147,9 +147,10 @@ class NodeRuntime:
             self._peers.add(aid, *urls)
 
     def _on_peer_event(self, event: PeerEvent) -> None:
-        if not event.up:  # its parts cannot come any more
+        if not event.up:  # its parts cannot come any more, nor can ours go
             self._streams.fail_all(ConnectionClosed(f"the connection to {event.agent_id[:16]}… closed"),
                                    event.agent_id)  # fmt: skip
+            self._dispatch.link_lost(event.agent_id)
 
     def _start_reader(self, conn: Connection) -> None:
         self._conn_tasks.spawn(self._inbound.read_loop(conn))
@@ -388,6 +389,7 @@ class NodeRuntime:
         files, file_refused = self._files.stats()
         routing = {"delivered": rs.delivered, "forwarded": rs.forwarded, "originated": rs.originated}
         routing |= {"relayed": self._c.relayed, "duplicates": rs.duplicates, "flood_ends": rs.flood_ends}
+        routing |= {"unsent": self._c.broadcasts_unsent, "short": self._c.broadcasts_short}
         return self._c.snapshot(
             running=self._dispatch.running,
             backlog=self._dispatch.waiting,
