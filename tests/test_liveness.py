@@ -13,13 +13,21 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import HERE, ROOT, run
 
 from iac import MeshClient, Node, NodeConfig, PeerEvent, RemoteError, TransportConfig, serve_registry
+from iac.errors import CloseCode, ConnectionClosed
 from iac.node import Broadcast
+from iac.protocol.handshake import INSTANCE_CAPABILITY, instance_of
 from iac.testing import eventually
+from iac.transport.base import ConnectionTable, PeerInfo, Verdict
+from iac.transport.core import SILENT_REASON, ConnectionCore, State, TimerEvent, silent_error
+from iac.transport.session import SessionLogic
+from iac.wire._pb.iac_pb2 import Hello
+from iac.wire.identity import Identity
 
 TLS = "tls://127.0.0.1:0"
 CONSUMER = HERE / "stream_consumer.py"
@@ -161,3 +169,191 @@ def test_a_killed_consumer_frees_the_producers_slot(transport: str) -> None:
                 await proc.wait()
 
     run(main())
+
+
+class Peer:
+    """A same_key_peer.py process."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, key: str, server: Node) -> Peer:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(SAME_KEY), key, server.agent_id, server.addresses[0],
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )  # fmt: skip
+        peer = cls(proc)
+        assert await peer.line() == {"ready": True}
+        return peer
+
+    async def line(self) -> dict[str, object]:
+        assert self.proc.stdout is not None
+        out = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+        assert out, "the peer process ended"
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    async def ask(self, cmd: str) -> dict[str, object]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd.encode() + b"\n")
+        await self.proc.stdin.drain()
+        return await self.line()
+
+    async def stop(self) -> bytes:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        assert self.proc.stderr is not None
+        err = await self.proc.stderr.read()
+        await self.proc.wait()
+        return err
+
+
+SAME_KEY = HERE / "same_key_peer.py"
+
+
+async def serving(transport: str) -> tuple[Node, list[int]]:
+    server = Node(listen=[f"{transport}://127.0.0.1:0"])
+    await server.start()
+    served: list[int] = []
+
+    @server.on("RUN")
+    async def run_(ctx):  # type: ignore[no-untyped-def]
+        served.append(1)
+        return {"served": len(served)}
+
+    return server, served
+
+
+@pytest.mark.parametrize("transport", ["quic", "tls"])
+def test_a_crashed_and_restarted_peer_is_served_within_5_s(transport: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        key = str(tmp_path / "agent.key")
+        Identity.generate().save(key)
+        server, _ = await serving(transport)
+        first = second = None
+        try:
+            first = await Peer.start(key, server)
+            assert (await first.ask("req"))["ok"] == {"served": 1}
+            loop = asyncio.get_running_loop()
+            first.proc.send_signal(signal.SIGKILL)
+            await first.proc.wait()
+            killed = loop.time()
+            second = await Peer.start(key, server)  # dials while the server may hold the dead one
+            got = await second.ask("req")
+            assert got.get("ok") == {"served": 2}, got
+            took = loop.time() - killed
+            print(f"served {took:.2f} s after the kill")
+            assert took < 5
+            await eventually(lambda: len(server.stats().peer_links) >= 1)
+            assert server.connection(Identity.load(key).agent_id) is not None
+        finally:
+            for p in (first, second):
+                if p is not None:
+                    await p.stop()
+            await server.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("transport", ["quic", "tls"])
+def test_two_live_processes_with_one_key_are_told_so(
+    transport: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        key = str(tmp_path / "agent.key")
+        Identity.generate().save(key)
+        server, _ = await serving(transport)
+        first = second = None
+        try:
+            with caplog.at_level(logging.WARNING, logger="iac.node"):
+                first = await Peer.start(key, server)
+                assert "ok" in await first.ask("req")
+                second = await Peer.start(key, server)
+                got = await second.ask("wait")
+                assert got["closed"] == int(CloseCode.DUPLICATE_IDENTITY), got
+                got = await first.ask("req")  # the first keeps its connection
+                assert "ok" in got, got
+            twins = [r for r in caplog.records if "two live processes hold the key" in r.getMessage()]
+            assert len(twins) == 1
+            assert first is not None and second is not None
+            err1, err2 = await first.stop(), await second.stop()
+            assert err2.decode().count("two live processes hold the key") == 1, err2
+            assert b"two live processes" not in err1
+        finally:
+            for p in (first, second):
+                if p is not None:
+                    await p.stop()
+            await server.close()
+
+    run(main())
+
+
+# --- the core's probes and the duplicate rule, without sockets ------------------------------------
+
+
+def probing_core(keepalive: float | None = 10.0) -> ConnectionCore:
+    c = ConnectionCore(now=0.0, idle_timeout=30.0, linger=1.0, keepalive=keepalive)
+    c.open(SessionLogic("a" * 64))
+    c.start_keepalive(0.0)
+    return c
+
+
+def test_an_unanswered_probe_closes_the_core_within_its_bound() -> None:
+    c = probing_core()
+    assert c.probe(1.0, 1.5) and c.probing and c.state is State.OPEN
+    assert not c.probe(1.2, 5.0)  # one probe at a time; a longer bound does not move it
+    assert c.next_timer() == 2.5
+    assert c.handle_timer(2.4) is TimerEvent.NONE and not c.closed
+    assert c.handle_timer(2.5) is TimerEvent.DEAD
+    assert c.closed and isinstance(c.error, ConnectionClosed)
+    assert c.error.code == CloseCode.IDLE_TIMEOUT and c.error.reason == SILENT_REASON
+    assert c.error.args[0] == silent_error(1.5).args[0]
+    assert not c.probe(3.0, 1.0)  # a closing connection is not probed
+
+
+def test_an_answered_probe_leaves_the_core_open_and_only_an_open_one_is_probed() -> None:
+    c = probing_core()
+    assert c.probe(1.0, 1.5)
+    c.heard(1.1)
+    assert not c.probing and c.last_heard == 1.1
+    assert c.next_timer() == 10.0  # the keep-alive again
+    assert c.handle_timer(2.5) is TimerEvent.NONE and not c.closed
+    assert c.probe(3.0, 1.0) and not c.probe(3.1, 0.5) and c.next_timer() == 3.6  # brought forward
+    fresh = ConnectionCore(now=0.0, idle_timeout=30.0, linger=1.0, keepalive=10.0)
+    assert not fresh.probe(0.0, 1.0)  # still HANDSHAKING
+    assert not probing_core(keepalive=None).probe(0.0, 1.0)  # the kernel probes TLS/TCP
+
+
+class FakeConn:
+    def __init__(self, peer: str, dialed: bool, instance: str = "") -> None:
+        caps = [f"{INSTANCE_CAPABILITY}/{instance}"] if instance else []
+        self.peer = PeerInfo(peer, "quic", "quic://x:1", Hello(capabilities=caps), dialed=dialed)
+        self.closed = False
+
+
+def test_the_duplicate_rule_decides_by_proof_of_process_then_by_the_tie_break() -> None:
+    lo, hi = sorted(Identity.generate().agent_id for _ in range(2))
+    table = ConnectionTable(lo)
+
+    def verdict(old: FakeConn, new: FakeConn) -> Verdict:
+        return table.verdict(old, new)  # type: ignore[arg-type]
+
+    # another process proved the key: probe the old connection, whoever dialed
+    assert verdict(FakeConn(hi, False, "p1"), FakeConn(hi, False, "p2")) is Verdict.PROBE
+    assert verdict(FakeConn(hi, True, "p1"), FakeConn(hi, False, "p2")) is Verdict.PROBE
+    # the same process dialed again: it gave up on the old one
+    assert verdict(FakeConn(hi, False, "p1"), FakeConn(hi, False, "p1")) is Verdict.NEW
+    # a peer that names no process and dials again: probe before replacing
+    assert verdict(FakeConn(hi, False), FakeConn(hi, False)) is Verdict.PROBE
+    # two live dials of one process: the one the lower AgentId dialed (this side) stays
+    assert verdict(FakeConn(hi, False, "p1"), FakeConn(hi, True, "p1")) is Verdict.NEW
+    assert verdict(FakeConn(hi, True, "p1"), FakeConn(hi, False, "p1")) is Verdict.OLD
+    assert verdict(FakeConn(hi, True), FakeConn(hi, False)) is Verdict.OLD
+    old, new = FakeConn(hi, False, "p1"), FakeConn(hi, False, "p1")
+    assert table.add(old) == (old, None)  # type: ignore[arg-type]
+    assert table.add(new) == (new, old)  # type: ignore[arg-type]
+    assert table.get(hi) is new
+    assert instance_of(Hello(capabilities=["x/1", f"{INSTANCE_CAPABILITY}/ab12"])) == "ab12"
+    assert instance_of(Hello(capabilities=["x/1"])) == ""

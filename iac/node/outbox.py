@@ -125,10 +125,13 @@ class Outbox:
             await self.forward_on(conn, msg, early=early)
 
     async def send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
-        """Send an answer: on ``hint`` when it is the connection to ``to``, else the usual way."""
-        conn = self._peers.table.get(to)
-        if conn is None and hint is not None and hint.peer.agent_id == to and not hint.closed:
-            conn = hint
+        """Send an answer: on ``hint`` when it is an open connection to ``to`` (the one the
+        request came on: while a duplicate connection is settled, the table still names the old
+        one), else the usual way."""
+        if hint is not None and hint.peer.agent_id == to and not hint.closed:
+            conn: Connection | None = hint
+        else:
+            conn = self._peers.table.get(to)
         if conn is not None:
             await self.transmit_on(conn, msg)
         else:

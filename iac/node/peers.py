@@ -16,9 +16,10 @@ from iac.node.config import NodeConfig, PeerEvent
 from iac.node.stats import Counters
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
+from iac.protocol.handshake import instance_of
 from iac.protocol.routing import Router
 from iac.transport import dial as transport_dial
-from iac.transport.base import Address, Connection, ConnectionTable, TransportConfig, parse_address
+from iac.transport.base import Address, Connection, ConnectionTable, TransportConfig, Verdict, parse_address
 from iac.transport.dialer import Dialer
 from iac.wire.identity import Identity, check_agent_id
 
@@ -53,6 +54,9 @@ class Peers:
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._dialer: Dialer | None = None
         self._live: set[str] = set()
+        #: (peer, instance) pairs already logged as a second live process with one key: one line
+        #: each (bounded: cleared when full).
+        self._twins: set[tuple[str, str]] = set()
         self._callbacks: list[Callable[[PeerEvent], Any]] = []
         self._queues: list[asyncio.Queue[PeerEvent | None]] = []
         #: Set by the node: start reading a connection this side dialed; a kept connection came up.
@@ -178,8 +182,15 @@ class Peers:
         return self.tickets
 
     def register(self, conn: Connection) -> Connection:
-        """Enter ``conn`` in the table; return the connection kept for its peer."""
+        """Enter ``conn`` in the table; return the connection kept for its peer. A second
+        connection of a key that needs a probe of the old one first (a new process, or one
+        that names none: docs/PROTOCOL.md, "Duplicate connections") is settled in a task;
+        until then the old one is kept."""
         peer = conn.peer.agent_id
+        old = self.table.get(peer)
+        if old is not None and old is not conn and self.table.verdict(old, conn) is Verdict.PROBE:
+            self._tasks.spawn(self._settle(old, conn))
+            return old
         kept, to_close = self.table.add(conn)
         if to_close is not None:
             self._tasks.spawn(to_close.close(CloseCode.GOING_AWAY, "duplicate connection"))
@@ -189,9 +200,45 @@ class Peers:
         self.on_connection(conn, kept is conn)
         return kept
 
+    async def _settle(self, old: Connection, new: Connection) -> None:
+        """Probe ``old``: dead, ``new`` replaces it; alive, ``new`` is refused."""
+        alive = await old.alive(self.config.transport.probe_timeout)
+        if new.closed:
+            return
+        peer = new.peer.agent_id
+        was, now = instance_of(old.peer.hello), instance_of(new.peer.hello)
+        if alive and not old.closed:
+            if was and now and was != now:
+                self._twin(peer, now, f"refused its connection from {new.peer.address}: another process "
+                           f"with this key (instance {was}) is connected and alive")  # fmt: skip
+                await new.close(CloseCode.DUPLICATE_IDENTITY, "another live process holds this key")
+            else:
+                await new.close(CloseCode.GOING_AWAY, "duplicate connection")
+            return
+        if self.table.get(peer) is None or not self.table.replace(old, new):
+            self.register(new)  # the old one went meanwhile
+            return
+        who = "a new process" if was != now else "the same process"
+        log.info("peer %s… reconnected (%s): its old connection was dead", peer[:16], who)
+        self._tasks.spawn(old.close(CloseCode.GOING_AWAY, "replaced by a new connection of this key"))
+        self.on_connection(new, True)
+
+    def _twin(self, peer: str, instance: str, text: str) -> None:
+        """Log, once per (peer, instance), that two live processes hold ``peer``'s key."""
+        if (peer, instance) in self._twins:
+            return
+        if len(self._twins) >= 1024:
+            self._twins.clear()
+        self._twins.add((peer, instance))
+        log.warning("two live processes hold the key of %s…: %s", peer[:16], text)
+
     def unregister(self, conn: Connection) -> None:
         """``conn`` ended (its read loop stopped)."""
         peer = conn.peer.agent_id
+        err = conn.close_error
+        if getattr(err, "code", None) == CloseCode.DUPLICATE_IDENTITY and conn.peer.dialed:
+            self._twin(peer, instance_of(conn.local_hello), "it refused this process's connection: "
+                       "another process with this node's key is connected to it")  # fmt: skip
         self.table.remove(conn)
         if self.table.get(peer) is None and peer in self._live:
             self._live.discard(peer)
