@@ -121,7 +121,7 @@ def test_a_stream_is_capped_by_max_stream_time() -> None:
     run(main())
 
 
-@pytest.mark.parametrize("transport", ["tls"])
+@pytest.mark.parametrize("transport", ["tls", "quic"])
 def test_a_killed_consumer_frees_the_producers_slot(transport: str) -> None:
     async def main() -> None:
         async with Node(listen=[f"{transport}://127.0.0.1:0"]) as producer:
@@ -294,7 +294,9 @@ def test_two_live_processes_with_one_key_are_told_so(
 
 
 def probing_core(keepalive: float | None = 10.0) -> ConnectionCore:
-    c = ConnectionCore(now=0.0, idle_timeout=30.0, linger=1.0, keepalive=keepalive)
+    c = ConnectionCore(
+        now=0.0, idle_timeout=30.0, linger=1.0, keepalive=keepalive, probe_interval=1.0, probe_timeout=1.5
+    )
     c.open(SessionLogic("a" * 64))
     c.start_keepalive(0.0)
     return c
@@ -324,6 +326,26 @@ def test_an_answered_probe_leaves_the_core_open_and_only_an_open_one_is_probed()
     fresh = ConnectionCore(now=0.0, idle_timeout=30.0, linger=1.0, keepalive=10.0)
     assert not fresh.probe(0.0, 1.0)  # still HANDSHAKING
     assert not probing_core(keepalive=None).probe(0.0, 1.0)  # the kernel probes TLS/TCP
+
+
+def test_a_peer_something_waits_on_is_probed_while_quiet_and_closed_when_silent() -> None:
+    c = probing_core()
+    assert c.next_timer() == 10.0  # nothing waits: only the keep-alive
+    c.waiting = True
+    assert c.next_timer() == 1.0  # last heard at 0, probe_interval 1 s
+    c.last_heard = 0.8  # its data arrived: still alive
+    assert c.handle_timer(1.0) is TimerEvent.NONE and c.next_timer() == 1.8
+    assert c.handle_timer(1.8) is TimerEvent.PING and c.probing
+    assert c.next_timer() == 3.3  # probe_timeout 1.5 s
+    c.last_heard = 2.0  # data from the peer answers the probe too (counted at its deadline)
+    assert c.handle_timer(3.3) is TimerEvent.PING and not c.closed  # quiet since 2.0: a new probe
+    assert c.next_timer() == 4.8
+    assert c.handle_timer(4.7) is TimerEvent.NONE and not c.closed
+    assert c.handle_timer(4.8) is TimerEvent.DEAD  # nothing came: dead 2.8 s after it went quiet
+    assert c.closed and c.error is not None and "unanswered for 1.5 s" in str(c.error)
+    idle = probing_core(keepalive=None)  # a TLS/TCP core never probes: the kernel does
+    idle.waiting = True
+    assert idle.next_timer() == 30.0 and idle.handle_timer(5.0) is TimerEvent.NONE
 
 
 class FakeConn:

@@ -258,6 +258,10 @@ class Dispatcher:
             del self._streams[item.key]
             self._abandoned.discard(item.key)
 
+    def stream_links(self) -> set[str]:
+        """The neighbours that streams this node produces came through."""
+        return {out.link for out in self._streams.values()}
+
     def link_lost(self, peer: str) -> int:
         """This node has no connection to ``peer`` any more: end the streams whose request came
         through it now (their parts cannot go; the handler's slot is freed), with no answer: the

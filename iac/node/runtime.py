@@ -305,6 +305,18 @@ class NodeRuntime:
             self._router.expire(now)
             self._files.expire()
             self._ordered.expire(now)
+            self._watch_links()
+
+    def _watch_links(self) -> None:
+        """Tell each connection whether something here waits on its peer (requests and
+        unacknowledged messages, streams either way, file transfers): a QUIC peer is then
+        probed while it is quiet, so a dead one is found within seconds (docs/PROTOCOL.md,
+        "Dead peers"), not after the idle timeout."""
+        waiting = {key[0] for key in self._streams.open} | self._dispatch.stream_links()
+        waiting |= {peer for peer, _ in self._files.outgoing_keys()}
+        for conn in self._peers.table.connections():
+            peer = conn.peer.agent_id
+            conn.watch(peer in waiting or self._pending.in_flight(peer) > 0)
 
     # --- state ------------------------------------------------------------------------------------
 

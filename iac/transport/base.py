@@ -67,7 +67,10 @@ class TransportConfig:
     #: How long a QUIC peer has to answer a probe (a PING) before its connection is closed as
     #: dead: the probe of an old connection when the same key connects again (docs/PROTOCOL.md,
     #: "Duplicate connections"). Well above a path's RTT.
-    probe_timeout: float = 1.5
+    probe_timeout: float = 2.5
+    #: While something waits on a QUIC peer (requests, transfers, streams), probe it when it
+    #: was not heard from for this long: a dead peer is found within this plus ``probe_timeout``.
+    probe_interval: float = 0.5
     #: QUIC congestion control: "reno" (aioquic's default), "cubic", or "bbr" (paced, model
     #: based; aioquic backend only). TLS/TCP keeps the kernel's choice.
     congestion: str = DEFAULT_CONGESTION
@@ -183,8 +186,9 @@ class TransportConfig:
             raise ConfigError("handshake_sources must be at least 1")
         if self.quic_retry not in RETRY_MODES:
             raise ConfigError(f"quic_retry must be one of {', '.join(RETRY_MODES)}, not {self.quic_retry!r}")
-        if not 0 < self.probe_timeout < float("inf"):
-            raise ConfigError("probe_timeout must be a positive, finite number of seconds")
+        for name in ("probe_timeout", "probe_interval"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"{name} must be a positive, finite number of seconds")
         if self.retry_threshold <= 0:
             raise ConfigError("retry_threshold must be positive")
         if self.congestion not in CONGESTION_CONTROLS:
@@ -305,6 +309,13 @@ class Connection(ABC):
     @abstractmethod
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         """Flush queued frames, send GOAWAY, close. Idempotent."""
+
+    def watch(self, waiting: bool) -> None:
+        """Whether something on this side waits on the peer (requests, transfers, streams): while
+        it does, adapters that probe (QUIC) probe a peer not heard from for ``probe_interval``
+        and close it if it does not answer within ``probe_timeout``. Others ignore it (the
+        kernel reports a dead TCP peer)."""
+        return None
 
     async def alive(self, bound: float) -> bool:
         """Whether the peer is alive: adapters that send their own probes (QUIC) probe it and

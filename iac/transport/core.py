@@ -138,6 +138,8 @@ class ConnectionCore:
         idle_timeout: float | None,
         linger: float,
         keepalive: float | None = None,
+        probe_interval: float = 0.5,
+        probe_timeout: float = 2.5,
     ) -> None:
         self._state = State.HANDSHAKING
         self._error: IacError | None = None
@@ -156,7 +158,15 @@ class ConnectionCore:
         #: The outstanding probe: when it is due answered, and its bound (None: no probe out).
         self._probe_due: float | None = None
         self._probe_bound = 0.0
-        #: When the peer last answered a probe or a keep-alive (the adapter reports it).
+        self._probe_sent = 0.0
+        #: Something on this side waits on the peer (requests, transfers, streams): set by the
+        #: node. While it holds, a peer not heard from for ``probe_interval`` is probed, and
+        #: closed if it does not answer within ``probe_timeout`` (adapters that probe: QUIC).
+        self.waiting = False
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        #: When the peer was last heard from: a probe or keep-alive answered, or data received
+        #: (the adapter sets it, on every frame received: an attribute).
         self.last_heard = now
         self._linger_from: float | None = None
         self.session: SessionLogic | None = None
@@ -251,6 +261,9 @@ class ConnectionCore:
         at = self._next_ping
         if self._probe_due is not None:
             at = self._probe_due if at is None else min(at, self._probe_due)
+        elif self.waiting and self.can_probe and self._state is State.OPEN:
+            busy_at = self.last_heard + self.probe_interval
+            at = busy_at if at is None else min(at, busy_at)
         if self.idle_timeout is not None:
             idle_at = self.last_activity + self.idle_timeout
             at = idle_at if at is None else min(at, idle_at)
@@ -258,7 +271,9 @@ class ConnectionCore:
 
     def handle_timer(self, now: float) -> TimerEvent:
         """The timer fired at ``now``: close an idle connection (:data:`TimerEvent.IDLE`, the
-        core is CLOSING with :func:`idle_error`), or ask for a probe."""
+        core is CLOSING with :func:`idle_error`) or one whose probe went unanswered
+        (:data:`TimerEvent.DEAD`), or ask for a PING: the keep-alive, or a probe of a peer that
+        something :attr:`waiting` on it has not heard from for ``probe_interval``."""
         if self.closed:
             return TimerEvent.NONE
         idle = self.idle_timeout
@@ -266,8 +281,15 @@ class ConnectionCore:
             self.close(idle_error(idle))
             return TimerEvent.IDLE
         if self._probe_due is not None and now >= self._probe_due:
-            self.close(silent_error(self._probe_bound))
-            return TimerEvent.DEAD
+            if self.last_heard < self._probe_sent:
+                self.close(silent_error(self._probe_bound))
+                return TimerEvent.DEAD
+            self._probe_due = None  # the peer was heard from meanwhile (its data)
+        quiet = now >= self.last_heard + self.probe_interval
+        if self.waiting and self._probe_due is None and quiet and self.probe(now, self.probe_timeout):
+            if self.keepalive is not None:
+                self._next_ping = now + self.keepalive
+            return TimerEvent.PING
         if self._next_ping is not None and now >= self._next_ping and self.keepalive is not None:
             self._next_ping = now + self.keepalive
             return TimerEvent.PING
@@ -299,7 +321,7 @@ class ConnectionCore:
                 self._probe_due, self._probe_bound = due, bound
             return False
         self._move(Event.PROBE)
-        self._probe_due, self._probe_bound = due, bound
+        self._probe_due, self._probe_bound, self._probe_sent = due, bound, now
         return True
 
     def heard(self, now: float) -> None:

@@ -146,6 +146,8 @@ class QuicConn(Connection):
             idle_timeout=config.idle_timeout,
             linger=config.linger_timeout,
             keepalive=config.keepalive_interval,
+            probe_interval=config.probe_interval,
+            probe_timeout=config.probe_timeout,
         )
         self._terminated = asyncio.Event()
         self._handshake_task: asyncio.Task[None] | None = None
@@ -312,6 +314,7 @@ class QuicConn(Connection):
     def _on_stream_data(self, event: Any) -> None:
         if self._core.closed:
             return
+        self._core.last_heard = self._loop.time()  # the peer is alive: no probe needed
         sid = event.stream_id
         if not sid & 2 and sid != CONTROL_STREAM:
             raise ProtocolError(f"unexpected bidirectional stream {sid} (only the control stream is used)")
@@ -472,6 +475,15 @@ class QuicConn(Connection):
         finally:
             if fut in self._probe_waiters:
                 self._probe_waiters.remove(fut)
+
+    def watch(self, waiting: bool) -> None:
+        if waiting == self._core.waiting:
+            return
+        self._core.waiting = waiting
+        if waiting and self._timer is not None:  # a probe may be due before the armed timer
+            self._timer.cancel()
+            self._timer = None
+        self._arm_timer()
 
     def _heard(self) -> None:
         self._core.heard(self._loop.time())
