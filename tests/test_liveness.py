@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from conftest import HERE, ROOT, run
 
 from iac import MeshClient, Node, NodeConfig, PeerEvent, RemoteError, TransportConfig, serve_registry
-from iac.errors import CloseCode, ConnectionClosed
+from iac.errors import CloseCode, ConnectionClosed, IacError
 from iac.node import Broadcast
 from iac.protocol.handshake import INSTANCE_CAPABILITY, instance_of
 from iac.testing import eventually
@@ -379,3 +380,94 @@ def test_the_duplicate_rule_decides_by_proof_of_process_then_by_the_tie_break() 
     assert table.get(hi) is new
     assert instance_of(Hello(capabilities=["x/1", f"{INSTANCE_CAPABILITY}/ab12"])) == "ab12"
     assert instance_of(Hello(capabilities=["x/1"])) == ""
+
+
+# --- reachability: kept connections and a registry restart ----------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_registry_cli(key: str, port: int) -> tuple[asyncio.subprocess.Process, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "iac", "registry", "--key", key, "--listen", f"tls://127.0.0.1:{port}",
+        "--store", "memory", "--no-admin", stdout=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = [(await asyncio.wait_for(proc.stdout.readline(), 20)).decode().split() for _ in range(3)]
+    assert lines[0][0] == "registry" and lines[2][0] == "listening", lines
+    return proc, lines[0][1]
+
+
+def test_agents_publish_again_within_5_s_of_a_registry_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        key = str(tmp_path / "registry.key")
+        Identity.generate().save(key)
+        port = free_port()
+        reg, rid = await start_registry_cli(key, port)
+        url = f"tls://127.0.0.1:{port}"
+        try:
+            async with (
+                Node(listen=[TLS]) as agent,
+                Node() as asker,
+                MeshClient(agent, rid, [url]) as mc,
+                MeshClient(asker, rid, [url], publish=False) as ma,
+            ):
+                assert [e.agent_id for e in await ma.lookup(agent_id=agent.agent_id)] == [agent.agent_id]
+                assert mc.published == 1
+                reg.send_signal(signal.SIGKILL)  # its memory store goes with it
+                await reg.wait()
+                await eventually(lambda: not agent.connected(rid))
+                reg, _ = await start_registry_cli(key, port)
+                loop = asyncio.get_running_loop()
+                back = loop.time()
+
+                async def found() -> bool:
+                    try:
+                        return bool(await ma.lookup(agent_id=agent.agent_id))
+                    except IacError:
+                        return False
+
+                while not await found():
+                    assert loop.time() - back < 5, "the agent did not publish again within 5 s"
+                    await asyncio.sleep(0.1)
+                took = loop.time() - back
+                print(f"found again {took:.2f} s after the registry listened")
+                assert mc.published == 2 and took < 5
+        finally:
+            if reg.returncode is None:
+                reg.kill()
+            await reg.wait()
+
+    run(main())
+
+
+def test_a_kept_connection_lives_past_the_idle_timeout_and_an_unkept_one_does_not() -> None:
+    async def main() -> None:
+        # the node checks keep-alives once a second: 1 s apart here, well within the 2.5 s idle
+        idle = NodeConfig(transport=TransportConfig(idle_timeout=2.5), keepalive_messages=0.5)
+        async with Node(listen=[TLS], config=idle) as relay, Node(config=idle) as a, Node(config=idle) as b:
+            for n in (a, b):
+                n.add_peer(relay.agent_id, *relay.addresses)
+            a.keep_connected(relay.agent_id)
+            await b.connect(relay.agent_id)
+            await eventually(lambda: a.connected(relay.agent_id))
+            first = a.connection(relay.agent_id)
+            await eventually(lambda: not b.connected(relay.agent_id), timeout=5)  # idled out
+            assert a.connection(relay.agent_id) is first  # the keep-alives count at both ends
+            assert relay.stats().handled >= 2  # the keep-alive PINGs
+            # dropped: dialed again at once
+            relay_side = relay.connection(a.agent_id)
+            assert relay_side is not None
+            await relay_side.close()
+            await eventually(
+                lambda: a.connected(relay.agent_id) and a.connection(relay.agent_id) is not first
+            )
+            a.stop_keeping(relay.agent_id)
+            await eventually(lambda: not a.connected(relay.agent_id), timeout=5)
+
+    run(main())

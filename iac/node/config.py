@@ -142,6 +142,10 @@ class NodeConfig:
     #: ends with ERROR ``timeout``, so no consumer pins a handler slot for longer. A stream also
     #: ends, with no answer, once this node has no connection to the peer it came from.
     max_stream_time: float = 600.0
+    #: Keep-alive messages (a one-way PING) on the outbound connections to the peers this node
+    #: keeps connected (its registries, the relays of its static routes), every this many
+    #: seconds: below the idle timeout and a NAT's UDP mapping timeout (30 s on Linux).
+    keepalive_messages: float = 20.0
     #: On close: how long in-flight handlers and unacknowledged messages get to finish.
     drain_timeout: float = 5.0
     #: Reorder buffer: most entries held per ordered session.
@@ -223,6 +227,8 @@ class NodeConfig:
             raise ConfigError("need 0 < retransmit_initial <= retransmit_max")
         if self.verify_rate <= 0 or self.verify_burst < 1:
             raise ConfigError("verify_rate and verify_burst must be positive")
+        if not 0 < self.keepalive_messages < float("inf"):
+            raise ConfigError("keepalive_messages must be a positive, finite number of seconds")
         if not 0 < self.max_stream_time < float("inf"):
             raise ConfigError("max_stream_time must be a positive, finite number of seconds")
         if self.request_timeout <= 0 or self.drain_timeout < 0:

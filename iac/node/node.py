@@ -131,6 +131,18 @@ class Node(NodeRuntime):
         """The static routes (``dest -> via``), a copy."""
         return dict(self._peers.static_routes)
 
+    def keep_connected(self, peer: str) -> None:
+        """Keep an outbound connection to ``peer`` (a registry, a relay): dialed now (from the
+        peer book) and again within about a second whenever it drops, with a keep-alive message
+        every ``NodeConfig.keepalive_messages`` s that counts as traffic at both ends (a NAT
+        keeps its mapping; neither side closes it idle). The relays of static routes
+        (:meth:`add_route`) are kept too, once dialed."""
+        self._peers.keep(peer)
+
+    def stop_keeping(self, peer: str) -> None:
+        """Undo :meth:`keep_connected` (the connection stays until it idles out)."""
+        self._peers.unkeep(peer)
+
     async def connect(self, peer: str) -> None:
         """Dial ``peer`` now (from the peer book) unless already connected."""
         self._check_open()

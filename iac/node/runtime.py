@@ -16,6 +16,7 @@ counters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from iac.errors import CloseCode, ConfigError, ConnectionClosed, LocalError
+from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, LocalError
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig, NodeStats, PeerEvent
 from iac.node.dispatch import Dispatcher
@@ -50,8 +51,10 @@ from iac.stores.memory import MemoryReplayStore
 from iac.transport import listen as transport_listen
 from iac.transport.base import Connection, Listener
 from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
 
+_PING = int(MessageType.PING)
 log = logging.getLogger("iac.node")
 
 
@@ -234,6 +237,7 @@ class NodeRuntime:
         if self._closing:
             return
         self._closing = True
+        self._peers.closing = True
         self._dispatch.draining = self._ordered.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.drain_timeout
@@ -306,6 +310,23 @@ class NodeRuntime:
             self._files.expire()
             self._ordered.expire(now)
             self._watch_links()
+            self._send_keepalives()
+
+    def _send_keepalives(self) -> None:
+        """A keep-alive message (a one-way PING, which counts as a frame at both ends, unlike a
+        QUIC PING) on each outbound connection to a kept peer (registries, relays) every
+        ``keepalive_messages`` s, so that neither side closes it idle and a NAT keeps its
+        mapping; on QUIC the peer is probed too, so a dead one is redialed."""
+        loop = asyncio.get_running_loop()
+        bound = self.config.transport.probe_timeout
+        for conn in self._peers.due_keepalives(loop.time(), self.config.keepalive_messages):
+            self._tasks.spawn(self._keepalive(conn, bound))
+
+    async def _keepalive(self, conn: Connection, bound: float) -> None:
+        msg = self._outbox.build(conn.peer.agent_id, _PING, None)
+        with contextlib.suppress(IacError):
+            await self._outbox.send_on(conn, msg)
+        await conn.alive(bound)
 
     def _watch_links(self) -> None:
         """Tell each connection whether something here waits on its peer (requests and
