@@ -471,3 +471,58 @@ def test_a_kept_connection_lives_past_the_idle_timeout_and_an_unkept_one_does_no
             await eventually(lambda: not a.connected(relay.agent_id), timeout=5)
 
     run(main())
+
+
+def test_a_quic_send_file_survives_a_receiver_restart_with_cli_defaults(tmp_path: Path) -> None:
+    """`iac node --inbox` killed with SIGKILL mid-transfer and started again on its port: `iac
+    send-file` (defaults: 30 s without progress) finds the old connection dead by its probes,
+    redials, resumes, and the file's hash is right."""
+
+    async def main() -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        rkey, skey, inbox = tmp_path / "r.key", tmp_path / "s.key", tmp_path / "inbox"
+        Identity.generate().save(rkey)
+        Identity.generate().save(skey)
+        data = os.urandom(12 * 1024 * 1024)
+        src = tmp_path / "data.bin"
+        src.write_bytes(data)
+        url = f"quic://127.0.0.1:{free_udp_port()}"
+
+        async def receiver() -> asyncio.subprocess.Process:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "iac", "node", "--key", str(rkey), "--listen", url,
+                "--inbox", str(inbox), "--no-admin", stdout=asyncio.subprocess.PIPE, env=env,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            for _ in range(3):  # node ID / listening URL / inbox DIR
+                await asyncio.wait_for(proc.stdout.readline(), 20)
+            return proc
+
+        rx = await receiver()
+        rid = Identity.load(rkey).agent_id
+        sender = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "iac", "send-file", "--key", str(skey), "--to", rid, "--addr", url,
+            "--quiet", str(src), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        )  # fmt: skip
+        try:
+            await eventually(lambda: any(p.suffix == ".json" for p in inbox.glob(".iac-part-*")), timeout=20)
+            rx.send_signal(signal.SIGKILL)  # mid-transfer: its state file is on disk
+            await rx.wait()
+            rx = await receiver()
+            out, err = await asyncio.wait_for(sender.communicate(), 60)
+            assert sender.returncode == 0, err.decode()
+            assert (inbox / "data.bin").read_bytes() == data
+            assert b"reconnect" in out and b" 0 reconnects" not in out, out
+        finally:
+            for p in (rx, sender):
+                if p.returncode is None:
+                    p.kill()
+                await p.wait()
+
+    run(main(), timeout=90)
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
