@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 from conftest import HERE, ROOT, run
 
-from iac import MeshClient, Node, NodeConfig, PeerEvent, RemoteError, TransportConfig, serve_registry
+from iac import (
+    MeshClient,
+    Node,
+    NodeConfig,
+    PeerEvent,
+    RelayPolicy,
+    RemoteError,
+    TransportConfig,
+    serve_registry,
+)
 from iac.errors import CloseCode, ConnectionClosed, IacError
 from iac.node import Broadcast
 from iac.protocol.handshake import INSTANCE_CAPABILITY, instance_of
@@ -526,3 +535,45 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_send_request_and_call_go_through_a_relay_with_via(tmp_path: Path) -> None:
+    async def main() -> None:
+        relay_cfg = NodeConfig(relay_policy=RelayPolicy(relay_unicast=True))
+        key = tmp_path / "cli.key"
+        cli = Identity.generate()
+        cli.save(key)
+        async with Node(listen=[TLS], config=relay_cfg) as relay, Node() as target:  # target: no listener
+            got: list[object] = []
+
+            @target.on("RUN")
+            async def echo(ctx):  # type: ignore[no-untyped-def]
+                got.append(ctx.payload)
+                return {"echo": ctx.payload, "via": ctx.via}
+
+            target.expose(lambda a, b: a + b, name="add")
+            target.add_peer(relay.agent_id, *relay.addresses)
+            target.keep_connected(relay.agent_id)
+            await eventually(lambda: relay.connected(target.agent_id))
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            common = ["--key", str(key), "--to", target.agent_id, "--via", relay.agent_id,
+                      "--addr", relay.addresses[0], "--timeout", "10"]  # fmt: skip
+
+            async def iac(*argv: str) -> str:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "iac", *argv, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, env=env,
+                )  # fmt: skip
+                out, err = await asyncio.wait_for(proc.communicate(), 30)
+                assert proc.returncode == 0, err.decode()
+                return out.decode()
+
+            out = await iac("request", *common, "--payload", '{"x": 1}')
+            assert json.loads(out) == {"echo": {"x": 1}, "via": relay.agent_id}
+            assert json.loads(await iac("call", *common, "add", "2", "3")) == 5
+            assert (await iac("send", *common, "--payload", '"one-way"', "--ack")).split()[0] == "sent"
+            assert got == [{"x": 1}, "one-way"]
+            assert relay.stats().routing["relayed"] >= 6  # each message and its answer
+            assert not target.connected(cli.agent_id)
+
+    run(main())

@@ -197,14 +197,22 @@ def _cmd_registry(args: argparse.Namespace) -> int:
 
 def _target(args: argparse.Namespace, has_registry: bool) -> str:
     to: str = args.to
+    if args.via is not None:
+        checks.agent_id("--via", args.via)
+        if not args.addr and not has_registry:
+            raise ConfigError(
+                "--via AGENT_ID needs the relay's address: add --addr URL (or --registry ID@URL)"
+            )
     if is_agent_id(to):
+        if args.via is not None:
+            return to
         if not args.addr and not has_registry:
             raise ConfigError("--to AGENT_ID needs the peer's address: add --addr URL (or --registry ID@URL)")
         return to
     if is_alias(to):
         if not has_registry:
             raise ConfigError(f"--to {to!r}: an alias is resolved by a registry: add --registry ID@URL")
-        if args.addr:
+        if args.addr and args.via is None:
             raise ConfigError("--addr goes with --to AGENT_ID; an alias's addresses come from the registry")
         return to
     if len(to) == 64:
@@ -222,7 +230,7 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
     to = _target(args, bool(registries))
     for url in args.addr:
         checks.address("--addr", url)
-    bootstrap = {to: list(args.addr)} if args.addr else None
+    bootstrap = {(args.via or to): list(args.addr)} if args.addr else None
     async with Node(identity, config=_client_config(args)) as node:
         mesh = MeshClient(
             node, registries=registries, bootstrap=bootstrap, publish=False, timeout=args.timeout
@@ -243,7 +251,7 @@ async def _run_send(args: argparse.Namespace) -> int:
     async with _client(args) as mesh:
         try:
             async with asyncio.timeout(args.timeout):
-                sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task)
+                sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task, via=args.via)
                 if args.ack:
                     await sent.wait()
         except TimeoutError:
@@ -262,7 +270,7 @@ async def _run_request(args: argparse.Namespace) -> int:
     msg_type, payload, task = _message(args)
     async with _client(args) as mesh:
         t0 = time.perf_counter()
-        reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout, task=task)
+        reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout, task=task, via=args.via)
         took = (time.perf_counter() - t0) * 1000.0
         if msg_type == MessageType.PING and reply.payload is None:
             print(f"PING answered by {reply.sender} in {took:.3f} ms (with connection set-up)")
@@ -277,7 +285,7 @@ async def _run_call(args: argparse.Namespace) -> int:
     if not isinstance(kwargs, dict):
         raise ConfigError("""--kwargs must be a JSON object, e.g. --kwargs '{"text": "hi"}'""")
     async with _client(args) as mesh:
-        result = await mesh.invoke(args.to, args.name, call_args, kwargs, timeout=args.timeout)
+        result = await mesh.invoke(args.to, args.name, call_args, kwargs, timeout=args.timeout, via=args.via)
         print(dumps_compact(result))
     return 0
 
@@ -298,6 +306,13 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
         "--addr", action="append", default=[], metavar="URL", help="the peer's address (repeatable)"
     )
     add_registry_option(p, "registry to resolve through: AGENT_ID@ADDRESS (repeatable)")
+    p.add_argument(
+        "--via",
+        default=None,
+        metavar="AGENT_ID",
+        help="send through this relay (a node that relays unicast for others); --addr is then the "
+        "relay's address, or the relay is a --registry (default: directly)",
+    )
     p.add_argument(
         "--timeout",
         type=seconds(example="10"),

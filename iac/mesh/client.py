@@ -407,9 +407,11 @@ class MeshClient:
 
     async def invoke(
         self, to: str, name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-        *, timeout: float | None = None,
+        *, timeout: float | None = None, via: str | None = None,
     ) -> Any:  # fmt: skip
-        return await self._with_retry(to, lambda p: self.node.invoke(p, name, args, kwargs, timeout=timeout))
+        return await self._with_retry(
+            to, lambda p: self.node.invoke(p, name, args, kwargs, timeout=timeout, via=via)
+        )
 
     async def delegate_capability(
         self,
