@@ -577,3 +577,72 @@ def test_send_request_and_call_go_through_a_relay_with_via(tmp_path: Path) -> No
             assert not target.connected(cli.agent_id)
 
     run(main())
+
+
+def test_one_origin_cannot_take_the_relay_from_another() -> None:
+    async def main() -> None:
+        policy = RelayPolicy(relay_unicast=True, origin_rate=0.01, origin_burst=2, origin_bytes=1e6)
+        async with (
+            Node(listen=[TLS], config=NodeConfig(relay_policy=policy)) as relay,
+            Node() as target,
+            Node() as a,
+            Node() as b,
+        ):
+            got: list[str] = []
+            target.on("RUN")(lambda ctx: got.append(ctx.sender))
+            for n in (target, a, b):
+                n.add_peer(relay.agent_id, *relay.addresses)
+                await n.connect(relay.agent_id)
+            for _ in range(5):
+                await a.send(target.agent_id, "RUN", via=relay.agent_id)
+            await b.send(target.agent_id, "RUN", via=relay.agent_id)
+            await eventually(lambda: got.count(b.agent_id) == 1)
+            await eventually(lambda: relay.stats().route_refused.get("relay_rate") == 3)
+            assert got.count(a.agent_id) == 2  # its burst; the other three refused, b untouched
+
+    run(main())
+
+
+def test_iac_registry_relay_serves_agents_with_a_live_record(tmp_path: Path) -> None:
+    async def main() -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        rkey, ckey = str(tmp_path / "registry.key"), str(tmp_path / "cli.key")
+        Identity.generate().save(rkey)
+        Identity.generate().save(ckey)
+        port = free_port()
+        reg = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "iac", "registry", "--key", rkey, "--listen", f"tls://127.0.0.1:{port}",
+            "--store", "memory", "--no-admin", "--relay", stdout=asyncio.subprocess.PIPE, env=env,
+        )  # fmt: skip
+        try:
+            assert reg.stdout is not None
+            rid = (await asyncio.wait_for(reg.stdout.readline(), 20)).decode().split()[1]
+            for _ in range(2):
+                await asyncio.wait_for(reg.stdout.readline(), 20)
+            url = f"tls://127.0.0.1:{port}"
+
+            async def request(to: str) -> tuple[int, str]:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "iac", "request", "--key", ckey, "--to", to, "--via", rid,
+                    "--addr", url, "--timeout", "3", stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, env=env,
+                )  # fmt: skip
+                out, err = await asyncio.wait_for(proc.communicate(), 30)
+                return int(proc.returncode or 0), (out + err).decode()
+
+            async with Node() as agent, Node() as stranger:  # no listener: reachable only by relay
+                agent.on("RUN")(lambda ctx: {"hi": ctx.sender})
+                stranger.on("RUN")(lambda ctx: {"hi": ctx.sender})
+                stranger.add_peer(rid, url)
+                await stranger.connect(rid)  # connected, but no record in the registry
+                async with MeshClient(agent, rid, [url], addresses=[]):
+                    rc, out = await request(agent.agent_id)
+                    assert rc == 0 and json.loads(out) == {"hi": Identity.load(ckey).agent_id}, out
+                    rc, out = await request(stranger.agent_id)
+                    assert rc != 0 and "no answer" in out, out  # not relayed: neither end has a record
+        finally:
+            if reg.returncode is None:
+                reg.kill()
+            await reg.wait()
+
+    run(main(), timeout=60)

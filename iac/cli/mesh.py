@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -53,10 +54,12 @@ from iac.cli.options import (
 from iac.cli.serving import metrics_of, print_lines, running
 from iac.errors import ConfigError, DeliveryError, StoreUnavailable
 from iac.mesh import MeshClient, serve_registry
+from iac.mesh.service import RegistryService
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.protocol.records import is_alias
 from iac.protocol.registry import RegistryConfig, RegistryState
+from iac.protocol.routing import RelayPolicy
 from iac.stores.records import open_record_store
 from iac.transport.base import TransportConfig
 from iac.wire._pb.iac_pb2 import TaskState
@@ -161,7 +164,22 @@ async def _run_registry(args: argparse.Namespace) -> int:
         max_keys=args.max_keys,
         forwarded_keys=args.forwarded_keys,
     )
+    services: list[RegistryService] = []
+
+    def admit(origin: str, to: str) -> bool:  # agents with a live record here, either end
+        return bool(services) and (services[0].is_live(origin) or services[0].is_live(to))
+
+    relay = RelayPolicy(
+        relay_unicast=True,
+        admit=admit,
+        origin_rate=float(args.relay_rate),
+        origin_burst=2 * args.relay_rate,
+        origin_bytes=float(args.relay_bytes),
+        origin_burst_bytes=4 * args.relay_bytes,
+    )
     node_config = NodeConfig(transport=transport_config(args))
+    if args.relay:
+        node_config = dataclasses.replace(node_config, relay_policy=relay)
     metrics = metrics_of(args)
     store = open_record_store(_store_spec(args.store))
     try:
@@ -174,7 +192,7 @@ async def _run_registry(args: argparse.Namespace) -> int:
         with checks.listen_errors(listen):
             await node.start()
         try:
-            serve_registry(node, state)
+            services.append(serve_registry(node, state))
             async with running(node, args, metrics) as lines:
                 print(f"registry {identity.agent_id}", flush=True)
                 print(f"store {args.store}", flush=True)
@@ -373,6 +391,29 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="N",
         help="most new keys one neighbour connection may bring in per hour by FORWARD (relayed "
         "publishes); beyond, refused with registry_quota and counted (default %(default)d)",
+    )
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="relay unicast messages to and from agents with a live record here (the NAT path: "
+        "`send`/`request`/`call --via` this registry), each origin within --relay-rate and "
+        "--relay-bytes (default: no relaying)",
+    )
+    p.add_argument(
+        "--relay-rate",
+        type=integer(what="messages per second"),
+        default=50,
+        metavar="N",
+        help="with --relay: messages per second relayed for one origin, bursts of twice that "
+        "(default %(default)d)",
+    )
+    p.add_argument(
+        "--relay-bytes",
+        type=integer(what="bytes per second"),
+        default=1024 * 1024,
+        metavar="BYTES",
+        help="with --relay: bytes per second relayed for one origin, bursts of four times that "
+        "(default %(default)d)",
     )
     add_transport_options(p)
     add_server_options(p)

@@ -132,6 +132,11 @@ class RegistryService:
                 "brought_in": dict(st.brought_in), "live_agents": len(self.live_agents(self.clock.now_us())),
                 "short_broadcasts": self.short_broadcasts}  # fmt: skip
 
+    def is_live(self, agent_id: str) -> bool:
+        """Whether ``agent_id`` published a record here (in this process) that has not expired."""
+        exp = self._live.get(agent_id)
+        return exp is not None and exp > self.clock.now_us()
+
     def live_agents(self, now_us: int) -> dict[str, int]:
         """The agents that published here (in this process) whose record has not expired."""
         if now_us - self._pruned_us >= 1_000_000:  # at most once a second: O(records)
