@@ -73,7 +73,7 @@ class _Reach(Observer):
         if got >= len(live):
             return
         svc.short_broadcasts += 1
-        svc.node._c.broadcasts_short += 1
+        svc.node.count_short_broadcast()
         if now / 1e6 - self._logged >= SHORT_LOG_INTERVAL:
             self._logged = now / 1e6
             log.warning(

@@ -400,6 +400,11 @@ class NodeRuntime:
             }
         return out
 
+    def count_short_broadcast(self) -> None:
+        """A role of this node (the registry) saw a broadcast miss agents it knows: counted in
+        ``stats().routing["short"]``."""
+        self._c.broadcasts_short += 1
+
     def observe(self, observer: Observer) -> Callable[[], None]:
         """Call ``observer``'s hooks as messages move (:class:`~iac.node.observe.Observer`);
         returns a function that removes it again."""

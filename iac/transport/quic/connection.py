@@ -519,6 +519,8 @@ class QuicConn(Connection):
         if event is TimerEvent.PING:
             self._quic.send_ping(0)
             self._proto.transmit()
+        elif self._probe_waiters and not self._core.probing:  # the peer's data answered the probe
+            self._answer_probes(True)
         self._arm_timer()
 
     # -- handshakes -----------------------------------------------------------------------------
