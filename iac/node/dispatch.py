@@ -99,6 +99,8 @@ class Dispatcher:
         self._cancelled: set[Key] = set()
         #: Streams this node produces: the credit each consumer granted.
         self._streams: dict[Key, StreamOut] = {}
+        #: Streams ended because their connection is gone (:meth:`link_lost`).
+        self._abandoned: set[Key] = set()
         self.draining = False
 
     @property
@@ -233,7 +235,7 @@ class Dispatcher:
                 return
             await self._complete(item, result)
             return
-        out = self._streams[item.key] = StreamOut(int(msg.credit))
+        out = self._streams[item.key] = StreamOut(int(msg.credit), item.conn.peer.agent_id)
 
         async def send(value: Any) -> None:
             try:
@@ -259,6 +261,14 @@ class Dispatcher:
 
         try:
             await self._scoped(item, run())
+        except TimeoutError:
+            if item.key in self._abandoned:  # nobody can take an answer: none is sent
+                self._ended(item)
+                self._c.cancelled += 1
+                self.commit(item)
+                log.info("stream to %s… ended: its connection is gone", item.key[0][:16])
+                return
+            await self._failed(item, TimeoutError())
         except _NotJson as exc:
             await self._outcome(item, ErrorCode.INTERNAL, f"a part of the stream is not JSON: {exc}"[:200])
         except Exception as exc:
@@ -270,6 +280,28 @@ class Dispatcher:
             await self._answers.part(item, "", end=True)
         finally:
             del self._streams[item.key]
+            self._abandoned.discard(item.key)
+
+    def stream_links(self) -> set[str]:
+        """The neighbours that streams this node produces came through."""
+        return {out.link for out in self._streams.values()}
+
+    def link_lost(self, peer: str) -> int:
+        """This node has no connection to ``peer`` any more: end the streams whose request came
+        through it now (their parts cannot go; the handler's slot is freed), with no answer: the
+        handler's timeout scope ends, which wakes a wait for credit too.
+        Returns how many."""
+        now = asyncio.get_running_loop().time()
+        n = 0
+        for key, out in self._streams.items():
+            if out.link != peer or key in self._abandoned:
+                continue
+            self._abandoned.add(key)
+            scope = self._active.get(key)
+            if scope is not None:
+                scope.reschedule(now)
+            n += 1
+        return n
 
     def cancel(self, sender: str, msg: Message) -> None:
         """A CANCEL for a request this node is handling (or holds, waiting for a slot)."""
@@ -399,6 +431,9 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         if self.config.enforce_deadline and msg.deadline:
             when = loop.time() + max(0.0, (msg.deadline - self._clock.now_us()) / 1e6)
+        if msg.flags & FLAG_STREAM:  # whatever deadline the consumer asked, a stream is bounded
+            cap = loop.time() + self.config.max_stream_time
+            when = cap if when is None else min(when, cap)
         key = item.key
         if key in self._cancelled:
             when = loop.time()

@@ -148,6 +148,10 @@ class Files:
 
         return remove
 
+    def outgoing_keys(self) -> list[tuple[str, str]]:
+        """The transfers this node sends now, as (peer, transfer id)."""
+        return list(self._outgoing)
+
     def expire(self) -> None:
         """Close idle incoming transfers' files; now and then delete abandoned ones (at the first
         call, then every ``min(file_partial_ttl / 4, 60)`` seconds)."""

@@ -33,6 +33,7 @@ from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime
 from iac.node.transports import import_transports
 from iac.node.types import (
+    Broadcast,
     FileSent,
     ReceivedFile,
     Reply,
@@ -162,6 +163,18 @@ class Node(NodeRuntime):
     def routes(self) -> dict[str, str]:
         """The static routes (``dest -> via``), a copy."""
         return dict(self._peers.static_routes)
+
+    def keep_connected(self, peer: str) -> None:
+        """Keep an outbound connection to ``peer`` (a registry, a relay): dialed now (from the
+        peer book) and again within about a second whenever it drops, with a keep-alive message
+        every ``NodeConfig.keepalive_messages`` s that counts as traffic at both ends (a NAT
+        keeps its mapping; neither side closes it idle). The relays of static routes
+        (:meth:`add_route`) are kept too, once dialed."""
+        self._peers.keep(peer)
+
+    def stop_keeping(self, peer: str) -> None:
+        """Undo :meth:`keep_connected` (the connection stays until it idles out)."""
+        self._peers.unkeep(peer)
 
     async def connect(self, peer: str) -> None:
         """Dial ``peer`` now (from the peer book) unless already connected."""
@@ -448,12 +461,15 @@ class Node(NodeRuntime):
         payload_json: str | None = None,
         extra_data: bytes = b"",
         hop_limit: int | None = None,
-    ) -> Sent:
+    ) -> Broadcast:
         """Flood a message (empty ``to``) to every connected peer, inside FORWARD with a hop limit
         (``NodeConfig.broadcast_hop_limit``). Every node that gets it hands it to its handler for
         ``msg_type`` once and sends it on to its own peers (relay policy permitting); this node does
-        not deliver it to itself. Broadcasts are never answered. Returns the ids it went out with
-        (``sent.peer`` is empty)."""
+        not deliver it to itself. Broadcasts are never answered. Returns a :class:`Broadcast`: the
+        ids it went out with (``peer`` is empty) and ``peers``, how many connected peers it was
+        sent to. 0 (this node has no connection, e.g. a mesh that idled out) is not an error, as
+        peers may come later, but it is logged as a WARNING and counted in
+        ``stats().routing["unsent"]`` (a metric too), so a broadcast that reached nobody is seen."""
         self._check_open()
         mt = message_type(msg_type)
         if mt in RESPONSE_TYPES or mt == _CANCEL:

@@ -105,12 +105,15 @@ class StreamIn:
 
 
 class StreamOut:
-    """The producer's side of one stream: the credit the consumer granted, and a waiter."""
+    """The producer's side of one stream: the credit the consumer granted, and a waiter.
+    ``link``: the neighbour the request came from (the consumer, or the relay it came through):
+    once this node has no connection to it, the stream ends (:meth:`Dispatcher.link_lost`)."""
 
-    __slots__ = ("_wake", "granted")
+    __slots__ = ("_wake", "granted", "link")
 
-    def __init__(self, granted: int) -> None:
+    def __init__(self, granted: int, link: str = "") -> None:
         self.granted = granted
+        self.link = link
         self._wake = asyncio.Event()
 
     def grant(self, credit: int) -> None:

@@ -68,6 +68,24 @@ class Sent:
         return f"Sent(peer={self.peer[:16]}…, session_id={self.session_id:#x}, msg_id={self.msg_id})"
 
 
+class Broadcast(Sent):
+    """What :meth:`~iac.Node.broadcast` returns: the ids it went out with and ``peers``, the
+    number of connected peers it was sent to (0: it reached nobody; counted in
+    ``stats().routing["unsent"]`` and logged as a WARNING). ``int(b)`` is ``b.peers``."""
+
+    __slots__ = ("peers",)
+
+    def __init__(self, session_id: int, msg_id: int, peers: int) -> None:
+        super().__init__("", session_id, msg_id, None)
+        self.peers = peers
+
+    def __int__(self) -> int:
+        return self.peers
+
+    def __repr__(self) -> str:
+        return f"Broadcast(session_id={self.session_id:#x}, msg_id={self.msg_id}, peers={self.peers})"
+
+
 @dataclass(frozen=True)
 class FileSent:
     """The outcome of :meth:`~iac.Node.send_file`: the receiver verified the file and renamed it
@@ -223,6 +241,7 @@ class Sessions(dict[tuple[str, str], Session]):
 
 
 __all__ = [
+    "Broadcast",
     "FileSent",
     "Key",
     "ReceivedFile",
