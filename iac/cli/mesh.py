@@ -274,7 +274,7 @@ async def _run_send(args: argparse.Namespace) -> int:
             async with asyncio.timeout(args.timeout):
                 if args.ack:  # dial first: a refused handshake is named (as ping and request do),
                     # not retried until the timeout behind "no ACK"
-                    await mesh.node.connect(await mesh.resolve(args.to))
+                    await mesh.node.connect(args.via or await mesh.resolve(args.to))
                 sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task, via=args.via)
                 if args.ack:
                     await sent.wait()

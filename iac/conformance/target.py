@@ -162,7 +162,7 @@ def error_code(msg: Message) -> str:
     return str(value.get("code")) if isinstance(value, dict) else "<not an object>"
 
 
-_CAPABILITY = re.compile(r"[a-z][a-z0-9-]{0,31}/[1-9][0-9]*")
+_CAPABILITY = re.compile(r"[a-z][a-z0-9-]{0,31}/[1-9][0-9]*|instance/[0-9a-f]{16}")
 
 
 def capability_faults(capabilities: Sequence[str]) -> str:
