@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test fuzz proto dict vectors bench clean
+.PHONY: demo test docs fuzz proto dict vectors bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m iac bench --quick --json-only --out .bench-smoke
+	$(BIN)/python -m iac bench --smoke --out .bench-smoke
 	$(BIN)/pytest -q
+
+# The API reference and the guides as a site in build/site (mkdocs.yml; `make test` builds it too,
+# with warnings as errors, in tests/test_reference.py).
+docs: $(VENV)/.installed-dev
+	$(BIN)/mkdocs build --strict
 
 # Coverage-guided fuzzing of the parsers a hostile peer reaches (tests/fuzz/): each target for
 # FUZZ_SECONDS seconds, or only TARGET (frames, message, hello, forward, records, files, dict).
@@ -46,7 +51,7 @@ proto: $(VENV)/.installed-dev
 # Rewrite the files in proto/testvectors/ (deterministic; existing zstd frames in v1.json are kept
 # while they decode).
 vectors: $(VENV)/.installed-dev
-	$(BIN)/python tools/make_testvectors.py
+	$(BIN)/python -m tools.make_testvectors
 	$(BIN)/python -m tools.make_payload_vectors
 	$(BIN)/python -m tools.vectors.records
 	$(BIN)/python -m tools.vectors.mesh

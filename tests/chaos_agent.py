@@ -35,10 +35,7 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from iac import Context, Identity, MessageType, Node, NodeConfig
 from iac.protocol.replay import ReplayConfig, ReplayStore

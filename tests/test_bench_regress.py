@@ -1,19 +1,17 @@
-"""benchmarks/regress.py's verdicts: a figure is within the earlier commit's run-to-run range (or
+"""iac/bench/scenarios/regress.py's verdicts: a figure is within the earlier commit's run-to-run range (or
 1 % of it), or beyond its best or its worst in the metric's direction; CPU per request is held to
 after ÷ before ≤ 1.05, with the baselines' own ratio beside it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from iac.bench.scenarios.regress import compare, cpu_summary, verdict
 
-from regress import compare, cpu_summary, verdict  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(

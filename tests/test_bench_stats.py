@@ -3,17 +3,14 @@ same answers from ``iac ping``'s copy of it (the package does not import the ben
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from iac.bench.harness.stats import median, percentile
+from iac.cli.net import percentile as ping_percentile
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from stats import median, percentile  # noqa: E402
-
-from iac.cli.net import percentile as ping_percentile  # noqa: E402
 
 ONE_TO_HUNDRED = [float(i) for i in range(100, 0, -1)]  # 100 .. 1: the order does not matter
 FIVE = [50.0, 15.0, 40.0, 20.0, 35.0]  # sorted: 15 20 35 40 50

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from iac.bench.contenders import endpoints
+from iac.bench.harness import results
+from iac.bench.reports import report
+from iac.bench.scenarios import requests
+from iac.cli import bench as _bench
+from iac.cli.main import main as iac_main
+from iac.testing import netem
+from iac.testing.relay import Impairment
+
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import netem  # noqa: E402
-import suite  # noqa: E402
-
-from iac.cli import bench as _bench  # noqa: E402
-from iac.testing.relay import Impairment  # noqa: E402
 
 ROW_FIELDS = {"contender", "metric", "unit", "better", "median", "min", "max", "n"} | {
     "baseline",
@@ -58,7 +59,7 @@ def test_iac_bench_quick_writes_json_and_markdown(tmp_path):
         args = ap.parse_args(_bench_argv(out))
         assert args.func(args) == 0
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    assert doc["schema"] == suite.SCHEMA
+    assert doc["schema"] == results.SCHEMA
     assert {"command", "started", "duration_s", "quick", "environment", "scenarios", "plots"} <= set(doc)
     assert doc["command"].startswith("iac bench --quick")
     env = doc["environment"]
@@ -84,7 +85,7 @@ def test_iac_bench_quick_writes_json_and_markdown(tmp_path):
 
 def _quick_suite(tmp_path: Path, *only: str) -> dict[str, dict]:
     out = tmp_path / "res"
-    argv = [sys.executable, str(BENCH / "suite.py"), "--quick", "--json-only", "--out", str(out)]
+    argv = [sys.executable, "-m", "iac.bench.main", "--quick", "--json-only", "--out", str(out)]
     for name in only:
         argv += ["--only", name]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -95,16 +96,16 @@ def _quick_suite(tmp_path: Path, *only: str) -> dict[str, dict]:
     by = {s["name"]: s for s in doc["scenarios"]}
     assert set(by) == set(only)
     for sc in by.values():
-        assert set(sc) == SCENARIO_FIELDS
+        assert SCENARIO_FIELDS <= set(sc) <= SCENARIO_FIELDS | {"skipped"}
         assert sc["status"] == "ok", sc["reason"]
         for row in sc["rows"]:
-            assert set(row) == ROW_FIELDS
+            assert ROW_FIELDS <= set(row) <= ROW_FIELDS | {"secures"}
             assert row["min"] <= row["median"] <= row["max"] and row["n"] >= 1
     return by
 
 
 def test_quick_broadcast_scenario_fields(tmp_path):
-    import mesh
+    from iac.bench.scenarios import mesh
 
     sc = _quick_suite(tmp_path, "broadcast")["broadcast"]
     rows = {(r["contender"], r["metric"]): r for r in sc["rows"]}
@@ -122,6 +123,9 @@ def test_quick_broadcast_scenario_fields(tmp_path):
             and rows[(mesh.HTTP_ED25519, metric)]["ratio"] is None
         )
     assert flood["baseline"] == sc["baseline"] and flood["ratio"] > 0
+    nats = [(mesh.NATS_FANOUT, metric), (mesh.NATS_ED25519, metric)]
+    assert all(k in rows for k in nats) or set(sc["skipped"]) == {k[0] for k in nats}
+    assert "per-message authentication: Ed25519" in flood["secures"]
     bytes_rows = [r for r in sc["rows"] if r["unit"] == "B"]
     assert {r["contender"] for r in bytes_rows} == {mesh.IAC_MESH, mesh.IAC_FANOUT}
     assert all(r["median"] > 0 for r in bytes_rows)
@@ -130,7 +134,7 @@ def test_quick_broadcast_scenario_fields(tmp_path):
 
 
 def test_broadcast_graph_is_connected_and_seeded():
-    import mesh
+    from iac.bench.scenarios import mesh
 
     for n in (2, 10, 50, 100):
         edges = mesh.graph(n, seed=n)
@@ -159,40 +163,40 @@ def test_interleave_async_takes_turns():
 
         return fn
 
-    out = asyncio.run(suite.interleave_async({"A": step("A", 1.0), "B": step("B", 2.0)}, rounds=2, warmup=1))
+    out = asyncio.run(
+        results.interleave_async({"A": step("A", 1.0), "B": step("B", 2.0)}, rounds=2, warmup=1)
+    )
     assert calls == ["A", "B", "A", "B", "B", "A"]
     assert out == {"A": [1.0, 1.0], "B": [2.0, 2.0]}
 
 
 def test_same_transport_ratios():
-    res = suite.Result("requests", "R", baseline="HTTP+Ed25519 JSON")
+    res = results.Result("requests", "R", baseline="HTTP+Ed25519 JSON")
     res.add("IAC-TLS/TCP", "RTT p50, 1 in flight", "µs", [300.0])
     res.add("HTTPS+Ed25519 JSON", "RTT p50, 1 in flight", "µs", [400.0])
     res.add("IAC-UNIX", "RTT p50, 1 in flight", "µs", [200.0])  # no UNIX HTTP row: no ratio
-    assert suite.same_transport_ratios(res) == {
+    assert requests.same_transport_ratios(res) == {
         "IAC-TLS/TCP / HTTPS+Ed25519 JSON": {"RTT p50, 1 in flight": 0.75}
     }
 
 
 def test_requests_contenders_include_grpc_and_same_transport_http():
-    import loss
-
-    ctx = suite.Context(quick=True, tmp=Path("."), progress=lambda s: None, backends=["aioquic"])
-    labels = [c[0] for c in suite._request_contenders(ctx)]
+    ctx = results.Context(quick=True, tmp=Path("."), progress=lambda s: None, backends=["aioquic"])
+    labels = [c[0] for c in requests._request_contenders(ctx)]
     assert labels[:3] == ["IAC-QUIC", "IAC-TLS/TCP", "IAC-UNIX"]
-    if loss.have_aiohttp():
+    if endpoints.have_aiohttp():
         assert {"HTTP+Ed25519 JSON", "HTTPS+Ed25519 JSON", "HTTP+Ed25519 JSON/UNIX"} <= set(labels)
-    if loss.have_grpc():
-        assert loss.NAMES["grpc"] in labels
-    assert all(c in loss.NAMES for _, c, _ in suite._request_contenders(ctx))
+    if endpoints.have_grpc():
+        assert endpoints.NAMES["grpc"] in labels
+    assert all(c in endpoints.NAMES for _, c, _ in requests._request_contenders(ctx))
 
 
-def test_bench_without_checkout_says_so(tmp_path, monkeypatch):
-    monkeypatch.setenv("IAC_BENCH_DIR", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(_bench, "__file__", str(tmp_path / "site-packages" / "iac" / "_bench.py"))
-    with pytest.raises(_bench.ConfigError, match="source checkout"):
-        _bench.find_benchmarks()
+def test_bench_without_the_extra_prints_one_line_naming_it(monkeypatch, capsys):
+    monkeypatch.setattr(_bench, "EXTRA", (*_bench.EXTRA, ("iac_no_such_module", "no-such-dist")))
+    assert iac_main(["bench", "--list"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "no-such-dist" in err and "pip install 'iac[bench]'" in err
 
 
 def test_suite_argv_round_trips():
@@ -205,13 +209,13 @@ def test_suite_argv_round_trips():
 
 
 def test_summarize():
-    assert suite.summarize([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    assert results.summarize([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
     with pytest.raises(ValueError):
-        suite.summarize([])
+        results.summarize([])
 
 
 def test_turn_order_alternates():
-    assert suite.turn_order(["A", "B", "C"], 4) == [
+    assert results.turn_order(["A", "B", "C"], 4) == [
         ["A", "B", "C"],
         ["C", "B", "A"],
         ["A", "B", "C"],
@@ -230,13 +234,13 @@ def test_interleave_warms_up_then_takes_turns():
 
         return fn
 
-    out = suite.interleave({"A": step("A"), "B": step("B")}, rounds=3, warmup=1)
+    out = results.interleave({"A": step("A"), "B": step("B")}, rounds=3, warmup=1)
     assert calls == ["A", "B", "A", "B", "B", "A", "A", "B"]
     assert out == {"A": [1.0, 2.0, 3.0], "B": [10.0, 20.0, 30.0]}  # warm-up figures dropped
 
 
 def test_ratios_to_the_baseline():
-    res = suite.Result("x", "X", baseline="HTTP")
+    res = results.Result("x", "X", baseline="HTTP")
     res.add("IAC-QUIC", "p50", "ms", [10.0, 12.0, 11.0])
     res.add("HTTP", "p50", "ms", [20.0, 22.0, 24.0])
     res.add("IAC-QUIC", "p99", "ms", [5.0])  # no baseline row for this metric
@@ -247,14 +251,14 @@ def test_ratios_to_the_baseline():
     assert rows[("HTTP", "p50")]["ratio"] is None
     assert rows[("IAC-QUIC", "p99")]["ratio"] is None
     assert rows[("IAC-TLS", "p50")]["ratio"] == pytest.approx(1.0)
-    assert suite.ratio(1.0, 0.0) is None
+    assert results.ratio(1.0, 0.0) is None
 
 
 def test_downsample_keeps_the_ends():
     xs = [float(i) for i in range(10_000)]
-    d = suite.downsample(xs, 101)
+    d = results.downsample(xs, 101)
     assert len(d) == 101 and d[0] == 0.0 and d[-1] == 9999.0 and d == sorted(d)
-    assert suite.downsample([3.0, 1.0]) == [1.0, 3.0]
+    assert results.downsample([3.0, 1.0]) == [1.0, 3.0]
 
 
 def test_markdown_of_a_skipped_scenario():
@@ -275,11 +279,11 @@ def test_markdown_of_a_skipped_scenario():
             "git_commit": None,
         },
         "scenarios": [
-            suite.Result("loss", "Loss", status="skipped", reason="needs root").to_json(),
+            results.Result("loss", "Loss", status="skipped", reason="needs root").to_json(),
         ],
         "plots": [],
     }
-    md = suite.markdown(doc)
+    md = report.markdown(doc)
     assert "**skipped**: needs root" in md and "`iac bench --quick`" in md
 
 
@@ -343,7 +347,7 @@ def test_link_between_namespaces_carries_tcp_with_delay():
 
     before = namespaces()  # other runs' links (a benchmark in progress) are theirs
     res = subprocess.run(
-        [sys.executable, str(BENCH / "netem.py"), "demo", "--count", "5", "--delay", "0.005"],
+        [sys.executable, "-m", "iac.testing.netem", "demo", "--count", "5", "--delay", "0.005"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -356,18 +360,40 @@ def test_link_between_namespaces_carries_tcp_with_delay():
 
 
 def test_headline_picks_key_rows_and_says_who_is_ahead():
-    res = suite.Result("broadcast", "B", baseline="HTTP fan-out")
+    res = results.Result("broadcast", "B", baseline="HTTP fan-out")
     for n, iac_ms, http_ms in ((10, 2.0, 1.0), (100, 10.0, 20.0)):
         res.add("IAC flood", f"completion, {n} agents", "ms", [iac_ms])
         res.add("HTTP fan-out", f"completion, {n} agents", "ms", [http_ms], iac=False)
         res.add("HTTP+SHA fan-out", f"completion, {n} agents", "ms", [http_ms / 4], iac=False)
     res.add("IAC flood", "bytes", "B", [5.0])
     res.finish()
-    rows = suite.headline({"scenarios": [res.to_json()]})
+    rows = report.headline({"scenarios": [res.to_json()]})
     assert len(rows) == 1  # the largest N only, and no B rows
     h = rows[0]
     assert h["metric"] == "completion, 100 agents" and h["ratio"] == pytest.approx(0.5) and h["ahead"]
     assert h["baseline_median"] == 20.0
     assert (h["best_other"], h["best_other_median"]) == ("HTTP+SHA fan-out", 5.0)
-    md = "\n".join(suite.headline_markdown({"scenarios": [res.to_json()]}))
+    md = "\n".join(report.headline_markdown({"scenarios": [res.to_json()]}))
     assert "## Headline" in md and "| broadcast | completion, 100 agents | IAC flood |" in md
+
+
+def test_smoke_runs_the_whole_harness_on_a_tiny_plan(tmp_path):
+    """``iac bench --smoke`` (what ``make test`` runs): turns, statistics, the ratio to the baseline,
+    the environment, results.json, report.md and a plot, in about a second."""
+    out = tmp_path / "smoke"
+    res = subprocess.run(
+        [sys.executable, "-m", "iac", "bench", "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["command"] == "iac bench --smoke --out " + str(out) and doc["environment"]["cores"]
+    (sc,) = doc["scenarios"]
+    assert sc["name"] == "smoke" and sc["status"] == "ok"
+    rows = {r["contender"]: r for r in sc["rows"]}
+    codec, bare = rows["IAC codec encode + decode"], rows["bare PyNaCl Ed25519 sign + verify"]
+    assert codec["n"] == bare["n"] == 3 and codec["ratio"] == pytest.approx(codec["median"] / bare["median"])
+    assert "## smoke" in (out / "report.md").read_text(encoding="utf-8")
+    assert (out / "smoke_rounds.png").stat().st_size > 0

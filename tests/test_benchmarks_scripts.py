@@ -1,5 +1,5 @@
-"""Smoke tests of ``benchmarks/roundtrip.py``, ``benchmarks/scaleout.py``, ``benchmarks/flood.py``
-and ``benchmarks/regress.py``: they run and report every contender with sane numbers. No timing
+"""Smoke tests of the scenarios ``roundtrip``, ``scaleout``, ``flood`` and ``regress``
+(``iac/bench/scenarios/``): they run and report every contender with sane numbers. No timing
 thresholds (loopback figures on a shared machine say nothing); the counts that depend on the code
 alone are checked where the code fixes them."""
 
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
 
 
 def _run(argv: list[str]) -> None:
@@ -23,7 +22,7 @@ def _run(argv: list[str]) -> None:
 
 def test_roundtrip_every_contender(tmp_path: Path) -> None:
     out = tmp_path / "rt.json"
-    _run([str(BENCH / "roundtrip.py"), "--count", "30", "--reps", "2", "--json", str(out)])
+    _run(["-m", "iac.bench.scenarios.roundtrip", "--count", "30", "--reps", "2", "--json", str(out)])
     report = json.loads(out.read_text())
     names = {f"{k}-{t}" for k in ("iac", "floor") for t in ("quic", "tls", "unix")}
     names |= {"iac-tls-thread", "iac-tls-signw"}
@@ -46,12 +45,12 @@ def test_roundtrip_every_contender(tmp_path: Path) -> None:
 
 
 def test_roundtrip_one_transport() -> None:
-    _run([str(BENCH / "roundtrip.py"), "unix", "--count", "20", "--reps", "1"])
+    _run(["-m", "iac.bench.scenarios.roundtrip", "unix", "--count", "20", "--reps", "1"])
 
 
 def test_scaleout_quick(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
-    _run([str(BENCH / "scaleout.py"), "--quick", "--count", "50", "--json", str(out)])
+    _run(["-m", "iac.bench.scenarios.scaleout", "--quick", "--count", "50", "--json", str(out)])
     report = json.loads(out.read_text())
     assert report["config"]["reps"] == 1 and len(report["scaling"]) == 1
     contenders = report["contenders"]
@@ -67,7 +66,7 @@ def test_flood_quick(tmp_path: Path) -> None:
     """``flood.py --quick``: both cases, the flood sent at close to its rate, the honest requests
     answered with and without it, the node's counts reported."""
     out = tmp_path / "flood.json"
-    _run([str(BENCH / "flood.py"), "--quick", "--json", str(out)])
+    _run(["-m", "iac.bench.scenarios.flood", "--quick", "--json", str(out)])
     report = json.loads(out.read_text())
     assert [(c["rate"], c["handler_ms"]) for c in report["cases"]] == [(10_000.0, 0.0), (4_000.0, 2.0)]
     for case in report["cases"]:
@@ -82,8 +81,8 @@ def test_regress_runs_the_suite_on_an_earlier_commit_and_this_tree(tmp_path: Pat
     """The same commit on both sides: its deterministic figures (bytes per message) are within."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
     out = tmp_path / "regress.json"
-    _run([str(BENCH / "regress.py"), "--before", "HEAD", "--quick", "--rounds", "1", "--only", "bytes",
-          "--json", str(out)])  # fmt: skip
+    _run(["-m", "iac.bench.scenarios.regress", "--before", "HEAD", "--quick", "--rounds", "1",
+          "--only", "bytes", "--json", str(out)])  # fmt: skip
     report = json.loads(out.read_text())
     assert report["config"]["before"] == head.stdout.strip()
     rows = report["rows"]
@@ -94,8 +93,7 @@ def test_regress_runs_the_suite_on_an_earlier_commit_and_this_tree(tmp_path: Pat
 
 
 def test_callgrind_total_is_read_from_the_summary_line() -> None:
-    sys.path.insert(0, str(BENCH))
-    from roundtrip import callgrind_total
+    from iac.bench.scenarios.roundtrip import callgrind_total
 
     assert callgrind_total("# callgrind format\nevents: Ir\nsummary: 3127000\n") == 3127000
     assert callgrind_total("events: Ir\ntotals: 42\n") == 42

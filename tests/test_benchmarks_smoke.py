@@ -1,4 +1,4 @@
-"""Smoke test of the node benchmark: ``benchmarks/node.py --quick`` runs and reports every contender.
+"""Smoke test of the node benchmark: ``python -m iac.bench.scenarios.node --quick`` reports every contender.
 
 No timing thresholds: loopback figures on a shared CI machine say nothing. Only that each
 contender ran (the IAC contenders with their one-way phase, the floors with their echo phase,
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NODE_BENCH = ROOT / "benchmarks" / "node.py"
+NODE_BENCH = "iac.bench.scenarios.node"
 IAC = {"iac-quic", "iac-tls", "iac-unix"}
 FLOORS = {"floor-quic", "floor-tls", "floor-unix"}
 BASELINES = {"http-sha256", "http-ed25519", "http-ed25519-tls", "http-ed25519-unix", "grpc"}
@@ -34,7 +34,7 @@ def test_node_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "node.json"
     only = ",".join(sorted(CONTENDERS))
     proc = subprocess.run(
-        [sys.executable, str(NODE_BENCH), "--quick", "--only", only, "--json", str(out), "--json-only"],
+        [sys.executable, "-m", NODE_BENCH, "--quick", "--only", only, "--json", str(out), "--json-only"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -910,13 +910,11 @@ def test_chaos_receiver_clock_jump_keeps_ordered_sessions_flowing() -> None:
 
 # --- 6. a network partition -----------------------------------------------------------------------
 
-BENCH = ROOT / "benchmarks"
 PARTITION_S = 10.0 if SLOW else 2.0
 
 
 def _netem() -> Any:
-    sys.path.insert(0, str(BENCH))
-    import netem
+    from iac.testing import netem
 
     return netem
 

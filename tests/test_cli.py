@@ -42,7 +42,7 @@ def test_keygen_and_id(tmp_path):
 
 def test_dict_train(tmp_path):
     out_file = tmp_path / "d.zdict"
-    samples = ROOT / "benchmarks" / "corpus" / "train.jsonl"
+    samples = ROOT / "iac" / "bench" / "corpus" / "train.jsonl"
     out = run("dict", "train", str(samples), "--out", str(out_file), "--size", "8192", "--dict-id", "41000")
     assert out.returncode == 0, out.stderr
     d = iac.wire.Dictionary.load(out_file)

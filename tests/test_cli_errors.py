@@ -25,7 +25,7 @@ from iac.cli.main import build_parser
 from iac.wire.identity import Identity
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = str(ROOT / "benchmarks" / "corpus" / "train.jsonl")
+SAMPLES = str(ROOT / "iac" / "bench" / "corpus" / "train.jsonl")
 #: 64 hex digits, but the identity point (small order): not an AgentId.
 SMALL_ORDER = "01" + "00" * 31
 AGENT_ID_TEXT = "not a valid AgentId (64 lowercase hex digits of an Ed25519 public key)"
@@ -140,6 +140,13 @@ def _cases(e: Env) -> list[Case]:
         "status", ["status", "--admin", str(t / "none.sock")], "no status socket there", "is the node running"
     )
     case("status", ["status", "--watch", "0"], "--watch", "more than 0")
+    # conformance
+    cf = ["conformance", "tls://127.0.0.1:9"]
+    case("conformance", cf, "--to AGENT_ID is required", "--client")
+    case("conformance", [*cf, "--to", SMALL_ORDER], "not an AgentId")
+    case("conformance", ["conformance", "ftp://127.0.0.1:9", "--to", bid], "not a transport address")
+    case("conformance", [*cf, "--to", bid, "--timeout", "-1"], "--timeout", "more than 0")
+    case("conformance", [*cf, "--to", bid, "--case", "nosuch"], "--case nosuch", "no case has that id")
     # ping
     ping = ["ping", "--key", key, *target]
     case("ping", [*ping, "--timeout", "inf"], "--timeout", "finite number more than 0")
@@ -177,7 +184,9 @@ def _cases(e: Env) -> list[Case]:
     case("registry", [*regv, "--grace", "nan", "--store", "memory"], "--grace", "finite number 0 or more")
     case("registry", [*regv, "--store", "bogus"], "not a registry store", "memory, sqlite:PATH")
     case("registry", [*regv, "--store", f"sqlite:{t / 'nodir' / 'r.db'}"], "mkdir -p")
-    case("registry", [*regv, "--store", "redis://127.0.0.1:6379", "NO_REDIS"], "pip install 'iac[redis]'")
+    case(
+        "registry", [*regv, "--store", "redis://127.0.0.1:6379", "NO_REDIS"], "pip install 'iac-mesh[redis]'"
+    )
     # send, request, call
     case("send", ["send", "--key", key, *target, "--timeout", "inf"], "--timeout", "finite number")
     case("send", ["send", "--key", key, *target, "--type", "ACK"], "not a message type to send", "RUN")
@@ -229,6 +238,14 @@ def _cases(e: Env) -> list[Case]:
         "write the token",
     )
     case("a2a card", ["a2a", "card", "--key", key, "--to", "xx"], AGENT_ID_TEXT)
+    # mcp
+    case("mcp", ["mcp", "nosuch"], "invalid choice", "choose from")
+    sv = ["mcp", "serve", "--key", key, "--listen", "tls://127.0.0.1:0"]
+    case("mcp serve", sv, "--stdio -- CMD ARGS")
+    case("mcp serve", [*sv, "--calls-per-peer", "0", "--stdio", "--", "x"], "--calls-per-peer")
+    case("mcp serve", [*sv, "--allow", "nope", "--stdio", "--", "x"], "AGENT=TOOL")
+    case("mcp serve", [*sv, "--stdio", "--", str(t / "no-such-server")], "cannot start")
+    case("mcp connect", ["mcp", "connect", "--key", key, "--to", "xx"], AGENT_ID_TEXT)
     return out
 
 

@@ -439,8 +439,7 @@ from iac.wire.identity import Identity
 from iac.wire.message import Session
 from iac.transport import listen
 from iac.transport.base import TransportConfig
-sys.path.insert(0, sys.argv[3])
-from conftest import EchoNode
+from conftest import EchoNode  # the tests directory is on PYTHONPATH
 
 async def main():
     ident = Identity.from_seed(bytes.fromhex(sys.argv[1]))
@@ -459,8 +458,9 @@ def test_peer_killed_mid_stream(transport: str, sockdir: Path) -> None:
     server, client = Identity.generate(), Identity.generate()
     here = str(Path(__file__).resolve().parent)
     proc = subprocess.Popen(
-        [sys.executable, "-c", NODE_SCRIPT, server.seed().hex(), listen_url(transport, sockdir), here],
+        [sys.executable, "-c", NODE_SCRIPT, server.seed().hex(), listen_url(transport, sockdir)],
         stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))},
         text=True,
     )
     try:

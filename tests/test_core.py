@@ -60,9 +60,11 @@ def inbox(max_frames: int = 1024) -> tuple[Inbox, list[ProtocolError]]:
 
 
 def test_the_table_is_one_way_and_closed_is_final() -> None:
-    # a close and the transport's end are legal in every state; a HELLO verifies once
+    # a close and the transport's end are legal in every state; a HELLO verifies once; only an
+    # open connection is probed (and stays open)
     legal = {(s, e) for s in State for e in (Event.CLOSE, Event.TERMINATED)}
-    assert set(TRANSITIONS) == legal | {(State.HANDSHAKING, Event.VERIFIED)}
+    assert set(TRANSITIONS) == legal | {(State.HANDSHAKING, Event.VERIFIED), (State.OPEN, Event.PROBE)}
+    assert TRANSITIONS[(State.OPEN, Event.PROBE)] is State.OPEN
     assert TRANSITIONS[(State.HANDSHAKING, Event.VERIFIED)] is State.OPEN
     assert {TRANSITIONS[(State.CLOSED, e)] for e in (Event.CLOSE, Event.TERMINATED)} == {State.CLOSED}
     assert {TRANSITIONS[(State.CLOSING, e)] for e in (Event.CLOSE, Event.TERMINATED)} == {

@@ -35,7 +35,7 @@ from iac.wire.message import Session, build_message, encode_message_frame
 
 transports = pytest.mark.parametrize("transport", TRANSPORT_PARAMS)
 BASE = default_dictionary()
-CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus" / "test.jsonl"
+CORPUS = Path(__file__).resolve().parent.parent / "iac" / "bench" / "corpus" / "test.jsonl"
 
 
 def cfg(**kw: object) -> TransportConfig:

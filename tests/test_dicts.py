@@ -30,7 +30,7 @@ from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.dicts import DEFAULT_LEVEL, DICT_ID_MAX, DICT_ID_MIN, MAX_DICT_SIZE, NO_DICTIONARY
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "benchmarks" / "corpus"
+CORPUS = ROOT / "iac" / "bench" / "corpus"
 DEFAULT_DICT = ROOT / "iac" / "data" / "default.dict"
 #: Documented target (benchmarks/README.md): the shipped dictionary saves at least this share
 #: of payload_json bytes on test.jsonl, each message compressed alone. Measured: 64.2 %.

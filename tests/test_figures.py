@@ -1,34 +1,40 @@
-"""The READMEs' benchmark figures are rendered from committed results files and agree.
+"""The benchmark figures of the READMEs and benchmarks/RESULTS.md are rendered from committed results
+files and agree.
 
-``benchmarks/figures.py --check`` as a test: no marked section is stale, every results file a
+``python -m iac.bench.reports.figures --check`` as a test: no marked section is stale, every results file a
 section names exists and describes itself, and no figure is shown two ways. No benchmark runs.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from iac.bench.reports import figures, figures_results
 
-import figures  # noqa: E402
-import figures_results  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SECTIONS = figures.sections()
 
 
-def test_both_readmes_have_marked_sections():
+def test_every_document_has_marked_sections():
     assert {s.document for s in SECTIONS} == set(figures.DOCUMENTS)
+    assert figures.ROOT / "benchmarks" / "RESULTS.md" in figures.DOCUMENTS
+
+
+def test_the_readme_headline_shows_iac_against_nats_and_zeromq_bare_and_signed():
+    (head,) = [s for s in SECTIONS if s.document.name == "README.md" and s.document.parent == figures.ROOT]
+    assert head.name == "brokers"
+    for who in ("IAC-TLS/TCP", "NATS", "NATS+Ed25519", "ZeroMQ", "ZeroMQ+Ed25519"):
+        assert f"| {who} | encryption: " in head.rendered, who
 
 
 @pytest.mark.parametrize("sec", SECTIONS, ids=lambda s: s.where)
 def test_marked_section_is_rendered_from_its_files(sec):
     assert sec.error is None, sec.error
-    assert not sec.stale, f"{sec.where} is stale: run python benchmarks/figures.py"
+    assert not sec.stale, f"{sec.where} is stale: run python -m iac.bench.reports.figures"
     for source in sec.sources:  # every table names its file and the command that wrote it
         res = figures_results.load(source)
         assert f"[`{source}`]" in sec.rendered and f"`{res.doc['command']}`" in sec.rendered
@@ -65,7 +71,7 @@ def _mesh_results(root: Path, date: str, direct: float) -> str:
     path = f"benchmarks/results/{date}-benchmarks-mesh.json"
     doc = {
         "schema": figures_results.RECORD_SCHEMA,
-        "command": "python benchmarks/mesh.py --json bench-results/mesh.json",
+        "command": "python -m iac.bench.scenarios.mesh --json bench-results/mesh.json",
         "started": f"{date}T00:00:00+00:00",
         "environment": {
             "cpu_model": "cpu",

@@ -17,7 +17,8 @@ GENERATED = PACKAGE / "wire" / "_pb"
 
 #: Lowest first. A module may import its own layer and the layers of a lower rank; ``stores`` and
 #: ``transport`` share a rank and do not import each other. ``testing`` may import anything, and
-#: nothing in the package imports it. The top-level ``iac`` package (the public surface) and
+#: nothing in the package imports it but the benchmark suite (``bench``: its scenarios run on the
+#: link emulator the chaos tests use). The top-level ``iac`` package (the public surface) and
 #: ``iac.__main__`` sit above everything.
 RANKS = {
     "errors": 0,
@@ -26,13 +27,25 @@ RANKS = {
     "stores": 3,
     "transport": 3,
     "node": 4,
+    "conformance": 4,
     "mesh": 5,
     "integrations": 6,
     "demo": 7,
-    "cli": 8,
-    "testing": 9,
+    "bench": 8,
+    "cli": 9,
+    "testing": 10,
 }
-TOP = 10
+TOP = 11
+#: The benchmark suite's own layers (folders of ``iac/bench``) and what each may import of the suite:
+#: the harness nothing else; contenders and reports the harness (reports read results files, never
+#: a scenario or a contender); scenarios all three; the runner (``iac.bench``, ``iac.bench.main``,
+#: ``iac.bench.__main__``) everything.
+BENCH_LAYERS = {
+    "harness": {"harness"},
+    "contenders": {"harness", "contenders"},
+    "reports": {"harness", "reports"},
+    "scenarios": {"harness", "contenders", "reports", "scenarios"},
+}
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -103,14 +116,33 @@ def test_a_layer_imports_only_the_layers_below_it() -> None:
         if target not in MODULES and not target.startswith("iac.wire"):
             bad.append(f"{module}:{line} imports {target}, which is not a module of the package")
             continue
-        if layer(target) == "testing" and layer(module) != "testing":
+        if layer(target) == "testing" and layer(module) not in ("testing", "bench"):
             bad.append(f"{module}:{line} imports {target}: nothing in the package imports iac.testing")
             continue
         if layer(module) == layer(target) or rank(module) == TOP or layer(module) == "testing":
             continue
+        if layer(module) == "bench" and layer(target) == "testing":
+            continue
         if target == "iac" or rank(target) >= rank(module):
             bad.append(f"{module}:{line} ({layer(module)}) imports {target} ({layer(target)})")
     assert not bad, "layer violations:\n" + "\n".join(bad)
+
+
+def bench_layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "bench" else None
+
+
+def test_the_bench_layers_import_only_downward() -> None:
+    assert {bench_layer(m) for m in MODULES if layer(m) == "bench"} - {None} == set(BENCH_LAYERS)
+    bad = []
+    for module, target, line in edges():
+        below = BENCH_LAYERS.get(bench_layer(module) or "")
+        if below is None or layer(target) != "bench":
+            continue
+        if bench_layer(target) not in below:
+            bad.append(f"{module}:{line} ({bench_layer(module)}) imports {target}")
+    assert not bad, "bench layer violations:\n" + "\n".join(bad)
 
 
 def test_no_import_cycles() -> None:
@@ -179,3 +211,34 @@ def test_the_transport_never_verifies_a_message_signature() -> None:
                 names = [node.id]
             bad += [f"{module}:{node.lineno} uses {n}" for n in names if n in MESSAGE_VERIFIERS]
     assert not bad, "\n".join(bad)
+
+
+#: Where the repository keeps Python: no file there edits the import path (pytest's ``pythonpath``
+#: puts the root on it for tests; tools run as ``python -m tools.x``; child processes get PYTHONPATH).
+PYTHON_DIRS = ("iac", "tests", "tools", "benchmarks")
+
+
+def test_nothing_in_the_repository_edits_sys_path() -> None:
+    bad = []
+    for top in PYTHON_DIRS:
+        for path in sorted(p for p in (ROOT / top).rglob("*.py") if "node_modules" not in p.parts):
+            text = path.read_text(encoding="utf-8")
+            if "path" not in text or "sys" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                target = (
+                    node.func.value
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    else None
+                )
+                if isinstance(node, (ast.Assign, ast.AugAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    target = next((t.value if isinstance(t, ast.Subscript) else t for t in targets), None)
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == "path"
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "sys"
+                ):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "sys.path edited at: " + ", ".join(bad)

@@ -1,4 +1,4 @@
-"""benchmarks/netem.py: the bottleneck (rate limit and drop-tail queue, pure, fake clock), the
+"""iac.testing.netem: the bottleneck (rate limit and drop-tail queue, pure, fake clock), the
 CPU meter, and -- as root on Linux -- UDP and TCP through a bottleneck between two namespaces."""
 
 from __future__ import annotations
@@ -8,16 +8,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import netem  # noqa: E402
-
-from iac.testing.relay import Impairment  # noqa: E402
+from iac.testing import netem
+from iac.testing.relay import Impairment
 
 
 def test_shaper_releases_at_the_rate_and_drops_when_the_queue_is_full() -> None:

@@ -1,20 +1,14 @@
-"""The cc scenario (benchmarks/cc.py, benchmarks/ccreport.py): its figures and verdicts from
+"""The cc scenario (iac/bench/scenarios/cc.py, iac/bench/reports/ccreport.py): its figures and verdicts from
 made-up runs, and -- as root on Linux -- one short run over the emulated bottleneck."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import cc  # noqa: E402
-import ccreport  # noqa: E402
-import netem  # noqa: E402
-import suite  # noqa: E402
+from iac.bench.harness import results as suite
+from iac.bench.reports import ccreport
+from iac.bench.scenarios import cc
+from iac.testing import netem
 
 
 def _run(setting: dict, who: str, goodput: float, p99: float, retrans: float, cpu: float = 50.0) -> dict:

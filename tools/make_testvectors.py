@@ -1,6 +1,6 @@
 """Write proto/testvectors/v1.json: the byte-level contract with other implementations.
 
-    .venv/bin/python tools/make_testvectors.py [--out DIR] [--check]
+    .venv/bin/python -m tools.make_testvectors [--out DIR] [--check]
 
 Everything comes from fixed seeds and fixed message fields, so the output is
 deterministic. Two things depend on the zstd library version and are kept
@@ -25,9 +25,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-
-if not __package__:  # run as a script: make `tools` importable from the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import iac
 from iac.wire import DictionarySet, FrameType

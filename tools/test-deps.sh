@@ -5,6 +5,7 @@
 #   redis-server             Redis replay-store and registry tests (tests start their own server)
 #   node + npm               the JS interop verifier and buf (tests/interop/js, npm ci)
 #   iptables + conntrack     the NAT tests (tests/test_nat.py builds NATs in network namespaces)
+#   nats-server              the NATS contender of the benchmark suite (tests/test_bench_brokers.py)
 # Debian packages are installed with apt-get when this runs as root (or with sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 command -v iptables >/dev/null || need+=(iptables)
 command -v conntrack >/dev/null || need+=(conntrack)
+command -v nats-server >/dev/null || need+=(nats-server)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""

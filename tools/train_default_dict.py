@@ -4,7 +4,7 @@
     python tools/train_default_dict.py            # what ``make dict`` runs
     python tools/train_default_dict.py --check    # retrain in memory, compare with the committed file
 
-Trained on ``benchmarks/corpus/train.jsonl`` (one ``payload_json`` per line), never on
+Trained on ``iac/bench/corpus/train.jsonl`` (one ``payload_json`` per line), never on
 ``test.jsonl``, which is kept for measuring. The parameters below were picked by a sweep
 over dictionary size (16 KiB .. 256 KiB), zstd level (1 .. 19) and the fastCover
 parameters ``k``/``d`` (see benchmarks/README.md). With ``k`` and ``d`` fixed, no
@@ -23,7 +23,7 @@ from pathlib import Path
 import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = ROOT / "benchmarks" / "corpus" / "train.jsonl"
+TRAIN = ROOT / "iac" / "bench" / "corpus" / "train.jsonl"
 OUT = ROOT / "iac" / "data" / "default.dict"
 
 #: Fixed id of the shipped dictionary: 0x8000 + 0x1AC0, inside IAC's range 32768..65535

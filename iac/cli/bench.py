@@ -1,16 +1,15 @@
-"""``iac bench``: run the benchmark suite (``benchmarks/suite.py``) of a source checkout.
+"""``iac bench``: run the benchmark suite (:mod:`iac.bench`), shipped with the package.
 
-The suite and its scripts live in the repository's ``benchmarks/`` directory, which is not
-part of the installed package. The verb finds it, in this order: ``$IAC_BENCH_DIR``, the
-checkout this package was imported from (an editable install), ``./benchmarks``. It runs
-the suite in a child process with the same Python, so a failure there cannot take the
-caller down, and returns its exit status.
+The suite's contenders need the ``bench`` extra (``pip install 'iac[bench]'``); without it the
+verb prints one line naming the extra and what is missing. The suite runs in a child process
+(``python -m iac.bench``) with the same Python, so a failure there cannot take the caller down;
+the verb returns its exit status.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import importlib.util
 import shlex
 import subprocess
 import sys
@@ -19,25 +18,19 @@ from typing import Any
 
 from iac.errors import ConfigError
 
-SUITE = "suite.py"
+#: What the ``bench`` extra installs: (import name, distribution name).
+EXTRA = (
+    ("aiohttp", "aiohttp"),
+    ("grpc", "grpcio"),
+    ("matplotlib", "matplotlib"),
+    ("nats", "nats-py"),
+    ("zmq", "pyzmq"),
+)
 
 
-def find_benchmarks() -> Path:
-    """The ``benchmarks/`` directory holding ``suite.py``; :class:`ConfigError` when there is none."""
-    candidates: list[Path] = []
-    env = os.environ.get("IAC_BENCH_DIR")
-    if env:
-        candidates.append(Path(env))
-    candidates.append(Path(__file__).resolve().parents[2] / "benchmarks")
-    candidates.append(Path.cwd() / "benchmarks")
-    for c in candidates:
-        if (c / SUITE).is_file():
-            return c
-    raise ConfigError(
-        "iac bench runs the benchmark suite of an IAC source checkout, and none was found: this IAC is "
-        "installed without its benchmarks/ directory. Clone the repository and run `make bench` (or "
-        "`iac bench`) there, or point IAC_BENCH_DIR at its benchmarks/ directory."
-    )
+def missing_extra() -> list[str]:
+    """The distributions of the ``bench`` extra that are not installed."""
+    return [dist for module, dist in EXTRA if importlib.util.find_spec(module) is None]
 
 
 def suite_argv(args: argparse.Namespace) -> list[str]:
@@ -45,6 +38,8 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     if args.quick:
         out.append("--quick")
+    if getattr(args, "smoke", False):
+        out.append("--smoke")
     for name in args.only or ():
         out += ["--only", name]
     if args.json_only:
@@ -56,27 +51,23 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def scenarios(bench_dir: Path) -> list[str]:
-    """The scenario names the suite knows (``suite.py --list``, first column)."""
-    run = subprocess.run(
-        [sys.executable, str(bench_dir / SUITE), "--list"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if run.returncode != 0:
-        raise ConfigError(
-            f"{bench_dir / SUITE} --list failed (exit {run.returncode}); run it by hand to see why, or point "
-            "IAC_BENCH_DIR at a working checkout's benchmarks/"
-        )
-    return [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
+def scenarios() -> list[str]:
+    """The scenario names the suite knows."""
+    from iac.bench.main import SCENARIOS
+
+    return [s.name for s in SCENARIOS]
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    bench_dir = find_benchmarks()
+    missing = missing_extra()
+    if missing:
+        print(
+            f"iac bench needs the bench extra ({', '.join(missing)} missing): pip install 'iac[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     if args.only:
-        known = scenarios(bench_dir)
+        known = scenarios()
         bad = [name for name in args.only if name not in known]
         if bad:
             raise ConfigError(
@@ -89,14 +80,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
     argv = suite_argv(args)
     command = shlex.join(["iac", "bench", *argv])
-    child = [sys.executable, str(bench_dir / SUITE), *argv, "--command", command]
+    child = [sys.executable, "-m", "iac.bench", *argv, "--command", command]
     return subprocess.run(child, check=False).returncode
 
 
 def register(sub: Any) -> None:
     """Add the ``bench`` verb to the ``iac`` sub-command parsers."""
-    p = sub.add_parser("bench", help="run the benchmark suite (needs a source checkout)")
-    p.add_argument("--quick", action="store_true", help="smoke test: small counts, under 2 minutes")
+    p = sub.add_parser("bench", help="run the benchmark suite (needs the extra: pip install 'iac[bench]')")
+    p.add_argument("--quick", action="store_true", help="small counts: every scenario in a few minutes")
+    p.add_argument("--smoke", action="store_true", help="the harness on a tiny plan only (about a second)")
     p.add_argument("--only", action="append", metavar="NAME", help="run only this scenario (repeatable)")
     p.add_argument("--json-only", action="store_true", help="write results.json only, no progress output")
     p.add_argument("--out", default=None, help="output directory (default: ./bench-results)")

@@ -208,9 +208,10 @@ _URL_RE = re.compile(r"(?:quic|tls|unix)://[^\s:]*(?::\d+)?")
 
 
 @contextlib.contextmanager
-def listen_errors(urls: Sequence[str]) -> Iterator[None]:
+def listen_errors(urls: Sequence[str], metrics: str | None = None) -> Iterator[None]:
     """Turn a listener's "address in use" (worded by each transport its own way) into one message
-    naming the ``--listen`` address and the fix."""
+    naming the ``--listen`` address, or the ``--metrics`` one (the endpoint ``metrics`` serves
+    on), and the fix."""
     try:
         yield
     except IacError as exc:
@@ -218,6 +219,11 @@ def listen_errors(urls: Sequence[str]) -> Iterator[None]:
         while cause is not None:
             if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
                 found = _URL_RE.search(str(exc))
+                if found is None and metrics is not None and str(exc).startswith("metrics endpoint"):
+                    raise ConfigError(
+                        f"--metrics {metrics}: the address is in use (another process listens there); "
+                        "choose another port (port 0 picks a free one), or stop that process"
+                    ) from None
                 url = next((u for u in urls if found and u.startswith(found.group(0))), None)
                 raise _in_use(url or (found.group(0) if found else " ".join(urls))) from None
             cause = cause.__cause__ or cause.__context__

@@ -19,7 +19,8 @@ then names the relay's addresses.
 ``iac node --inbox DIR`` (:mod:`iac.cli.node`) takes files into ``DIR`` and prints
 ``received NAME SIZE sha256=… from ID`` for each (:func:`print_received`).
 
-Errors are one line on stderr and a non-zero exit (``iac.cli.main.main``).
+Errors are one line on stderr and a non-zero exit (``iac.cli.main.main``). Ctrl-C stops it with
+one line saying how far it got and that running the same command again resumes (exit 130).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ProgressBar:
             self.stream.flush()
 
 
-async def _run_send_file(args: argparse.Namespace) -> int:
+async def _run_send_file(args: argparse.Namespace, progress: list[TransferProgress] | None = None) -> int:
     identity = checks.load_key(args.key)
     for flag, value in (("--to", args.to), ("--via", args.via)):
         if value is not None:
@@ -104,6 +105,8 @@ async def _run_send_file(args: argparse.Namespace) -> int:
 
     def on_progress(p: TransferProgress) -> None:
         bar.update(p.bytes_done, p.size)
+        if progress is not None:
+            progress[:] = [p]
 
     config = NodeConfig(transport=transport_config(args))
     async with Node(identity, config=config) as node:
@@ -132,7 +135,23 @@ async def _run_send_file(args: argparse.Namespace) -> int:
 
 
 def _cmd_send_file(args: argparse.Namespace) -> int:
-    return asyncio.run(_run_send_file(args))
+    progress: list[TransferProgress] = []
+    try:
+        return asyncio.run(_run_send_file(args, progress))
+    except KeyboardInterrupt:
+        print(interrupted_line(progress[0] if progress else None), file=sys.stderr, flush=True)
+        return 130
+
+
+def interrupted_line(p: TransferProgress | None) -> str:
+    """The one line ``iac send-file`` prints when Ctrl-C stops it: how far it got, and that the
+    same command resumes (the receiver keeps the chunks it verified, for a day:
+    ``NodeConfig.file_partial_ttl``)."""
+    done = f" at {p.fraction:.0%} ({p.bytes_done} of {p.size} bytes acknowledged)" if p is not None else ""
+    return (
+        f"iac send-file: interrupted{done}; run the same command again to resume: "
+        "the receiver keeps the chunks it verified"
+    )
 
 
 def inbox_options(args: argparse.Namespace) -> dict[str, Any]:

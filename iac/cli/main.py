@@ -11,7 +11,7 @@ import argparse
 import importlib.metadata
 from collections.abc import Callable, Sequence
 
-from iac.cli import a2a, bench, demo, dicts, files, keys, mesh, net, node, proto, status
+from iac.cli import a2a, bench, conformance, demo, dicts, files, keys, mcp, mesh, net, node, proto, status
 from iac.cli.logs import logging_from_args
 from iac.cli.options import Parser, print_error
 from iac.errors import IacError
@@ -23,7 +23,7 @@ def version() -> str:
     """The installed version, from pyproject.toml (as ``iac.__version__``, which the command line,
     a layer below the package's public surface, does not import)."""
     try:
-        return importlib.metadata.version("iac")
+        return importlib.metadata.version("iac-mesh")
     except importlib.metadata.PackageNotFoundError:  # a source checkout that is not installed
         return "0+unknown"
 
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="iac", description="IAC: signed, compressed peer-to-peer messaging for AI agents.")
     parser.add_argument("--version", action="version", version=f"iac {version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    for verbs in (keys, dicts, demo, node, status, net, files, mesh, bench, proto, a2a):
+    for verbs in (keys, dicts, demo, node, status, net, files, mesh, bench, proto, a2a, mcp, conformance):
         verbs.register(sub)
     return parser
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -45,6 +46,7 @@ from iac.cli.options import (
     add_transport_options,
     integer,
     json_arg,
+    payload_arg,
     print_listening,
     seconds,
     serve_until_signal,
@@ -53,10 +55,12 @@ from iac.cli.options import (
 from iac.cli.serving import metrics_of, print_lines, running
 from iac.errors import ConfigError, DeliveryError, StoreUnavailable
 from iac.mesh import MeshClient, serve_registry
+from iac.mesh.service import RegistryService
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.protocol.records import is_alias
 from iac.protocol.registry import RegistryConfig, RegistryState
+from iac.protocol.routing import RelayPolicy
 from iac.stores.records import open_record_store
 from iac.transport.base import TransportConfig
 from iac.wire._pb.iac_pb2 import TaskState
@@ -144,7 +148,9 @@ def _store_spec(spec: str) -> str:
         try:
             importlib.import_module("redis")
         except ImportError:
-            raise ConfigError(f"--store {spec}: needs the Redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                f"--store {spec}: needs the Redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         return spec
     raise ConfigError(f"--store {spec!r:.60}: not a registry store; give {forms}")
 
@@ -161,7 +167,22 @@ async def _run_registry(args: argparse.Namespace) -> int:
         max_keys=args.max_keys,
         forwarded_keys=args.forwarded_keys,
     )
+    services: list[RegistryService] = []
+
+    def admit(origin: str, to: str) -> bool:  # agents with a live record here, either end
+        return bool(services) and (services[0].is_live(origin) or services[0].is_live(to))
+
+    relay = RelayPolicy(
+        relay_unicast=True,
+        admit=admit,
+        origin_rate=float(args.relay_rate),
+        origin_burst=2 * args.relay_rate,
+        origin_bytes=float(args.relay_bytes),
+        origin_burst_bytes=4 * args.relay_bytes,
+    )
     node_config = NodeConfig(transport=transport_config(args))
+    if args.relay:
+        node_config = dataclasses.replace(node_config, relay_policy=relay)
     metrics = metrics_of(args)
     store = open_record_store(_store_spec(args.store))
     try:
@@ -171,10 +192,10 @@ async def _run_registry(args: argparse.Namespace) -> int:
         except StoreUnavailable as exc:
             raise ConfigError(f"--store {args.store}: {exc}") from None
         node = Node(identity, listen=listen, config=node_config, metrics=metrics)
-        with checks.listen_errors(listen):
+        with checks.listen_errors(listen, metrics=getattr(args, "metrics", None)):
             await node.start()
         try:
-            serve_registry(node, state)
+            services.append(serve_registry(node, state))
             async with running(node, args, metrics) as lines:
                 print(f"registry {identity.agent_id}", flush=True)
                 print(f"store {args.store}", flush=True)
@@ -197,14 +218,22 @@ def _cmd_registry(args: argparse.Namespace) -> int:
 
 def _target(args: argparse.Namespace, has_registry: bool) -> str:
     to: str = args.to
+    if args.via is not None:
+        checks.agent_id("--via", args.via)
+        if not args.addr and not has_registry:
+            raise ConfigError(
+                "--via AGENT_ID needs the relay's address: add --addr URL (or --registry ID@URL)"
+            )
     if is_agent_id(to):
+        if args.via is not None:
+            return to
         if not args.addr and not has_registry:
             raise ConfigError("--to AGENT_ID needs the peer's address: add --addr URL (or --registry ID@URL)")
         return to
     if is_alias(to):
         if not has_registry:
             raise ConfigError(f"--to {to!r}: an alias is resolved by a registry: add --registry ID@URL")
-        if args.addr:
+        if args.addr and args.via is None:
             raise ConfigError("--addr goes with --to AGENT_ID; an alias's addresses come from the registry")
         return to
     if len(to) == 64:
@@ -222,7 +251,7 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
     to = _target(args, bool(registries))
     for url in args.addr:
         checks.address("--addr", url)
-    bootstrap = {to: list(args.addr)} if args.addr else None
+    bootstrap = {(args.via or to): list(args.addr)} if args.addr else None
     async with Node(identity, config=_client_config(args)) as node:
         mesh = MeshClient(
             node, registries=registries, bootstrap=bootstrap, publish=False, timeout=args.timeout
@@ -234,7 +263,7 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[MeshClient]:
 def _message(args: argparse.Namespace) -> tuple[int, Any, TaskState | None]:
     """The message type, JSON payload and task envelope of ``send`` and ``request``."""
     msg_type = _msg_type(args.type)
-    payload = json_arg(args.payload, "--payload") if args.payload is not None else None
+    payload = payload_arg(args.payload) if args.payload is not None else None
     return msg_type, payload, _task(args.task, msg_type)
 
 
@@ -243,7 +272,10 @@ async def _run_send(args: argparse.Namespace) -> int:
     async with _client(args) as mesh:
         try:
             async with asyncio.timeout(args.timeout):
-                sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task)
+                if args.ack:  # dial first: a refused handshake is named (as ping and request do),
+                    # not retried until the timeout behind "no ACK"
+                    await mesh.node.connect(args.via or await mesh.resolve(args.to))
+                sent = await mesh.send(args.to, msg_type, payload, ack=args.ack, task=task, via=args.via)
                 if args.ack:
                     await sent.wait()
         except TimeoutError:
@@ -262,7 +294,7 @@ async def _run_request(args: argparse.Namespace) -> int:
     msg_type, payload, task = _message(args)
     async with _client(args) as mesh:
         t0 = time.perf_counter()
-        reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout, task=task)
+        reply = await mesh.request(args.to, msg_type, payload, timeout=args.timeout, task=task, via=args.via)
         took = (time.perf_counter() - t0) * 1000.0
         if msg_type == MessageType.PING and reply.payload is None:
             print(f"PING answered by {reply.sender} in {took:.3f} ms (with connection set-up)")
@@ -277,7 +309,7 @@ async def _run_call(args: argparse.Namespace) -> int:
     if not isinstance(kwargs, dict):
         raise ConfigError("""--kwargs must be a JSON object, e.g. --kwargs '{"text": "hi"}'""")
     async with _client(args) as mesh:
-        result = await mesh.invoke(args.to, args.name, call_args, kwargs, timeout=args.timeout)
+        result = await mesh.invoke(args.to, args.name, call_args, kwargs, timeout=args.timeout, via=args.via)
         print(dumps_compact(result))
     return 0
 
@@ -299,6 +331,13 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     )
     add_registry_option(p, "registry to resolve through: AGENT_ID@ADDRESS (repeatable)")
     p.add_argument(
+        "--via",
+        default=None,
+        metavar="AGENT_ID",
+        help="send through this relay (a node that relays unicast for others); --addr is then the "
+        "relay's address, or the relay is a --registry (default: directly)",
+    )
+    p.add_argument(
         "--timeout",
         type=seconds(example="10"),
         default=10.0,
@@ -309,7 +348,12 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
 
 def _add_message_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", default="RUN", help="message type name or number (default RUN)")
-    p.add_argument("--payload", default=None, metavar="JSON", help="JSON payload")
+    p.add_argument(
+        "--payload",
+        default=None,
+        metavar="JSON",
+        help="JSON payload; @FILE reads it from FILE, - from standard input (at most 4 MiB)",
+    )
     p.add_argument(
         "--task",
         default=None,
@@ -358,6 +402,29 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="N",
         help="most new keys one neighbour connection may bring in per hour by FORWARD (relayed "
         "publishes); beyond, refused with registry_quota and counted (default %(default)d)",
+    )
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="relay unicast messages to and from agents with a live record here (the NAT path: "
+        "`send`/`request`/`call --via` this registry), each origin within --relay-rate and "
+        "--relay-bytes (default: no relaying)",
+    )
+    p.add_argument(
+        "--relay-rate",
+        type=integer(what="messages per second"),
+        default=50,
+        metavar="N",
+        help="with --relay: messages per second relayed for one origin, bursts of twice that "
+        "(default %(default)d)",
+    )
+    p.add_argument(
+        "--relay-bytes",
+        type=integer(what="bytes per second"),
+        default=1024 * 1024,
+        metavar="BYTES",
+        help="with --relay: bytes per second relayed for one origin, bursts of four times that "
+        "(default %(default)d)",
     )
     add_transport_options(p)
     add_server_options(p)

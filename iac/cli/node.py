@@ -91,7 +91,7 @@ async def run_node(args: argparse.Namespace) -> int:
     )
     metrics = metrics_of(args)
     node = Node(identity, listen=listen, config=config, metrics=metrics)
-    with checks.listen_errors(listen):
+    with checks.listen_errors(listen, metrics=getattr(args, "metrics", None)):
         await node.start()
     try:
         if args.inbox is not None:

@@ -27,6 +27,7 @@ from iac.cli.logs import add_logging_options
 from iac.errors import ConfigError
 from iac.node.config import NodeConfig
 from iac.transport.base import CONGESTION_CONTROLS, DEFAULT_CONGESTION, TransportConfig
+from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 
 #: The longest wait a ``--timeout`` may ask for (a week).
 MAX_TIMEOUT = 7 * 86400.0
@@ -165,7 +166,7 @@ def add_server_options(p: argparse.ArgumentParser, *, admin: bool = True, metric
             metavar="PATH",
             help="serve `iac status` on this UNIX socket (mode 0600, in a private directory; "
             "default $XDG_RUNTIME_DIR/iac/ID.sock or ~/.iac/run/ID.sock, ID the AgentId's first 16 "
-            "hex digits)",
+            "hex digits; 8 clients at once, each sending its request line within 1 s)",
         )
         group.add_argument("--no-admin", action="store_true", help="serve no status socket")
     if metrics:
@@ -173,7 +174,8 @@ def add_server_options(p: argparse.ArgumentParser, *, admin: bool = True, metric
             "--metrics",
             default=None,
             metavar="HOST:PORT",
-            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs iac[metrics])",
+            help="serve Prometheus metrics at http://HOST:PORT/metrics (needs iac-mesh[metrics]; 16 "
+            "connections at once, 4 per client address, each sending its request within 10 s)",
         )
 
 
@@ -250,6 +252,49 @@ def json_arg(text: str, what: str) -> Any:
         ) from None
 
 
+#: The most ``--payload @FILE`` or ``--payload -`` reads: a message's frame (4 MiB by default)
+#: holds no more; a larger file goes with ``iac send-file``.
+MAX_PAYLOAD_FILE = DEFAULT_MAX_FRAME_SIZE
+
+
+def payload_arg(text: str, what: str = "--payload") -> Any:
+    """A JSON argument given inline, as ``@FILE`` (read from FILE) or as ``-`` (read from standard
+    input), at most :data:`MAX_PAYLOAD_FILE` bytes; :class:`ConfigError` naming ``what`` and the
+    fix otherwise."""
+    if text == "-":
+        data = sys.stdin.buffer.read(MAX_PAYLOAD_FILE + 1)
+        source = f"{what} - (standard input)"
+    elif text.startswith("@"):
+        path = Path(text[1:])
+        source = f"{what} @{path}"
+        if not text[1:]:
+            raise ConfigError(f"{what} @: name the file after @, e.g. {what} @payload.json")
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_PAYLOAD_FILE + 1)
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: no such file; check the path (inline JSON needs no @)") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{source}: is a directory; name a file with the JSON payload") from None
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read it ({exc.strerror}); check its permissions") from None
+    else:
+        return json_arg(text, what)
+    if len(data) > MAX_PAYLOAD_FILE:
+        raise ConfigError(
+            f"{source}: more than {MAX_PAYLOAD_FILE} bytes, more than a message carries; "
+            "send a file with iac send-file"
+        )
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{source}: not UTF-8 text; a JSON payload is text (binary files: iac send-file)"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: not JSON ({exc}); check the file's content") from None
+
+
 def print_error(verb: str, exc: BaseException | str) -> None:
     """The one line on stderr for a verb that failed: ``iac VERB: error: TEXT``."""
     text = " ".join(str(exc).split()) or "failed"
@@ -258,6 +303,7 @@ def print_error(verb: str, exc: BaseException | str) -> None:
 
 __all__ = [
     "MAX_LIFETIME",
+    "MAX_PAYLOAD_FILE",
     "MAX_TIMEOUT",
     "Parser",
     "add_listen_option",
@@ -267,6 +313,7 @@ __all__ = [
     "integer",
     "json_arg",
     "node_default",
+    "payload_arg",
     "print_error",
     "print_listening",
     "seconds",

@@ -39,6 +39,12 @@ _PROTOC_HINT = (
     "protoc: not found; install Debian package protobuf-compiler "
     "(the protoc bundled with grpcio-tools generates only Python)"
 )
+#: Python needs no protoc binary: grpcio-tools bundles one (the dev extra pins the version that
+#: made iac/wire/_pb).
+_PYTHON_HINT = (
+    "neither grpcio-tools nor protoc found; pip install grpcio-tools (it bundles a protoc for "
+    "Python), or install Debian package protobuf-compiler"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +199,7 @@ def plan(lang: str, *, protoc: str | None = None, cwd: Path | None = None) -> Pl
     # for Python, the pinned grpcio-tools makes exactly the code committed in iac/wire/_pb
     chosen = (bundled or system) if lang == "python" else system
     if chosen is None:
-        return Plan(language, None, None, _PROTOC_HINT)
+        return Plan(language, None, None, _PYTHON_HINT if lang == "python" and not protoc else _PROTOC_HINT)
     return Plan(language, chosen, None, None)
 
 

@@ -36,7 +36,7 @@ def metrics_of(args: argparse.Namespace) -> Any | None:
     try:
         from iac.integrations.metrics import NodeMetrics
     except ImportError:
-        raise ConfigError("--metrics needs the Prometheus client: pip install 'iac[metrics]'") from None
+        raise ConfigError("--metrics needs the Prometheus client: pip install 'iac-mesh[metrics]'") from None
     return NodeMetrics(listen=listen)
 
 

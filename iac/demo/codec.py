@@ -1,6 +1,6 @@
 """``iac demo --codec``: the codec on agent payloads, in one process.
 
-A sample of the benchmark corpus (``benchmarks/corpus/test.jsonl`` of a source checkout, else
+A sample of the benchmark corpus (``iac/bench/corpus/test.jsonl``, shipped with the package; else
 built-in payloads of the same shapes) is signed, compressed with the shipped dictionary, framed,
 decoded and verified; a short table compares the sizes, and one tampered frame must be refused.
 """
@@ -31,7 +31,7 @@ from iac.wire.message import (
 )
 
 DEFAULT_COUNT = 500
-_CORPUS = Path("benchmarks") / "corpus" / "test.jsonl"
+_CORPUS = Path("iac") / "bench" / "corpus" / "test.jsonl"
 VOCABULARY = (
     "agent task plan step research summary draft review check deploy result error retry timeout context "
     "memory tool call response request user report revenue forecast model dataset metric latency cluster "
@@ -41,7 +41,7 @@ VOCABULARY = (
 
 
 def find_corpus() -> Path | None:
-    """``benchmarks/corpus/test.jsonl`` at the root of the checkout this package lives in, if any."""
+    """The benchmark suite's ``corpus/test.jsonl`` beside this package (shipped in the wheel), if there."""
     package = Path(__file__).resolve().parent.parent
     for root in (package.parent, Path.cwd()):
         path = root / _CORPUS

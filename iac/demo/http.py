@@ -2,7 +2,7 @@
 
 Each IAC message is written as a compact JSON object carried by an HTTP/1.1 POST, answered by
 ``200 OK`` with the REPLY as JSON (or ``204 No Content`` for a one-way message); a SHA-256 of the
-payload and a password stands in for the signature (the idea of ``benchmarks/codec.py``:
+payload and a password stands in for the signature (the idea of ``iac/bench/scenarios/codec.py``:
 ``envelope_http``). TLS, TCP/IP and the headers real clients add are not counted, so these are
 lower bounds for HTTP.
 """
@@ -22,7 +22,7 @@ from iac.wire.message import sender_of
 
 HTTP_HOST = "agent.example.net:8443"
 HTTP_PATH = "/iac/v1/messages"
-HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the hash stand-in of benchmarks/codec.py)
+HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the hash stand-in of iac/bench/scenarios/codec.py)
 
 
 def task_json(task: TaskState) -> dict[str, Any]:

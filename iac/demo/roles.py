@@ -26,9 +26,9 @@ from iac.node.node import Context
 from iac.protocol.registry import RegistryState
 from iac.protocol.routing import RelayPolicy
 from iac.stores.records import open_record_store
-from iac.wire._pb.iac_pb2 import TaskState
 from iac.wire.enums import Intent, MessageType
 from iac.wire.jsonutil import dumps_compact
+from iac.wire.task import TaskState
 
 _WORDS = tuple(VOCABULARY.split())
 

@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"  # the handler raised something else
 
 
+#: The closed list of ERROR codes as strings (the values of :class:`ErrorCode`).
 ERROR_CODES: frozenset[str] = frozenset(c.value for c in ErrorCode)
 
 

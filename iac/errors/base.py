@@ -31,6 +31,7 @@ class CloseCode(IntEnum):
     IMPERSONATION = 0x18
     IDLE_TIMEOUT = 0x20
     GOING_AWAY = 0x21
+    DUPLICATE_IDENTITY = 0x22
     INTERNAL_ERROR = 0x7F
 
 

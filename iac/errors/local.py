@@ -45,3 +45,10 @@ class SourceChanged(LocalError):
     """The file being sent changed size while it was sent."""
 
     name = "source_changed"
+
+
+class McpChildFailed(LocalError):
+    """The stdio MCP server a bridge runs exited, wrote what is not JSON-RPC, or did not answer
+    ``initialize`` in time (``iac mcp serve --stdio``)."""
+
+    name = "mcp_child_failed"

@@ -39,11 +39,15 @@ class FrameTooLarge(FrameError):
 
 
 class UnknownFrameType(FrameError):
+    """A frame header names a frame type this version does not know."""
+
     name = "unknown_frame_type"
     close_code = CloseCode.UNKNOWN_FRAME_TYPE
 
 
 class UnknownFrameFlag(FrameError):
+    """A frame header sets a flag bit this version does not know."""
+
     name = "unknown_frame_flag"
     close_code = CloseCode.UNKNOWN_FRAME_FLAG
 
@@ -123,10 +127,14 @@ class MessageFormatError(ProtocolError):
 
 
 class SignatureFieldMissing(MessageFormatError):
+    """The message has no signature field (field 8)."""
+
     name = "signature_missing"
 
 
 class SignatureFieldRepeated(MessageFormatError):
+    """The message carries its signature field more than once."""
+
     name = "signature_repeated"
 
 
@@ -150,6 +158,8 @@ class HandshakeError(ProtocolError):
 
 
 class HelloSignatureInvalid(HandshakeError):
+    """The HELLO's signature does not verify under the key its ``agent_id`` names."""
+
     name = "hello_bad_signature"
     close_code = CloseCode.BAD_HELLO_SIGNATURE
 
@@ -162,26 +172,38 @@ class WrongPeer(HandshakeError):
 
 
 class StaleHello(HandshakeError):
+    """The HELLO's timestamp is outside the allowed clock skew."""
+
     name = "stale_hello"
     close_code = CloseCode.STALE_HELLO
 
 
 class ReplayedHello(HandshakeError):
+    """The HELLO (its nonce) was seen before: a replayed handshake."""
+
     name = "replayed_hello"
     close_code = CloseCode.REPLAYED_HELLO
 
 
 class ChannelBindingMismatch(HandshakeError):
+    """The HELLO's ``channel_binding`` (the server certificate's SHA-256 as its sender saw it) is
+    not this connection's."""
+
     name = "channel_binding_mismatch"
     close_code = CloseCode.CHANNEL_BINDING
 
 
 class AdmissionDenied(HandshakeError):
+    """The server's admission policy refused the peer's AgentId at HELLO."""
+
     name = "admission_denied"
     close_code = CloseCode.ADMISSION_DENIED
 
 
 class UnexpectedHello(HandshakeError):
+    """A HELLO where none is expected: a second one on a connection, or one on a QUIC
+    unidirectional stream."""
+
     name = "unexpected_hello"
     close_code = CloseCode.UNEXPECTED_HELLO
 
@@ -199,6 +221,25 @@ class MessageRejected(PeerError):
     name = "message_rejected"
 
 
+class McpBindingError(MessageRejected):
+    """A payload of MCP over IAC that breaks the binding or its bounds. ``reason`` is the counter
+    (``not_mcp``, ``bad_version``, ``bad_session``, ``too_large``, ``too_deep``, ``not_jsonrpc``)
+    and ``code`` the JSON-RPC error code it is answered with (docs/PROTOCOL.md, section 23)."""
+
+    name = "mcp_binding_error"
+
+    def __init__(self, reason: str, message: str, code: int = -32600) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+
+
+class McpUnsupported(PeerError):
+    """The agent's HELLO does not announce MCP over IAC (``mcp/1``): nothing was sent to it."""
+
+    name = "mcp_unsupported"
+
+
 class InvalidAgentId(MessageRejected):
     """An AgentId is not 64 lowercase hex characters of a valid Ed25519 key."""
 
@@ -206,6 +247,8 @@ class InvalidAgentId(MessageRejected):
 
 
 class BadSignature(MessageRejected):
+    """The message's signature does not verify under its sender's key."""
+
     name = "bad_signature"
 
 

@@ -11,6 +11,8 @@ existing one that group or others can enter is refused). A client whose uid (``S
 Linux) is not this process's is closed unanswered and logged. The protocol: the client sends one
 line, ``status``; the node answers one JSON object (:func:`status_of`) and closes. Requests are
 bounded (:data:`MAX_REQUEST` bytes within :data:`READ_TIMEOUT` seconds, :data:`MAX_CLIENTS` at once).
+When every slot is taken, a new client takes the slot of the client that has waited longest without
+sending anything: idle clients of this uid delay ``iac status`` by milliseconds, never make it fail.
 
 The default path is ``$XDG_RUNTIME_DIR/iac/ID.sock`` (``ID``: the first 16 hex digits of the
 node's AgentId) when ``XDG_RUNTIME_DIR`` names a directory, else ``~/.iac/run/ID.sock``.
@@ -21,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import socket
 import stat
+import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,12 +44,14 @@ log = logging.getLogger("iac.integrations")
 
 #: The largest request line, in bytes.
 MAX_REQUEST = 1024
-#: Seconds a client has to send its request.
-READ_TIMEOUT = 5.0
+#: Seconds a client has to send its request line.
+READ_TIMEOUT = 1.0
 #: Clients served at once; more are closed unanswered.
 MAX_CLIENTS = 8
 #: The largest answer a client reads, in bytes.
 MAX_ANSWER = 64 * 1024 * 1024
+#: Connections :func:`fetch_status` tries when one is closed unanswered.
+ATTEMPTS = 3
 #: The request that asks for the status.
 STATUS = b"status"
 #: Version of the JSON answer.
@@ -98,6 +105,19 @@ def _alive(path: Path) -> bool:
     return True
 
 
+def _has_sent(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> bool:
+    """Whether a client has sent something not read yet (in the reader's buffer or the socket's):
+    such a client is about to be answered and is never the one evicted for a newcomer."""
+    if getattr(reader, "_buffer", b""):
+        return True
+    sock = writer.get_extra_info("socket")
+    try:
+        pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, AttributeError, ValueError):
+        return False
+    return int.from_bytes(pending, sys.byteorder) > 0
+
+
 def status_of(node: Node, started: float) -> dict[str, Any]:
     """The answer to ``status``: the node's id, addresses, pid, uptime and ``node.stats()``
     (counters, queue depths, refusals by reason, ``peer_links``, ``peer_state``)."""
@@ -123,10 +143,14 @@ class AdminSocket:
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: set[asyncio.StreamWriter] = set()
+        #: Clients whose request has not been read yet, oldest first.
+        self._waiting: dict[asyncio.StreamWriter, asyncio.StreamReader] = {}
         self._started = 0.0
         self._inode: tuple[int, int] | None = None
         #: Clients closed unanswered because another uid ran them.
         self.refused = 0
+        #: Clients closed because they sent no request while a new client needed their slot.
+        self.evicted = 0
 
     @property
     def path(self) -> Path | None:
@@ -171,18 +195,28 @@ class AdminSocket:
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = peer_uid(writer.get_extra_info("socket"))
-        if (uid is not None and uid != os.getuid()) or len(self._clients) >= MAX_CLIENTS:
-            if uid is not None and uid != os.getuid():
-                self.refused += 1
-                log.warning(
-                    "status socket %s: refused a client of uid %d", self._path, uid, extra={"reason": "uid"}
-                )
+        if uid is not None and uid != os.getuid():
+            self.refused += 1
+            log.warning(
+                "status socket %s: refused a client of uid %d", self._path, uid, extra={"reason": "uid"}
+            )
             writer.close()
             return
+        if len(self._clients) >= MAX_CLIENTS:
+            idle = next((w for w, r in self._waiting.items() if not _has_sent(w, r)), None)
+            if idle is None:  # every slot is answering, or has its request: this client waits for none
+                writer.close()
+                return
+            del self._waiting[idle]
+            self._clients.discard(idle)
+            self.evicted += 1
+            idle.transport.abort()
         self._clients.add(writer)
+        self._waiting[writer] = reader
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 line = await reader.readline()
+            self._waiting.pop(writer, None)
             if line.strip() == STATUS and self._node is not None:
                 answer: dict[str, Any] = status_of(self._node, self._started)
             else:
@@ -192,6 +226,7 @@ class AdminSocket:
         except (ValueError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass
         finally:
+            self._waiting.pop(writer, None)
             self._clients.discard(writer)
             writer.close()
 
@@ -206,6 +241,7 @@ class AdminSocket:
             with contextlib.suppress(Exception):
                 writer.close()
         self._clients.clear()
+        self._waiting.clear()
         path = self._path
         if path is not None and self._inode is not None:
             with contextlib.suppress(OSError):
@@ -218,7 +254,27 @@ class AdminSocket:
 
 def fetch_status(path: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any]:
     """Ask the node serving ``path`` for its status (blocking). :class:`TransportError` naming the
-    fix when nothing answers there."""
+    fix when nothing answers there. A connection closed before any answer (the node was busy with
+    :data:`MAX_CLIENTS` others) is tried again, :data:`ATTEMPTS` times in all within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(1, ATTEMPTS + 1):
+        answer = _fetch_once(path, max(deadline - time.monotonic(), 0.05))
+        if not isinstance(answer, _Unanswered):
+            return answer
+        if attempt == ATTEMPTS or time.monotonic() + 0.05 * attempt >= deadline:
+            raise TransportError(answer.why)
+        time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unanswered:
+    """Closed before any answer (``why``): another attempt may be answered."""
+
+    why: str
+
+
+def _fetch_once(path: str | os.PathLike[str], timeout: float) -> dict[str, Any] | _Unanswered:
     p = Path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -252,12 +308,16 @@ def fetch_status(path: str | os.PathLike[str], timeout: float = 5.0) -> dict[str
                     raise TransportError(f"{p}: the answer is larger than {MAX_ANSWER} bytes")
         except TimeoutError:
             raise TransportError(f"{p}: no answer within {timeout:g} s; the node is busy or stuck") from None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            if chunks:
+                raise TransportError(f"{p}: the connection failed ({exc.strerror})") from None
+            return _Unanswered(f"{p}: the connection failed ({exc.strerror})")
         except OSError as exc:
             raise TransportError(f"{p}: the connection failed ({exc.strerror})") from None
     finally:
         sock.close()
     if not chunks:
-        raise TransportError(
+        return _Unanswered(
             f"{p}: the node closed the connection unanswered; it answers only its own user "
             "(run iac status as that user)"
         )

@@ -1,4 +1,4 @@
-"""Prometheus metrics for one node (``pip install 'iac[metrics]'``).
+"""Prometheus metrics for one node (``pip install 'iac-mesh[metrics]'``).
 
 ::
 
@@ -8,8 +8,10 @@
 
 Every :class:`NodeMetrics` has a registry of its own (several nodes share a process without
 mixing their figures). Counters and queue depths are read from ``node.stats()`` when Prometheus
-scrapes, so a node pays nothing for them between scrapes; request latency and per-peer activity
-come from an :class:`~iac.node.Observer` (a dictionary update per message).
+scrapes, so a node pays nothing for them between scrapes; request latency (``_request_duration``,
+the requests a node sends), handling time (``_handle_duration``, the handler runs of the messages
+it receives) and per-peer activity come from an :class:`~iac.node.Observer` (a dictionary
+update per message).
 
 Byte counts are wire bytes: frames as they cross the transport, after compression.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -32,9 +35,11 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.exposition import choose_encoder
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.metrics needs prometheus-client: pip install 'iac[metrics]'") from exc
+    raise ImportError(
+        "iac.integrations.metrics needs prometheus-client: pip install 'iac-mesh[metrics]'"
+    ) from exc
 
-from iac.errors import ERROR_CODES, ConfigError
+from iac.errors import ERROR_CODES, ConfigError, HandlerError
 from iac.integrations.scrape import ScrapeServer, parse_listen
 from iac.node.config import NodeStats
 from iac.node.node import Node
@@ -96,11 +101,48 @@ def _bounded(code: str) -> str:
     return code if code in ERROR_CODES else OTHER
 
 
+#: Outcomes of a handler run on the receiving side besides the ERROR code it answered with
+#: (``internal`` for an exception other than HandlerError): it returned (or its stream ended),
+#: its deadline passed, or the caller cancelled it.
+HANDLED_OUTCOMES = frozenset({"ok", "timeout", "cancelled"})
+
+
+def handled_outcome(exc: BaseException | None) -> str:
+    """The outcome label of a handler run that ended with ``exc`` (None: it returned)."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, HandlerError):
+        return _bounded(exc.code)
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    return "internal"
+
+
+class _HandlerTimer:
+    """Times one handler run into the receiving side's histogram."""
+
+    __slots__ = ("histogram", "msg_type", "t0")
+
+    def __init__(self, histogram: Histogram, msg_type: int) -> None:
+        self.histogram, self.msg_type, self.t0 = histogram, msg_type, 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        seconds = time.perf_counter() - self.t0
+        self.histogram.labels(type_name(self.msg_type), handled_outcome(exc)).observe(seconds)
+
+
 class _Activity(Observer):
     """Counts messages per peer (to rank peers) and times requests."""
 
-    def __init__(self, histogram: Histogram, max_peers: int) -> None:
+    def __init__(self, histogram: Histogram, max_peers: int, handled: Histogram | None = None) -> None:
         self.histogram = histogram
+        #: Handler runs on this node, by type and outcome (:data:`HANDLED_OUTCOMES`, ERROR codes).
+        self.handled = handled
         self.max_peers = max_peers
         self.counts: Counter[str] = Counter()
 
@@ -118,7 +160,9 @@ class _Activity(Observer):
 
     def handling(self, peer: str, msg: Message) -> AbstractContextManager[Any]:
         self._count(peer)
-        return nullcontext()
+        if self.handled is None:
+            return nullcontext()
+        return _HandlerTimer(self.handled, int(msg.msg_type))
 
     def answered(self, peer: str, msg_type: int, seconds: float, outcome: str) -> None:
         label = outcome if outcome in OUTCOMES else _bounded(outcome)
@@ -242,7 +286,7 @@ class NodeMetrics:
     ``listen``: ``"HOST:PORT"`` to serve ``/metrics`` over HTTP on the node's event loop while the
     node runs (port 0 picks a free one: see :attr:`address`); None to serve nothing (render
     :attr:`registry` yourself, e.g. with :meth:`render`). ``top_peers``: how many peers get
-    series of their own. ``buckets``: request latency buckets in seconds.
+    series of their own. ``buckets``: latency buckets in seconds (of requests sent and handlers run).
     """
 
     def __init__(
@@ -268,7 +312,15 @@ class NodeMetrics:
             buckets=tuple(buckets),
             registry=self.registry,
         )
-        self.activity = _Activity(histogram, max_peers=max(1024, 16 * top_peers))
+        handled = Histogram(
+            f"{prefix}_handle_duration_seconds",
+            "Handler runs on this node (the receiving side), from the handler's start to its "
+            "return, by type and outcome (ok, the ERROR code it answered with, timeout, cancelled).",
+            ["msg_type", "outcome"],
+            buckets=tuple(buckets),
+            registry=self.registry,
+        )
+        self.activity = _Activity(histogram, max_peers=max(1024, 16 * top_peers), handled=handled)
         self._server: ScrapeServer | None = None
         self._node: Node | None = None
 
@@ -313,5 +365,66 @@ class NodeMetrics:
 
         return detach
 
+    def add_source(
+        self, name: str, stats: Callable[[], Mapping[str, Any]], labels: Mapping[str, str] | None = None
+    ) -> Callable[[], None]:
+        """Export what an integration's ``stats()`` returns (MCP over IAC's, say) under
+        ``{prefix}_{name}_{key}``: a mapping of counts becomes a counter labelled
+        ``labels.get(key, "key")`` (at most :data:`MAX_SOURCE_LABELS` values, the rest summed into
+        ``other``); a number becomes a gauge. Read when Prometheus scrapes, on the loop's thread.
+        Returns what removes it."""
+        collector = _SourceCollector(self.prefix, name, stats, dict(labels or {}))
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
 
-__all__ = ["DEFAULT_BUCKETS", "OTHER", "OUTCOMES", "NodeMetrics", "type_name"]
+
+#: Label values one counter of an added source gets (the rest are summed into ``other``).
+MAX_SOURCE_LABELS = 64
+
+
+class _SourceCollector:
+    """Turns an integration's ``stats()`` into metric families when the registry is collected."""
+
+    def __init__(
+        self, prefix: str, name: str, stats: Callable[[], Mapping[str, Any]], labels: dict[str, str]
+    ) -> None:
+        self._prefix, self._name, self._read, self._labels = prefix, name, stats, labels
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def _stats(self) -> Mapping[str, Any]:
+        if threading.get_ident() == self._thread:
+            return self._read()
+
+        async def snapshot() -> Mapping[str, Any]:
+            return self._read()
+
+        return asyncio.run_coroutine_threadsafe(snapshot(), self._loop).result(timeout=10)
+
+    def collect(self) -> Iterator[Metric]:
+        base = f"{self._prefix}_{self._name}"
+        for key, value in sorted(self._stats().items()):
+            if isinstance(value, Mapping):
+                ranked = sorted(value.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
+                values: Counter[str] = Counter()
+                for i, (label, n) in enumerate(ranked):
+                    values[str(label) if i < MAX_SOURCE_LABELS else OTHER] += int(n)
+                doc = f"{self._name} {key}, by {self._labels.get(key, 'key')}."
+                yield _counter(f"{base}_{key}", doc, self._labels.get(key, "key"), values)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                yield GaugeMetricFamily(f"{base}_{key}", f"{self._name} {key} now.", value=value)
+
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "HANDLED_OUTCOMES",
+    "MAX_SOURCE_LABELS",
+    "OTHER",
+    "OUTCOMES",
+    "NodeMetrics",
+    "handled_outcome",
+    "type_name",
+]

@@ -3,18 +3,25 @@
 It binds its socket at once (so the port is known, and taken, when :meth:`ScrapeServer.start`
 returns) and serves on the running loop: a scrape reads ``node.stats()`` on the loop's thread,
 between two steps of the node, never beside it. Requests are bounded: the head at most
-:data:`MAX_HEAD` bytes within :data:`READ_TIMEOUT` seconds, at most :data:`MAX_CLIENTS` at once;
-every response closes its connection.
+:data:`MAX_HEAD` bytes within :data:`READ_TIMEOUT` seconds, at most :data:`MAX_CLIENTS` at once and
+at most :data:`MAX_PER_ADDRESS` of them from one client address (so one client holding idle
+sockets leaves the other slots to other scrapers); a connection over a bound is closed unanswered,
+counted in :attr:`ScrapeServer.refused` and logged at most once per 10 s with the count. Every
+response closes its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Callable
 
 from iac.errors import ConfigError
+from iac.integrations.slots import AddressSlots, RefusalLog
+
+log = logging.getLogger("iac.integrations")
 
 #: The largest request head (request line and headers) read, in bytes.
 MAX_HEAD = 8 * 1024
@@ -22,6 +29,8 @@ MAX_HEAD = 8 * 1024
 READ_TIMEOUT = 10.0
 #: Connections served at once; more are closed unanswered.
 MAX_CLIENTS = 16
+#: Connections served at once from one client address; more from it are closed unanswered.
+MAX_PER_ADDRESS = 4
 
 #: What renders the page: the value of the request's Accept header in, (body, content type) out.
 Render = Callable[[str], tuple[bytes, str]]
@@ -56,6 +65,13 @@ class ScrapeServer:
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: set[asyncio.StreamWriter] = set()
+        self._slots = AddressSlots(MAX_CLIENTS, MAX_PER_ADDRESS)
+        self._refusals = RefusalLog(log, f"metrics endpoint {host}:{port}")
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Connections closed unanswered, by bound (``per_address``, ``total``)."""
+        return dict(self._slots.refused)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -82,8 +98,15 @@ class ScrapeServer:
         await self._server.serve_forever()
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._clients) >= MAX_CLIENTS:
-            writer.close()
+        peer = writer.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) else ""
+        refused = self._slots.take(address)
+        if refused is not None:
+            loop = asyncio.get_running_loop()
+            due = self._refusals.refused(refused, loop.time())
+            if due is not None:  # the count since the last line is logged when the interval ends
+                loop.call_at(due, lambda: self._refusals.flush(loop.time()))
+            writer.transport.abort()
             return
         self._clients.add(writer)
         try:
@@ -94,6 +117,7 @@ class ScrapeServer:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             pass
         finally:
+            self._slots.give(address)
             self._clients.discard(writer)
             writer.close()
 
@@ -130,4 +154,4 @@ class ScrapeServer:
         self._clients.clear()
 
 
-__all__ = ["MAX_CLIENTS", "MAX_HEAD", "READ_TIMEOUT", "ScrapeServer", "parse_listen"]
+__all__ = ["MAX_CLIENTS", "MAX_HEAD", "MAX_PER_ADDRESS", "READ_TIMEOUT", "ScrapeServer", "parse_listen"]

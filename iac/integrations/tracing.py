@@ -1,4 +1,4 @@
-"""OpenTelemetry traces across nodes (``pip install 'iac[otel]'``).
+"""OpenTelemetry traces across nodes (``pip install 'iac-mesh[otel]'``).
 
 ::
 
@@ -57,7 +57,7 @@ try:
     )
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.tracing needs OpenTelemetry: pip install 'iac[otel]'") from exc
+    raise ImportError("iac.integrations.tracing needs OpenTelemetry: pip install 'iac-mesh[otel]'") from exc
 
 from iac.node.node import Node
 from iac.node.observe import Observer

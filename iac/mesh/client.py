@@ -57,9 +57,10 @@ from iac.protocol.records import (
     sign_revocation,
     sign_rotation,
 )
-from iac.wire._pb.iac_pb2 import TaskState
 from iac.wire.enums import MessageType
 from iac.wire.identity import Identity, check_agent_id, is_agent_id
+from iac.wire.private import write_private
+from iac.wire.task import TaskState
 
 log = logging.getLogger("iac.mesh")
 
@@ -141,6 +142,9 @@ class MeshClient:
         self._task: asyncio.Task[None] | None = None
         self._published_event = asyncio.Event()
         self._live: set[str] = set()  # peers connected since this client was attached
+        #: Registries whose connection dropped: published to again once it is back.
+        self._lost: set[str] = set()
+        self._republish: set[asyncio.Task[None]] = set()
         self._remove_peer_callback: Callable[[], None] = _nothing
         AgentRecord(node.agent_id, 0, 0, self.aliases, (), self.capabilities, next_key_digest)  # validate
         self._attach(node)
@@ -166,14 +170,38 @@ class MeshClient:
 
     def _on_peer(self, ev: PeerEvent) -> None:
         (self._live.add if ev.up else self._live.discard)(ev.agent_id)
+        registry = any(r.agent_id == ev.agent_id for r in self.registries)
+        if not registry or not self.publishing or self._task is None:
+            return
+        if not ev.up:
+            self._lost.add(ev.agent_id)
+        elif ev.agent_id in self._lost:  # a registry back (maybe restarted, its store empty): publish
+            self._lost.discard(ev.agent_id)
+            task = asyncio.get_running_loop().create_task(self._publish_again(ev.agent_id))
+            self._republish.add(task)
+            task.add_done_callback(self._republish.discard)
+
+    async def _publish_again(self, registry: str) -> None:
+        try:
+            await self.publish()
+            log.info("registry %s… is back: record published again", registry[:16])
+        except IacError as exc:
+            log.warning("publishing again to registry %s… failed: %s", registry[:16], exc)
 
     async def start(self) -> None:
         """Publish (when a registry is known and ``publish``) and start the refresh task."""
         if self.publishing and self.registries:
             await self.publish()
             self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
+            for reg in self.registries:  # kept connected: a registry restart is noticed at once
+                self.node.keep_connected(reg.agent_id)
 
     async def close(self) -> None:
+        for task in list(self._republish):
+            task.cancel()
+        if self._task is not None and self.publishing:
+            for reg in self.registries:
+                self.node.stop_keeping(reg.agent_id)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -203,9 +231,10 @@ class MeshClient:
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"{self.seq_file}: not a seq counter ({exc})") from None
             seq = max(seq, stored + 1)
-            tmp = self.seq_file.with_name(self.seq_file.name + ".tmp")
-            tmp.write_text(f"{seq}\n")
-            os.replace(tmp, self.seq_file)
+            try:
+                write_private(self.seq_file, f"{seq}\n".encode())
+            except OSError as exc:
+                raise ConfigError(f"{self.seq_file}: cannot write the seq counter ({exc})") from None
         self._last_seq = seq
         return seq
 
@@ -380,9 +409,11 @@ class MeshClient:
 
     async def invoke(
         self, to: str, name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-        *, timeout: float | None = None,
+        *, timeout: float | None = None, via: str | None = None,
     ) -> Any:  # fmt: skip
-        return await self._with_retry(to, lambda p: self.node.invoke(p, name, args, kwargs, timeout=timeout))
+        return await self._with_retry(
+            to, lambda p: self.node.invoke(p, name, args, kwargs, timeout=timeout, via=via)
+        )
 
     async def delegate_capability(
         self,

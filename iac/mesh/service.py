@@ -31,6 +31,7 @@ from iac.mesh.wire import (
     rotate_request,  # re-exported for importers not yet updated
 )
 from iac.node.node import Node
+from iac.node.observe import Observer
 from iac.protocol.clock import Clock
 from iac.protocol.record_store import MemoryRecordStore
 from iac.protocol.records import (
@@ -47,6 +48,41 @@ from iac.stores.records import open_record_store
 from iac.wire.identity import check_agent_id, is_agent_id
 
 log = logging.getLogger("iac.mesh")
+
+#: A short broadcast is logged at most once per this many seconds (the count has them all).
+SHORT_LOG_INTERVAL = 10.0
+
+
+class _Reach(Observer):
+    """Counts the broadcasts this registry relayed that reached fewer of the agents with a live
+    record published here (in this process) than it knows: those agents have no connection to
+    it, so a broadcast through it misses them (docs/PROTOCOL.md, "Relays and broadcast")."""
+
+    def __init__(self, service: RegistryService) -> None:
+        self.service = service
+        self._logged = -SHORT_LOG_INTERVAL
+
+    def flooded(self, origin: str, from_peer: str, to: list[str]) -> None:
+        svc = self.service
+        now = svc.clock.now_us()
+        live = svc.live_agents(now)
+        if not live:
+            return
+        reached = {origin, from_peer, *to}
+        got = sum(1 for a in reached if a in live)
+        if got >= len(live):
+            return
+        svc.short_broadcasts += 1
+        svc.node.count_short_broadcast()
+        if now / 1e6 - self._logged >= SHORT_LOG_INTERVAL:
+            self._logged = now / 1e6
+            log.warning(
+                "registry: a broadcast from %s… reached %d of the %d agents with a live record here "
+                "(the others have no connection to this registry)",
+                origin[:16],
+                got,
+                len(live),
+            )
 
 
 class RegistryService:
@@ -65,6 +101,13 @@ class RegistryService:
         self.counts: dict[str, int] = dict.fromkeys(sorted(OPS), 0)
         self._dispatcher = RegisterKeyDispatcher.of(node)
         self._dispatcher.attach_registry(self)
+        #: Agents that published here in this process, with their record's expiry (µs): whom a
+        #: broadcast through this registry should reach. At most the store's record bound.
+        self._live: dict[str, int] = {}
+        self._pruned_us = 0
+        #: Relayed broadcasts that reached fewer of them than this registry knows.
+        self.short_broadcasts = 0
+        self._unobserve = node.observe(_Reach(self))
 
     async def _run(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.to_thread(fn) if self._offload else fn()
@@ -86,7 +129,21 @@ class RegistryService:
         neighbour's quota, records evicted for direct publishes, keys brought in by neighbour."""
         st = self.state.stats
         return {"answered": dict(self.counts), "quota_refused": st.quota_refused, "evicted": st.evicted,
-                "brought_in": dict(st.brought_in)}  # fmt: skip
+                "brought_in": dict(st.brought_in), "live_agents": len(self.live_agents(self.clock.now_us())),
+                "short_broadcasts": self.short_broadcasts}  # fmt: skip
+
+    def is_live(self, agent_id: str) -> bool:
+        """Whether ``agent_id`` published a record here (in this process) that has not expired."""
+        exp = self._live.get(agent_id)
+        return exp is not None and exp > self.clock.now_us()
+
+    def live_agents(self, now_us: int) -> dict[str, int]:
+        """The agents that published here (in this process) whose record has not expired."""
+        if now_us - self._pruned_us >= 1_000_000:  # at most once a second: O(records)
+            self._pruned_us = now_us
+            for aid in [a for a, exp in self._live.items() if exp <= now_us]:
+                del self._live[aid]
+        return self._live
 
     async def _handle(self, sender: str, op: str, payload: dict[str, Any], via: str | None) -> Any:
         now = self.clock.now_us()
@@ -97,6 +154,8 @@ class RegistryService:
             if claimed.agent_id != sender:
                 raise BadRecord("a record must be published by the key it describes (from != agent_id)")
             record: AgentRecord = await self._run(lambda: state.publish(signed, now, via=via))
+            if len(self._live) < state.config.max_keys or record.agent_id in self._live:
+                self._live[record.agent_id] = record.expires_us
             return {"op": op, "agent_id": record.agent_id, "seq": record.seq, "expires_us": record.expires_us}
         if op == OP_ROTATE:
             rot = SignedRotation.from_json_obj(payload_field(payload, "rotation"))
@@ -105,6 +164,7 @@ class RegistryService:
         if op == OP_REVOKE:
             rev = SignedRevocation.from_json_obj(payload_field(payload, "revocation"))
             r: Revocation = await self._run(lambda: state.apply_revocation(rev, now))
+            self._live.pop(r.agent_id, None)
             return {"op": op, "agent_id": r.agent_id, "seq": r.seq}
         if op == OP_STATUS:
             aid = payload_field(payload, "agent_id")
@@ -141,6 +201,7 @@ class RegistryService:
     def close(self) -> None:
         """Leave the registry role: the node answers REGISTER_KEY requests ``no_handler`` again."""
         self._dispatcher.detach_registry(self)
+        self._unobserve()
 
 
 def serve_registry(

@@ -49,6 +49,7 @@ OP_ROTATE = "rotate"
 OP_REVOKE = "revoke"
 OP_LOOKUP = "lookup"
 OP_STATUS = "status"
+#: The registry's operations (the ``op`` of a request).
 OPS = frozenset({OP_PUBLISH, OP_ROTATE, OP_REVOKE, OP_LOOKUP, OP_STATUS})
 
 
@@ -91,14 +92,17 @@ def raise_remote(exc: RemoteError) -> NoReturn:
 
 
 def publish_request(signed: SignedRecord) -> dict[str, Any]:
+    """The registry request that publishes a signed record."""
     return {"op": OP_PUBLISH, "record": signed.to_json_obj()}
 
 
 def rotate_request(signed: SignedRotation) -> dict[str, Any]:
+    """The registry request that announces a key rotation."""
     return {"op": OP_ROTATE, "rotation": signed.to_json_obj()}
 
 
 def revoke_request(signed: SignedRevocation) -> dict[str, Any]:
+    """The registry request that revokes a key."""
     return {"op": OP_REVOKE, "revocation": signed.to_json_obj()}
 
 

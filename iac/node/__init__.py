@@ -8,9 +8,10 @@ files, answers).
 from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
 from iac.node.node import Context, Node
 from iac.node.observe import Observer
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent
+from iac.node.types import Broadcast, FileSent, ReceivedFile, Reply, SendOptions, Sent
 
 __all__ = [
+    "Broadcast",
     "Context",
     "FileSent",
     "Node",
@@ -20,6 +21,7 @@ __all__ = [
     "PeerEvent",
     "ReceivedFile",
     "Reply",
+    "SendOptions",
     "Sent",
     "Topology",
 ]

@@ -138,6 +138,14 @@ class NodeConfig:
     handler_threads: int = DEFAULT_THREADS
     #: Cancel a handler whose request's deadline passes (ERROR ``timeout``).
     enforce_deadline: bool = True
+    #: Longest a stream's handler runs (seconds), whatever deadline the consumer asked: then it
+    #: ends with ERROR ``timeout``, so no consumer pins a handler slot for longer. A stream also
+    #: ends, with no answer, once this node has no connection to the peer it came from.
+    max_stream_time: float = 600.0
+    #: Keep-alive messages (a one-way PING) on the outbound connections to the peers this node
+    #: keeps connected (its registries, the relays of its static routes), every this many
+    #: seconds: below the idle timeout and a NAT's UDP mapping timeout (30 s on Linux).
+    keepalive_messages: float = 20.0
     #: On close: how long in-flight handlers and unacknowledged messages get to finish.
     drain_timeout: float = 5.0
     #: Reorder buffer: most entries held per ordered session.
@@ -219,6 +227,10 @@ class NodeConfig:
             raise ConfigError("need 0 < retransmit_initial <= retransmit_max")
         if self.verify_rate <= 0 or self.verify_burst < 1:
             raise ConfigError("verify_rate and verify_burst must be positive")
+        if not 0 < self.keepalive_messages < float("inf"):
+            raise ConfigError("keepalive_messages must be a positive, finite number of seconds")
+        if not 0 < self.max_stream_time < float("inf"):
+            raise ConfigError("max_stream_time must be a positive, finite number of seconds")
         if self.request_timeout <= 0 or self.drain_timeout < 0:
             raise ConfigError("request_timeout must be positive and drain_timeout not negative")
         for name in ("broadcast_hop_limit", "unicast_hop_limit", "max_seen", "max_routes", "max_transfers"):
@@ -288,7 +300,9 @@ class NodeStats:
     #: (a worker thread that failed): the peer reconnects; logged as a WARNING from ``iac.node``.
     closed_internal: int = 0
     #: Routing (FORWARD): ``delivered``, ``forwarded`` (Forwards sent, own and relayed),
-    #: ``originated``, ``relayed`` (sent on for others), ``duplicates`` (copies dropped), ``flood_ends``.
+    #: ``originated``, ``relayed`` (sent on for others), ``duplicates`` (copies dropped), ``flood_ends``,
+    #: ``unsent`` (own broadcasts that reached no peer), ``short`` (broadcasts relayed by a registry
+    #: that reached fewer of the agents with a live record in it than it knows).
     routing: Mapping[str, int] = field(default_factory=dict)
     #: FORWARD refusals by :class:`~iac.protocol.routing.RouteRefusal` value (``duplicate`` not included).
     route_refused: Mapping[str, int] = field(default_factory=dict)

@@ -48,6 +48,14 @@ _COMMAND = int(MessageType.COMMAND)
 _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
 
 
+def _answer_ping(ctx: Any) -> None:
+    """The node's own PING handler: an empty REPLY (``node.on("PING")`` replaces it)."""
+
+
+def _qualname(func: Callable[..., Any]) -> str:
+    return str(getattr(func, "__qualname__", None) or repr(func))
+
+
 class _NotJson(Exception):
     """A streaming handler yielded a value that is not JSON."""
 
@@ -74,7 +82,7 @@ class Dispatcher:
         self._make_context = make_context
         self._observers = observers
         self._pipeline = pipeline
-        self.handlers: dict[int, Handler] = {int(MessageType.PING): lambda ctx: None}
+        self.handlers: dict[int, Handler] = {int(MessageType.PING): _answer_ping}
         self.exposed: dict[str, Callable[..., Any]] = {}
         #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
         self._kinds: dict[Callable[..., Any], int] = {}
@@ -91,6 +99,8 @@ class Dispatcher:
         self._cancelled: set[Key] = set()
         #: Streams this node produces: the credit each consumer granted.
         self._streams: dict[Key, StreamOut] = {}
+        #: Streams ended because their connection is gone (:meth:`link_lost`).
+        self._abandoned: set[Key] = set()
         self.draining = False
 
     @property
@@ -99,8 +109,16 @@ class Dispatcher:
 
     # --- registration ---------------------------------------------------------------------------
 
-    def on(self, msg_type: int, func: Handler) -> None:
+    def on(self, msg_type: int, func: Handler, *, replace: bool = False) -> None:
+        """Register ``func`` for ``msg_type``; a second handler for a type is refused unless
+        ``replace`` (the node's own PING answer is replaced without it)."""
         self.check_handled_type(msg_type)
+        old = self.handlers.get(int(msg_type))
+        if old is not None and old is not _answer_ping and not replace:
+            raise ConfigError(
+                f"{type_name(int(msg_type))} already has a handler ({_qualname(old)}); "
+                "pass replace=True to replace it"
+            )
         self.handlers[int(msg_type)] = func
 
     @staticmethod
@@ -115,10 +133,18 @@ class Dispatcher:
         if msg_type == MessageType.CREDIT:
             raise ConfigError("CREDIT is a stream's flow control, handled by the node")
 
-    def expose(self, func: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+    def expose(
+        self, func: Callable[..., Any], name: str | None, *, replace: bool = False
+    ) -> Callable[..., Any]:
         call_name = name or getattr(func, "__name__", None)
         if not isinstance(call_name, str) or not call_name:
             raise ConfigError("an exposed function needs a name")
+        old = self.exposed.get(call_name)
+        if old is not None and not replace:
+            raise ConfigError(
+                f"{call_name!r} is already exposed ({_qualname(old)}); pass replace=True to replace it, "
+                "or name=... to expose it under another name"
+            )
         self.exposed[call_name] = func
         return func
 
@@ -209,7 +235,7 @@ class Dispatcher:
                 return
             await self._complete(item, result)
             return
-        out = self._streams[item.key] = StreamOut(int(msg.credit))
+        out = self._streams[item.key] = StreamOut(int(msg.credit), item.conn.peer.agent_id)
 
         async def send(value: Any) -> None:
             try:
@@ -235,6 +261,14 @@ class Dispatcher:
 
         try:
             await self._scoped(item, run())
+        except TimeoutError:
+            if item.key in self._abandoned:  # nobody can take an answer: none is sent
+                self._ended(item)
+                self._c.cancelled += 1
+                self.commit(item)
+                log.info("stream to %s… ended: its connection is gone", item.key[0][:16])
+                return
+            await self._failed(item, TimeoutError())
         except _NotJson as exc:
             await self._outcome(item, ErrorCode.INTERNAL, f"a part of the stream is not JSON: {exc}"[:200])
         except Exception as exc:
@@ -246,6 +280,28 @@ class Dispatcher:
             await self._answers.part(item, "", end=True)
         finally:
             del self._streams[item.key]
+            self._abandoned.discard(item.key)
+
+    def stream_links(self) -> set[str]:
+        """The neighbours that streams this node produces came through."""
+        return {out.link for out in self._streams.values()}
+
+    def link_lost(self, peer: str) -> int:
+        """This node has no connection to ``peer`` any more: end the streams whose request came
+        through it now (their parts cannot go; the handler's slot is freed), with no answer: the
+        handler's timeout scope ends, which wakes a wait for credit too.
+        Returns how many."""
+        now = asyncio.get_running_loop().time()
+        n = 0
+        for key, out in self._streams.items():
+            if out.link != peer or key in self._abandoned:
+                continue
+            self._abandoned.add(key)
+            scope = self._active.get(key)
+            if scope is not None:
+                scope.reschedule(now)
+            n += 1
+        return n
 
     def cancel(self, sender: str, msg: Message) -> None:
         """A CANCEL for a request this node is handling (or holds, waiting for a slot)."""
@@ -375,6 +431,9 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         if self.config.enforce_deadline and msg.deadline:
             when = loop.time() + max(0.0, (msg.deadline - self._clock.now_us()) / 1e6)
+        if msg.flags & FLAG_STREAM:  # whatever deadline the consumer asked, a stream is bounded
+            cap = loop.time() + self.config.max_stream_time
+            when = cap if when is None else min(when, cap)
         key = item.key
         if key in self._cancelled:
             when = loop.time()

@@ -13,6 +13,7 @@ after ``NodeConfig.file_partial_ttl``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -138,8 +139,18 @@ class Files:
         if self.receiver is not None:
             self.receiver.close()
 
-    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> None:
+    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> Callable[[], None]:
         self._callbacks.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
+
+        return remove
+
+    def outgoing_keys(self) -> list[tuple[str, str]]:
+        """The transfers this node sends now, as (peer, transfer id)."""
+        return list(self._outgoing)
 
     def expire(self) -> None:
         """Close idle incoming transfers' files; now and then delete abandoned ones (at the first

@@ -360,6 +360,8 @@ class Inbound:
         msg = dec.message
         if msg is None:
             return
+        if not msg.to and self._observers.items:
+            self._observers.flooded(dec.origin, from_peer, [s.peer for s in dec.sends])
         if msg.to and dec.origin == from_peer and len(dec.path) == 1:
             # Nothing was relayed: the neighbour's own message to this node belongs in a MESSAGE frame.
             self._c.refused[Refusal.FORWARD_NOT_RELAYED.value] += 1

@@ -22,25 +22,40 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from iac.errors import ConfigError, ErrorCode, RemoteError, TransportError
 from iac.node.config import PeerEvent
 from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
 from iac.node.runtime import NodeRuntime
-from iac.node.types import FileSent, ReceivedFile, Reply, Sent, dumps
+from iac.node.transports import import_transports
+from iac.node.types import (
+    Broadcast,
+    FileSent,
+    ReceivedFile,
+    Reply,
+    SendOptions,
+    Sent,
+    payload_text,
+    send_options,
+    subscribe,
+)
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
-from iac.wire._pb.iac_pb2 import Message, TaskState
+from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, message_type
 from iac.wire.message import FLAG_ORDERED, sender_of
+from iac.wire.task import TaskState
 
 log = logging.getLogger("iac.node")
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 _CANCEL = int(MessageType.CANCEL)
 _COMMAND = int(MessageType.COMMAND)
@@ -68,8 +83,20 @@ class Context:
         return int(self.message.msg_type)
 
     @property
-    def task(self) -> TaskState | None:
-        return self.message.task if self.message.HasField("task") else None
+    def has_task(self) -> bool:
+        """The message carries a task envelope (every DELEGATE_TASK does)."""
+        return self.message.HasField("task")
+
+    @property
+    def task(self) -> TaskState:
+        """The message's task envelope. Every DELEGATE_TASK carries one (the node checked its intent
+        and step before the handler runs); another type only when its sender attached one
+        (:attr:`has_task`): without one this raises :class:`~iac.ConfigError`."""
+        if not self.message.HasField("task"):
+            raise ConfigError(
+                f"this {MessageType(self.msg_type).name} message carries no task; check ctx.has_task first"
+            )
+        return cast(TaskState, self.message.task)
 
     @property
     def deadline_us(self) -> int:
@@ -108,11 +135,17 @@ class Node(NodeRuntime):
     def _context(self, msg: Message, payload: Any, expects_reply: bool, via: str = "") -> Context:
         return Context(self, msg, payload, expects_reply, via or sender_of(msg))
 
+    async def start(self) -> None:
+        """Open the replay store and the listeners; import the transports the peer book dials."""
+        await super().start()
+        import_transports(url for urls in self.peer_book.values() for url in urls)
+
     # --- registration -----------------------------------------------------------------------------
 
     def add_peer(self, agent_id: str, *urls: str) -> None:
         """Add addresses for a peer (tried in order by the fallback dialer)."""
         self._peers.add(agent_id, *urls)
+        import_transports(urls)
 
     def add_route(self, dest: str, via: str) -> None:
         """Reach ``dest`` through the relay ``via`` (a static route: never replaced by a learned one).
@@ -131,34 +164,66 @@ class Node(NodeRuntime):
         """The static routes (``dest -> via``), a copy."""
         return dict(self._peers.static_routes)
 
+    def keep_connected(self, peer: str) -> None:
+        """Keep an outbound connection to ``peer`` (a registry, a relay): dialed now (from the
+        peer book) and again within about a second whenever it drops, with a keep-alive message
+        every ``NodeConfig.keepalive_messages`` s that counts as traffic at both ends (a NAT
+        keeps its mapping; neither side closes it idle). The relays of static routes
+        (:meth:`add_route`) are kept too, once dialed."""
+        self._peers.keep(peer)
+
+    def stop_keeping(self, peer: str) -> None:
+        """Undo :meth:`keep_connected` (the connection stays until it idles out)."""
+        self._peers.unkeep(peer)
+
     async def connect(self, peer: str) -> None:
         """Dial ``peer`` now (from the peer book) unless already connected."""
         self._check_open()
         await self._peers.connect(peer)
 
-    def on(self, msg_type: MessageType | int | str) -> Callable[[F], F]:
+    def on(self, msg_type: MessageType | int | str, *, replace: bool = False) -> Callable[[F], F]:
         """Register the handler of a message type: ``@node.on(MessageType.DELEGATE_TASK)`` or
         ``@node.on("DELEGATE_TASK")``.
 
-        The handler takes a :class:`Context` (sync or async); its return value (JSON) is the
-        REPLY; :class:`~iac.HandlerError` becomes that ERROR code, any other exception ``internal``.
+        The handler takes a :class:`Context` (sync or async, or an async generator that streams
+        its answer: :meth:`stream`); its return value (JSON) is the REPLY;
+        :class:`~iac.HandlerError` becomes that ERROR code, any other exception ``internal``.
+        A second handler for a type raises :class:`~iac.ConfigError` unless ``replace=True``.
         """
         mt = message_type(msg_type)
         self._dispatch.check_handled_type(mt)
 
         def register(func: F) -> F:
-            self._dispatch.on(mt, func)
+            self._dispatch.on(mt, func, replace=replace)
             return func
 
         return register
 
-    def expose(self, func_or_name: Callable[..., Any] | str | None = None, *, name: str | None = None) -> Any:
+    @overload
+    def expose(
+        self, func_or_name: Callable[P, R], *, name: str | None = None, replace: bool = False
+    ) -> Callable[P, R]: ...
+
+    @overload
+    def expose(
+        self, func_or_name: str | None = None, *, name: str | None = None, replace: bool = False
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def expose(
+        self,
+        func_or_name: Callable[..., Any] | str | None = None,
+        *,
+        name: str | None = None,
+        replace: bool = False,
+    ) -> Any:
         """Put a function on the remote-call allow-list: ``@node.expose``, ``@node.expose("name")``
-        or ``node.expose(func, name="name")``. Nothing else is ever callable by name."""
+        or ``node.expose(func, name="name")``; the function is returned as it is, with its type.
+        Nothing else is ever callable by name. A second function under a name raises
+        :class:`~iac.ConfigError` unless ``replace=True``."""
         if callable(func_or_name):
-            return self._dispatch.expose(func_or_name, name)
+            return self._dispatch.expose(func_or_name, name, replace=replace)
         chosen = func_or_name if isinstance(func_or_name, str) else name
-        return lambda func: self._dispatch.expose(func, chosen)
+        return lambda func: self._dispatch.expose(func, chosen, replace=replace)
 
     def handler(self, msg_type: MessageType | int | str) -> Handler | None:
         """The handler registered for ``msg_type`` (:meth:`on`), or None."""
@@ -170,15 +235,19 @@ class Node(NodeRuntime):
         Returns a function that removes the callback again."""
         return self._peers.on_peer(callback)
 
-    def on_error(self, callback: ErrorCallback) -> None:
+    def on_error(self, callback: ErrorCallback) -> Callable[[], None]:
         """Call ``callback(peer, message, code, text)`` for an ERROR that answers no pending request
-        (e.g. a one-way message refused with ``busy``)."""
-        self._inbound.error_callbacks.append(callback)
+        (e.g. a one-way message refused with ``busy``).
 
-    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> None:
+        Returns a function that removes the callback again."""
+        return subscribe(self._inbound.error_callbacks, callback)
+
+    def on_file(self, callback: Callable[[ReceivedFile], Any]) -> Callable[[], None]:
         """Call ``callback(ReceivedFile)`` (sync or async) when a file was verified and renamed into
-        the inbox (``NodeConfig.inbox_dir``)."""
-        self._files.on_file(callback)
+        the inbox (``NodeConfig.inbox_dir``).
+
+        Returns a function that removes the callback again."""
+        return self._files.on_file(callback)
 
     def peer_events(self) -> AsyncIterator[PeerEvent]:
         """Peer up/down events as an async iterator (ends when the node closes)."""
@@ -201,6 +270,7 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
+        options: SendOptions | None = None,
     ) -> Sent:
         """Send a one-way message. ``payload`` is any JSON value (or pass ``payload_json``).
 
@@ -213,18 +283,21 @@ class Node(NodeRuntime):
         message; the receiver sees it as ``ctx.principal``).
         ``early=False``: never in 0-RTT early data (docs/PROTOCOL.md, "0-RTT": on a resumed QUIC
         connection it waits until the peer's HELLO verified).
+        ``options``: these settings in one :class:`~iac.SendOptions` (the keywords win).
         """
         self._check_open()
+        o = send_options(options, ack=ack, ordered=ordered, sealed=sealed, extra_data=extra_data,
+                         via=via, early=early, principal=principal)  # fmt: skip
         mt = message_type(msg_type)
-        build: dict[str, Any] = {"payload_json": payload_json, "extra_data": extra_data, "task": task}
-        build |= {"sealed": sealed, "principal": principal}
-        if ack:
+        build: dict[str, Any] = {"payload_json": payload_json, "extra_data": o.extra_data, "task": task}
+        build |= {"sealed": o.sealed, "principal": o.principal}
+        if o.ack:
             return await self._pending.send_reliable(
-                peer, mt, payload, ordered=ordered, via=via, early=early, **build
+                peer, mt, payload, ordered=o.ordered, via=o.via, early=o.early, **build
             )
-        kind, flags = ("ordered", FLAG_ORDERED) if ordered else ("main", 0)
+        kind, flags = ("ordered", FLAG_ORDERED) if o.ordered else ("main", 0)
         msg = self._outbox.build(peer, mt, payload, kind=kind, flags=flags, **build)
-        await self._outbox.transmit(peer, msg, via, early=early)
+        await self._outbox.transmit(peer, msg, o.via, early=o.early)
         return Sent(peer, msg.session_id, msg.msg_id, None)
 
     async def request(
@@ -242,27 +315,23 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
+        options: SendOptions | None = None,
     ) -> Reply:
         """Send a request and wait for its REPLY. Raises :class:`~iac.RemoteError` for an ERROR
         answer, :class:`~iac.RequestTimeout` after ``timeout`` (a CANCEL is sent), or a
         :class:`~iac.TransportError`. ``ack=True`` retransmits until the callee answers or
         acknowledges. ``via``: through this relay (see :meth:`send`); the reply comes back the same way.
-        ``early=False``: never in 0-RTT early data (see :meth:`send`)."""
+        ``early=False``: never in 0-RTT early data (see :meth:`send`). ``options``: these settings
+        in one :class:`~iac.SendOptions` (the keywords win)."""
         self._check_open()
+        o = send_options(options, timeout=timeout, ack=ack, sealed=sealed, extra_data=extra_data,
+                         via=via, early=early, principal=principal)  # fmt: skip
         return await self._pending.request(
-            peer,
-            message_type(msg_type),
-            payload,
-            timeout=self.config.request_timeout if timeout is None else timeout,
-            ack=ack,
-            task=task,
-            via=via,
-            early=early,
-            payload_json=payload_json,
-            extra_data=extra_data,
-            sealed=sealed,
-            principal=principal,
-        )
+            peer, message_type(msg_type), payload,
+            timeout=self.config.request_timeout if o.timeout is None else o.timeout,
+            ack=o.ack, task=task, via=o.via, early=o.early, payload_json=payload_json,
+            extra_data=o.extra_data, sealed=o.sealed, principal=o.principal,
+        )  # fmt: skip
 
     def stream(
         self,
@@ -280,7 +349,8 @@ class Node(NodeRuntime):
         via: str | None = None,
         early: bool = True,
         principal: str = "",
-    ) -> AsyncIterator[Reply]:
+        options: SendOptions | None = None,
+    ) -> AsyncGenerator[Reply, None]:
         """A request answered by a sequence of parts: ``async for part in node.stream(peer, "RUN")``.
 
         The handler is an async generator; each value it yields is a :class:`Reply` here, in order.
@@ -289,9 +359,12 @@ class Node(NodeRuntime):
         ``idle_timeout`` the wait for each part (default: ``timeout``); either raises
         :class:`~iac.RequestTimeout`. An ERROR from the handler raises :class:`~iac.RemoteError`.
         Leaving the loop early (or ``aclose()``, or cancelling) sends CANCEL, which stops the
-        handler; use ``contextlib.aclosing(node.stream(...))`` to close at once."""
+        handler; use ``contextlib.aclosing(node.stream(...))`` to close at once. ``options``: the
+        settings of :meth:`request` in one :class:`~iac.SendOptions` (the keywords win)."""
         self._check_open()
-        timeout = self.config.request_timeout if timeout is None else timeout
+        o = send_options(options, timeout=timeout, sealed=sealed, extra_data=extra_data, via=via,
+                         early=early, principal=principal)  # fmt: skip
+        timeout = self.config.request_timeout if o.timeout is None else o.timeout
         return self._streams.consume(
             peer,
             message_type(msg_type),
@@ -299,21 +372,29 @@ class Node(NodeRuntime):
             timeout=timeout,
             idle_timeout=timeout if idle_timeout is None else idle_timeout,
             window=window,
-            via=via,
-            early=early,
-            sealed=sealed,
-            extra_data=extra_data,
+            via=o.via,
+            early=o.early,
+            sealed=o.sealed,
+            extra_data=o.extra_data,
             task=task,
             payload_json=payload_json,
-            principal=principal,
+            principal=o.principal,
         )
 
     async def call(
-        self, peer: str, name: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
+        self,
+        peer: str,
+        name: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        options: SendOptions | None = None,
+        **kwargs: Any,
     ) -> Any:
-        """Call a function that ``peer`` exposed; return its result (JSON). ``timeout`` as for
-        :meth:`request` (a remote keyword argument named ``timeout`` goes through :meth:`invoke`)."""
-        return await self.invoke(peer, name, args, kwargs, timeout=timeout)
+        """Call a function that ``peer`` exposed; return its result (JSON). ``timeout`` and
+        ``options`` as for :meth:`request` (a remote keyword argument named ``timeout`` or
+        ``options`` goes through :meth:`invoke`)."""
+        return await self.invoke(peer, name, args, kwargs, timeout=timeout, options=options)
 
     async def invoke(
         self,
@@ -326,10 +407,12 @@ class Node(NodeRuntime):
         sealed: bool = False,
         ack: bool = False,
         via: str | None = None,
+        options: SendOptions | None = None,
     ) -> Any:
-        """:meth:`call` with a timeout and options."""
+        """:meth:`call` with the arguments as values, a timeout and options (as for :meth:`request`)."""
         payload = {"name": name, "args": list(args), "kwargs": dict(kwargs or {})}
-        reply = await self.request(peer, _COMMAND, payload, timeout=timeout, sealed=sealed, ack=ack, via=via)
+        o = send_options(options, timeout=timeout, sealed=sealed, ack=ack, via=via)
+        reply = await self.request(peer, _COMMAND, payload, options=o)
         return reply.payload
 
     async def delegate(
@@ -343,9 +426,12 @@ class Node(NodeRuntime):
         sealed: bool = False,
         ack: bool = False,
         via: str | None = None,
+        options: SendOptions | None = None,
     ) -> Reply:
         """Hand a task to ``peer`` (DELEGATE_TASK). If it does not answer in time (or cannot be
-        reached, or is ``busy``), try the fallback agent(s) in order."""
+        reached, or is ``busy``), try the fallback agent(s) in order. ``options`` as for
+        :meth:`request`."""
+        o = send_options(options, timeout=timeout, sealed=sealed, ack=ack, via=via)
         if not isinstance(task, TaskState):
             raise ConfigError(
                 "delegate() takes the task envelope as iac.TaskState(task_id=..., intent=..., step=..., "
@@ -355,16 +441,7 @@ class Node(NodeRuntime):
         for i, target in enumerate(targets):
             last = i == len(targets) - 1
             try:
-                return await self.request(
-                    target,
-                    _DELEGATE_TASK,
-                    payload,
-                    timeout=timeout,
-                    task=task,
-                    sealed=sealed,
-                    ack=ack,
-                    via=via,
-                )
+                return await self.request(target, _DELEGATE_TASK, payload, task=task, options=o)
             except RemoteError as exc:
                 if exc.code not in (ErrorCode.BUSY, ErrorCode.TIMEOUT) or last:
                     raise
@@ -384,17 +461,20 @@ class Node(NodeRuntime):
         payload_json: str | None = None,
         extra_data: bytes = b"",
         hop_limit: int | None = None,
-    ) -> Sent:
+    ) -> Broadcast:
         """Flood a message (empty ``to``) to every connected peer, inside FORWARD with a hop limit
         (``NodeConfig.broadcast_hop_limit``). Every node that gets it hands it to its handler for
         ``msg_type`` once and sends it on to its own peers (relay policy permitting); this node does
-        not deliver it to itself. Broadcasts are never answered. Returns the ids it went out with
-        (``sent.peer`` is empty)."""
+        not deliver it to itself. Broadcasts are never answered. Returns a :class:`Broadcast`: the
+        ids it went out with (``peer`` is empty) and ``peers``, how many connected peers it was
+        sent to. 0 (this node has no connection, e.g. a mesh that idled out) is not an error, as
+        peers may come later, but it is logged as a WARNING and counted in
+        ``stats().routing["unsent"]`` (a metric too), so a broadcast that reached nobody is seen."""
         self._check_open()
         mt = message_type(msg_type)
         if mt in RESPONSE_TYPES or mt == _CANCEL:
             raise ConfigError("REPLY, ERROR, ACK and CANCEL cannot be broadcast")
-        text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
+        text = payload_text(payload, payload_json)
         return await self._outbox.broadcast(mt, text, extra_data, hop_limit)
 
     async def send_file(

@@ -39,6 +39,10 @@ class Observer:
     def relayed(self, origin: str, msg: Message, from_peer: str, to: list[str]) -> None:
         """This node sent on a FORWARD that ``origin`` signed (a relay hop or a broadcast flood)."""
 
+    def flooded(self, origin: str, from_peer: str, to: list[str]) -> None:
+        """A broadcast that ``origin`` signed arrived from ``from_peer`` and was delivered here;
+        this node sent it on to ``to`` (maybe none)."""
+
 
 class Attachable(Protocol):
     """What ``Node(metrics=...)`` takes: an integration that attaches itself to the node."""
@@ -93,6 +97,13 @@ class Observers:
         for o in self.items:
             try:
                 o.relayed(origin, msg, from_peer, to)
+            except Exception:
+                log.exception("observer %r failed", o)
+
+    def flooded(self, origin: str, from_peer: str, to: list[str]) -> None:
+        for o in self.items:
+            try:
+                o.flooded(origin, from_peer, to)
             except Exception:
                 log.exception("observer %r failed", o)
 

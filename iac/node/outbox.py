@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,12 +16,13 @@ from iac.node.observe import Observers
 from iac.node.peers import Peers
 from iac.node.sign import Signer
 from iac.node.stats import Counters
-from iac.node.types import Sent, Sessions, dumps
+from iac.node.types import Broadcast, Sessions, payload_text
 from iac.protocol.routing import Router, Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
 from iac.wire.elide import elide, elides, pair_prefix
+from iac.wire.enums import type_name
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity, check_agent_id_cached
 from iac.wire.message import build_message
@@ -29,6 +31,8 @@ from iac.wire.seal import seal_payload
 #: Forward bodies larger than this are sent without trying zstd (file chunks do not compress).
 COMPRESS_LIMIT = 64 * 1024
 _MESSAGE_FRAME = FrameType.MESSAGE
+
+log = logging.getLogger("iac.node")
 
 
 class Outbox:
@@ -76,7 +80,7 @@ class Outbox:
         principal: str = "",
     ) -> Message:
         check_agent_id_cached(peer)
-        text = payload_json if payload_json is not None else ("" if payload is None else dumps(payload))
+        text = payload_text(payload, payload_json)
         msg = build_message(
             sender=self.agent_id,
             to=peer,
@@ -122,10 +126,13 @@ class Outbox:
             await self.forward_on(conn, msg, early=early)
 
     async def send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
-        """Send an answer: on ``hint`` when it is the connection to ``to``, else the usual way."""
-        conn = self._peers.table.get(to)
-        if conn is None and hint is not None and hint.peer.agent_id == to and not hint.closed:
-            conn = hint
+        """Send an answer: on ``hint`` when it is an open connection to ``to`` (the one the
+        request came on: while a duplicate connection is settled, the table still names the old
+        one), else the usual way."""
+        if hint is not None and hint.peer.agent_id == to and not hint.closed:
+            conn: Connection | None = hint
+        else:
+            conn = self._peers.table.get(to)
         if conn is not None:
             await self.transmit_on(conn, msg)
         else:
@@ -215,7 +222,9 @@ class Outbox:
             if isinstance(res, BaseException) and not isinstance(res, IacError):
                 raise res
 
-    async def broadcast(self, msg_type: int, text: str, extra_data: bytes, hop_limit: int | None) -> Sent:
+    async def broadcast(
+        self, msg_type: int, text: str, extra_data: bytes, hop_limit: int | None
+    ) -> Broadcast:
         now = self.clock.now_us()
         msg = build_message(
             sender=self.agent_id,
@@ -233,7 +242,10 @@ class Outbox:
         sends = self._router.originate_broadcast(body, conns, now, hop_limit)
         await self.send_all(conns, sends)
         self._c.sent += 1
-        return Sent("", msg.session_id, msg.msg_id, None)
+        if not sends:
+            self._c.broadcasts_unsent += 1
+            log.warning("broadcast %s reached no peer: this node has no connection", type_name(msg_type))
+        return Broadcast(msg.session_id, msg.msg_id, len(sends))
 
 
 __all__ = ["COMPRESS_LIMIT", "Outbox"]

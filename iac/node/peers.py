@@ -11,18 +11,24 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from iac.errors import CloseCode, ConfigError, ConnectionClosed, LocalError, TransportError
+from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, LocalError, TransportError
 from iac.node.config import NodeConfig, PeerEvent
 from iac.node.stats import Counters
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
+from iac.protocol.handshake import instance_of
 from iac.protocol.routing import Router
 from iac.transport import dial as transport_dial
-from iac.transport.base import Address, Connection, ConnectionTable, TransportConfig, parse_address
+from iac.transport.base import Address, Connection, ConnectionTable, TransportConfig, Verdict, parse_address
 from iac.transport.dialer import Dialer
 from iac.wire.identity import Identity, check_agent_id
 
 log = logging.getLogger("iac.node")
+
+#: A kept peer whose connection dropped is dialed again after this, then at doubling intervals
+#: up to ``REDIAL_MAX`` seconds.
+REDIAL_FIRST = 0.25
+REDIAL_MAX = 1.0
 
 
 class Peers:
@@ -53,6 +59,16 @@ class Peers:
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._dialer: Dialer | None = None
         self._live: set[str] = set()
+        #: (peer, instance) pairs already logged as a second live process with one key: one line
+        #: each (bounded: cleared when full).
+        self._twins: set[tuple[str, str]] = set()
+        #: Peers this node keeps connected (its registries; its relays, the ``via`` of its static
+        #: routes): their outbound connection gets a keep-alive message every
+        #: ``NodeConfig.keepalive_messages`` s and is redialed when it drops.
+        self.kept: set[str] = set()
+        self._kept_sent: dict[str, float] = {}
+        self._redials: set[str] = set()
+        self.closing = False
         self._callbacks: list[Callable[[PeerEvent], Any]] = []
         self._queues: list[asyncio.Queue[PeerEvent | None]] = []
         #: Set by the node: start reading a connection this side dialed; a kept connection came up.
@@ -178,8 +194,15 @@ class Peers:
         return self.tickets
 
     def register(self, conn: Connection) -> Connection:
-        """Enter ``conn`` in the table; return the connection kept for its peer."""
+        """Enter ``conn`` in the table; return the connection kept for its peer. A second
+        connection of a key that needs a probe of the old one first (a new process, or one
+        that names none: docs/PROTOCOL.md, "Duplicate connections") is settled in a task;
+        until then the old one is kept."""
         peer = conn.peer.agent_id
+        old = self.table.get(peer)
+        if old is not None and old is not conn and self.table.verdict(old, conn) is Verdict.PROBE:
+            self._tasks.spawn(self._settle(old, conn))
+            return old
         kept, to_close = self.table.add(conn)
         if to_close is not None:
             self._tasks.spawn(to_close.close(CloseCode.GOING_AWAY, "duplicate connection"))
@@ -189,13 +212,103 @@ class Peers:
         self.on_connection(conn, kept is conn)
         return kept
 
+    async def _settle(self, old: Connection, new: Connection) -> None:
+        """Probe ``old``: dead, ``new`` replaces it; alive, ``new`` is refused."""
+        alive = await old.alive(self.config.transport.probe_timeout)
+        if new.closed:
+            return
+        peer = new.peer.agent_id
+        was, now = instance_of(old.peer.hello), instance_of(new.peer.hello)
+        if alive and not old.closed:
+            if was and now and was != now:
+                self._twin(peer, now, f"refused its connection from {new.peer.address}: another process "
+                           f"with this key (instance {was}) is connected and alive")  # fmt: skip
+                await new.close(CloseCode.DUPLICATE_IDENTITY, "another live process holds this key")
+            else:
+                await new.close(CloseCode.GOING_AWAY, "duplicate connection")
+            return
+        if self.table.get(peer) is None or not self.table.replace(old, new):
+            self.register(new)  # the old one went meanwhile
+            return
+        who = "a new process" if was != now else "the same process"
+        log.info("peer %s… reconnected (%s): its old connection was dead", peer[:16], who)
+        self._tasks.spawn(old.close(CloseCode.GOING_AWAY, "replaced by a new connection of this key"))
+        self.on_connection(new, True)
+
+    def _twin(self, peer: str, instance: str, text: str) -> None:
+        """Log, once per (peer, instance), that two live processes hold ``peer``'s key."""
+        if (peer, instance) in self._twins:
+            return
+        if len(self._twins) >= 1024:
+            self._twins.clear()
+        self._twins.add((peer, instance))
+        log.warning("two live processes hold the key of %s…: %s", peer[:16], text)
+
+    # --- connections kept alive -------------------------------------------------------------------
+
+    def is_kept(self, peer: str) -> bool:
+        return peer in self.kept or peer in self.static_routes.values()
+
+    def keep(self, peer: str) -> None:
+        """Keep a connection to ``peer`` (a registry, a relay): dial it now and again whenever it
+        drops; send it keep-alives. Only outbound connections are kept alive (a peer cannot
+        hold an inbound connection of this node open by being kept)."""
+        check_agent_id(peer)
+        self.kept.add(peer)
+        if self.table.get(peer) is None:
+            self._tasks.spawn(self._redial(peer, first=0.0))
+
+    def unkeep(self, peer: str) -> None:
+        self.kept.discard(peer)
+        self._kept_sent.pop(peer, None)
+
+    def due_keepalives(self, now: float, interval: float) -> list[Connection]:
+        """The outbound connections to kept peers whose keep-alive is due at ``now``."""
+        due = []
+        for peer in [p for p in self._kept_sent if not self.is_kept(p)]:
+            del self._kept_sent[peer]
+        for peer in self.kept | set(self.static_routes.values()):
+            conn = self.table.get(peer)
+            if conn is None or not conn.peer.dialed:
+                continue
+            if now - self._kept_sent.get(peer, -interval) >= interval:
+                self._kept_sent[peer] = now
+                due.append(conn)
+        return due
+
+    async def _redial(self, peer: str, first: float = REDIAL_FIRST) -> None:
+        """Dial a kept peer until it answers (every ``REDIAL_MAX`` s at most, so a restarted
+        registry is found again within about a second of accepting connections)."""
+        if peer in self._redials:
+            return
+        self._redials.add(peer)
+        delay = first
+        try:
+            while not self.closing and self.is_kept(peer) and self.table.get(peer) is None:
+                await asyncio.sleep(delay)
+                delay = min(max(delay * 2, REDIAL_FIRST), REDIAL_MAX)
+                if peer not in self.book or self._dialer is None:
+                    continue
+                try:
+                    await self.connect(peer)
+                except IacError as exc:
+                    log.debug("redialing kept peer %s…: %s", peer[:16], exc)
+        finally:
+            self._redials.discard(peer)
+
     def unregister(self, conn: Connection) -> None:
         """``conn`` ended (its read loop stopped)."""
         peer = conn.peer.agent_id
+        err = conn.close_error
+        if getattr(err, "code", None) == CloseCode.DUPLICATE_IDENTITY and conn.peer.dialed:
+            self._twin(peer, instance_of(conn.local_hello), "it refused this process's connection: "
+                       "another process with this node's key is connected to it")  # fmt: skip
         self.table.remove(conn)
         if self.table.get(peer) is None and peer in self._live:
             self._live.discard(peer)
             self._emit(PeerEvent(peer, False, conn.peer.transport, conn.peer.address))
+        if self.table.get(peer) is None and self.is_kept(peer) and not self.closing:
+            self._tasks.spawn(self._redial(peer))
 
     @property
     def dial_locks(self) -> int:
@@ -207,6 +320,7 @@ class Peers:
             del self._dial_locks[peer]
 
     async def close_all(self) -> None:
+        self.closing = True
         await asyncio.gather(
             *(conn.close(CloseCode.GOING_AWAY, "node shutting down") for conn in self.table.connections()),
             return_exceptions=True,

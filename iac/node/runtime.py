@@ -16,6 +16,7 @@ counters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from iac.errors import CloseCode, ConfigError, ConnectionClosed, LocalError
+from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, LocalError
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig, NodeStats, PeerEvent
 from iac.node.dispatch import Dispatcher
@@ -50,8 +51,10 @@ from iac.stores.memory import MemoryReplayStore
 from iac.transport import listen as transport_listen
 from iac.transport.base import Connection, Listener
 from iac.wire._pb.iac_pb2 import Message
+from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
 
+_PING = int(MessageType.PING)
 log = logging.getLogger("iac.node")
 
 
@@ -147,9 +150,10 @@ class NodeRuntime:
             self._peers.add(aid, *urls)
 
     def _on_peer_event(self, event: PeerEvent) -> None:
-        if not event.up:  # its parts cannot come any more
+        if not event.up:  # its parts cannot come any more, nor can ours go
             self._streams.fail_all(ConnectionClosed(f"the connection to {event.agent_id[:16]}… closed"),
                                    event.agent_id)  # fmt: skip
+            self._dispatch.link_lost(event.agent_id)
 
     def _start_reader(self, conn: Connection) -> None:
         self._conn_tasks.spawn(self._inbound.read_loop(conn))
@@ -233,6 +237,7 @@ class NodeRuntime:
         if self._closing:
             return
         self._closing = True
+        self._peers.closing = True
         self._dispatch.draining = self._ordered.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.drain_timeout
@@ -304,6 +309,35 @@ class NodeRuntime:
             self._router.expire(now)
             self._files.expire()
             self._ordered.expire(now)
+            self._watch_links()
+            self._send_keepalives()
+
+    def _send_keepalives(self) -> None:
+        """A keep-alive message (a one-way PING, which counts as a frame at both ends, unlike a
+        QUIC PING) on each outbound connection to a kept peer (registries, relays) every
+        ``keepalive_messages`` s, so that neither side closes it idle and a NAT keeps its
+        mapping; on QUIC the peer is probed too, so a dead one is redialed."""
+        loop = asyncio.get_running_loop()
+        bound = self.config.transport.probe_timeout
+        for conn in self._peers.due_keepalives(loop.time(), self.config.keepalive_messages):
+            self._tasks.spawn(self._keepalive(conn, bound))
+
+    async def _keepalive(self, conn: Connection, bound: float) -> None:
+        msg = self._outbox.build(conn.peer.agent_id, _PING, None)
+        with contextlib.suppress(IacError):
+            await self._outbox.send_on(conn, msg)
+        await conn.alive(bound)
+
+    def _watch_links(self) -> None:
+        """Tell each connection whether something here waits on its peer (requests and
+        unacknowledged messages, streams either way, file transfers): a QUIC peer is then
+        probed while it is quiet, so a dead one is found within seconds (docs/PROTOCOL.md,
+        "Dead peers"), not after the idle timeout."""
+        waiting = {key[0] for key in self._streams.open} | self._dispatch.stream_links()
+        waiting |= {peer for peer, _ in self._files.outgoing_keys()}
+        for conn in self._peers.table.connections():
+            peer = conn.peer.agent_id
+            conn.watch(peer in waiting or self._pending.in_flight(peer) > 0)
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -366,6 +400,11 @@ class NodeRuntime:
             }
         return out
 
+    def count_short_broadcast(self) -> None:
+        """A role of this node (the registry) saw a broadcast miss agents it knows: counted in
+        ``stats().routing["short"]``."""
+        self._c.broadcasts_short += 1
+
     def observe(self, observer: Observer) -> Callable[[], None]:
         """Call ``observer``'s hooks as messages move (:class:`~iac.node.observe.Observer`);
         returns a function that removes it again."""
@@ -388,6 +427,7 @@ class NodeRuntime:
         files, file_refused = self._files.stats()
         routing = {"delivered": rs.delivered, "forwarded": rs.forwarded, "originated": rs.originated}
         routing |= {"relayed": self._c.relayed, "duplicates": rs.duplicates, "flood_ends": rs.flood_ends}
+        routing |= {"unsent": self._c.broadcasts_unsent, "short": self._c.broadcasts_short}
         return self._c.snapshot(
             running=self._dispatch.running,
             backlog=self._dispatch.waiting,

@@ -17,6 +17,8 @@ class Counters:
         "acks_sent",
         "answers_too_large",
         "backlog_peak",
+        "broadcasts_short",
+        "broadcasts_unsent",
         "bytes_received",
         "bytes_sent",
         "cancelled",
@@ -57,6 +59,9 @@ class Counters:
         self.files_sent = self.files_received = self.files_failed = self.files_resumed = 0
         self.resumed = self.early_dials = self.early_accepted = self.early_rejected = 0
         self.early_received = 0
+        #: Own broadcasts sent to no peer; relayed broadcasts that reached fewer peers than
+        #: the registry role of this node knows live records of (``stats().routing``).
+        self.broadcasts_unsent = self.broadcasts_short = 0
         #: Refusals by :class:`~iac.errors.Refusal` value; ERRORs sent and received by code.
         self.refused: Counter[str] = Counter()
         self.errors_sent: Counter[str] = Counter()
@@ -77,6 +82,7 @@ class Counters:
 
 #: Counters that NodeStats groups in its ``zero_rtt`` mapping.
 ZERO_RTT = ("resumed", "early_dials", "early_accepted", "early_rejected", "early_received")
-_PLAIN = frozenset(Counters.__slots__) - {"refused", "errors_sent", "errors_received", *ZERO_RTT}
+_PLAIN = frozenset(Counters.__slots__) - {"refused", "errors_sent", "errors_received", *ZERO_RTT,
+                                          "broadcasts_short", "broadcasts_unsent"}  # fmt: skip
 
 __all__ = ["Counters"]

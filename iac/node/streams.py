@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,12 +105,15 @@ class StreamIn:
 
 
 class StreamOut:
-    """The producer's side of one stream: the credit the consumer granted, and a waiter."""
+    """The producer's side of one stream: the credit the consumer granted, and a waiter.
+    ``link``: the neighbour the request came from (the consumer, or the relay it came through):
+    once this node has no connection to it, the stream ends (:meth:`Dispatcher.link_lost`)."""
 
-    __slots__ = ("_wake", "granted")
+    __slots__ = ("_wake", "granted", "link")
 
-    def __init__(self, granted: int) -> None:
+    def __init__(self, granted: int, link: str = "") -> None:
         self.granted = granted
+        self.link = link
         self._wake = asyncio.Event()
 
     def grant(self, credit: int) -> None:
@@ -166,7 +169,7 @@ class Streams:
         via: str | None,
         early: bool,
         **build: Any,
-    ) -> AsyncIterator[Reply]:
+    ) -> AsyncGenerator[Reply, None]:
         """Send a STREAM request and yield its parts in order (see :meth:`~iac.Node.stream`)."""
         for name, value in (("timeout", timeout), ("idle_timeout", idle_timeout)):
             if not 0 < value < math.inf:

@@ -4,11 +4,14 @@ and the ERROR payload helpers its collaborators share."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
+from iac.errors import ConfigError
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, sender_of
@@ -65,6 +68,24 @@ class Sent:
         return f"Sent(peer={self.peer[:16]}…, session_id={self.session_id:#x}, msg_id={self.msg_id})"
 
 
+class Broadcast(Sent):
+    """What :meth:`~iac.Node.broadcast` returns: the ids it went out with and ``peers``, the
+    number of connected peers it was sent to (0: it reached nobody; counted in
+    ``stats().routing["unsent"]`` and logged as a WARNING). ``int(b)`` is ``b.peers``."""
+
+    __slots__ = ("peers",)
+
+    def __init__(self, session_id: int, msg_id: int, peers: int) -> None:
+        super().__init__("", session_id, msg_id, None)
+        self.peers = peers
+
+    def __int__(self) -> int:
+        return self.peers
+
+    def __repr__(self) -> str:
+        return f"Broadcast(session_id={self.session_id:#x}, msg_id={self.msg_id}, peers={self.peers})"
+
+
 @dataclass(frozen=True)
 class FileSent:
     """The outcome of :meth:`~iac.Node.send_file`: the receiver verified the file and renamed it
@@ -101,7 +122,77 @@ class ReceivedFile:
     sha256: str
 
 
+C = TypeVar("C")
+
+
+def subscribe(callbacks: list[C], callback: C) -> Callable[[], None]:
+    """Append ``callback``; the function returned removes it again (once; later calls do nothing)."""
+    callbacks.append(callback)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            callbacks.remove(callback)
+
+    return remove
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    """How messages go, as one value that every sending method of :class:`~iac.Node` takes as
+    ``options=`` (``send``, ``request``, ``stream``, ``call``, ``invoke``, ``delegate``): build it
+    once, use it for every call. A keyword argument given beside it with a value other than its
+    default wins over the field. A field a method has no use for is ignored (``send`` waits for
+    no answer, so it has no ``timeout``; only ``send`` orders, ``stream`` does not retransmit)."""
+
+    #: ACK_REQUESTED: retransmitted until acknowledged (or answered).
+    ack: bool = False
+    #: ORDERED: delivered in order per session (``send``).
+    ordered: bool = False
+    #: The payload encrypted end to end to the receiver's key.
+    sealed: bool = False
+    #: Bytes beside the JSON payload, signed with the message.
+    extra_data: bytes = b""
+    #: Through this relay (inside FORWARD), else directly, a route, or the peer book.
+    via: str | None = None
+    #: False: never in 0-RTT early data.
+    early: bool = True
+    #: For a gateway: the caller it authenticated (field 19, signed with the message).
+    principal: str = ""
+    #: Seconds to wait for the answer; None: ``NodeConfig.request_timeout``.
+    timeout: float | None = None
+
+    def merged(self, **given: Any) -> SendOptions:
+        """These options with each of ``given`` that differs from the field's default."""
+        changed = {k: v for k, v in given.items() if v != getattr(_DEFAULT_OPTIONS, k)}
+        return dataclasses.replace(self, **changed) if changed else self
+
+
+_DEFAULT_OPTIONS = SendOptions()
+
+
+def send_options(options: SendOptions | None, **given: Any) -> SendOptions:
+    """``options`` (or the defaults) with the keyword arguments a caller gave beside it."""
+    return (options or _DEFAULT_OPTIONS).merged(**given)
+
+
 dumps = dumps_compact
+
+
+def payload_text(payload: Any, payload_json: str | None) -> str:
+    """The ``payload_json`` of a message to send: given, or ``payload`` as JSON ("" for None).
+    A payload that is not JSON is the caller's to fix: :class:`~iac.ConfigError` says how."""
+    if payload_json is not None:
+        return payload_json
+    if payload is None:
+        return ""
+    try:
+        return dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"the payload is not JSON ({exc}): pass dicts, lists, strings, numbers, booleans and None "
+            "(convert the rest, e.g. a set to a list), or JSON text as payload_json=...; bytes go in "
+            "extra_data=... or, for files, send_file()"
+        ) from None
 
 
 def error_payload(code: str, message: str) -> str:
@@ -150,6 +241,7 @@ class Sessions(dict[tuple[str, str], Session]):
 
 
 __all__ = [
+    "Broadcast",
     "FileSent",
     "Key",
     "ReceivedFile",

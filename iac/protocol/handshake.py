@@ -27,6 +27,7 @@ Tests forge HELLOs through :class:`HelloDraft` and a ``hook`` (see
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,32 @@ def channel_binding(cert_der: bytes) -> bytes:
     return hashlib.sha256(cert_der).digest()
 
 
+#: The HELLO capability that names the sender's process (docs/PROTOCOL.md, "Duplicate
+#: connections"): ``instance/<16 hex digits>``, random per process. A connection whose
+#: signed HELLO names another instance than the old connection of the same key comes from
+#: a restarted (or a second) process.
+INSTANCE_CAPABILITY = "instance"
+_instance: tuple[int, str] = (0, "")
+
+
+def process_instance() -> str:
+    """This process's instance id (a fork gets its own)."""
+    global _instance
+    pid = os.getpid()
+    if _instance[0] != pid:
+        _instance = (pid, secrets.token_hex(8))
+    return _instance[1]
+
+
+def instance_of(hello: Hello) -> str:
+    """The instance id a HELLO names ("" for a peer that names none)."""
+    prefix = INSTANCE_CAPABILITY + "/"
+    for cap in hello.capabilities:
+        if cap.startswith(prefix):
+            return cap[len(prefix) :][:64]
+    return ""
+
+
 @dataclass(frozen=True)
 class HelloParams:
     """What a side announces about itself in its HELLO."""
@@ -131,7 +158,7 @@ def build_hello(
         dict_ids=params.dict_ids,
         max_frame_size=params.max_frame_size,
         listen_addrs=params.listen_addrs,
-        capabilities=params.capabilities,
+        capabilities=(*params.capabilities, f"{INSTANCE_CAPABILITY}/{process_instance()}"),
         channel_binding=binding,
         peer_agent_id=peer_agent_id,
     )
@@ -389,6 +416,7 @@ __all__ = [
     "ALPN",
     "DEFAULT_MAX_SKEW_US",
     "DEFAULT_NONCE_CACHE_SIZE",
+    "INSTANCE_CAPABILITY",
     "NONCE_SIZE",
     "PROTOCOL_VERSION",
     "ClientHandshake",
@@ -407,4 +435,6 @@ __all__ = [
     "encode_goaway",
     "error_from_close",
     "handshake_codes",
+    "instance_of",
+    "process_instance",
 ]

@@ -103,6 +103,8 @@ class KeyStatus(Enum):
 
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
+    """What the registry knows of one key: its status and the highest ``seq`` seen for it."""
+
     status: KeyStatus
     #: highest ``seq`` seen for the key (record or statement); 0 when unknown
     seq: int = 0

@@ -128,6 +128,8 @@ class Duplicate(Generic[T]):
     item: T
 
 
+#: What :meth:`ReorderBuffer.push` and :meth:`ReorderBuffer.poll` give back: a delivery, a gap, a late
+#: message or a duplicate.
 ReorderEvent: TypeAlias = Delivered[T] | GapSkipped | Late[T] | Duplicate[T]
 
 

@@ -211,6 +211,7 @@ class SignedRevocation(SignedPayload):
 
 
 def sign_revocation(identity: Identity, *, seq: int, issued_us: int, reason: str = "") -> SignedRevocation:
+    """Revoke ``identity``'s own key: a statement signed by the key it revokes."""
     data = Revocation(identity.agent_id, seq, issued_us, reason).encode()
     return SignedRevocation(data, identity.sign(Domain.REVOKE, data))
 

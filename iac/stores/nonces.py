@@ -151,7 +151,9 @@ class RedisNonceCache:
         try:
             import redis as redis_mod
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError("RedisNonceCache needs the redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                "RedisNonceCache needs the redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         _check(max_skew_us, max_entries)
         if not key_prefix:
             raise ConfigError("key_prefix must not be empty")

@@ -49,7 +49,9 @@ class RedisRecordStore:
         try:
             import redis as redis_mod
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError("RedisRecordStore needs the redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                "RedisRecordStore needs the redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         if not key_prefix or any(c.isspace() for c in key_prefix):
             raise ConfigError("key_prefix must be a non-empty string without spaces")
         if max_retries < 1:

@@ -109,7 +109,9 @@ class RedisReplayStore(StoreSettings):
         try:
             import redis as redis_mod
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError("RedisReplayStore needs the redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                "RedisReplayStore needs the redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         self._errors = redis_mod.exceptions
         self._config = config if config is not None else ReplayConfig()
         self._reservation_lease_us: int = check_store_config(self._config, reservation_lease_us)

@@ -153,7 +153,9 @@ class RedisTicketStore:
         try:
             import redis as redis_mod
         except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError("RedisTicketStore needs the redis client: pip install 'iac[redis]'") from None
+            raise ConfigError(
+                "RedisTicketStore needs the redis client: pip install 'iac-mesh[redis]'"
+            ) from None
         if not key_prefix:
             raise ConfigError("key_prefix must not be empty")
         self._errors = redis_mod.exceptions

@@ -40,8 +40,9 @@ from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary
 from iac.wire.elide import elides, pair_prefix, restore
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType
 
-#: From the side that dialed the tap to the target listener, and back.
+#: From the side that dialed the tap to the target listener.
 UP = "up"
+#: From the target listener back to the side that dialed the tap.
 DOWN = "down"
 
 

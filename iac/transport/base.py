@@ -19,6 +19,7 @@ an adapter's I/O are in :mod:`iac.transport.queues`.
 from __future__ import annotations
 
 import contextlib
+import enum
 import ipaddress
 import ssl
 from abc import ABC, abstractmethod
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 
 from iac.errors import CloseCode, ConfigError, IacError, TransportError
 from iac.protocol.clock import SYSTEM_CLOCK, Clock
-from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook
+from iac.protocol.handshake import DEFAULT_MAX_SKEW_US, HelloHook, instance_of
 from iac.protocol.nonces import NonceCache, NonceStore
 from iac.protocol.tickets import TicketStore
 from iac.transport.bound import DEFAULT_MAX_CONNECTIONS, ConnectionBound
@@ -39,6 +40,7 @@ from iac.wire.dicts import Dictionary, DictionarySet
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame
 
 MiB = 1024 * 1024
+#: The URL schemes a node listens on and dials.
 TRANSPORTS = ("quic", "tls", "unix")
 #: ``TransportConfig.quic_retry``: when a QUIC listener validates addresses with Retry.
 RETRY_MODES = ("auto", "always", "never")
@@ -64,6 +66,13 @@ class TransportConfig:
     idle_timeout: float | None = 30.0
     #: Liveness probes: TCP keep-alive idle time on TLS/TCP; QUIC PING interval.
     keepalive_interval: float = 10.0
+    #: How long a QUIC peer has to answer a probe (a PING) before its connection is closed as
+    #: dead: the probe of an old connection when the same key connects again (docs/PROTOCOL.md,
+    #: "Duplicate connections"). Well above a path's RTT.
+    probe_timeout: float = 2.5
+    #: While something waits on a QUIC peer (requests, transfers, streams), probe it when it
+    #: was not heard from for this long: a dead peer is found within this plus ``probe_timeout``.
+    probe_interval: float = 0.5
     #: QUIC congestion control: "reno" (aioquic's default), "cubic", or "bbr" (paced, model
     #: based; aioquic backend only). TLS/TCP keeps the kernel's choice.
     congestion: str = DEFAULT_CONGESTION
@@ -212,6 +221,9 @@ class TransportConfig:
             raise ConfigError("handshake_sources must be at least 1")
         if self.quic_retry not in RETRY_MODES:
             raise ConfigError(f"quic_retry must be one of {', '.join(RETRY_MODES)}, not {self.quic_retry!r}")
+        for name in ("probe_timeout", "probe_interval"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"{name} must be a positive, finite number of seconds")
         if self.retry_threshold <= 0:
             raise ConfigError("retry_threshold must be positive")
         if self.congestion not in CONGESTION_CONTROLS:
@@ -333,6 +345,20 @@ class Connection(ABC):
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         """Flush queued frames, send GOAWAY, close. Idempotent."""
 
+    def watch(self, waiting: bool) -> None:
+        """Whether something on this side waits on the peer (requests, transfers, streams): while
+        it does, adapters that probe (QUIC) probe a peer not heard from for ``probe_interval``
+        and close it if it does not answer within ``probe_timeout``. Others ignore it (the
+        kernel reports a dead TCP peer)."""
+        return None
+
+    async def alive(self, bound: float) -> bool:
+        """Whether the peer is alive: adapters that send their own probes (QUIC) probe it and
+        wait at most ``bound`` seconds for the answer (a peer that does not answer is closed);
+        on TLS/TCP and UNIX sockets the kernel reports a dead peer (a reset, TCP keep-alive),
+        so an open connection is alive."""
+        return not self.closed
+
     @abstractmethod
     async def wait_closed(self) -> None:
         """Return once the connection is closed, for whatever reason."""
@@ -378,6 +404,7 @@ class Listener(ABC):
         await self.close()
 
 
+#: What a listener calls with each accepted connection.
 OnConnection = Callable[[Connection], Awaitable[None]]
 
 
@@ -436,10 +463,24 @@ def parse_address(url: str) -> Address:
 # --- one connection per peer pair ---------------------------------------------------------------
 
 
+class Verdict(enum.Enum):
+    """What :meth:`ConnectionTable.verdict` says of a second connection with one peer key
+    (docs/PROTOCOL.md, "Duplicate connections")."""
+
+    NEW = "new"  #: the new one replaces the old one (close the old: GOING_AWAY)
+    OLD = "old"  #: keep the old one (close the new: GOING_AWAY), the simultaneous-dial tie-break
+    #: probe the old one (:meth:`Connection.alive`): dead, the new one replaces it; alive, the
+    #: new one is refused: DUPLICATE_IDENTITY when it names another process, else GOING_AWAY
+    PROBE = "probe"
+
+
 class ConnectionTable:
     """One connection per peer. When two nodes dial each other at once, both end up
     with two connections; each side keeps the one dialed by the lower AgentId and
-    closes the other (GOAWAY GOING_AWAY), so both keep the same one."""
+    closes the other (GOAWAY GOING_AWAY), so both keep the same one. A connection that
+    the same side dialed again replaces the old one when both name one process; one that
+    names another process (or none) replaces it only once a probe found it dead
+    (:meth:`verdict`)."""
 
     def __init__(self, local_agent_id: str) -> None:
         self.local_agent_id = local_agent_id
@@ -455,12 +496,37 @@ class ConnectionTable:
     def _dialer_of(self, conn: Connection) -> str:
         return self.local_agent_id if conn.peer.dialed else conn.peer.agent_id
 
+    def verdict(self, old: Connection, new: Connection) -> Verdict:
+        """Which of two verified connections with one peer key stays."""
+        was, now = instance_of(old.peer.hello), instance_of(new.peer.hello)
+        if was and now and was != now:
+            return Verdict.PROBE  # another process proved the key: a restart, or a second process
+        if old.peer.dialed == new.peer.dialed:  # the same side dialed again: it gave up on the old
+            return Verdict.NEW if was and was == now else Verdict.PROBE
+        return Verdict.NEW if self._tie_break(old, new) else Verdict.OLD
+
+    def _tie_break(self, old: Connection, new: Connection) -> bool:
+        lower = min(self.local_agent_id, new.peer.agent_id)
+        return self._dialer_of(new) == lower and self._dialer_of(old) != lower
+
+    def replace(self, old: Connection, new: Connection) -> bool:
+        """Put ``new`` in ``old``'s place (False: ``old`` is not the peer's connection any more)."""
+        peer = new.peer.agent_id
+        if self._by_peer.get(peer) is not old:
+            return False
+        self._by_peer[peer] = new
+        return True
+
     def add(self, conn: Connection) -> tuple[Connection, Connection | None]:
-        """Register ``conn``; return ``(kept, to_close)``. The caller closes ``to_close``."""
+        """Register ``conn``; return ``(kept, to_close)``. The caller closes ``to_close``.
+        A pair that needs a probe (:data:`Verdict.PROBE`) keeps the old one here: the caller
+        probes first (:meth:`verdict`)."""
         old = self.get(conn.peer.agent_id)
         if old is None or old is conn:
             self._by_peer[conn.peer.agent_id] = conn
             return conn, None
+        if self.verdict(old, conn) is Verdict.NEW and self.replace(old, conn):
+            return conn, old
         lower = min(self.local_agent_id, conn.peer.agent_id)
         old_ok = self._dialer_of(old) == lower
         new_ok = self._dialer_of(conn) == lower
@@ -494,6 +560,7 @@ __all__ = [
     "OnConnection",
     "PeerInfo",
     "TransportConfig",
+    "Verdict",
     "describe_error",
     "format_host",
     "map_network_errors",

@@ -34,6 +34,7 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 
 from iac.errors import AdmissionDenied, ConfigError
 from iac.protocol.handshake import channel_binding
+from iac.wire.private import write_private
 
 DEFAULT_VALID_DAYS = 825
 CA_VALID_DAYS = 3650
@@ -276,14 +277,12 @@ def verify_client_chain(chain: Sequence[bytes], ca_file: str, now: dt.datetime |
 
 
 def _write_private(path: Path, data: bytes, overwrite: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
     try:
-        fd = os.open(path, flags, 0o600)
+        write_private(path, data, overwrite=overwrite)
     except FileExistsError:
         raise ConfigError(f"{path}: already exists (use --force to replace)") from None
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(data)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write it: {exc.strerror or exc}") from None
 
 
 def _write_public(path: Path, data: bytes, overwrite: bool) -> None:

@@ -18,9 +18,11 @@ sockets or a clock (time comes in as ``now``, as in aioquic's ``QuicConnection``
   idle deadline and, where the adapter sends its own liveness probes (QUIC), the next PING.
 * the linger decision (:meth:`ConnectionCore.flushes_on_close`, :meth:`ConnectionCore.linger_until`).
 
-Decisions that later belong to one connection (liveness probing, duplicate connections,
-connection limits, path MTU) are made here too, as inputs (``now``, events) and outputs
-(a state change, a :class:`TimerEvent`).
+* liveness probes (:meth:`ConnectionCore.probe`, :meth:`ConnectionCore.heard`): a probe the
+  peer does not answer within its bound closes the connection (:data:`TimerEvent.DEAD`).
+
+Decisions that later belong to one connection (connection limits, path MTU) are made here
+too, as inputs (``now``, events) and outputs (a state change, a :class:`TimerEvent`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Event(enum.Enum):
     VERIFIED = "verified"  #: the peer's HELLO verified
     CLOSE = "close"  #: a reason to close: this side, the peer's GOAWAY, a fault, idle
     TERMINATED = "terminated"  #: the transport under the connection ended
+    PROBE = "probe"  #: a liveness probe went out; the peer answers it within a bound or the core closes
 
 
 #: The one transition table. A pair that is not here is a bug of the adapter
@@ -57,6 +60,7 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.HANDSHAKING, Event.TERMINATED): State.CLOSED,
     (State.OPEN, Event.CLOSE): State.CLOSING,
     (State.OPEN, Event.TERMINATED): State.CLOSED,
+    (State.OPEN, Event.PROBE): State.OPEN,
     (State.CLOSING, Event.CLOSE): State.CLOSING,
     (State.CLOSING, Event.TERMINATED): State.CLOSED,
     (State.CLOSED, Event.CLOSE): State.CLOSED,
@@ -84,6 +88,7 @@ class TimerEvent(enum.Enum):
     NONE = "none"  #: nothing (re-arm at :meth:`ConnectionCore.next_timer`)
     PING = "ping"  #: send a liveness probe
     IDLE = "idle"  #: no frame moved for ``idle_timeout``: the core is CLOSING; send GOAWAY IDLE_TIMEOUT
+    DEAD = "dead"  #: a probe went unanswered for its bound: the core is CLOSING (:func:`silent_error`)
 
 
 def closed_by_this_side(code: int, reason: str) -> ConnectionClosed:
@@ -104,6 +109,19 @@ def idle_error(idle_timeout: float) -> ConnectionClosed:
     )
 
 
+#: The GOAWAY reason of a close for a probe nobody answered (with code IDLE_TIMEOUT).
+SILENT_REASON = "silent"
+
+
+def silent_error(bound: float) -> ConnectionClosed:
+    """The error of a connection whose peer did not answer a liveness probe within ``bound`` s."""
+    return ConnectionClosed(
+        f"peer silent: a liveness probe went unanswered for {bound:g} s",
+        int(CloseCode.IDLE_TIMEOUT),
+        SILENT_REASON,
+    )
+
+
 class ConnectionCore:
     """One connection's state, close error, backlog judge and timers (no I/O, no clock).
 
@@ -120,6 +138,8 @@ class ConnectionCore:
         idle_timeout: float | None,
         linger: float,
         keepalive: float | None = None,
+        probe_interval: float = 0.5,
+        probe_timeout: float = 2.5,
     ) -> None:
         self._state = State.HANDSHAKING
         self._error: IacError | None = None
@@ -135,6 +155,19 @@ class ConnectionCore:
         self.keepalive = keepalive
         self.linger = linger
         self._next_ping: float | None = None
+        #: The outstanding probe: when it is due answered, and its bound (None: no probe out).
+        self._probe_due: float | None = None
+        self._probe_bound = 0.0
+        self._probe_sent = 0.0
+        #: Something on this side waits on the peer (requests, transfers, streams): set by the
+        #: node. While it holds, a peer not heard from for ``probe_interval`` is probed, and
+        #: closed if it does not answer within ``probe_timeout`` (adapters that probe: QUIC).
+        self.waiting = False
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        #: When the peer was last heard from: a probe or keep-alive answered, or data received
+        #: (the adapter sets it, on every frame received: an attribute).
+        self.last_heard = now
         self._linger_from: float | None = None
         self.session: SessionLogic | None = None
 
@@ -226,6 +259,11 @@ class ConnectionCore:
         if self.closed:
             return None
         at = self._next_ping
+        if self._probe_due is not None:
+            at = self._probe_due if at is None else min(at, self._probe_due)
+        elif self.waiting and self.can_probe and self._state is State.OPEN:
+            busy_at = self.last_heard + self.probe_interval
+            at = busy_at if at is None else min(at, busy_at)
         if self.idle_timeout is not None:
             idle_at = self.last_activity + self.idle_timeout
             at = idle_at if at is None else min(at, idle_at)
@@ -233,17 +271,63 @@ class ConnectionCore:
 
     def handle_timer(self, now: float) -> TimerEvent:
         """The timer fired at ``now``: close an idle connection (:data:`TimerEvent.IDLE`, the
-        core is CLOSING with :func:`idle_error`), or ask for a probe."""
+        core is CLOSING with :func:`idle_error`) or one whose probe went unanswered
+        (:data:`TimerEvent.DEAD`), or ask for a PING: the keep-alive, or a probe of a peer that
+        something :attr:`waiting` on it has not heard from for ``probe_interval``."""
         if self.closed:
             return TimerEvent.NONE
         idle = self.idle_timeout
         if idle is not None and now - self.last_activity >= idle:
             self.close(idle_error(idle))
             return TimerEvent.IDLE
+        if self._probe_due is not None and now >= self._probe_due:
+            if self.last_heard < self._probe_sent:
+                self.close(silent_error(self._probe_bound))
+                return TimerEvent.DEAD
+            self._probe_due = None  # the peer was heard from meanwhile (its data)
+        quiet = now >= self.last_heard + self.probe_interval
+        if self.waiting and self._probe_due is None and quiet and self.probe(now, self.probe_timeout):
+            if self.keepalive is not None:
+                self._next_ping = now + self.keepalive
+            return TimerEvent.PING
         if self._next_ping is not None and now >= self._next_ping and self.keepalive is not None:
             self._next_ping = now + self.keepalive
             return TimerEvent.PING
         return TimerEvent.NONE
+
+    # -- liveness probes ------------------------------------------------------------------------
+
+    @property
+    def can_probe(self) -> bool:
+        """Whether the adapter sends its own probes (QUIC PING); on TLS/TCP and UNIX sockets
+        the kernel reports a dead peer (a reset, or TCP keep-alive)."""
+        return self.keepalive is not None
+
+    @property
+    def probing(self) -> bool:
+        """A probe is out and not answered yet."""
+        return self._probe_due is not None
+
+    def probe(self, now: float, bound: float) -> bool:
+        """Ask whether the peer is alive: True when the adapter must send a probe now (the
+        peer then answers within ``bound`` seconds, or :meth:`handle_timer` closes the core with
+        :func:`silent_error`). False: the connection is not open, the adapter cannot probe, or
+        a probe is already out (its deadline is brought forward to ``now + bound``)."""
+        if self._state is not State.OPEN or not self.can_probe:
+            return False
+        due = now + bound
+        if self._probe_due is not None:
+            if due < self._probe_due:
+                self._probe_due, self._probe_bound = due, bound
+            return False
+        self._move(Event.PROBE)
+        self._probe_due, self._probe_bound, self._probe_sent = due, bound, now
+        return True
+
+    def heard(self, now: float) -> None:
+        """The peer answered a probe or a keep-alive: it is alive at ``now``."""
+        self.last_heard = now
+        self._probe_due = None
 
     # -- closing --------------------------------------------------------------------------------
 
@@ -259,6 +343,7 @@ class ConnectionCore:
 
 __all__ = [
     "IDLE_REASON",
+    "SILENT_REASON",
     "TRANSITIONS",
     "ConnectionCore",
     "Event",
@@ -268,4 +353,5 @@ __all__ = [
     "TimerEvent",
     "closed_by_this_side",
     "idle_error",
+    "silent_error",
 ]

@@ -15,6 +15,7 @@ from iac.transport.base import (
 )
 from iac.wire.identity import Identity
 
+#: The transport settings used when none are given.
 DEFAULT_CONFIG = TransportConfig()
 
 

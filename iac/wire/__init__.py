@@ -5,7 +5,7 @@ its field-8 scan, Ed25519 identities and sealed payloads. Nothing here does I/O
 or reads a clock; it imports only :mod:`iac.errors`.
 """
 
-from iac.wire._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Message, TaskState
+from iac.wire._pb.iac_pb2 import Dict, Forward, GoAway, Hello, Message
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary, train
 from iac.wire.enums import Intent, MessageType, message_type
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType, decode_frame, encode_frame
@@ -25,6 +25,7 @@ from iac.wire.message import (
     unsigned_bytes,
 )
 from iac.wire.seal import open_sealed, seal_payload
+from iac.wire.task import TaskState
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",

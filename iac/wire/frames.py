@@ -37,6 +37,7 @@ from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
 from iac.wire.elide import restore
 from iac.wire.scan import decode_varint, encode_varint
 
+#: The largest frame a node reads or writes unless configured otherwise (4 MiB; ``max_frame_size``).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 #: type + flags + the longest varint
 MAX_HEADER_SIZE = 12
@@ -51,6 +52,8 @@ _PIECE = 64 * 1024
 
 
 class FrameType(IntEnum):
+    """The frame types of the wire format (docs/PROTOCOL.md, "Frames")."""
+
     MESSAGE = 0x01
     HELLO = 0x02
     FORWARD = 0x03
@@ -120,7 +123,10 @@ def encode_frame(
     one; with neither the body goes raw.
     """
     if len(body) > max_frame_size:
-        raise FrameTooLarge(f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}")
+        raise FrameTooLarge(
+            f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}: send large data "
+            "as a file (Node.send_file, in chunks), or raise TransportConfig.max_frame_size on both sides"
+        )
     flags = 0
     if compress_with is not None or plain_zstd:
         packed = (compress_with or NO_DICTIONARY).compress(body)

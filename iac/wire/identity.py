@@ -18,6 +18,7 @@ import nacl.exceptions
 import nacl.signing
 
 from iac.errors import BadSignature, InvalidAgentId, KeyFileError
+from iac.wire.private import write_private
 
 _AGENT_ID_RE = re.compile(r"[0-9a-f]{64}")
 _KEY_FILE_TAG = "iac-ed25519-seed-v1"
@@ -161,17 +162,16 @@ class Identity:
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the key to ``path`` with mode 0600 (refuses to replace a file unless asked)."""
         p = Path(path)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        text = (
+            f"# IAC agent key. AgentId {self.agent_id}. Keep this file private.\n"
+            f"{_KEY_FILE_TAG} {self.seed().hex()}\n"
+        )
         try:
-            fd = os.open(p, flags, 0o600)
+            write_private(p, text.encode("ascii"), overwrite=overwrite)
         except FileExistsError:
             raise KeyFileError(f"{p}: already exists (refusing to overwrite a key)") from None
         except OSError as exc:
-            raise KeyFileError(f"{p}: cannot write key file: {exc.strerror}") from None
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(f"# IAC agent key. AgentId {self.agent_id}. Keep this file private.\n")
-            f.write(f"{_KEY_FILE_TAG} {self.seed().hex()}\n")
+            raise KeyFileError(f"{p}: cannot write key file: {exc.strerror or exc}") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Identity:

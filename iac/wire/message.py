@@ -20,7 +20,9 @@ from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameType, decode_frame_body
 from iac.wire.identity import Domain, Identity, check_agent_id, check_agent_id_cached, verify, verify_signed
 from iac.wire.scan import HELLO_SCHEMA, MESSAGE_SCHEMA, SIGNATURE_SIZE, excise_signature, signature_span
 
+#: ``Message.flags`` bit: the sender wants an ACK and retransmits until it gets one.
 FLAG_ACK_REQUESTED = 0x1
+#: ``Message.flags`` bit: deliver in order within the session.
 FLAG_ORDERED = 0x2
 #: A request that wants a streamed answer, and each part of it; the last part of a stream.
 FLAG_STREAM = 0x4

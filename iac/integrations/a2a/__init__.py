@@ -1,4 +1,4 @@
-"""A2A over IAC (``pip install 'iac[a2a]'``): A2A agents and clients (the a2a-sdk) talking over
+"""A2A over IAC (``pip install 'iac-mesh[a2a]'``): A2A agents and clients (the a2a-sdk) talking over
 signed IAC messages, and a gateway between A2A's JSON-RPC over HTTP and IAC agents.
 
 * :func:`register` / :func:`client`: an a2a-sdk client whose calls to a card's ``iac://``
@@ -33,6 +33,7 @@ from iac.integrations.a2a.gateway import A2AGateway
 from iac.integrations.a2a.principal import principal_of
 from iac.integrations.a2a.proxy import ProxyHandler
 from iac.integrations.a2a.server import A2AServer, IacUser, serve
+from iac.integrations.a2a.tenants import GatewayCollector, GatewayLimits
 
 __all__ = [
     "BINDING",
@@ -45,6 +46,8 @@ __all__ = [
     "A2AServer",
     "Endpoint",
     "GatewayAuth",
+    "GatewayCollector",
+    "GatewayLimits",
     "IacBinding",
     "IacBindingError",
     "IacTransport",

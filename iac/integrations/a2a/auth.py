@@ -20,6 +20,8 @@ from iac.integrations.a2a.binding import check_principal
 SCHEMES = ("bearer", "apikey")
 #: The card's name for the gateway's security scheme.
 SCHEME_NAME = "iacGateway"
+#: The largest credentials file read, in bytes.
+MAX_CREDENTIALS_FILE = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,20 @@ class GatewayAuth:
         not be readable by group or others."""
         p = Path(path)
         try:
-            mode = p.stat().st_mode
-            text = p.read_text(encoding="utf-8")
+            st = p.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{p}: not a regular file; give a file of PRINCIPAL SECRET lines")
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise ConfigError(f"{p}: readable by group or others; run `chmod 600 {p}`")
+            if st.st_size > MAX_CREDENTIALS_FILE:
+                raise ConfigError(f"{p}: larger than {MAX_CREDENTIALS_FILE} bytes; is it a credentials file?")
+            text = p.read_bytes()[: MAX_CREDENTIALS_FILE + 1].decode("utf-8")
         except OSError as exc:
-            raise ConfigError(f"{p}: {exc.strerror or exc}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"{p}: readable by group or others; run `chmod 600 {p}`")
+            raise ConfigError(f"{p}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{p}: not UTF-8 text (byte {exc.start}); give a text file of PRINCIPAL SECRET lines"
+            ) from None
         creds: dict[str, str] = {}
         for n, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()

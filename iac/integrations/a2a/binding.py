@@ -37,7 +37,7 @@ try:
     from google.protobuf.json_format import MessageToDict, ParseDict
     from google.protobuf.message import Message as ProtoMessage
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("iac.integrations.a2a needs a2a-sdk: pip install 'iac[a2a]'") from exc
+    raise ImportError("iac.integrations.a2a needs a2a-sdk: pip install 'iac-mesh[a2a]'") from exc
 
 from iac.errors import ConfigError, IacError
 from iac.transport.base import parse_address
@@ -49,6 +49,7 @@ BINDING = "IAC"
 #: The A2A protocol versions the binding carries (major.minor), preferred first.
 VERSIONS = ("1.0",)
 VERSION = VERSIONS[0]
+"""The A2A protocol version the binding prefers (the first of ``VERSIONS``)."""
 #: The IAC message type that carries A2A calls.
 MSG_TYPE = MessageType.RUN
 #: The binding's own method: the agent's public card (what an HTTP agent serves at its

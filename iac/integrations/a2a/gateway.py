@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
-from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,41 +36,24 @@ try:
     from a2a.types import a2a_pb2 as pb
     from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, TransportProtocol
     from starlette.applications import Starlette
-    from starlette.authentication import AuthCredentials, SimpleUser
-    from starlette.exceptions import HTTPException
     from starlette.requests import Request
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "the A2A gateway needs a2a-sdk[http-server] and uvicorn: pip install 'iac[a2a]'"
+        "the A2A gateway needs a2a-sdk[http-server] and uvicorn: pip install 'iac-mesh[a2a]'"
     ) from exc
 
 from iac.errors import ConfigError
 from iac.integrations.a2a.auth import GatewayAuth
-from iac.integrations.a2a.binding import VERSION, error_name, interface_url
+from iac.integrations.a2a.binding import VERSION, interface_url
 from iac.integrations.a2a.client import BindingStats, IacTransport, fetch_card
+from iac.integrations.a2a.connections import ConnectionGuard, GuardedListener, guarded_protocol
+from iac.integrations.a2a.front import SCOPE_KEY, ASGIApp, Front, GatewayStats
 from iac.integrations.a2a.proxy import ProxyHandler, forward_principal
+from iac.integrations.a2a.tenants import FairShares, GatewayLimits, ReplayCache
+from iac.integrations.slots import ByteBudget
 from iac.node.node import Node
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-_SCOPE_KEY = "iac.gateway"
-_INSPECT = 64 * 1024  # bytes of a JSON response read back to count its error code
-
-
-class GatewayStats:
-    """``requests``: JSON-RPC POSTs; ``refused``: answered at the gateway, never forwarded (by
-    reason: ``unauthenticated``, ``too_large`` and the JSON-RPC errors); ``answered_errors``: A2A
-    errors of forwarded calls (by JSON-RPC error name); plus the forwarding handler's and the IAC
-    client side's counters."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.refused: Counter[str] = Counter()
-        self.answered_errors: Counter[str] = Counter()
+_MAX_HEAD = 16 * 1024  # bytes of a request head
 
 
 def _parse_listen(listen: str) -> tuple[str, str, int]:
@@ -90,95 +72,15 @@ class _Builder(DefaultServerCallContextBuilder):
 
     def build(self, request: Request) -> ServerCallContext:
         scc = super().build(request)
-        scc.state[_SCOPE_KEY] = request.scope.get(_SCOPE_KEY)
+        scc.state[SCOPE_KEY] = request.scope.get(SCOPE_KEY)
         return scc
 
 
 def _forwarding(scc: ServerCallContext) -> ClientCallContext:
-    record = scc.state.get(_SCOPE_KEY)
+    record = scc.state.get(SCOPE_KEY)
     if isinstance(record, dict):
         record["forwarded"] = True
     return forward_principal(scc)
-
-
-class _Front:
-    """The ASGI layer before a2a-sdk's routes: authentication, the body bound, counting."""
-
-    def __init__(self, app: ASGIApp, gateway: A2AGateway) -> None:
-        self.app = app
-        self.gw = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
-            await self.app(scope, receive, send)
-            return
-        gw, stats = self.gw, self.gw.stats_
-        stats.requests += 1
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        principal = gw.auth.authenticate(headers)
-        if principal is None:
-            stats.refused["unauthenticated"] += 1
-            await _reply(send, 401, "authentication required", {"www-authenticate": gw.auth.challenge()})
-            return
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > gw.max_body:
-            stats.refused["too_large"] += 1
-            await _reply(send, 413, f"the body is over {gw.max_body} bytes")
-            return
-        record: dict[str, Any] = {"forwarded": False}
-        scope = dict(scope)
-        scope["user"] = SimpleUser(principal)
-        scope["auth"] = AuthCredentials(["authenticated"])
-        scope[_SCOPE_KEY] = record
-        received = 0
-
-        async def bounded() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > gw.max_body:
-                stats.refused["too_large"] += 1
-                record["too_large"] = True
-                raise HTTPException(status_code=413)  # a2a-sdk answers "Payload too large"
-            return message
-
-        json_body: list[bytes] = []
-        is_json = False
-
-        async def counted(message: Message) -> None:
-            nonlocal is_json
-            if message["type"] == "http.response.start":
-                ctype = dict(message.get("headers", ())).get(b"content-type", b"")
-                is_json = ctype.startswith(b"application/json")
-            elif message["type"] == "http.response.body" and is_json:
-                if sum(map(len, json_body)) < _INSPECT:
-                    json_body.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    self._count(b"".join(json_body), record)
-            await send(message)
-
-        await self.app(scope, bounded, counted)
-
-    def _count(self, body: bytes, record: dict[str, Any]) -> None:
-        if b'"error"' not in body or record.get("too_large"):
-            return
-        try:
-            code = json.loads(body)["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            return
-        stats = self.gw.stats_
-        if not record["forwarded"]:
-            stats.refused[error_name(code)] += 1
-        else:
-            stats.answered_errors[error_name(code)] += 1
-
-
-async def _reply(send: Send, status: int, text: str, extra: dict[str, str] | None = None) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": text}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class _Server(uvicorn.Server):
@@ -197,6 +99,8 @@ class A2AGateway:
     card, fetched over IAC (``GetAgentCard``) when not given. ``max_body``: largest request body.
     ``timeout``/``stream_timeout``: of a forwarded unary call / stream. ``advertise_iac``: list the
     agent's own IAC interfaces in the published card too (IAC clients then go direct).
+    ``limits``: the bounds per tenant and in total (:class:`GatewayLimits`); ``clock``: seconds,
+    for the repeated-``messageId`` window.
     """
 
     def __init__(
@@ -214,6 +118,8 @@ class A2AGateway:
         advertise_iac: bool = True,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        limits: GatewayLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scheme, self.host, self.port = _parse_listen(listen)
         if self.scheme == "https" and not (tls_cert and tls_key):
@@ -229,6 +135,13 @@ class A2AGateway:
         self.tls = (tls_cert, tls_key)
         self.stats_ = GatewayStats()
         self.binding_stats = BindingStats()
+        lim = self.limits = limits or GatewayLimits()
+        self.clock = clock
+        self.bodies = ByteBudget(lim.max_bodies, lim.max_bodies_per_client)
+        self.shares = FairShares(lim.max_calls, lim.max_calls_per_principal, lim.max_queued)
+        self.replays = ReplayCache(lim.replay_window, lim.replay_entries, lim.replay_bytes)
+        self.guard: ConnectionGuard | None = None
+        self.closing = False
         self.card = pb.AgentCard()
         self.url = ""
         self.app: ASGIApp | None = None
@@ -246,6 +159,7 @@ class A2AGateway:
     def stats(self) -> dict[str, Any]:
         s = self.stats_
         h = self.handler
+        g = self.guard
         return {
             "requests": s.requests,
             "refused": dict(s.refused),
@@ -253,6 +167,12 @@ class A2AGateway:
             "forwarded": dict(h.forwarded) if h else {},
             "failed": dict(h.failed) if h else {},
             "iac": self.binding_stats.snapshot(),
+            "replayed": s.replayed,
+            "throttled": dict(self.shares.throttled),
+            "calls_in_flight": dict(self.shares.in_flight),
+            "connections": g.live if g else 0,
+            "connections_refused": dict(g.refused) if g else {},
+            "connections_closed": dict(g.closed) if g else {},
         }
 
     def build(self, url: str) -> ASGIApp:
@@ -278,7 +198,7 @@ class A2AGateway:
             *create_agent_card_routes(card, card_url=AGENT_CARD_WELL_KNOWN_PATH),
             *create_jsonrpc_routes(self.handler, rpc_url="/", context_builder=_Builder()),
         ]
-        self.app = _Front(Starlette(routes=routes), self)
+        self.app = Front(Starlette(routes=routes), self)
         return self.app
 
     async def start(self) -> str:
@@ -288,12 +208,15 @@ class A2AGateway:
                 self.node, self.agent_id, *self.addresses, timeout=self.timeout
             )
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        guard = ConnectionGuard(self.limits, f"A2A gateway {self.host}:{self.port}", time.monotonic)
+        sock = GuardedListener(family, socket.SOCK_STREAM)
+        sock.guard = guard
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
+            guard.close()
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         sock.listen(128)
         sock.setblocking(False)
@@ -301,9 +224,11 @@ class A2AGateway:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{self.scheme}://{host}:{port}/"
         app = self.build(self.url)
+        self.guard = guard
         config = uvicorn.Config(
             app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2,
-            timeout_keep_alive=75,
+            timeout_keep_alive=max(1, int(self.limits.keep_alive)), http=guarded_protocol(self.guard),
+            h11_max_incomplete_event_size=_MAX_HEAD, backlog=1024,
             ssl_certfile=self.tls[0], ssl_keyfile=self.tls[1],
         )  # fmt: skip
         self._server = _Server(config)
@@ -318,6 +243,7 @@ class A2AGateway:
     async def close(self) -> None:
         if self._server is None or self._task is None:
             return
+        self.closing = True  # the calls uvicorn cancels at the end of its grace end quietly
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5)
@@ -325,6 +251,8 @@ class A2AGateway:
             self._server.force_exit = True
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 2)
+        if self.guard is not None:
+            self.guard.close()
         self._server = self._task = None
 
 

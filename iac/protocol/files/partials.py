@@ -22,11 +22,11 @@ from pathlib import Path
 from iac.errors import FileTransferError
 from iac.protocol.files.payloads import ChunkHeader, Range
 from iac.wire.jsonutil import dumps_compact
+from iac.wire.private import write_private
 
 PART_PREFIX = ".iac-part-"
 #: The partial file, its state and the state's temporary file; group 1 is the digest.
 _PART_NAME_RE = re.compile(re.escape(PART_PREFIX) + r"([0-9a-f]{32})(?:\.json(?:\.tmp)?)?")
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def part_paths(inbox: Path, key: tuple[str, str]) -> tuple[Path, Path]:
@@ -49,12 +49,8 @@ def write_state(state_path: Path, sender: str, header: ChunkHeader, ranges: tupl
         "sha256": header.sha256,
         "received": [[a, b] for a, b in ranges],
     }
-    tmp = state_path.with_name(state_path.name + ".tmp")
-    unlink(tmp)  # created anew below (O_EXCL): a file or a link left there is never written through
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(dumps_compact(doc))
-    os.replace(tmp, state_path)
+    tmp = state_path.with_name(state_path.name + ".tmp")  # idle_partials finds a leftover one
+    write_private(state_path, dumps_compact(doc).encode("utf-8"), tmp=tmp)
 
 
 def read_state(state_path: Path, key: tuple[str, str]) -> tuple[ChunkHeader, tuple[Range, ...]] | None:

@@ -117,6 +117,8 @@ _ERRORS_BY_NAME: dict[str, type[FileTransferError]] = {
 
 
 class AckStatus(StrEnum):
+    """The ``status`` of a file transfer's ack: some chunks held, all verified, refused, or unknown."""
+
     PARTIAL = "partial"
     COMPLETE = "complete"
     FAILED = "failed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -35,6 +36,7 @@ class RouteRefusal(StrEnum):
     NO_ROUTE = "no_route"
     SEEN_CACHE_FULL = "seen_cache_full"
     DUPLICATE = "duplicate"
+    RELAY_RATE = "relay_rate"  #: the origin's share of this relay is spent (``RelayPolicy.origin_rate``)
 
     @property
     def code(self) -> str | None:
@@ -50,6 +52,7 @@ _REFUSAL_CODES: dict[RouteRefusal, str] = {
     RouteRefusal.RELAY_DENIED: "policy_denied",
     RouteRefusal.NO_ROUTE: "bad_request",
     RouteRefusal.SEEN_CACHE_FULL: "busy",
+    RouteRefusal.RELAY_RATE: "busy",
 }
 
 
@@ -67,6 +70,12 @@ class RelayPolicy:
         relay_replies: relay a REPLY, ERROR or ACK that answers a request this
             node relayed, whatever ``relay_unicast``/``origins``/``destinations`` say.
         max_hop_limit: clamp on the hop limit this node sends on.
+        admit: relay unicast only when ``admit(origin, to)`` (None: anyone the fields above
+            allow); a registry admits agents with a live record in it.
+        origin_rate, origin_burst: unicast Forwards relayed per second for one origin, and the
+            burst (None: no bound); beyond, ``relay_rate``.
+        origin_bytes, origin_burst_bytes: the same in bytes (the relayed message's size).
+        max_origins: origins whose share is tracked (the least recently seen is forgotten).
     """
 
     relay_broadcasts: bool = True
@@ -75,10 +84,22 @@ class RelayPolicy:
     destinations: frozenset[str] | None = None
     relay_replies: bool = True
     max_hop_limit: int = MAX_HOP_LIMIT
+    admit: Callable[[str, str], bool] | None = field(default=None, compare=False)
+    origin_rate: float | None = None
+    origin_burst: int = 100
+    origin_bytes: float | None = None
+    origin_burst_bytes: int = 4 * 1024 * 1024
+    max_origins: int = 10_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_hop_limit <= U32:
             raise ConfigError("max_hop_limit must be at least 1")
+        for name in ("origin_rate", "origin_bytes"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"{name} must be positive (or None)")
+        if self.origin_burst < 1 or self.origin_burst_bytes < 1 or self.max_origins < 1:
+            raise ConfigError("origin_burst, origin_burst_bytes and max_origins must be at least 1")
         for ids in (self.origins, self.destinations):
             for agent in ids or ():
                 require_agent_id(agent, "origins and destinations")
@@ -91,6 +112,7 @@ class RelayPolicy:
             self.relay_unicast
             and (self.origins is None or origin in self.origins)
             and (self.destinations is None or to in self.destinations)
+            and (self.admit is None or self.admit(origin, to))
         )
 
 

@@ -143,6 +143,8 @@ class Router:
         self._seen = _ExpiringSet(max_seen)
         self._relayed_requests: OrderedDict[tuple[str, int, int], tuple[str, int]] = OrderedDict()
         self._routes: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
+        #: Per origin: [messages, bytes, last seen (s)] left of its relay share.
+        self._shares: OrderedDict[str, list[float]] = OrderedDict()
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -380,6 +382,10 @@ class Router:
         hop = self.next_hop(to, peers, now_us)
         if hop is None or hop == from_peer or hop in env.path:
             return self._refuse(RouteRefusal.NO_ROUTE, NoRoute(f"no route toward {to[:16]}…"), env)
+        if not self._take_share(origin, len(env.message), now_us):
+            return self._refuse(
+                RouteRefusal.RELAY_RATE, RelayDenied(f"{origin[:16]}… spent its share of this relay"), env
+            )
         if not self._remember(key, now_us):
             return self._seen_cache_full(env)
         self._learn(origin, from_peer, now_us)
@@ -395,6 +401,32 @@ class Router:
         return RouteDecision(
             sends=(send,), message_bytes=env.message, origin=origin, hop_limit=env.hop_limit, path=env.path
         )
+
+    def _take_share(self, origin: str, size: int, now_us: int) -> bool:
+        """One relayed message of ``size`` bytes from ``origin`` against its token buckets
+        (``RelayPolicy.origin_rate`` / ``origin_bytes``); True when it fits."""
+        pol = self.policy
+        if pol.origin_rate is None and pol.origin_bytes is None:
+            return True
+        now = now_us / 1e6
+        share = self._shares.pop(origin, None)
+        if share is None:
+            share = [float(pol.origin_burst), float(pol.origin_burst_bytes), now]
+        elapsed = max(0.0, now - share[2])
+        share[2] = now
+        if pol.origin_rate is not None:
+            share[0] = min(float(pol.origin_burst), share[0] + elapsed * pol.origin_rate)
+        if pol.origin_bytes is not None:
+            share[1] = min(float(pol.origin_burst_bytes), share[1] + elapsed * pol.origin_bytes)
+        self._shares[origin] = share  # most recently seen last
+        while len(self._shares) > pol.max_origins:
+            self._shares.popitem(last=False)
+        over_rate = pol.origin_rate is not None and share[0] < 1
+        if over_rate or (pol.origin_bytes is not None and share[1] < size):
+            return False
+        share[0] -= 1
+        share[1] -= size
+        return True
 
     def _relay_limit(self, env: ForwardEnvelope) -> int:
         """The hop limit to send ``env`` on with: one less, clamped by the policy, and no more hops

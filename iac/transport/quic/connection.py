@@ -38,7 +38,15 @@ from iac.protocol.handshake import (
     error_from_close,
 )
 from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, format_host
-from iac.transport.core import IDLE_REASON, ConnectionCore, Judged, State, TimerEvent, closed_by_this_side
+from iac.transport.core import (
+    IDLE_REASON,
+    SILENT_REASON,
+    ConnectionCore,
+    Judged,
+    State,
+    TimerEvent,
+    closed_by_this_side,
+)
 from iac.transport.queues import SendQueue
 from iac.transport.quic.inbound import QuicInbound
 from iac.transport.quic.protocol import QuicProtocol
@@ -138,6 +146,8 @@ class QuicConn(Connection):
             idle_timeout=config.idle_timeout,
             linger=config.linger_timeout,
             keepalive=config.keepalive_interval,
+            probe_interval=config.probe_interval,
+            probe_timeout=config.probe_timeout,
         )
         self._terminated = asyncio.Event()
         self._handshake_task: asyncio.Task[None] | None = None
@@ -151,6 +161,7 @@ class QuicConn(Connection):
         self.early_data_accepted = None
         self.on_early_outcome = None
         self.shared_socket = False  #: dialed from a listener's socket, which outlives it
+        self._probe_waiters: list[asyncio.Future[bool]] = []
 
     # -- Connection API -------------------------------------------------------------------------
 
@@ -295,12 +306,15 @@ class QuicConn(Connection):
                 self._on_terminated(event)
             elif isinstance(event, events.HandshakeCompleted):
                 self._on_tls_done(event)
+            elif isinstance(event, events.PingAcknowledged):
+                self._heard()
         except ProtocolError as exc:
             self._protocol_error(exc)
 
     def _on_stream_data(self, event: Any) -> None:
         if self._core.closed:
             return
+        self._core.last_heard = self._loop.time()  # the peer is alive: no probe needed
         sid = event.stream_id
         if not sid & 2 and sid != CONTROL_STREAM:
             raise ProtocolError(f"unexpected bidirectional stream {sid} (only the control stream is used)")
@@ -413,6 +427,7 @@ class QuicConn(Connection):
             if not fut.done():
                 fut.set_result(None)
         self._drain_waiters.clear()
+        self._answer_probes(False)
 
     def _finish(self) -> None:
         """Release everything once the connection is over."""
@@ -435,6 +450,51 @@ class QuicConn(Connection):
         if self.dialed and core.ended and not self.shared_socket:
             self._proto.close_socket()
 
+    # -- liveness -------------------------------------------------------------------------------
+
+    async def alive(self, bound: float) -> bool:
+        """Probe the peer (a QUIC PING): True once it acknowledged, within ``bound`` seconds;
+        False when it did not (the connection is then closed, :func:`~iac.transport.core.silent_error`)
+        or the connection is closing."""
+        core = self._core
+        if core.closed:
+            return False
+        if core.state is not State.OPEN:
+            return True  # the HELLO exchange runs: the handshake timeout bounds it
+        if core.probe(self._loop.time(), bound):
+            self._quic.send_ping(1)
+            self._proto.transmit()
+        if self._timer is not None:  # the probe's deadline may come first
+            self._timer.cancel()
+            self._timer = None
+        self._arm_timer()
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        self._probe_waiters.append(fut)
+        try:
+            return await fut
+        finally:
+            if fut in self._probe_waiters:
+                self._probe_waiters.remove(fut)
+
+    def watch(self, waiting: bool) -> None:
+        if waiting == self._core.waiting:
+            return
+        self._core.waiting = waiting
+        if waiting and self._timer is not None:  # a probe may be due before the armed timer
+            self._timer.cancel()
+            self._timer = None
+        self._arm_timer()
+
+    def _heard(self) -> None:
+        self._core.heard(self._loop.time())
+        self._answer_probes(True)
+
+    def _answer_probes(self, alive: bool) -> None:
+        for fut in self._probe_waiters:
+            if not fut.done():
+                fut.set_result(alive)
+        self._probe_waiters.clear()
+
     # -- keep-alive and idle --------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
@@ -453,9 +513,14 @@ class QuicConn(Connection):
         if event is TimerEvent.IDLE:
             self._abort(int(CloseCode.IDLE_TIMEOUT), IDLE_REASON, goaway=True)
             return
+        if event is TimerEvent.DEAD:
+            self._abort(int(CloseCode.IDLE_TIMEOUT), SILENT_REASON, goaway=True)
+            return
         if event is TimerEvent.PING:
             self._quic.send_ping(0)
             self._proto.transmit()
+        elif self._probe_waiters and not self._core.probing:  # the peer's data answered the probe
+            self._answer_probes(True)
         self._arm_timer()
 
     # -- handshakes -----------------------------------------------------------------------------

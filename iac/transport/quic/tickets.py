@@ -5,7 +5,9 @@ address, together with the SHA-256 of the certificate the server showed when
 the ticket was issued (on a resumed session no certificate is sent, so the
 HELLO's channel binding comes from here) and the server's AgentId. A ticket is
 taken out when it is used (:meth:`ClientTicketStore.pop`): a ticket is never
-presented twice by this side. The store can persist to a JSON file (mode 0600).
+presented twice by this side. The store can persist to a JSON file (mode 0600, written
+through a fresh temporary file and a rename; a file that is damaged, not private or not this
+user's is not used).
 
 Server side, :class:`ServerTicketStore` hands the QUIC library a fetcher whose lookup
 *removes* the ticket, so that each ticket resumes at most one session and a
@@ -38,10 +40,14 @@ from typing import Any
 from iac.errors import ConfigError, StoreUnavailable
 from iac.protocol.tickets import DEFAULT_MAX_TICKETS, MemoryTicketStore, TicketStore
 from iac.transport.quic.backend import SessionTicketLike, get_backend
+from iac.wire.private import read_private, write_private
 
 log = logging.getLogger("iac.transport.quic")
 
 SessionTicket = SessionTicketLike
+
+#: The largest session ticket file read back, in bytes (a ticket is about 1 KiB in JSON).
+MAX_TICKETS_FILE = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ def _ticket_from_json(d: dict[str, Any]) -> SessionTicket:
         resumption_secret=bytes.fromhex(d["resumption_secret"]),
         server_name=None if server_name is None else str(server_name),
         ticket=bytes.fromhex(d["ticket"]),
-        max_early_data_size=d["max_early_data_size"],
+        max_early_data_size=None if d["max_early_data_size"] is None else int(d["max_early_data_size"]),
         other_extensions=[(int(k), bytes.fromhex(v)) for k, v in d["other_extensions"]],
     )
 
@@ -98,7 +104,7 @@ class ClientTicketStore:
         self.path = Path(path) if path is not None else None
         self.max_entries = max_entries
         self._tickets: OrderedDict[str, StoredTicket] = OrderedDict()
-        if self.path is not None and self.path.exists():
+        if self.path is not None:
             self._load()
 
     def put(self, key: str, ticket: SessionTicket, cert_sha256: bytes, agent_id: str) -> None:
@@ -134,24 +140,45 @@ class ClientTicketStore:
             }
             for key, s in self._tickets.items()
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.path)
+        try:
+            write_private(self.path, json.dumps(data).encode())
+        except OSError as exc:  # the tickets stay in memory; the next save tries again
+            log.warning("session tickets not saved to %s: %s", self.path, exc.strerror or exc)
 
     def _load(self) -> None:
+        """Read the tickets back; a file that is damaged, not private or not this user's is not
+        used (one WARNING line; the dials it would have resumed do a full handshake)."""
         if self.path is None:
             return
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            for key, item in data.items():
-                self._tickets[key] = StoredTicket(
-                    _ticket_from_json(item["ticket"]), bytes.fromhex(item["cert_sha256"]), item["agent_id"]
+            raw = read_private(self.path, MAX_TICKETS_FILE)
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+            tickets: OrderedDict[str, StoredTicket] = OrderedDict()
+            for key, item in list(data.items())[-self.max_entries :]:
+                if not isinstance(key, str) or not isinstance(item, dict):
+                    raise ValueError("an entry is not an object")
+                agent_id = item["agent_id"]
+                if not isinstance(agent_id, str) or not isinstance(item["ticket"], dict):
+                    raise ValueError("an entry has the wrong types")
+                tickets[key] = StoredTicket(
+                    _ticket_from_json(item["ticket"]), bytes.fromhex(item["cert_sha256"]), agent_id
                 )
-        except (OSError, ValueError, KeyError, TypeError):
-            # A damaged ticket file only costs a full handshake.
-            self._tickets.clear()
+        except FileNotFoundError:
+            return
+        except ConfigError as exc:
+            log.warning("session tickets not used: %s", exc)
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            if isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError):
+                why = str(exc)[:120] or why
+            log.warning(
+                "session tickets not used: %s: damaged (%s); dials do a full handshake", self.path, why
+            )
+            return
+        self._tickets = tickets
 
 
 @dataclass(frozen=True)

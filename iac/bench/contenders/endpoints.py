@@ -1,0 +1,374 @@
+"""The subprocess endpoints of the requests, cpu and loss scenarios: one server process and one
+client process per contender, driven by JSON lines on stdin/stdout.
+
+* ``python -m iac.bench.contenders.endpoints serve --contender C --host H [--dir D]`` prints
+  ``{"ready": true, "target": {...}}``; then ``{"cmd": "cpu"}`` answers ``{"cpu_s": ...,
+  "handled": n}`` (its own ``time.process_time()``); end of input stops it.
+* ``python -m iac.bench.contenders.endpoints client --contender C --target JSON`` prints
+  ``{"ready": true}``; then ``{"cmd": "run", "depth": D, "count": N}`` runs N requests with D in
+  flight and answers ``{"lat_us": [...], "elapsed_s", "cpu_s", "errors", "frame_bytes"}``
+  (``frame_bytes``: IAC frames both ways, from ``Node.stats()``; null for the others).
+
+Contenders: ``iac-quic``, ``iac-tls``, ``iac-unix`` (``iac.Node.request``: sign, compress,
+verify, replay check both ways; a small JSON payload), ``http`` (aiohttp POST of a JSON
+envelope whose ``hash`` is SHA-256(payload + password), as Agent Zero does; the reply is
+hashed the same way), ``http-ed25519`` (the same with the envelope signed by Ed25519
+and verified on both sides: equal security to IAC), its transport-matched variants
+``http-ed25519-tls`` (HTTPS, TLS 1.3) and ``http-ed25519-unix`` (a UNIX socket), ``grpc``
+(:mod:`iac.bench.contenders.baselines`' grpcio aio unary call over an insecure HTTP/2 channel, no
+authentication), and the messaging systems of :mod:`iac.bench.contenders.brokers` (NATS, ZeroMQ;
+bare and Ed25519-signed). ``IAC_QUIC_BACKEND`` in the environment is passed through to IAC (the
+hook for an accelerated QUIC backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from iac.bench.contenders import brokers
+from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
+from iac.bench.contenders.http import HttpClient, HttpServer
+from iac.bench.harness.paths import child_env, module_argv
+from iac.bench.harness.process import Endpoint, Pair
+
+NAMES = {
+    "iac-quic": "IAC-QUIC",
+    "iac-tls": "IAC-TLS/TCP",
+    "iac-unix": "IAC-UNIX",
+    "http": "HTTP+JSON+SHA-256",
+    "http-ed25519": "HTTP+Ed25519 JSON",
+    "http-ed25519-tls": "HTTPS+Ed25519 JSON",
+    "http-ed25519-unix": "HTTP+Ed25519 JSON/UNIX",
+    "grpc": "gRPC unary (no auth)",
+    **brokers.NAMES,
+}
+#: What each contender secures: (encryption, per-message authentication).
+SECURES = {
+    "iac-quic": ("QUIC (TLS 1.3)", "Ed25519 both ways, replay check"),
+    "iac-tls": ("TLS 1.3", "Ed25519 both ways, replay check"),
+    "iac-unix": ("none (local socket)", "Ed25519 both ways, replay check"),
+    "http": ("none", "SHA-256 of payload + shared password"),
+    "http-ed25519": ("none", "Ed25519 both ways"),
+    "http-ed25519-tls": ("TLS 1.3", "Ed25519 both ways"),
+    "http-ed25519-unix": ("none (local socket)", "Ed25519 both ways"),
+    "grpc": ("none", "none"),
+    **brokers.SECURES,
+}
+
+
+def secures(contender: str) -> str:
+    """``encryption: …; per-message authentication: …`` of ``contender``."""
+    enc, auth = SECURES[contender]
+    return f"encryption: {enc}; per-message authentication: {auth}"
+
+
+#: The HTTP contenders: name -> (signed, transport).
+HTTP_KINDS = {
+    "http": (False, "tcp"),
+    "http-ed25519": (True, "tcp"),
+    "http-ed25519-tls": (True, "tls"),
+    "http-ed25519-unix": (True, "unix"),
+}
+
+
+def have_grpc() -> bool:
+    return importlib.util.find_spec("grpc") is not None
+
+
+def have_aiohttp() -> bool:
+    return importlib.util.find_spec("aiohttp") is not None
+
+
+# --- HTTP envelopes -----------------------------------------------------------------------------
+
+
+# --- servers ------------------------------------------------------------------------------------
+
+
+class IacServer(Server):
+    def __init__(self, transport: str) -> None:
+        self.transport = transport
+
+    async def start(self, host: str, directory: Path) -> dict[str, Any]:
+        from iac.node.config import NodeConfig
+        from iac.node.node import Context, Node
+        from iac.wire._pb.iac_pb2 import MessageType
+
+        url = f"unix://{directory}/b.sock" if self.transport == "unix" else f"{self.transport}://{host}:0"
+        cfg = NodeConfig(sync_in_thread=False, max_in_flight=64, max_handlers=64)
+        self.node = Node(listen=[url], config=cfg)
+        await self.node.start()
+
+        @self.node.on(MessageType.RUN)
+        def handler(ctx: Context) -> object:
+            if isinstance(ctx.payload, dict) and "oneway" in ctx.payload:  # see IacClient.event
+                if ctx.payload["oneway"] == "seen":
+                    return {"seen": self.events}
+                self.events += 1
+                return None
+            self.handled += 1
+            return REPLY
+
+        return {"agent_id": self.node.agent_id, "url": self.node.addresses[0]}
+
+    async def close(self) -> None:
+        await self.node.close()
+
+
+class GrpcServer(Server):
+    """``iac/bench/contenders/baselines.py``'s gRPC server (aio unary, bytes in/out, insecure channel)."""
+
+    async def start(self, host: str, directory: Path) -> dict[str, Any]:
+        from iac.bench.contenders import baselines
+
+        self.server = await baselines.start_grpc("grpc", directory)
+        return dict(self.server.info)
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
+def make_server(contender: str) -> Server | brokers.BrokerServer:
+    if contender.startswith("iac-"):
+        return IacServer(contender[4:])
+    if contender in HTTP_KINDS:
+        return HttpServer(*HTTP_KINDS[contender])
+    if contender == "grpc":
+        return GrpcServer()
+    if contender in brokers.KINDS:
+        return brokers.make_server(contender, SERVER_SEED, CLIENT_SEED, json.dumps(REPLY))
+    raise SystemExit(f"unknown contender {contender}")
+
+
+async def _lines() -> Any:
+    """Lines from stdin without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+def _say(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def serve(contender: str, host: str, directory: Path) -> int:
+    server = make_server(contender)
+    target = await server.start(host, directory)
+    _say({"ready": True, "target": target})
+    reader = await _lines()
+    try:
+        for _ in range(10_000_000):
+            line = await reader.readline()
+            if not line:
+                break
+            cmd = json.loads(line)
+            if cmd.get("cmd") == "cpu":
+                _say({"cpu_s": time.process_time(), "handled": server.handled})
+    finally:
+        await server.close()
+    return 0
+
+
+# --- clients ------------------------------------------------------------------------------------
+
+
+class IacClient(Client):
+    async def start(self, target: dict[str, Any], depth: int) -> None:
+        from iac.node.config import NodeConfig
+        from iac.node.node import Node
+        from iac.wire.enums import MessageType
+
+        self.run_type = MessageType.RUN
+        cfg = NodeConfig(sync_in_thread=False, max_in_flight=max(64, depth), max_handlers=64)
+        self.node = Node(config=cfg)
+        await self.node.start()
+        self.peer = target["agent_id"]
+        self.node.add_peer(self.peer, target["url"])
+
+    async def one(self, i: int) -> None:
+        await self.node.request(self.peer, self.run_type, PAYLOAD, timeout=60)
+
+    async def event(self, i: int) -> None:
+        """One one-way message (``Node.send``, no reply)."""
+        await self.node.send(self.peer, self.run_type, ONEWAY)
+
+    async def seen(self) -> int:
+        """How many one-way messages the server has handled (a request)."""
+        r = await self.node.request(self.peer, self.run_type, {"oneway": "seen"}, timeout=60)
+        return int(r.payload["seen"])
+
+    def frame_bytes(self) -> int | None:
+        st = self.node.stats()
+        return st.bytes_sent + st.bytes_received
+
+    async def close(self) -> None:
+        await self.node.close()
+
+
+class GrpcClient(Client):
+    """``iac/bench/contenders/baselines.py``'s gRPC client, sending :data:`PAYLOAD` as JSON bytes."""
+
+    async def start(self, target: dict[str, Any], depth: int) -> None:
+        from iac.bench.contenders import baselines
+
+        self.client = baselines.GrpcClient([PAYLOAD], target)
+        await self.client.start()
+
+    async def one(self, i: int) -> None:
+        await self.client.request(i)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def make_client(contender: str) -> Client | brokers.BrokerClient:
+    if contender.startswith("iac-"):
+        return IacClient()
+    if contender in HTTP_KINDS:
+        return HttpClient(HTTP_KINDS[contender][0])
+    if contender == "grpc":
+        return GrpcClient()
+    if contender in brokers.KINDS:
+        return brokers.make_client(contender, CLIENT_SEED, SERVER_SEED, json.dumps(PAYLOAD))
+    raise SystemExit(f"unknown contender {contender}")
+
+
+async def run_depth(
+    one: Callable[[int], Awaitable[None]], depth: int, count: int, start: int = 0
+) -> tuple[list[float], float, int]:
+    """``count`` calls of ``one`` with ``depth`` outstanding; latencies (µs), elapsed (s), errors."""
+    lat: list[float] = []
+    errors = 0
+    ids = iter(range(start, start + count))
+    clock = time.perf_counter
+
+    async def worker() -> None:
+        nonlocal errors
+        for i in ids:  # shared iterator: every id is used once
+            t = clock()
+            try:
+                await one(i)
+            except Exception:
+                errors += 1
+                continue
+            lat.append((clock() - t) * 1e6)
+
+    t0 = clock()
+    await asyncio.gather(*(worker() for _ in range(max(1, min(depth, count)))))
+    return lat, clock() - t0, errors
+
+
+async def client(contender: str, target: dict[str, Any]) -> int:
+    cl = make_client(contender)
+    await cl.start(target, 64)
+    _say({"ready": True})
+    reader = await _lines()
+    next_id = 1
+    sent = 0  # one-way messages so far
+    try:
+        for _ in range(10_000_000):
+            line = await reader.readline()
+            if not line:
+                break
+            cmd = json.loads(line)
+            if cmd.get("cmd") == "oneway":
+                count = int(cmd["count"])
+                c0 = time.process_time()
+                elapsed = await oneway(cl, count, next_id, sent + count)
+                sent += count
+                next_id += count
+                _say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
+                continue
+            if cmd.get("cmd") != "run":
+                _say({"error": f"unknown command {cmd!r}"})
+                continue
+            depth, count = int(cmd["depth"]), int(cmd["count"])
+            b0 = cl.frame_bytes()
+            c0 = time.process_time()
+            lat, elapsed, errors = await run_depth(cl.one, depth, count, next_id)
+            cpu = time.process_time() - c0
+            b1 = cl.frame_bytes()
+            next_id += count
+            _say(
+                {
+                    "lat_us": [round(x, 1) for x in lat],
+                    "elapsed_s": elapsed,
+                    "cpu_s": cpu,
+                    "errors": errors,
+                    "frame_bytes": None if b0 is None or b1 is None else b1 - b0,
+                }
+            )
+    finally:
+        await cl.close()
+    return 0
+
+
+async def oneway(cl: Any, count: int, start: int, total: int, timeout: float = 120.0) -> float:
+    """Send ``count`` one-way messages, then ask the server how many it has handled until it has
+    them all (``total`` since the start); the seconds from the first send to that answer."""
+    t0 = time.perf_counter()
+    for i in range(start, start + count):
+        await cl.event(i)
+    async with asyncio.timeout(timeout):
+        while await cl.seen() < total:
+            pass
+    return time.perf_counter() - t0
+
+
+env_for = child_env
+
+
+def endpoint_argv(role: str, contender: str, extra: list[str]) -> list[str]:
+    return module_argv("iac.bench.contenders.endpoints", role, "--contender", contender, *extra)
+
+
+def start_pair(
+    contender: str,
+    host: str,
+    directory: Path,
+    wrap_server: Callable[[list[str]], list[str]] = lambda a: a,
+    wrap_client: Callable[[list[str]], list[str]] = lambda a: a,
+    backend: str | None = None,
+) -> Pair:
+    env = env_for(backend)
+    server = Endpoint(
+        wrap_server(endpoint_argv("serve", contender, ["--host", host, "--dir", str(directory)])), env
+    )
+    try:
+        target = json.dumps(server.first["target"])
+        cl = Endpoint(wrap_client(endpoint_argv("client", contender, ["--target", target])), env)
+    except BaseException:
+        server.close()
+        raise
+    return Pair(contender, server, cl)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="(internal) a server or client endpoint of the suite")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="a server endpoint")
+    s.add_argument("--contender", required=True, choices=sorted(NAMES))
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    c = sub.add_parser("client", help="a client endpoint")
+    c.add_argument("--contender", required=True, choices=sorted(NAMES))
+    c.add_argument("--target", required=True, help="the server's target JSON")
+    args = ap.parse_args(argv)
+    if args.cmd == "serve":
+        return asyncio.run(serve(args.contender, args.host, args.dir))
+    return asyncio.run(client(args.contender, json.loads(args.target)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""What a results file says about where it was measured: machine, Python, libraries, QUIC backends, commit."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from iac.bench.harness.paths import ROOT
+
+#: The distribution a library is installed as, where its name differs (``iac`` is ``iac-mesh``).
+DISTRIBUTIONS = {"iac": "iac-mesh"}
+LIBRARIES = ("iac", "aioquic", "qh3", "pynacl", "zstandard", "protobuf", "aiohttp", "grpcio", "matplotlib")
+
+
+def quic_backends() -> list[str]:
+    """QUIC backends to run the QUIC scenarios on: aioquic always; an accelerated backend
+    (qh3) when IAC's backend switch (``iac.transport.quic.backend.available()``) lists it.
+    The name reaches the endpoints as ``IAC_QUIC_BACKEND``."""
+    try:  # the backend switch of the QUIC adapter, when this IAC has one
+        from iac.transport.quic import backend as _quic_backend
+
+        found = [b for b in _quic_backend.available() if b in _quic_backend.BACKENDS]
+        return ["aioquic", *[b for b in found if b != "aioquic"]]
+    except ImportError:
+        pass
+    out = ["aioquic"]
+    if importlib.util.find_spec("qh3") is not None:
+        try:
+            from iac.transport import quic
+
+            if "qh3" in getattr(quic, "BACKENDS", ()):
+                out.append("qh3")
+        except ImportError:
+            pass
+    return out
+
+
+def quic_name(backend: str) -> str:
+    return "IAC-QUIC" if backend == "aioquic" else f"IAC-QUIC[{backend}]"
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    libs: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            libs[name] = importlib.metadata.version(DISTRIBUTIONS.get(name, name))
+        except importlib.metadata.PackageNotFoundError:
+            libs[name] = None
+    with contextlib.suppress(ImportError):
+        from google.protobuf.internal import api_implementation
+
+        libs["protobuf_backend"] = api_implementation.Type()
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        r = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        commit = r.stdout.strip() or None
+    return {
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "libraries": libs,
+        "quic_backends": quic_backends(),
+        "git_commit": commit,
+    }

@@ -1,0 +1,168 @@
+"""Endpoints in child processes, driven by JSON lines on stdin/stdout: :class:`Endpoint` (one process)
+and :class:`Pair` (a server and a client endpoint of one contender).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# --- driving endpoints from another process -----------------------------------------------------
+
+
+class EndpointError(RuntimeError):
+    pass
+
+
+class Endpoint:
+    """A ``serve`` or ``client`` subprocess and its JSON-lines conversation."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=env,
+        )
+        self.first = self.read(timeout)
+        if not self.first.get("ready"):
+            raise EndpointError(f"endpoint did not start: {self.first}")
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        out = self.proc.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout)
+        if not ready:
+            raise EndpointError(f"no answer within {timeout:.0f} s from {self.proc.args!r}")
+        line = out.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise EndpointError(f"endpoint exited ({self.proc.poll()}): {err.strip()[-800:]}")
+        obj: dict[str, Any] = json.loads(line)
+        return obj
+
+    def ask(self, cmd: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
+        inp = self.proc.stdin
+        assert inp is not None
+        inp.write(json.dumps(cmd) + "\n")
+        inp.flush()
+        return self.read(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                if stream is not None:
+                    stream.close()
+
+
+@dataclass
+class Pair:
+    """A server and a client endpoint of one contender."""
+
+    contender: str
+    server: Endpoint
+    client: Endpoint
+
+    def run(self, depth: int, count: int, timeout: float = 300.0) -> dict[str, Any]:
+        s0 = self.server.ask({"cmd": "cpu"})
+        res = self.client.ask({"cmd": "run", "depth": depth, "count": count}, timeout)
+        s1 = self.server.ask({"cmd": "cpu"})
+        res["server_cpu_s"] = s1["cpu_s"] - s0["cpu_s"]
+        res["server_handled"] = s1["handled"] - s0["handled"]
+        return res
+
+    def oneway(self, count: int, timeout: float = 300.0) -> dict[str, Any]:
+        """``count`` one-way messages from the client; its ``elapsed_s`` runs until the server has
+        handled them all, ``server_cpu_s`` is the server's CPU over that time."""
+        s0 = self.server.ask({"cmd": "cpu"})
+        res = self.client.ask({"cmd": "oneway", "count": count}, timeout)
+        s1 = self.server.ask({"cmd": "cpu"})
+        res["server_cpu_s"] = s1["cpu_s"] - s0["cpu_s"]
+        return res
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+
+@dataclass
+class ServerProcess:
+    name: str
+    proc: asyncio.subprocess.Process
+    info: dict[str, Any]
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time of the server process so far (Linux /proc), else None."""
+        return process_cpu_seconds(self.proc.pid)
+
+    async def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 15)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU time of every thread of ``pid`` so far: ``/proc/PID/task/*/schedstat`` (ns), else
+    ``/proc/PID/stat`` (clock ticks; threads that exited included), else None (not Linux)."""
+    try:
+        total = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                total += int((task / "schedstat").read_text().split()[0])
+        if total:
+            return total / 1e9
+    except OSError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+
+
+async def spawn_server(module: str, name: str, workdir: Path, profile: str | None = None) -> ServerProcess:
+    """Start ``python -m <module> --serve NAME --workdir DIR`` and read its info line."""
+    argv = [sys.executable, "-m", module, "--serve", name, "--workdir", str(workdir)]
+    if profile:
+        argv += ["--profile-out", profile]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    except TimeoutError:
+        proc.kill()
+        raise RuntimeError(f"server {name} did not start") from None
+    if not line:
+        await proc.wait()
+        raise RuntimeError(f"server {name} exited with {proc.returncode} before it started")
+    return ServerProcess(name, proc, json.loads(line))

@@ -1,0 +1,169 @@
+"""Run one benchmark command and keep its results in ``benchmarks/results/``, self-describing.
+
+    .venv/bin/python -m iac.bench.harness.record iac-bench     # .venv/bin/iac bench (the suite, full)
+    .venv/bin/python -m iac.bench.harness.record node          # iac/bench/scenarios/node.py --json …
+    .venv/bin/python -m iac.bench.harness.record mesh          # iac/bench/scenarios/mesh.py --json …
+    .venv/bin/python -m iac.bench.harness.record codec         # iac/bench/scenarios/codec.py --json …
+    .venv/bin/python -m iac.bench.harness.record transport     # iac/bench/scenarios/transport.py --json …
+    .venv/bin/python -m iac.bench.harness.record scaleout      # iac/bench/scenarios/scaleout.py --json …
+    .venv/bin/python -m iac.bench.harness.record flood         # iac/bench/scenarios/flood.py --json …
+    .venv/bin/python -m iac.bench.harness.record roundtrip     # iac/bench/scenarios/roundtrip.py --json …
+    .venv/bin/python -m iac.bench.harness.record regress --before REV  # scenarios/regress.py --json …
+    .venv/bin/python -m iac.bench.harness.record nat           # iac/bench/scenarios/nat.py --json … (root)
+
+Extra arguments after the name go to the command (``record.py node --reps 9``). The file is
+``benchmarks/results/<UTC date>-<name>.json`` where the name is ``iac-bench`` for the suite and
+``benchmarks-<script>`` for a script, so the date and the command are in the name.
+
+What is saved:
+
+* ``iac bench`` already records the command line, the start time, the machine, the library
+  versions and the git commit in its ``results.json`` (schema ``iac-bench/1``); that file is
+  copied as it is, except the latency samples kept for the CDF plots (``series`` entries named
+  in :data:`SAMPLE_SERIES`, thousands of numbers per contender; the plots are not committed),
+  which are left out and listed under ``"left_out"``.
+* The scripts' own JSON does not record all of that, so it is wrapped (schema
+  ``iac-bench-record/1``): ``command`` (as run, relative to the repository), ``started`` (UTC),
+  ``duration_s``, ``environment`` (the suite's: CPU model, cores, system, Python, library
+  versions, QUIC backends, git commit; plus ``git_dirty``, whether tracked files under
+  ``iac/`` or ``benchmarks/`` other than these results differed from that commit) and
+  ``result`` (the script's JSON).
+
+Both kinds therefore have ``command``, ``started`` and ``environment`` at the top level;
+``iac/bench/reports/figures.py`` renders the READMEs' tables from these files. The scripts' JSON goes
+through ``bench-results/`` (ignored by git), so the recorded command holds no machine path; the
+tracebacks a failed scenario keeps as its reason are saved with the repository's directory
+removed and the Python installation's replaced by ``<venv>`` or ``<python>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from iac.bench.harness.environment import environment
+from iac.bench.harness.paths import RESULTS, ROOT
+
+SCRATCH = Path("bench-results")  # relative to ROOT, where every command runs
+SCHEMA = "iac-bench-record/1"
+#: Plot samples of the suite's results.json that are not kept (the medians and ranges are).
+SAMPLE_SERIES = ("latency_cdf_us", "latency_cdf_ms_at_max_loss")
+SCRIPTS = ("node", "mesh", "codec", "transport", "nat", "scaleout", "roundtrip", "flood", "regress")
+NAMES = ("iac-bench", *SCRIPTS)
+
+
+def file_name(name: str, date: dt.date) -> str:
+    """``2026-12-01-iac-bench.json`` or ``2026-12-01-benchmarks-node.json``."""
+    stem = name if name == "iac-bench" else f"benchmarks-{name}"
+    return f"{date.isoformat()}-{stem}.json"
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked files under ``iac/`` or ``benchmarks/`` (results aside) differ from ``HEAD``;
+    None if unknown."""
+    try:
+        r = subprocess.run(
+            [
+                "git",
+                "--no-optional-locks",
+                "-C",
+                str(ROOT),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                "iac",
+                "benchmarks",
+                ":(exclude)benchmarks/results",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
+
+def record_suite(extra: list[str]) -> dict[str, Any]:
+    out = SCRATCH / "suite"
+    argv = [sys.executable, "-m", "iac", "bench", "--out", str(out), *extra]
+    rc = subprocess.run(argv, cwd=ROOT, check=False).returncode
+    doc: dict[str, Any] = json.loads((ROOT / out / "results.json").read_text(encoding="utf-8"))
+    if rc != 0:
+        print(f"iac bench exited with {rc}; its results.json is kept as it is", file=sys.stderr)
+    return without_samples(doc)
+
+
+def without_samples(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` without the plot samples of :data:`SAMPLE_SERIES`, which it lists under ``left_out``."""
+    left_out = []
+    for sc in doc["scenarios"]:
+        for name in SAMPLE_SERIES:
+            if sc["series"].pop(name, None) is not None:
+                left_out.append(f"scenarios[{sc['name']}].series.{name}")
+    if left_out:
+        doc["left_out"] = left_out
+    return doc
+
+
+def without_paths(text: str) -> str:
+    """``text`` with this machine's directories (tracebacks in a failed scenario's reason name
+    files) replaced by ``<python>``, ``<venv>`` or made relative to the repository."""
+    text = text.replace(str(ROOT) + "/", "")
+    for prefix, name in ((sys.prefix, "<venv>"), (sys.base_prefix, "<python>"), (str(Path.home()), "~")):
+        if len(prefix) > 1:
+            text = text.replace(prefix + "/", name + "/")
+    return text
+
+
+def record_script(name: str, extra: list[str]) -> dict[str, Any]:
+    out = SCRATCH / f"{name}.json"
+    command = ["python", "-m", f"iac.bench.scenarios.{name}", *extra, "--json", str(out)]
+    env = environment()
+    env["git_dirty"] = git_dirty()
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    (ROOT / SCRATCH).mkdir(parents=True, exist_ok=True)
+    rc = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False).returncode
+    if rc != 0:
+        raise SystemExit(f"{shlex.join(command)} failed with exit status {rc}; nothing recorded")
+    return {
+        "schema": SCHEMA,
+        "command": shlex.join(command),
+        "started": started.isoformat(timespec="seconds"),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "environment": env,
+        "result": json.loads((ROOT / out).read_text(encoding="utf-8")),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    ap.add_argument("name", choices=NAMES, help="the command to run")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="passed on to the command")
+    args = ap.parse_args(argv)
+    if "--quick" in args.args:
+        ap.error("--quick runs are smoke tests, not results; run the command itself")
+    doc = record_suite(args.args) if args.name == "iac-bench" else record_script(args.name, args.args)
+    date = dt.datetime.fromisoformat(doc["started"]).date()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / file_name(args.name, date)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(without_paths(json.dumps(doc, indent=1, ensure_ascii=False)) + "\n", encoding="utf-8")
+    shutil.move(tmp, path)
+    print(f"recorded {path.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""The cc scenario's figures (``iac/bench/scenarios/cc.py``): medians per setting and contender, the
+targets as same-run ratios with verdicts, the suite's rows, and the plots.
+
+    .venv/bin/iac bench --only cc --out bench-results/cc            # the full scenario (about 85 min)
+    IAC_CC_PLAN=targets .venv/bin/iac bench --only cc --out bench-results/cc
+                                    # only the settings the targets are judged at (about 20 min)
+    .venv/bin/python -m iac.bench.reports.ccreport save bench-results/cc/results.json
+                                    # -> benchmarks/results/<date>-iac-bench-cc.json, as record.py keeps
+    .venv/bin/python -m iac.bench.reports.ccreport show benchmarks/results/<date>-iac-bench-cc.json
+
+A figure is the median over a setting's repetitions; a ratio is of two medians of the same
+run of the scenario. A run is CPU-limited when any of its processes was above
+``netem.CPU_LIMIT_PERCENT``; a contender is CPU-limited at a setting when most of its runs
+were, and the targets that compare with the kernel leave such settings out (and say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from iac.bench.harness.paths import RESULTS
+from iac.bench.harness.stats import median
+
+CUBIC, BBR, RENO = "IAC-QUIC CUBIC", "IAC-QUIC BBR", "IAC-QUIC Reno"
+TCP_CUBIC, TCP_BBR = "IAC-TLS/TCP cubic", "IAC-TLS/TCP bbr"
+BASELINE = CUBIC
+
+
+def label(s: dict[str, Any]) -> str:
+    return f"{s['rate_mbit']:g} Mbit/s, {s['rtt'] * 1e3:.0f} ms, {s['loss']:.0%} loss, {s['buffer']}"
+
+
+def _summary(values: list[float]) -> dict[str, Any] | None:
+    if not values:
+        return None
+    return {
+        "median": float(median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+        "n": len(values),
+    }
+
+
+def aggregate(res: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{setting label: {contender: figures}}`` in the order the runs came."""
+    raw: dict[str, dict[str, dict[str, list[Any]]]] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    for run in res["runs"]:
+        key = label(run["setting"])
+        settings[key] = run["setting"]
+        g = raw.setdefault(key, {}).setdefault(run["contender"], {})
+        flow = run["flows"][0]
+        g.setdefault("goodput", []).append(flow["goodput_mbit"])
+        req = run.get("requests") or {}
+        if req.get("p99_ms") is not None:
+            g.setdefault("p99", []).append(req["p99_ms"])
+            g.setdefault("p50", []).append(req["p50_ms"])
+        if flow.get("sent_bytes"):
+            g.setdefault("retrans", []).append(flow["retrans_bytes"] / flow["sent_bytes"])
+        g.setdefault("cpu_limited", []).append(bool(run["cpu_limited"]))
+        g.setdefault("cpu_max", []).append(max(run["cpu_percent"].values(), default=0.0))
+        g.setdefault("machine", []).append(run.get("machine_busy_percent"))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for key, by in raw.items():
+        for who, g in by.items():
+            limited = g["cpu_limited"]
+            machine = [m for m in g["machine"] if m is not None]
+            out.setdefault(key, {})[who] = {
+                "setting": settings[key],
+                "goodput": _summary(g["goodput"]),
+                "p99": _summary(g.get("p99", [])),
+                "p50": _summary(g.get("p50", [])),
+                "retrans_ratio": median(g["retrans"]) if g.get("retrans") else None,
+                "cpu_limited": sum(limited) * 2 > len(limited),
+                "cpu_limited_runs": sum(limited),
+                "cpu_max_percent": max(g["cpu_max"]),
+                "machine_busy_percent": median(machine) if machine else None,
+            }
+    return out
+
+
+def shares(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per sharing setting and pair: each flow's median goodput and the median of min/max."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in res.get("shares", []):
+        groups.setdefault((label(run["setting"]), " + ".join(run["pair"])), []).append(run)
+    out = []
+    for (where, pair), runs in groups.items():
+        a = [r["flows"][0]["goodput_mbit"] for r in runs]
+        b = [r["flows"][1]["goodput_mbit"] for r in runs]
+        fair = [min(x, y) / max(x, y) if max(x, y) > 0 else 0.0 for x, y in zip(a, b, strict=True)]
+        out.append(
+            {
+                "setting": where,
+                "pair": pair,
+                "first_mbit": median(a),
+                "second_mbit": median(b),
+                "min_over_max": median(fair),
+                "runs": len(runs),
+                "cpu_limited_runs": sum(bool(r["cpu_limited"]) for r in runs),
+            }
+        )
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _med(fig: dict[str, Any] | None, what: str) -> float | None:
+    if fig is None or fig.get(what) is None:
+        return None
+    v = fig[what]
+    return float(v["median"]) if isinstance(v, dict) else float(v)
+
+
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target and guard, one entry per setting it applies to."""
+    agg = aggregate(res)
+    out: list[dict[str, Any]] = []
+
+    def add(
+        tid: str, text: str, where: str, value: float | None, bound: float, op: str, why: str = ""
+    ) -> None:
+        if value is None and not why:
+            why = "not measured"
+        met = None if why or value is None else (value >= bound if op == ">=" else value <= bound)
+        out.append(
+            {
+                "id": tid,
+                "text": text,
+                "setting": where,
+                "value": value,
+                "bound": bound,
+                "op": op,
+                "met": met,
+                "why": why,
+            }
+        )
+
+    def cpu_why(*figs: dict[str, Any] | None) -> str:
+        return "CPU-limited" if any(f is not None and f["cpu_limited"] for f in figs) else ""
+
+    for where, by in agg.items():
+        s = by[next(iter(by))]["setting"]
+        bbr, cubic = by.get(BBR), by.get(CUBIC)
+        tbbr, tcubic = by.get(TCP_BBR), by.get(TCP_CUBIC)
+        g = _ratio(_med(bbr, "goodput"), _med(cubic, "goodput"))
+        if s["rate_mbit"] == 50 and abs(s["rtt"] - 0.02) < 1e-9 and abs(s["loss"] - 0.01) < 1e-9:
+            add("T1", "BBR goodput >= 2x CUBIC at 50 Mbit/s, 20 ms, 1% loss", where, g, 2.0, ">=")
+        if s["buffer"] == "deep" and s["loss"] == 0:
+            p = _ratio(_med(bbr, "p99"), _med(cubic, "p99"))
+            add("T2", "deep buffer, bulk + requests: request p99 BBR <= 0.5x CUBIC", where, p, 0.5, "<=")
+        if s["loss"] == 0:
+            add("T3", "no loss: BBR goodput >= 0.9x CUBIC", where, g, 0.9, ">=")
+        k = _ratio(_med(tbbr, "goodput"), _med(bbr, "goodput"))
+        add(
+            "T5",
+            "kernel TCP BBR goodput <= 1.2x IAC-QUIC BBR (CPU not the limit)",
+            where,
+            k,
+            1.2,
+            "<=",
+            cpu_why(bbr, tbbr),
+        )
+        if s["loss"] == 0:
+            kc = _ratio(_med(tcubic, "goodput"), _med(cubic, "goodput"))
+            add(
+                "G1",
+                "kernel cubic goodput <= 1.3x aioquic CUBIC at 0% loss",
+                where,
+                kc,
+                1.3,
+                "<=",
+                cpu_why(cubic, tcubic),
+            )
+        else:
+            r = _ratio(_med(bbr, "retrans_ratio"), _med(cubic, "retrans_ratio"))
+            add(
+                "G2",
+                "BBR retransmitted share of bytes sent <= 2x CUBIC's at the same loss",
+                where,
+                r,
+                2.0,
+                "<=",
+            )
+    for sh in shares(res):
+        if sh["pair"] == f"{BBR} + {BBR}":
+            why = "CPU-limited" if sh["cpu_limited_runs"] * 2 > sh["runs"] else ""
+            add(
+                "T4",
+                "two BBR flows share within 30% (min/max >= 0.7)",
+                sh["setting"],
+                sh["min_over_max"],
+                0.7,
+                ">=",
+                why,
+            )
+    return out
+
+
+def target_summary(found: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per target: how many settings met it, the worst value among those measured."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for t in found:
+        by.setdefault(t["id"], []).append(t)
+    out = []
+    for tid, ts in sorted(by.items()):
+        measured = [t for t in ts if t["met"] is not None]
+        values = [t["value"] for t in measured]
+        worst = None
+        if values:
+            worst = min(values) if ts[0]["op"] == ">=" else max(values)
+        out.append(
+            {
+                "id": tid,
+                "text": ts[0]["text"],
+                "met": sum(bool(t["met"]) for t in measured),
+                "measured": len(measured),
+                "left_out": [t["setting"] for t in ts if t["why"] == "CPU-limited"],
+                "worst": worst,
+                "values": values,
+                "missed": [t["setting"] for t in measured if not t["met"]],
+            }
+        )
+    return out
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def summary_lines(res: dict[str, Any]) -> list[str]:
+    lines = []
+    for where, by in aggregate(res).items():
+        lines.append(where)
+        for who, f in by.items():
+            cpu = " CPU-limited" if f["cpu_limited"] else ""
+            retrans = _fmt((f["retrans_ratio"] or 0) * 100, 1)
+            lines.append(
+                f"   {who:<20} goodput {_fmt(_med(f, 'goodput'))} Mbit/s"
+                f"  request p99 {_fmt(_med(f, 'p99'), 1)} ms  retransmitted {retrans} %"
+                f"  max CPU {f['cpu_max_percent']:.0f} %{cpu}"
+            )
+    for sh in shares(res):
+        lines.append(
+            f"sharing {sh['setting']}: {sh['pair']}: {sh['first_mbit']:.2f} + {sh['second_mbit']:.2f} Mbit/s,"
+            f" min/max {sh['min_over_max']:.2f}"
+        )
+    for t in target_summary(targets(res)):
+        lines.append(verdict_line(t))
+    return lines
+
+
+def verdict_line(t: dict[str, Any]) -> str:
+    if not t["measured"]:
+        return f"{t['id']} {t['text']}: not measured" + (
+            f" ({len(t['left_out'])} left out)" if t["left_out"] else ""
+        )
+    state = "met" if t["met"] == t["measured"] else "MISSED"
+    line = f"{t['id']} {t['text']}: {state} in {t['met']}/{t['measured']} settings, worst {_fmt(t['worst'])}"
+    if t["missed"]:
+        line += f"; missed at {'; '.join(t['missed'])}"
+    if t["left_out"]:
+        line += f"; left out (CPU-limited): {len(t['left_out'])}"
+    return line
+
+
+def fill_result(data: dict[str, Any], result: Any) -> None:
+    """Rows, series and notes of the suite's ``Result`` for the cc scenario."""
+    result.baseline = BASELINE
+    agg = aggregate(data)
+    for where, by in agg.items():
+        for who, f in by.items():
+            if f["goodput"] is not None:
+                result.add(who, f"goodput, {where}", "Mbit/s", f["goodput"], better="higher")
+            if f["p99"] is not None:
+                result.add(who, f"request p99 during bulk, {where}", "ms", f["p99"])
+    for sh in shares(data):
+        for which in ("first", "second"):
+            v = sh[f"{which}_mbit"]
+            result.add(
+                sh["pair"],
+                f"sharing, {sh['setting']}: {which} flow",
+                "Mbit/s",
+                {"median": v, "min": v, "max": v, "n": sh["runs"]},
+                better="higher",
+                iac=False,
+            )
+    summary = target_summary(targets(data))
+    for t in summary:
+        if t["worst"] is not None:
+            v = t["values"]
+            result.add(
+                BBR,
+                f"target {t['id']}: {t['text']} (worst setting)",
+                "×",
+                {"median": t["worst"], "min": min(v), "max": max(v), "n": len(v)},
+                better="higher" if ">=" in t["text"] else "lower",
+                iac=False,
+            )
+    result.series["goodput_mbit"] = {
+        w: {c: _med(f, "goodput") for c, f in by.items()} for w, by in agg.items()
+    }
+    result.series["p99_ms"] = {w: {c: _med(f, "p99") for c, f in by.items()} for w, by in agg.items()}
+    plan = data["plan"]
+    limited = sorted({w for w, by in agg.items() for f in by.values() if f["cpu_limited"]})
+    result.notes.append(
+        f"iac/bench/scenarios/cc.py: bulk transfer for {plan['seconds']:g} s per run "
+        f"({plan['frame_bytes'] // 1024} KiB frames back to back), requests (one at a time, echoed) "
+        "on a second connection from "
+        f"{plan['warmup_s']:g} s into the transfer, through a bottleneck between two namespaces "
+        f"(iac/testing/netem.py: rate limit, drop-tail queue of {plan['shallow_bdp']:g} (shallow) or "
+        f"{plan['deep_bdp']:g} (deep) BDP, then delay and random loss in each direction); "
+        f"{plan['reps']} runs per setting and contender, in turns; sharing: two flows at once for "
+        f"{plan['share_seconds']:g} s, {plan['share_reps']} runs. Figures are medians over the runs; "
+        "ratios (× baseline) are to IAC-QUIC CUBIC in the same run."
+    )
+    if limited:
+        result.notes.append(
+            f"CPU-limited (a process above {plan['cpu_limit_percent']:g} % CPU in most runs): "
+            + "; ".join(limited)
+        )
+    for t in summary:
+        result.notes.append(verdict_line(t))
+    result.raw = {**data, "targets": targets(data), "target_summary": summary, "aggregate": agg}
+
+
+def plots(sc: dict[str, Any] | None, out: Path) -> list[str]:
+    """Goodput and request p99 against loss, one panel per rate and RTT, per buffer depth."""
+    if sc is None or sc.get("status") != "ok" or not sc.get("raw"):
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    agg = sc["raw"]["aggregate"]
+    made = []
+    figs = list(agg.values())
+    rates = sorted({by[next(iter(by))]["setting"]["rate_mbit"] for by in figs})
+    rtts = sorted({by[next(iter(by))]["setting"]["rtt"] for by in figs})
+    buffers = sorted({by[next(iter(by))]["setting"]["buffer"] for by in figs}, reverse=True)
+    contenders = list(dict.fromkeys(c for by in figs for c in by))
+    for metric, ylabel, log in (
+        ("goodput", "goodput (Mbit/s)", False),
+        ("p99", "request p99 during bulk (ms)", True),
+    ):
+        for buf in buffers:
+            fig, axes = plt.subplots(
+                len(rates), len(rtts), figsize=(4.2 * len(rtts), 3.4 * len(rates)), squeeze=False
+            )
+            for i, rate in enumerate(rates):
+                for j, rtt in enumerate(rtts):
+                    ax = axes[i][j]
+                    for who in contenders:
+                        pts = []
+                        for by in figs:
+                            f = by.get(who)
+                            s = f["setting"] if f else None
+                            if s and s["rate_mbit"] == rate and s["rtt"] == rtt and s["buffer"] == buf:
+                                v = _med(f, metric)
+                                if v is not None:
+                                    pts.append((s["loss"] * 100, v))
+                        if pts:
+                            pts.sort()
+                            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=who)
+                    if log:
+                        ax.set_yscale("log")
+                    ax.set_title(f"{rate:g} Mbit/s, {rtt * 1e3:.0f} ms RTT", fontsize=9)
+                    ax.set_xlabel("random loss per direction (%)")
+                    ax.set_ylabel(ylabel)
+                    ax.grid(True, alpha=0.3)
+            axes[0][0].legend(fontsize=7)
+            fig.suptitle(f"{'Goodput' if metric == 'goodput' else 'Request p99'}, {buf} buffer")
+            fig.tight_layout()
+            name = f"cc_{metric}_{buf}.png"
+            fig.savefig(out / name, dpi=100)
+            plt.close(fig)
+            made.append(name)
+    return made
+
+
+def save(results_json: Path) -> Path:
+    """Keep the suite's ``results.json`` of a cc run as ``benchmarks/results/<date>-iac-bench-cc.json``
+    (without machine paths, as ``record.py`` keeps the suite's)."""
+    from iac.bench.harness import record
+
+    doc = json.loads(results_json.read_text(encoding="utf-8"))
+    if doc.get("quick"):
+        raise SystemExit("a --quick run is a smoke test, not results")
+    if [s["name"] for s in doc["scenarios"]] != ["cc"]:
+        raise SystemExit("expected the results of `iac bench --only cc`")
+    date = dt.datetime.fromisoformat(doc["started"]).date()
+    sc = doc["scenarios"][0]
+    name = ((sc.get("raw") or {}).get("plan") or {}).get("name", "full")
+    suffix = "" if name == "full" else f"-{name}"  # IAC_CC_PLAN=targets: ...-iac-bench-cc-targets.json
+    path = RESULTS / f"{date.isoformat()}-iac-bench-cc{suffix}.json"
+    if suffix:  # the plan came from the environment: say so in the command
+        doc["command"] = f"IAC_CC_PLAN={name} {doc['command']}"
+    # an --out directory outside the repository is a machine path: keep only that it was given
+    doc["command"] = re.sub(r"(--out )/\S+", r"\1<dir>", doc["command"])
+    text = record.without_paths(json.dumps(record.without_samples(doc), indent=1, ensure_ascii=False))
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("save", help="keep a full run's results.json in benchmarks/results/").add_argument("path")
+    sub.add_parser("show", help="print the figures and verdicts of a results file").add_argument("path")
+    args = ap.parse_args(argv)
+    if args.cmd == "save":
+        print(f"saved {save(Path(args.path))}", file=sys.stderr)
+        return 0
+    doc = json.loads(Path(args.path).read_text(encoding="utf-8"))
+    sc = next(s for s in doc["scenarios"] if s["name"] == "cc")
+    if sc["status"] != "ok":
+        print(f"cc: {sc['status']}: {sc['reason']}")
+        return 1
+    for line in summary_lines(sc["raw"]):
+        print(line)
+    return 0
+
+
+__all__ = [
+    "aggregate",
+    "fill_result",
+    "plots",
+    "save",
+    "shares",
+    "summary_lines",
+    "target_summary",
+    "targets",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

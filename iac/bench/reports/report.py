@@ -1,0 +1,264 @@
+"""The suite's own report from its results document: the headline, Markdown and plots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "—"
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+#: The headline table's metrics per scenario (``None``: the metric of the largest N).
+HEADLINE: dict[str, tuple[str, ...] | None] = {
+    "codec": ("send: encode vs sign (µs/msg)", "receive: decode vs verify (µs/msg)"),
+    "bytes": ("bytes per message (test.jsonl)",),
+    "rtt": ("RTT p50, 1 in flight",),
+    "requests": ("RTT p50, 1 in flight", "requests/s, 64 in flight", "server CPU per request, 64 in flight"),
+    "setup": ("first delivery, 20 ms RTT",),
+    "oneway": ("messages/s",),
+    "loss": ("p99 at 0% loss", "p99 at 3% loss"),
+    "broadcast": None,
+    "filetransfer": None,
+    "a2a": ("SendMessage p50, 1 in flight", "SendMessage calls/s, 64 in flight"),
+    "reconnect": ("first delivery after a reconnect, 20 ms RTT (Node API)",),
+}
+
+
+def headline(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per IAC figure worth a headline: its baseline, its ratio, whether IAC is ahead,
+    and the best other (non-IAC) contender for the same metric."""
+    out: list[dict[str, Any]] = []
+    for sc in doc["scenarios"]:
+        if sc["status"] != "ok" or sc["name"] not in HEADLINE:
+            continue
+        wanted = HEADLINE[sc["name"]]
+        rows = sc["rows"]
+        if wanted is None:  # the first metric of the last (largest) size
+            timed = [r["metric"] for r in rows if r["unit"] != "B"]
+            wanted = (timed[-1],) if timed else ()
+        for r in rows:
+            if not r["iac"] or r["metric"] not in wanted or r["ratio"] is None:
+                continue
+            higher = r["better"] == "higher"
+            others = [o for o in rows if o["metric"] == r["metric"] and not o["iac"]]
+            best = max(others, key=lambda o: o["median"] * (1 if higher else -1), default=None)
+            base = next(
+                (o for o in rows if o["contender"] == r["baseline"] and o["metric"] == r["metric"]), None
+            )
+            out.append(
+                {
+                    "scenario": sc["name"],
+                    "metric": r["metric"],
+                    "unit": r["unit"],
+                    "contender": r["contender"],
+                    "median": r["median"],
+                    "baseline": r["baseline"],
+                    "baseline_median": base["median"] if base else None,
+                    "ratio": r["ratio"],
+                    "ahead": r["ratio"] > 1 if higher else r["ratio"] < 1,
+                    "best_other": best["contender"] if best else None,
+                    "best_other_median": best["median"] if best else None,
+                }
+            )
+    return out
+
+
+def headline_markdown(doc: dict[str, Any]) -> list[str]:
+    rows = headline(doc)
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Headline",
+        "",
+        "| scenario | metric | IAC | median | baseline | baseline median | × baseline | IAC | best other |",
+        "|---|---|---|---:|---|---:|---:|---|---|",
+    ]
+    for h in rows:
+        best = "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})"
+        lines.append(
+            f"| {h['scenario']} | {h['metric']} | {h['contender']} | {_fmt(h['median'])} {h['unit']} | "
+            f"{h['baseline']} | {_fmt(h['baseline_median'])} | {h['ratio']:.2f} | "
+            f"{'ahead' if h['ahead'] else '**behind**'} | {best} |"
+        )
+    return lines
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    env = doc["environment"]
+    libs = ", ".join(f"{k} {v}" for k, v in env["libraries"].items() if v)
+    lines = [
+        "# IAC benchmark report",
+        "",
+        f"* command: `{doc['command']}`",
+        f"* date: {doc['started']}, {doc['duration_s']:.0f} s, {'quick' if doc['quick'] else 'full'} run",
+        f"* machine: {env['cpu_model']}, {env['cores']} cores, {env['system']} ({env['machine']})",
+        f"* Python {env['python']} ({env['implementation']}); {libs}",
+        f"* QUIC backends: {', '.join(env['quic_backends'])}; git commit {env['git_commit'] or 'unknown'}",
+        "",
+        "Figures are the median [min .. max] of the per-round figures; contenders took turns in the "
+        "same run. "
+        "**× baseline** is an IAC figure over the scenario's baseline for the same metric "
+        "(for `higher is better` metrics above 1 means IAC is ahead, otherwise below 1 does).",
+    ]
+    lines += headline_markdown(doc)
+    for sc in doc["scenarios"]:
+        lines += ["", f"## {sc['name']} — {sc['title']}", ""]
+        if sc["status"] != "ok":
+            lines.append(f"**{sc['status']}**: {sc['reason']}")
+            continue
+        if sc["baseline"]:
+            lines.append(f"Baseline: **{sc['baseline']}**. Took {sc['duration_s']:.1f} s.")
+            lines.append("")
+        lines.append("| metric | contender | median | min .. max | unit | × baseline |")
+        lines.append("|---|---|---:|---:|---|---:|")
+        for r in sc["rows"]:
+            rr = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
+            if r["ratio"] is not None and r["baseline"] != sc["baseline"]:
+                rr += f" (vs {r['baseline']})"
+            lines.append(
+                f"| {r['metric']} | {r['contender']} | {_fmt(r['median'])} | "
+                f"{_fmt(r['min'])} .. {_fmt(r['max'])} | {r['unit']} ({r['better']} is better) | {rr} |"
+            )
+        lines += secures_lines(sc)
+        for note in sc["notes"]:
+            lines += ["", f"* {note}"]
+    if doc.get("plots"):
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p}]({p})" for p in doc["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def secures_lines(sc: dict[str, Any]) -> list[str]:
+    """What each contender of ``sc`` secures, and the contenders skipped here and why."""
+    seen: dict[str, str] = {}
+    for r in sc["rows"]:
+        if r.get("secures"):
+            seen.setdefault(r["contender"], r["secures"])
+    lines = [f"* **{who}** — {what}" for who, what in seen.items()]
+    lines += [f"* **{who}** — skipped: {why}" for who, why in sc.get("skipped", {}).items()]
+    return ["", "What each contender secures:", "", *lines] if lines else []
+
+
+#: Plot data: (label, x values, y values) per line.
+Lines = Iterable[tuple[str, Sequence[float], Sequence[float]]]
+
+
+def plots(doc: dict[str, Any], out: Path) -> list[str]:
+    """PNG plots when matplotlib is installed; the file names written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made: list[str] = []
+    by = {s["name"]: s for s in doc["scenarios"] if s["status"] == "ok"}
+
+    def figure(
+        fname: str,
+        title: str,
+        xlabel: str,
+        ylabel: str,
+        lines: Lines,
+        xscale: dict[str, Any] | None = None,
+        marker: str | None = "o",
+    ) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, marker=marker, label=label)
+        if xscale:
+            ax.set_xscale(**xscale)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+        made.append(fname)
+
+    def cdf(series: dict[str, list[float]]) -> Lines:
+        for name, xs in series.items():
+            yield name, sorted(xs), [(i + 1) / len(xs) for i in range(len(xs))]
+
+    def by_int_x(series: dict[str, dict[str, float]]) -> Lines:
+        for name, pts in series.items():
+            xs = sorted(int(k) for k in pts)
+            yield name, xs, [pts[str(x)] for x in xs]
+
+    req = by.get("requests")
+    if req and req["series"].get("latency_cdf_us"):
+        figure(
+            "latency_cdf.png",
+            "Latency CDF",
+            "RTT (µs), 1 in flight, loopback",
+            "fraction of requests",
+            cdf(req["series"]["latency_cdf_us"]),
+            {"value": "log"},
+            marker=None,
+        )
+    if req and req["series"].get("rps_vs_in_flight"):
+        figure(
+            "rps_vs_in_flight.png",
+            "Requests/s vs in-flight (loopback)",
+            "requests in flight",
+            "requests/s",
+            by_int_x(req["series"]["rps_vs_in_flight"]),
+            {"value": "log", "base": 2},
+        )
+    bc = by.get("broadcast")
+    if bc and bc["series"].get("completion_vs_agents_ms"):
+        figure(
+            "broadcast_completion.png",
+            "Broadcast completion vs agents (one process, UNIX sockets)",
+            "agents",
+            "completion (ms), last agent reached",
+            by_int_x(bc["series"]["completion_vs_agents_ms"]),
+        )
+    lo = by.get("loss")
+    if lo and lo["series"].get("p99_vs_loss_ms"):
+        loss = lo["series"]["p99_vs_loss_ms"]
+        figure(
+            "p99_vs_loss.png",
+            "p99 vs loss, 64 concurrent requests, 20 ms RTT",
+            "packet loss per direction (%)",
+            "p99 latency (ms)",
+            ((name, [float(x.rstrip("%")) for x in pts], list(pts.values())) for name, pts in loss.items()),
+        )
+    if lo and lo["series"].get("latency_cdf_ms_at_max_loss"):
+        figure(
+            "loss_latency_cdf.png",
+            "Latency CDF at the highest loss",
+            "latency (ms)",
+            "fraction of requests",
+            cdf(lo["series"]["latency_cdf_ms_at_max_loss"]),
+            marker=None,
+        )
+    sm = by.get("smoke")
+    if sm and sm["series"].get("per_round_us"):
+        figure(
+            "smoke_rounds.png",
+            "Smoke test: µs per message per round",
+            "round",
+            "µs per message",
+            by_int_x(sm["series"]["per_round_us"]),
+        )
+    from iac.bench.reports import ccreport
+
+    made += ccreport.plots(by.get("cc"), out)
+    return made

@@ -1,0 +1,370 @@
+"""The suite's scenarios that wrap one script or one in-process bench each (``run(ctx, res)``)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iac.bench.contenders import brokers
+from iac.bench.harness.environment import quic_name
+from iac.bench.harness.results import Context, Result, downsample, interleave_async, run_script
+from iac.bench.harness.stats import median
+from iac.bench.scenarios.requests import oneway_between_processes
+
+
+def codec_json(ctx: Context) -> dict[str, Any]:
+    if "codec" not in ctx.cache:
+        ctx.progress("codec.py")
+        ctx.cache["codec"] = run_script(ctx, "codec.py", ["--quick"] if ctx.quick else [], 900)
+    out: dict[str, Any] = ctx.cache["codec"]
+    return out
+
+
+def transport_json(ctx: Context, part: str) -> dict[str, Any]:
+    ctx.progress(f"transport.py --only {part}")
+    return run_script(ctx, "transport.py", ["--only", part, *(["--quick"] if ctx.quick else [])], 900)
+
+
+# --- scenarios ----------------------------------------------------------------------------------
+
+
+def sc_codec(ctx: Context, res: Result) -> None:
+    data = codec_json(ctx)
+    sp = data["speed"]["us_per_msg"]
+    res.baseline = "bare PyNaCl Ed25519"
+    res.add("IAC codec", "send: encode vs sign (µs/msg)", "µs", sp["encode"])
+    res.add("bare PyNaCl Ed25519", "send: encode vs sign (µs/msg)", "µs", sp["sign"])
+    res.add("IAC codec", "receive: decode vs verify (µs/msg)", "µs", sp["decode"])
+    res.add("bare PyNaCl Ed25519", "receive: decode vs verify (µs/msg)", "µs", sp["verify"])
+    for r in res.rows:
+        r["iac"] = r["contender"] == "IAC codec"
+    s = data["speed"]
+    res.notes.append(
+        f"{data['speed']['messages']} messages x {data['speed']['repetitions']} repetitions; "
+        f"codec ratio (t_sign+t_verify)/(t_encode+t_decode) = {s['ratio']:.3f} "
+        f"[{s['ratio_min']:.3f} .. {s['ratio_max']:.3f}] (target >= 0.80)"
+    )
+    res.raw = data
+
+
+def sc_bytes(ctx: Context, res: Result) -> None:
+    data = codec_json(ctx)
+    rows = data["sizes"]["rows"]
+    base = "HTTP/1.1 POST + JSON + SHA-256"
+    res.baseline = base
+    metric = "bytes per message (test.jsonl)"
+    one = {"n": 1}
+    for name, key in (
+        ("IAC frame, zstd + dictionary", "frame_zstd_dict"),
+        ("IAC frame, zstd without dictionary", "frame_zstd"),
+        ("IAC frame, uncompressed", "frame_raw"),
+        (base, "http_json_sha256"),
+    ):
+        m = rows[key]["mean"]
+        res.add(name, metric, "B", {"median": m, "min": m, "max": m, **one}, iac=name.startswith("IAC"))
+    res.notes.append(
+        "Frame bytes as sent (signed Message + frame header), each message compressed alone; HTTP is "
+        "the request line, four headers and the JSON body (a lower bound: real clients add headers). "
+        "TLS/QUIC/TCP/IP overhead is in neither; the `loss` scenario counts whole IP packets at 0 % "
+        "loss, and `requests` counts IAC frames both ways per request."
+    )
+    res.raw = data["sizes"]
+
+
+def sc_rtt(ctx: Context, res: Result) -> None:
+    data = transport_json(ctx, "rtt")["rtt"]
+    cases = data["cases"]
+    rename = {"bare aioquic echo": "bare aioquic echo", "bare TLS echo": "bare TLS echo"}
+    res.baseline = "bare aioquic echo"
+    for name, c in cases.items():
+        who = rename.get(name, name)
+        base = "bare TLS echo" if name in ("IAC-TLS", "IAC-UNIX") else "bare aioquic echo"
+        res.add(who, "RTT p50, 1 in flight", "µs", c["p50_us"], baseline=base)
+        res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
+        res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
+    res.notes.append(
+        f"scenarios/transport.py --only rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
+        f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
+        "one event loop. "
+        "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
+        "Target: IAC-QUIC p50 <= 1.8 x bare aioquic."
+    )
+    res.raw = data
+
+
+def sc_setup(ctx: Context, res: Result) -> None:
+    data = transport_json(ctx, "handshake")["handshake"]
+    res.baseline = "IAC TLS/TCP"
+    for case, s in data["cases_ms"].items():
+        where, what = case.split(" ", 1)
+        metric = "first delivery, loopback" if where == "loopback" else "first delivery, 20 ms RTT"
+        res.add(f"IAC {what}", metric, "ms", s)
+    res.notes.append(
+        f"scenarios/transport.py --only handshake: start of dial to the server's first delivered message, "
+        f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
+        f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
+        "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
+    )
+    res.raw = data
+
+
+def sc_oneway(ctx: Context, res: Result) -> None:
+    data = transport_json(ctx, "oneway")["oneway"]
+    base = "receiver decode-only (codec)"
+    res.baseline = base
+    res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
+    res.add(
+        "IAC-QUIC one-way, signed ahead",
+        "messages/s",
+        "msg/s",
+        data["oneway_presigned_rate"],
+        better="higher",
+    )
+    res.add(
+        "IAC-QUIC one-way, signing in loop",
+        "messages/s",
+        "msg/s",
+        data["oneway_signing_rate"],
+        better="higher",
+    )
+    res.notes.append(
+        f"iac.bench.scenarios.transport --only oneway: {data['messages_per_round']} messages per round, "
+        "one process. Target: one-way >= 0.5 x the decode-only rate."
+    )
+    res.raw = data
+    oneway_between_processes(ctx, res)
+
+
+@dataclass(frozen=True)
+class BroadcastPlan:
+    sizes: tuple[int, ...]
+    rounds: int
+
+
+#: What each broadcast contender secures (all on UNIX sockets or loopback TCP, none encrypted).
+_IAC_LOCAL = "encryption: none (local socket); per-message authentication: Ed25519, replay check"
+BROADCAST_SECURES = {
+    "IAC broadcast (mesh flood)": _IAC_LOCAL,
+    "IAC fan-out (N-1 sends)": _IAC_LOCAL,
+    "HTTP+Ed25519 JSON fan-out": "encryption: none; per-message authentication: Ed25519",
+    "HTTP+JSON+SHA-256 fan-out": "encryption: none; per-message authentication: SHA-256 + shared password",
+    "NATS+Ed25519 subject fan-out": "encryption: none; per-message authentication: Ed25519",
+    "NATS subject fan-out": "encryption: none; per-message authentication: none",
+}
+
+
+def sc_broadcast(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import mesh
+    from iac.node.node import Node
+
+    if not hasattr(Node, "broadcast"):
+        res.status = "unavailable"
+        res.reason = "iac.Node has no broadcast() in this version"
+        return
+    plan = BroadcastPlan((10,), 5) if ctx.quick else BroadcastPlan((10, 50, 100), 25)
+    res.raw = {"sizes": list(plan.sizes), "rounds": plan.rounds, "links": {}}
+    series: dict[str, dict[str, float]] = {}
+    warmup = 2
+
+    async def one_size(n: int) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+        work = Path(tempfile.mkdtemp(prefix=f"b{n}-", dir=ctx.tmp))
+        bench = mesh.BroadcastBench(n, work)
+        sent: dict[str, list[float]] = {}
+        try:
+            ctx.progress(f"{n} agents: setting up")
+            await bench.setup()
+
+            def counted(label: str, fn: Callable[[], Awaitable[float]]) -> Callable[[], Awaitable[float]]:
+                async def step() -> float:
+                    b0 = bench.sent_bytes()
+                    ms = await fn()
+                    if label.startswith("IAC"):
+                        sent.setdefault(label, []).append(float(bench.sent_bytes() - b0))
+                    return ms
+
+                return step
+
+            steps = {label: counted(label, fn) for label, fn in bench.contenders().items()}
+            figs = await interleave_async(
+                steps,
+                plan.rounds,
+                warmup=warmup,
+                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{plan.rounds}"),
+            )
+            for label in sent:  # the first entries are the warm-ups
+                sent[label] = sent[label][warmup:]
+            return figs, sent, len(bench.edges)
+        finally:
+            await bench.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+    base = mesh.HTTP_ED25519 if mesh.have_aiohttp() else mesh.IAC_FANOUT
+    res.baseline = base
+    for n in plan.sizes:
+        figs, sent, links = asyncio.run(one_size(n))
+        res.raw["links"][str(n)] = links
+        for label, values in figs.items():
+            res.add(label, f"completion, {n} agents", "ms", values, secures=BROADCAST_SECURES.get(label))
+            series.setdefault(label, {})[str(n)] = median(values)
+        for label, values in sent.items():
+            if values:
+                res.add(
+                    label,
+                    f"IAC frame bytes sent per broadcast, all agents, {n} agents",
+                    "B",
+                    values,
+                    baseline=mesh.IAC_FANOUT,
+                )
+    res.series["completion_vs_agents_ms"] = series
+    if base != mesh.HTTP_ED25519:
+        res.notes.append("No HTTP baselines: aiohttp is not installed; IAC fan-out is the baseline.")
+    res.notes.append(
+        "Completion = from the origin's first call to the handler of the last of the N-1 other agents. "
+        "All agents run in this one process on one event loop, on UNIX sockets, so the figure is the "
+        "CPU of every hop on one core. IAC broadcast: Node.broadcast flooded over a seeded random "
+        "connected graph (spanning tree + N/2 extra links: "
+        + ", ".join(f"{n} agents {k} links" for n, k in res.raw["links"].items())
+        + "), signed once by the origin, verified and deduplicated by each agent, forwarded to every "
+        "other neighbour; the origin rotates. IAC fan-out: one origin connected to all N-1 agents, "
+        "one signed Node.send each. HTTP fan-out: aiohttp, a keep-alive connection to each agent's "
+        "server, one body (Ed25519-signed once, or hashed once) POSTed to all N-1 at once; each server "
+        f"verifies it. NATS fan-out: one publish on a subject that N-1 subscriber connections (in this "
+        "process) receive through a nats-server on loopback; +Ed25519 signs it once, each subscriber "
+        f"verifies it. {plan.rounds} rounds after 2 warm-ups, turns A B … B A."
+    )
+    why = brokers.missing("nats")
+    if why:
+        res.skipped.update({mesh.NATS_ED25519: why, mesh.NATS_FANOUT: why})
+
+
+def sc_filetransfer(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import filetransfer
+    from iac.node.node import Node
+
+    if not hasattr(Node, "send_file"):
+        res.status = "unavailable"
+        res.reason = "iac.Node has no send_file() in this version"
+        return
+    mib, rounds = (8, 3) if ctx.quick else (48, 5)
+    work = Path(tempfile.mkdtemp(prefix="files-", dir=ctx.tmp))  # private: it holds UNIX sockets
+    src = filetransfer.make_file(work / "payload.bin", mib)
+    base = "bare aioquic, one stream"
+    res.baseline = base
+    steps: dict[str, Callable[[], Awaitable[float]]] = {}
+
+    def over(url: str, backend: str | None = None) -> Callable[[], Awaitable[float]]:
+        return lambda: filetransfer.bench_iac_file(src, work, url, None, backend=backend)
+
+    def bare(lib: str) -> Callable[[], Awaitable[float]]:
+        return lambda: filetransfer.bench_bare_aioquic(src, work, lib)
+
+    steps[base] = bare("aioquic")
+
+    bases: dict[str, str] = {}
+    for b in ctx.backends:
+        label = f"{quic_name(b)} send_file"
+        steps[label] = over("quic://127.0.0.1:0", b)
+        if b != "aioquic" and importlib.util.find_spec(b) is not None:  # that backend's own ceiling
+            bases[label] = f"bare {b}, one stream"
+            steps[bases[label]] = bare(b)
+    steps["IAC-TLS/TCP send_file"] = over("tls://127.0.0.1:0")
+    steps["IAC-UNIX send_file"] = over("unix://")
+    figs = asyncio.run(
+        interleave_async(steps, rounds, warmup=1, on_round=lambda r: ctx.progress(f"round {r + 1}/{rounds}"))
+    )
+    for label, values in figs.items():
+        res.add(label, f"MB/s, {mib} MiB file", "MB/s", values, better="higher", baseline=bases.get(label))
+    res.raw = {"file_mib": mib, "rounds": rounds, "mb_s": figs}
+    res.notes.append(
+        f"One {mib} MiB file of seeded random bytes, sent once per turn by each contender on loopback "
+        f"({rounds} rounds after a warm-up, turns A B … B A); MB/s = 10^6 bytes/s from the first byte "
+        "to the receiver's confirmation; the connection is set up before the clock starts. "
+        "IAC: Node.send_file (chunks as signed FILE_TRANSFER messages, default window, the receiver "
+        "checks the SHA-256 and renames the file into its inbox; durable_files off). Bare aioquic: "
+        "one QUIC stream, the server writes the bytes to disk and hashes them, nothing signed: the "
+        "ceiling of the QUIC stack IAC-QUIC runs on (IAC-QUIC[qh3] is compared with bare qh3, when "
+        "installed). TLS and UNIX rows are compared with bare aioquic too (a different transport)."
+    )
+
+
+def sc_loss(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import loss
+
+    plan = loss.QUICK_PLAN if ctx.quick else loss.FULL_PLAN
+    out = loss.run_loss(plan, ctx.progress)
+    if out["status"] != "ok":
+        res.status = "skipped"
+        res.reason = out["reason"]
+        return
+    names = out["names"]
+    res.baseline = names["http"] if "http" in names else names["iac-tls"]
+    p99_series: dict[str, dict[str, float]] = {}
+    for level in out["levels"]:
+        pc = f"{level['loss']:.0%}"
+        for c, label in names.items():
+            if level["p50_ms"][c]:
+                res.add(label, f"p50 at {pc} loss", "ms", level["p50_ms"][c])
+                res.add(label, f"p99 at {pc} loss", "ms", level["p99_ms"][c])
+                p99_series.setdefault(label, {})[pc] = median(level["p99_ms"][c])
+            if level["errors"][c]:
+                res.notes.append(f"{label} at {pc} loss: {level['errors'][c]} requests failed")
+            if level["loss"] == 0.0:
+                res.add(
+                    label,
+                    "IP bytes on the wire per request (0 % loss)",
+                    "B",
+                    level["wire_bytes_per_request"][c],
+                )
+        if level["loss"] == max(plan.losses):
+            res.series["latency_cdf_ms_at_max_loss"] = {
+                names[c]: downsample(v) for c, v in level["samples_ms"].items() if v
+            }
+        del level["samples_ms"]
+    res.series["p99_vs_loss_ms"] = p99_series
+    res.notes.append(
+        f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
+        f"{plan.rounds} rounds per loss level; 20 ms RTT ({plan.one_way_delay * 1e3:.0f} ms each way); loss "
+        "applies to every IP packet in each direction (TUN link between two network namespaces, "
+        "iac/testing/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
+        "connections, IAC one connection."
+    )
+    res.notes.extend(out["notes"])
+    res.raw = out
+
+
+def sc_cc(ctx: Context, res: Result) -> None:
+    from iac.bench.reports import ccreport
+    from iac.bench.scenarios import cc
+
+    plan = cc.QUICK_PLAN if ctx.quick else cc.plan_named(os.environ.get("IAC_CC_PLAN", "full"))
+    out = cc.run_cc(plan, ctx.progress)
+    if out["status"] != "ok":
+        res.status, res.reason = "skipped", out["reason"]
+        return
+    ccreport.fill_result(out, res)
+
+
+def sc_a2a(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import a2a_calls
+
+    a2a_calls.scenario(ctx, res, run_script)
+
+
+def sc_reconnect(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import reconnect
+
+    reconnect.scenario(ctx, res, run_script)
+
+
+def sc_nat(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import nat
+
+    nat.scenario(ctx, res, run_script)

@@ -1,0 +1,147 @@
+"""The ``filetransfer`` scenario's contenders: ``Node.send_file`` over QUIC, TLS/TCP and UNIX sockets,
+and one bare aioquic (or qh3) stream whose server writes and hashes the bytes, nothing signed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from iac.node.config import NodeConfig
+from iac.node.node import Node
+
+
+def make_file(path: Path, mib: int, seed: int = 1) -> Path:
+    """``mib`` MiB of incompressible bytes (seeded, so every contender sends the same file)."""
+    rng = random.Random(seed)
+    with path.open("wb") as f:
+        for _ in range(mib):
+            f.write(rng.randbytes(1 << 20))
+    return path
+
+
+@contextlib.contextmanager
+def quic_backend(name: str | None) -> Iterator[None]:
+    """Listeners and dials started inside use QUIC backend ``name`` (when IAC has the switch)."""
+    try:
+        from iac.transport.quic.backend import set_backend
+    except ImportError:
+        yield
+        return
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(None)
+
+
+async def bench_iac_file(
+    path: Path,
+    workdir: Path,
+    url: str = "quic://127.0.0.1:0",
+    window: int | None = 16,
+    backend: str | None = None,
+) -> float:
+    """MB/s of one ``Node.send_file`` (connection set up before the clock starts); the received
+    file is checked for size and removed."""
+    scheme = url.split(":", 1)[0]
+    inbox = workdir / f"iac-inbox-{scheme}-{window}-{backend}"
+    if scheme == "unix":
+        url = f"unix://{workdir}/file-rx-{time.monotonic_ns()}.sock"
+    cfg = NodeConfig(inbox_dir=inbox, max_file_size=1 << 34, durable_files=False)
+    with quic_backend(backend if scheme == "quic" else None):
+        async with Node(listen=[url], config=cfg) as rx, Node() as tx:
+            tx.add_peer(rx.agent_id, *rx.addresses)
+            await tx.connect(rx.agent_id)
+            t0 = time.perf_counter()
+            res = await tx.send_file(rx.agent_id, path, window=window)
+            seconds = time.perf_counter() - t0
+    got = inbox / res.name
+    try:
+        if got.stat().st_size != res.size:
+            raise RuntimeError(f"received {got.stat().st_size} bytes of {res.size}")
+    finally:
+        with contextlib.suppress(OSError):
+            got.unlink()
+    return res.size / seconds / 1e6
+
+
+async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic") -> float:
+    """One QUIC stream: the client reads the file onto it; the server writes it to disk and hashes it.
+
+    ``lib``: ``aioquic``, or ``qh3`` (aioquic's API on a Rust core) for the accelerated backend's ceiling.
+    """
+    import importlib
+
+    aio = importlib.import_module(f"{lib}.asyncio")
+    connect, serve = aio.connect, aio.serve
+    QuicConnectionProtocol = importlib.import_module(f"{lib}.asyncio.protocol").QuicConnectionProtocol
+    QuicConfiguration = importlib.import_module(f"{lib}.quic.configuration").QuicConfiguration
+    StreamDataReceived = importlib.import_module(f"{lib}.quic.events").StreamDataReceived
+
+    from iac.transport.certs import generate_self_signed
+
+    cert = generate_self_signed("bench")
+    (workdir / "c.pem").write_bytes(cert.cert_pem)
+    (workdir / "k.pem").write_bytes(cert.key_pem)
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    out_path = workdir / f"bare-{lib}.bin"
+
+    class Server(QuicConnectionProtocol):  # type: ignore[valid-type,misc]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.f = out_path.open("wb")
+            self.h = hashlib.sha256()
+
+        def quic_event_received(self, event: Any) -> None:
+            if isinstance(event, StreamDataReceived):
+                self.f.write(event.data)
+                self.h.update(event.data)
+                if event.end_stream:
+                    self.f.close()
+                    self._quic.send_stream_data(event.stream_id, b"ok", end_stream=True)
+                    self.transmit()
+                    if not done.done():
+                        done.set_result(self.h.hexdigest())
+
+    scfg = QuicConfiguration(
+        is_client=False, alpn_protocols=["bench"], max_stream_data=16 << 20, max_data=64 << 20
+    )
+    scfg.load_cert_chain(str(workdir / "c.pem"), str(workdir / "k.pem"))
+    server = await serve("127.0.0.1", 0, configuration=scfg, create_protocol=Server)
+    port = server._transport.get_extra_info("sockname")[1]
+    ccfg = QuicConfiguration(
+        is_client=True,
+        alpn_protocols=["bench"],
+        verify_mode=ssl.CERT_NONE,
+        max_stream_data=16 << 20,
+        max_data=64 << 20,
+    )
+    try:
+        async with connect("127.0.0.1", port, configuration=ccfg) as client:
+            t0 = time.perf_counter()
+            reader, writer = await client.create_stream()
+            can_drain = getattr(writer, "_protocol", None) is not None  # qh3's stream writers have none
+            with path.open("rb") as f:
+                while block := f.read(256 * 1024):
+                    writer.write(block)
+                    if can_drain:
+                        await writer.drain()
+                    else:
+                        await asyncio.sleep(0)
+            writer.write_eof()
+            await reader.read()
+            await asyncio.wait_for(done, 60)
+            seconds = time.perf_counter() - t0
+    finally:
+        server.close()
+        with contextlib.suppress(OSError):
+            out_path.unlink()
+    return path.stat().st_size / seconds / 1e6

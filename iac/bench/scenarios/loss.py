@@ -1,0 +1,162 @@
+"""Requests under loss and delay (``python -m iac.bench.scenarios.loss --quick --json out.json``, root).
+
+``run_loss``: 64 concurrent independent requests, again and again, between two network namespaces
+joined by :class:`iac.testing.netem.Link` (10 ms each way = 20 ms RTT) at 0 %, 1 % and 3 % loss
+per packet and per direction, for IAC over QUIC, IAC over TLS/TCP and HTTP/1.1 (aiohttp
+keep-alive, JSON + SHA-256(payload+password), 64 connections; only when aiohttp is installed).
+The servers (:mod:`iac.bench.contenders.endpoints`) run in namespace b, the clients in namespace
+a, each in its own process (``ip netns exec``). Per loss level the contenders take turns
+(A B C C B A …); each turn is ``batches`` x 64 requests; a turn's p50/p99 come from its requests,
+and the figures are the median [min .. max] over turns. At 0 % loss the forwarder's counters also
+give the bytes on the wire per request: whole IP packets both ways (IP, UDP/TCP, QUIC/TLS, HTTP
+headers and ACKs included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iac.bench.contenders.endpoints import NAMES, have_aiohttp, start_pair
+from iac.bench.harness.process import Pair
+from iac.bench.harness.stats import median, percentile
+
+# --- the loss scenario --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LossPlan:
+    losses: tuple[float, ...] = (0.0, 0.01, 0.03)
+    one_way_delay: float = 0.010
+    rounds: int = 5
+    batches: int = 4  # 64-request batches per turn
+    concurrency: int = 64
+
+
+QUICK_PLAN = LossPlan(rounds=3, batches=2)
+FULL_PLAN = LossPlan(rounds=7, batches=6)
+
+
+def loss_contenders() -> list[str]:
+    out = ["iac-quic", "iac-tls"]
+    if have_aiohttp():
+        out.append("http")
+    return out
+
+
+def run_loss(
+    plan: LossPlan, progress: Callable[[str], None] = lambda s: None, seed: int = 7
+) -> dict[str, Any]:
+    """The loss scenario. Returns ``{"status": "ok"|"skipped", "reason", "levels": [...]}``."""
+    from iac.testing import netem
+    from iac.testing.relay import Impairment
+
+    reason = netem.unavailable()
+    if reason:
+        return {"status": "skipped", "reason": reason}
+    contenders = loss_contenders()
+    notes = [] if have_aiohttp() else ["HTTP left out: aiohttp is not installed (pip install aiohttp)"]
+    pairs: dict[str, Pair] = {}
+    levels: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="iacb-loss-") as tmp:
+        try:
+            link = netem.Link(Impairment(delay=plan.one_way_delay), seed=seed)
+            link.start()
+        except netem.LinkError as exc:
+            return {"status": "skipped", "reason": f"link emulator unavailable: {exc}"}
+        try:
+            for c in contenders:
+                progress(f"starting {NAMES[c]} in the namespaces")
+                pairs[c] = start_pair(
+                    c,
+                    netem.ADDR_B,
+                    Path(tmp),
+                    wrap_server=lambda a: link.command("b", a),
+                    wrap_client=lambda a: link.command("a", a),
+                )
+            n = plan.concurrency * plan.batches
+            for li, loss in enumerate(plan.losses):
+                link.set_impairment(Impairment(delay=plan.one_way_delay, loss=loss))
+                for c in contenders:  # warm-up at this loss level
+                    pairs[c].run(plan.concurrency, plan.concurrency)
+                p50: dict[str, list[float]] = {c: [] for c in contenders}
+                p99: dict[str, list[float]] = {c: [] for c in contenders}
+                wire: dict[str, list[float]] = {c: [] for c in contenders}
+                samples: dict[str, list[float]] = {c: [] for c in contenders}
+                errors = dict.fromkeys(contenders, 0)
+                for r in range(plan.rounds):
+                    progress(f"loss {loss:.0%}: round {r + 1}/{plan.rounds} ({li + 1}/{len(plan.losses)})")
+                    for c in contenders if r % 2 == 0 else contenders[::-1]:
+                        before = link.stats()
+                        res = pairs[c].run(plan.concurrency, n)
+                        after = link.stats()
+                        lat = res["lat_us"]
+                        errors[c] += res["errors"]
+                        if lat:
+                            p50[c].append(median(lat) / 1e3)
+                            p99[c].append(percentile(lat, 99) / 1e3)
+                            samples[c].extend(x / 1e3 for x in lat)
+                        moved = sum(after[d]["bytes"] - before[d]["bytes"] for d in after)
+                        wire[c].append(moved / n)
+                levels.append(
+                    {
+                        "loss": loss,
+                        "p50_ms": p50,
+                        "p99_ms": p99,
+                        "wire_bytes_per_request": wire,
+                        "errors": errors,
+                        "samples_ms": samples,
+                        "link": link.stats(),
+                    }
+                )
+        finally:
+            for pair in pairs.values():
+                pair.close()
+            link.close()
+    return {
+        "status": "ok",
+        "reason": None,
+        "contenders": contenders,
+        "names": {c: NAMES[c] for c in contenders},
+        "plan": {
+            "losses": list(plan.losses),
+            "one_way_delay_s": plan.one_way_delay,
+            "rounds": plan.rounds,
+            "requests_per_turn": plan.concurrency * plan.batches,
+            "concurrency": plan.concurrency,
+        },
+        "levels": levels,
+        "notes": notes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    res = run_loss(QUICK_PLAN if args.quick else FULL_PLAN, lambda m: print(m, file=sys.stderr))
+    if res["status"] != "ok":
+        print(f"loss scenario skipped: {res['reason']}")
+        return 0
+    for level in res["levels"]:
+        for c in res["contenders"]:
+            p50, p99 = level["p50_ms"][c], level["p99_ms"][c]
+            if p50:
+                print(
+                    f"loss {level['loss']:4.0%}  {NAMES[c]:<20} p50 {median(p50):7.1f} ms  "
+                    f"p99 {median(p99):7.1f} ms  errors {level['errors'][c]}"
+                )
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

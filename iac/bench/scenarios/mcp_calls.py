@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""MCP tool calls over MCP over IAC (QUIC, TLS/TCP, UNIX) against MCP's own transports.
+
+    .venv/bin/python -m iac.bench.scenarios.mcp_calls [--quick] [--json OUT]
+
+One server process hosts the same ``MCPServer`` (the stock SDK; one tool, ``echo``) twice: on an
+IAC node serving MCP over IAC on QUIC, TLS/TCP and UNIX, and as MCP's streamable HTTP (Starlette
+under uvicorn, stateful sessions, SSE responses; plain HTTP on loopback). A third contender is
+the same server as a stdio child of the client (MCP's stdio transport, a local server). The
+client is the SDK's ``ClientSession`` over each transport, taking turns each round (the order
+turns around every round):
+
+* tool-call p50: sequential ``tools/call`` of ``echo`` with a 200-byte text;
+* calls/s with 32 in flight (the same call).
+
+Every IAC call is signed by the client's node and verified by the agent's (and every part back
+the other way); HTTP and stdio carry no signature. Figures are medians over rounds; each IAC
+figure has its ratio to streamable HTTP. Imports only ``iac`` and ``mcp``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+HTTP = "MCP streamable HTTP"
+STDIO = "MCP stdio"
+IAC = {"quic": "MCP over IAC-QUIC", "tls": "MCP over IAC-TLS/TCP", "unix": "MCP over IAC-UNIX"}
+QUICK = {"rounds": 2, "sequential": 40, "concurrent": 160}
+FULL = {"rounds": 5, "sequential": 200, "concurrent": 800}
+IN_FLIGHT = 32
+TEXT = "x" * 200
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parent.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-12-01-mcp-calls.json"
+
+
+def make_server() -> Any:
+    from mcp.server.mcpserver import MCPServer
+
+    mcp = MCPServer("bench")
+
+    @mcp.tool()
+    def echo(text: str) -> str:
+        """Answer the text."""
+        return text
+
+    return mcp
+
+
+# --- the server process -----------------------------------------------------------------------
+
+
+async def serve(workdir: str) -> None:
+    """The tool behind IAC and streamable HTTP; prints the addresses as one JSON line and runs
+    until stdin closes."""
+    import uvicorn
+
+    from iac.integrations import mcp as im
+    from iac.node.config import NodeConfig
+    from iac.node.node import Node
+
+    listen = ["quic://127.0.0.1:0", "tls://127.0.0.1:0", f"unix://{workdir}/run/agent.sock"]
+    async with Node(listen=listen, config=im.announce(NodeConfig())) as node:
+        im.serve(node, make_server(), limits=im.Limits(calls_per_peer=48, calls_total=48))
+        app = make_server().streamable_http_app()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=60)
+        http = uvicorn.Server(config)
+        task = asyncio.ensure_future(http.serve(sockets=[sock]))
+        while not http.started:
+            await asyncio.sleep(0.01)
+        print(json.dumps({"agent": node.agent_id, "addresses": node.addresses, "http": port}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        http.should_exit = True
+        await task
+
+
+def serve_stdio() -> None:
+    make_server().run("stdio")
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+Opener = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+
+
+def openers(info: dict[str, Any]) -> dict[str, Opener]:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from iac.integrations import mcp as im
+    from iac.node.node import Node
+
+    def iac_session(address: str) -> Opener:
+        @contextlib.asynccontextmanager
+        async def open_() -> AsyncIterator[Any]:
+            async with Node() as node:
+                node.add_peer(info["agent"], address)
+                async with im.connect(node, info["agent"]) as (r, w), ClientSession(r, w) as s:
+                    await s.initialize()
+                    yield s
+
+        return open_
+
+    @contextlib.asynccontextmanager
+    async def http_session() -> AsyncIterator[Any]:
+        url = f"http://127.0.0.1:{info['http']}/mcp"
+        async with streamable_http_client(url) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            yield s
+
+    @contextlib.asynccontextmanager
+    async def stdio_session() -> AsyncIterator[Any]:
+        params = StdioServerParameters(command=sys.executable, args=[str(SCRIPT), "--stdio-server"])
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            yield s
+
+    out: dict[str, Opener] = {HTTP: http_session, STDIO: stdio_session}
+    for address in info["addresses"]:
+        out[IAC[address.split("://")[0]]] = iac_session(address)
+    return out
+
+
+async def call(session: Any) -> None:
+    result = await session.call_tool("echo", {"text": TEXT})
+    if result.is_error:
+        raise RuntimeError(f"echo failed: {result}")
+
+
+async def measure(open_: Opener, sequential: int, concurrent: int) -> dict[str, float]:
+    async with open_() as session:
+        for _ in range(10):  # warm up
+            await call(session)
+        times = []
+        for _ in range(sequential):
+            t0 = time.perf_counter()
+            await call(session)
+            times.append(time.perf_counter() - t0)
+        left = concurrent
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await call(session)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+        elapsed = time.perf_counter() - t0
+    return {"p50_ms": statistics.median(times) * 1e3, "calls_per_s": concurrent / elapsed}
+
+
+async def run(sizes: dict[str, int]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="iac-mcp-") as workdir:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(SCRIPT), "--serve", workdir,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stdin is not None
+        try:
+            info = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+            contenders = openers(info)
+            names = list(contenders)
+            rounds: list[dict[str, dict[str, float]]] = []
+            for r in range(sizes["rounds"]):
+                order = names if r % 2 == 0 else names[::-1]
+                got = {}
+                for name in order:
+                    got[name] = await measure(contenders[name], sizes["sequential"], sizes["concurrent"])
+                    print(f"round {r + 1} {name}: {got[name]['p50_ms']:.3f} ms p50, "
+                          f"{got[name]['calls_per_s']:.0f} calls/s", file=sys.stderr)  # fmt: skip
+                rounds.append(got)
+        finally:
+            proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+            if proc.returncode is None:
+                proc.kill()
+    medians: dict[str, dict[str, float]] = {}
+    for name in names:
+        medians[name] = {
+            k: statistics.median(rd[name][k] for rd in rounds) for k in ("p50_ms", "calls_per_s")
+        }
+    base = medians[HTTP]
+    ratios = {
+        name: {
+            "p50_vs_http": medians[name]["p50_ms"] / base["p50_ms"],
+            "calls_per_s_vs_http": medians[name]["calls_per_s"] / base["calls_per_s"],
+        }
+        for name in names
+    }
+    return {"rounds": rounds, "medians": medians, "ratios": ratios}
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    """The machine, the library versions and the commit, as the suite's results record them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    libraries: dict[str, str | None] = {}
+    for pkg in ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2"):
+        try:
+            libraries[pkg] = version("iac-mesh" if pkg == "iac" else pkg)
+        except PackageNotFoundError:
+            libraries[pkg] = None
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "iac", "benchmarks")
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "libraries": libraries,
+        "git_commit": _git("rev-parse", "--short", "HEAD") or None,
+        "git_dirty": bool(dirty),
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| transport | tool-call p50 | calls/s, 32 in flight |", "|---|---:|---:|"]
+    for name, m in result["medians"].items():
+        r = result["ratios"][name]
+        ratio = "" if name == HTTP else f" ({r['p50_vs_http']:.2f}×)"
+        ratio_c = "" if name == HTTP else f" ({r['calls_per_s_vs_http']:.2f}×)"
+        lines.append(f"| {name} | {m['p50_ms']:.2f} ms{ratio} | {m['calls_per_s']:,.0f}{ratio_c} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)  # the libraries' INFO lines are not the figures
+    for name in ("iac", "mcp", "httpx", "httpx2", "uvicorn", "aioquic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if sys.argv[1:2] == ["--serve"]:
+        asyncio.run(serve(sys.argv[2]))
+        return
+    if sys.argv[1:2] == ["--stdio-server"]:
+        serve_stdio()
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 rounds of 40 sequential and 160 concurrent calls")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 5; --quick 2)")
+    p.add_argument(
+        "--json", default=str(DEFAULT_OUT), help=f"where to write the results (default {DEFAULT_OUT})"
+    )
+    args = p.parse_args()
+    sizes = dict(QUICK if args.quick else FULL)
+    if args.rounds is not None:
+        sizes["rounds"] = max(1, args.rounds)
+    command = " ".join(["python -m iac.bench.scenarios.mcp_calls", *sys.argv[1:]])
+    started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    env = environment()
+    t0 = time.monotonic()
+    result = asyncio.run(run(sizes))
+    out = {
+        "schema": "iac-bench-record/1",
+        "command": command,
+        "started": started,
+        "duration_s": round(time.monotonic() - t0, 1),
+        "environment": env,
+        "result": {
+            "benchmark": "mcp_calls",
+            "sizes": sizes,
+            "in_flight": IN_FLIGHT,
+            "text_bytes": len(TEXT),
+            **result,
+        },
+    }
+    Path(args.json).write_text(json.dumps(out, indent=1) + "\n", "utf-8")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()

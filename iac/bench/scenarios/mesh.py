@@ -1,0 +1,382 @@
+"""Mesh benchmarks: broadcast completion, relayed vs direct requests, file transfer vs bare aioquic.
+
+    .venv/bin/python -m iac.bench.scenarios.mesh [--quick] [--file-mib N] [--json OUT]
+
+* Broadcast completion (:class:`BroadcastBench`): N agents (10, 50, 100) in this one
+  process, on UNIX sockets; the time from the origin's first call to the last agent's
+  handler. Contenders, taking turns: ``Node.broadcast`` flooded over a seeded random
+  connected graph (a spanning tree plus N/2 extra links; the origin rotates); IAC fan-out
+  (one origin connected to all N-1 agents, one ``Node.send`` to each); HTTP fan-out
+  (aiohttp, one keep-alive connection per agent, the same body POSTed to each of the N-1
+  agents' servers; JSON signed once with Ed25519, or JSON + SHA-256(payload+password)).
+* Delegation through one relay vs direct: DELEGATE_TASK requests/s from A to C
+  with 32 in flight, A—C directly and A—B—C with B relaying (TLS on loopback).
+* File transfer: ``Node.send_file`` over QUIC, TLS and UNIX on loopback vs a bare aioquic
+  single-stream transfer of the same file (client reads the file onto one stream; server
+  writes it to disk and hashes it), in the same run.
+
+The suite (``iac/bench/main.py``, scenarios ``broadcast`` and ``filetransfer``) drives
+these functions and interleaves the contenders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from iac.bench.contenders import brokers
+from iac.bench.harness.stats import median
+from iac.bench.scenarios.filetransfer import bench_bare_aioquic, bench_iac_file, make_file
+from iac.node.config import NodeConfig
+from iac.node.node import Context, Node
+from iac.protocol.routing import RelayPolicy
+from iac.wire._pb.iac_pb2 import Intent, MessageType
+from iac.wire.task import TaskState
+
+BROADCAST_PAYLOAD = {"event": "price-update", "symbol": "ACME", "price": 101.25, "source": "feed-7"}
+#: Broadcast contenders: label -> method of :class:`BroadcastBench`.
+IAC_MESH = "IAC broadcast (mesh flood)"
+IAC_FANOUT = "IAC fan-out (N-1 sends)"
+HTTP_ED25519 = "HTTP+Ed25519 JSON fan-out"
+HTTP_SHA256 = "HTTP+JSON+SHA-256 fan-out"
+NATS_FANOUT = "NATS subject fan-out"
+NATS_ED25519 = "NATS+Ed25519 subject fan-out"
+WAIT_S = 30.0  # longest a single broadcast may take before the round fails
+SETTLE_ROUNDS = 500  # bound on the quiescence wait after a flood (10 ms each)
+
+
+def graph(n: int, seed: int) -> list[tuple[int, int]]:
+    """A connected graph: a random spanning tree plus ``n // 2`` extra links."""
+    rng = random.Random(seed)
+    edges = {(rng.randrange(i), i) for i in range(1, n)}
+    target = min(n - 1 + n // 2, n * (n - 1) // 2)
+    for _ in range(100 * n):
+        if len(edges) >= target:
+            break
+        i, j = sorted(rng.sample(range(n), 2))
+        edges.add((i, j))
+    return sorted(edges)
+
+
+class _Completion:
+    """Counts the deliveries of the current key; resolves when the last agent got it."""
+
+    def __init__(self) -> None:
+        self.key = -1
+        self.left = 0
+        self.fut: asyncio.Future[float] | None = None
+
+    def arm(self, key: int, count: int) -> asyncio.Future[float]:
+        self.key, self.left = key, count
+        self.fut = asyncio.get_running_loop().create_future()
+        return self.fut
+
+    def hit(self, key: int) -> None:
+        if key != self.key or self.fut is None:
+            return  # a late duplicate of an earlier round
+        self.left -= 1
+        if self.left == 0 and not self.fut.done():
+            self.fut.set_result(time.perf_counter())
+
+
+def have_aiohttp() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("aiohttp") is not None
+
+
+class BroadcastBench:
+    """N agents reached from one origin, several ways, all in this process on UNIX sockets.
+
+    ``await setup()``, then any of :meth:`iac_mesh`, :meth:`iac_fanout`, :meth:`http_fanout`
+    (each returns one completion time in ms), then ``await close()``.
+    """
+
+    def __init__(self, n: int, workdir: Path, *, http: bool | None = None, seed: int | None = None) -> None:
+        if n < 2:
+            raise ValueError("a broadcast needs at least two agents")
+        self.n = n
+        self.dir = workdir
+        self.http = have_aiohttp() if http is None else http
+        self.edges = graph(n, seed=n if seed is None else seed)
+        self.key = 0
+        self.done = _Completion()
+        self.mesh: list[Node] = []
+        self.star: list[Node] = []
+        self._http_runners: list[Any] = []
+        self._http_sessions: list[Any] = []
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []
+        self.nats = brokers.NatsFanout(n, self._hit) if brokers.missing("nats") is None else None
+
+    def contenders(self) -> dict[str, Callable[[], Awaitable[float]]]:
+        out: dict[str, Callable[[], Awaitable[float]]] = {
+            IAC_MESH: self.iac_mesh,
+            IAC_FANOUT: self.iac_fanout,
+        }
+        if self.http:
+            out[HTTP_ED25519] = lambda: self.http_fanout(signed=True)
+            out[HTTP_SHA256] = lambda: self.http_fanout(signed=False)
+        if self.nats is not None:
+            out[NATS_ED25519] = lambda: self.nats_fanout(signed=True)
+            out[NATS_FANOUT] = lambda: self.nats_fanout(signed=False)
+        return out
+
+    def _hit(self, key: int) -> None:
+        self.done.hit(key)
+
+    async def nats_fanout(self, signed: bool) -> float:
+        assert self.nats is not None
+        key, payload = self._payload()
+        fut = self.done.arm(key, self.n - 1)
+        t0 = time.perf_counter()
+        await self.nats.publish(key, payload, signed)
+        return (await asyncio.wait_for(fut, WAIT_S) - t0) * 1e3
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        # fair_share off: the N agents share one event loop here, where its lag is everybody's
+        # (a node would hold a neighbour back for load that is not its own)
+        cfg = NodeConfig(broadcast_hop_limit=64, sync_in_thread=False, fair_share=False)
+        self.mesh = [Node(listen=[f"unix://{self.dir}/m{i}.sock"], config=cfg) for i in range(self.n)]
+        self.star = [Node(listen=[f"unix://{self.dir}/s{i}.sock"], config=cfg) for i in range(self.n)]
+        for node in (*self.mesh, *self.star):
+            await node.start()
+            node.on(MessageType.BROADCAST)(self._on_iac)
+        for i, j in self.edges:
+            self.mesh[i].add_peer(self.mesh[j].agent_id, *self.mesh[j].addresses)
+        await asyncio.gather(*(self.mesh[i].connect(self.mesh[j].agent_id) for i, j in self.edges))
+        hub = self.star[0]
+        for leaf in self.star[1:]:
+            hub.add_peer(leaf.agent_id, *leaf.addresses)
+        await asyncio.gather(*(hub.connect(leaf.agent_id) for leaf in self.star[1:]))
+        deg = [0] * self.n
+        for i, j in self.edges:
+            deg[i] += 1
+            deg[j] += 1
+        for _ in range(3000):  # both ends of every link registered (10 ms steps, 30 s at most)
+            if all(nd.stats().connections >= deg[i] for i, nd in enumerate(self.mesh)):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise RuntimeError("the mesh did not connect within 30 s")
+        if self.http:
+            await self._setup_http()
+        if self.nats is not None:
+            await self.nats.setup()
+
+    def _on_iac(self, ctx: Context) -> None:
+        self.done.hit(int(ctx.payload["k"]))
+
+    async def _setup_http(self) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        from iac.bench.contenders import common, http
+
+        _, verify_origin = http.signing_keys(True, common.SERVER_SEED, common.CLIENT_SEED)
+
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.read()
+            signed = request.headers.get("X-Signed") == "1"
+            env = http.http_open(body, verify_origin if signed else None)
+            self.done.hit(int(json.loads(env["payload"])["k"]))
+            return web.Response(status=204)
+
+        for i in range(1, self.n):
+            app = web.Application()
+            app.router.add_post(common.PATH, handle)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.UnixSite(runner, str(self.dir / f"h{i}.sock")).start()
+            self._http_runners.append(runner)
+            self._http_sessions.append(
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=str(self.dir / f"h{i}.sock"), limit=1),
+                    timeout=aiohttp.ClientTimeout(total=WAIT_S),
+                )
+            )
+        self._origin_signer, _ = http.signing_keys(True, common.CLIENT_SEED, common.SERVER_SEED)
+
+    async def close(self) -> None:
+        for s in self._http_sessions:
+            with contextlib.suppress(Exception):
+                await s.close()
+        for r in self._http_runners:
+            with contextlib.suppress(Exception):
+                await r.cleanup()
+        for node in (*self.mesh, *self.star):
+            with contextlib.suppress(Exception):
+                await node.close()
+        if self.nats is not None:
+            await self.nats.close()
+
+    # --- contenders --------------------------------------------------------------------------
+
+    def _payload(self) -> tuple[int, dict[str, Any]]:
+        self.key += 1
+        return self.key, {**BROADCAST_PAYLOAD, "k": self.key}
+
+    async def _settle(self) -> None:
+        """Wait until the flood's late duplicates stop arriving (so the next turn runs on a quiet loop)."""
+        last = -1
+        for _ in range(SETTLE_ROUNDS):
+            now = sum(nd.stats().received for nd in self.mesh)
+            if now == last:
+                return
+            last = now
+            await asyncio.sleep(0.01)
+
+    def sent_bytes(self) -> int:
+        """IAC frame bytes sent by every node so far (mesh and star)."""
+        return sum(nd.stats().bytes_sent for nd in (*self.mesh, *self.star))
+
+    async def iac_mesh(self) -> float:
+        key, payload = self._payload()
+        fut = self.done.arm(key, self.n - 1)
+        origin = self.mesh[(key * 7) % self.n]
+        t0 = time.perf_counter()
+        await origin.broadcast(MessageType.BROADCAST, payload)
+        t1 = await asyncio.wait_for(fut, WAIT_S)
+        await self._settle()
+        return (t1 - t0) * 1e3
+
+    async def iac_fanout(self) -> float:
+        key, payload = self._payload()
+        fut = self.done.arm(key, self.n - 1)
+        hub = self.star[0]
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(hub.send(leaf.agent_id, MessageType.BROADCAST, payload) for leaf in self.star[1:])
+        )
+        t1 = await asyncio.wait_for(fut, WAIT_S)
+        return (t1 - t0) * 1e3
+
+    async def http_fanout(self, signed: bool) -> float:
+        from iac.bench.contenders import common, http
+
+        key, payload = self._payload()
+        fut = self.done.arm(key, self.n - 1)
+        headers = {"Content-Type": "application/json", "X-Signed": "1" if signed else "0"}
+        t0 = time.perf_counter()
+        # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
+        body = http.http_body(json.dumps(payload), key, self._origin_signer if signed else None)
+
+        async def post(session: Any) -> None:
+            async with session.post(f"http://localhost{common.PATH}", data=body, headers=headers) as resp:
+                if resp.status != 204:
+                    raise RuntimeError(f"HTTP {resp.status}")
+
+        await asyncio.gather(*(post(s) for s in self._http_sessions))
+        t1 = await asyncio.wait_for(fut, WAIT_S)
+        return (t1 - t0) * 1e3
+
+
+async def bench_broadcast(n: int, rounds: int) -> dict[str, Any]:
+    """Flood completion alone (``mesh.py`` main): median and max over ``rounds`` broadcasts."""
+    d = Path(tempfile.mkdtemp(prefix="iacbm-"))
+    bench = BroadcastBench(n, d, http=False)
+    try:
+        await bench.setup()
+        await bench.iac_mesh()  # warm-up
+        times = [await bench.iac_mesh() for _ in range(rounds)]
+        return {
+            "nodes": n,
+            "links": len(bench.edges),
+            "median_ms": median(times),
+            "max_ms": max(times),
+        }
+    finally:
+        await bench.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+async def bench_relay(requests: int, concurrency: int = 32) -> dict[str, Any]:
+    relay_cfg = NodeConfig(relay_policy=RelayPolicy(relay_unicast=True), sync_in_thread=False)
+    async with (
+        Node(listen=["tls://127.0.0.1:0"], config=NodeConfig(sync_in_thread=False)) as c,
+        Node(listen=["tls://127.0.0.1:0"], config=relay_cfg) as b,
+        Node() as a,
+    ):
+        c.on(MessageType.DELEGATE_TASK)(lambda ctx: {"accepted": ctx.task.task_id if ctx.task else ""})
+        b.add_peer(c.agent_id, *c.addresses)
+        await b.connect(c.agent_id)
+        a.add_peer(b.agent_id, *b.addresses)
+        a.add_peer(c.agent_id, *c.addresses)
+        await a.connect(b.agent_id)
+        task = TaskState(task_id="t-1", intent=Intent.ASSIGN_TASK, step=1, steps=1)
+        out: dict[str, Any] = {}
+        for label, via in (("direct", None), ("via_relay", b.agent_id)):
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one(via: str | None = via, sem: asyncio.Semaphore = sem) -> None:
+                async with sem:
+                    await a.request(
+                        c.agent_id, MessageType.DELEGATE_TASK, {"q": 1}, task=task, via=via, timeout=10
+                    )
+
+            await asyncio.gather(*(one() for _ in range(200)))  # warm up
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(requests)))
+            out[label] = requests / (time.perf_counter() - t0)
+        out["ratio"] = out["via_relay"] / out["direct"]
+        return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and a smaller file")
+    ap.add_argument("--file-mib", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rounds = 3 if args.quick else 10
+    mib = args.file_mib or (16 if args.quick else 128)
+    results: dict[str, Any] = {"broadcast": []}
+    for n in (10, 50, 100):
+        r = await bench_broadcast(n, rounds)
+        results["broadcast"].append(r)
+        print(
+            f"broadcast {n:3d} nodes ({r['links']} links): last node after {r['median_ms']:.1f} ms median "
+            f"(max {r['max_ms']:.1f} ms)",
+            flush=True,
+        )
+    r = await bench_relay(1000 if args.quick else 5000)
+    results["relay"] = r
+    print(
+        f"delegation: direct {r['direct']:.0f} req/s, through one relay {r['via_relay']:.0f} req/s "
+        f"({r['ratio']:.2f}x)",
+        flush=True,
+    )
+    work = Path(tempfile.mkdtemp(prefix="iacfm-"))
+    try:
+        src = make_file(work / "payload.bin", mib)
+        bare = await bench_bare_aioquic(src, work)
+        results["file"] = {"mib": mib, "bare_aioquic_mb_s": bare}
+        print(f"file transfer {mib} MiB: bare aioquic single stream {bare:.1f} MB/s", flush=True)
+        for url, window in (("quic://127.0.0.1:0", 8), ("quic://127.0.0.1:0", 16), ("tls://127.0.0.1:0", 16)):
+            rate = await bench_iac_file(src, work, url, window)
+            scheme = url.split(":", 1)[0]
+            results["file"][f"iac_{scheme}_window{window}_mb_s"] = rate
+            print(
+                f"  iac send_file over {scheme}, window {window}: {rate:.1f} MB/s "
+                f"({rate / bare:.2f}x bare aioquic)",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

@@ -1,0 +1,191 @@
+"""Through NATs: time to a direct path, request RTT direct vs relayed, relay bytes saved.
+
+    sudo .venv/bin/python -m iac.bench.scenarios.nat [--quick] [--json FILE]
+
+Real NATs in Linux network namespaces (:class:`iac.testing.NatLab`: MASQUERADE, unsolicited
+inbound dropped): a relay (also a registry) in the public namespace, node A and node B each
+behind its own NAT, a route between them through the relay (:class:`iac.testing.nat.NatScene`).
+Each round builds fresh nodes (new ports, new NAT mappings) and measures:
+
+* RTT of requests A -> B (1 KiB of random text) through the relay, then, after the punch,
+  directly (the order is the path's: relayed before the punch, direct after);
+* time to a direct path: ``Traversal.connect_direct`` from its call to the direct connection
+  being registered (PUNCH over the relay, its reply, PUNCH_SYNC, half an RTT, punch, dial);
+* bytes the relay received per request (iptables counters of the public namespace, IP headers
+  included) relayed and direct (keep-alives only).
+
+One more lab with symmetric NATs (``--random-fully``): the punch fails within its bound and
+the requests still arrive through the relay. The links have no added delay (this kernel may
+lack netem; the figures compare paths on the same links): the relayed RTT is the direct one
+plus the relay's hop (receive, verify the FORWARD, send on). Needs root, ``ip``, ``iptables``
+and ``conntrack``; without them the result says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import string
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from iac.bench.harness.stats import median
+from iac.testing.nat import NatLab, NatScene, unavailable
+
+#: 1 KiB of seeded random letters and digits (compresses little, unlike a repeated character).
+PAYLOAD = "".join(random.Random(1).choices(string.ascii_letters + string.digits, k=1024))
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {"median": median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+async def _round(lab: NatLab, requests: int) -> dict[str, Any]:
+    async with NatScene(lab) as s:
+        await s.observe()
+        await s.requests(3, "warm", PAYLOAD)
+        b0 = lab.received_public_bytes()
+        relayed = await s.requests(requests, "r", PAYLOAD)
+        relayed_bytes = lab.received_public_bytes() - b0
+        t0 = time.perf_counter()
+        ok = await s.ta.connect_direct(s.b.agent_id)
+        to_direct = time.perf_counter() - t0
+        if not ok:
+            raise RuntimeError("no direct path formed between the two NATs")
+        await s.requests(3, "warm-direct", PAYLOAD)
+        b1 = lab.received_public_bytes()
+        direct = await s.requests(requests, "d", PAYLOAD)
+        direct_bytes = lab.received_public_bytes() - b1
+        return {
+            "to_direct_ms": to_direct * 1e3,
+            "rtt_relayed_ms": median(relayed) * 1e3,
+            "rtt_direct_ms": median(direct) * 1e3,
+            "relay_bytes_per_request_relayed": relayed_bytes / requests,
+            "relay_bytes_per_request_direct": direct_bytes / requests,
+        }
+
+
+async def _symmetric(lab: NatLab, requests: int) -> dict[str, Any]:
+    async with NatScene(lab, direct_timeout=3.0) as s:
+        await s.observe()
+        t0 = time.perf_counter()
+        ok = await s.ta.connect_direct(s.b.agent_id)
+        gave_up = time.perf_counter() - t0
+        before = s.relayed()
+        await s.requests(requests, "s", PAYLOAD)
+        return {
+            "direct": ok,
+            "gave_up_after_ms": gave_up * 1e3,
+            "delivered": len(s.handled),
+            "sent": requests,
+            "relayed_messages": s.relayed() - before,
+        }
+
+
+async def measure(rounds: int, requests: int) -> dict[str, Any]:
+    tag = f"b{os.getpid() % 100000}"
+    per_round: list[dict[str, Any]] = []
+    with NatLab(tag=tag) as lab:
+        for _ in range(rounds):
+            lab.flush_mappings(lab.nat_a)
+            lab.flush_mappings(lab.nat_b)
+            per_round.append(await _round(lab, requests))
+    with NatLab(tag=tag, symmetric=True) as lab:
+        symmetric = await _symmetric(lab, requests)
+    keys = per_round[0].keys()
+    figures = {k: _summary([r[k] for r in per_round]) for k in keys}
+    rel = figures["relay_bytes_per_request_relayed"]["median"]
+    dirb = figures["relay_bytes_per_request_direct"]["median"]
+    return {
+        "rounds": rounds,
+        "requests_per_path": requests,
+        "payload_bytes": len(PAYLOAD),
+        "figures": figures,
+        "ratio_rtt_direct_relayed": figures["rtt_direct_ms"]["median"] / figures["rtt_relayed_ms"]["median"],
+        "relay_bytes_saved_fraction": (rel - dirb) / rel if rel else 0.0,
+        "symmetric": symmetric,
+    }
+
+
+def report(data: dict[str, Any]) -> str:
+    if "unavailable" in data:
+        return f"nat: unavailable: {data['unavailable']}"
+    f = data["figures"]
+    sym = data["symmetric"]
+    lines = [
+        f"nat: {data['rounds']} rounds, {data['requests_per_path']} requests per path, "
+        f"{data['payload_bytes']} B payload",
+        f"  time to a direct path   {f['to_direct_ms']['median']:8.1f} ms "
+        f"(min {f['to_direct_ms']['min']:.1f}, max {f['to_direct_ms']['max']:.1f})",
+        f"  RTT relayed             {f['rtt_relayed_ms']['median']:8.3f} ms",
+        f"  RTT direct              {f['rtt_direct_ms']['median']:8.3f} ms "
+        f"(direct / relayed {data['ratio_rtt_direct_relayed']:.2f})",
+        f"  relay bytes / request   {f['relay_bytes_per_request_relayed']['median']:8.0f} relayed, "
+        f"{f['relay_bytes_per_request_direct']['median']:.0f} direct "
+        f"(saved {data['relay_bytes_saved_fraction'] * 100:.1f} %)",
+        f"  symmetric NATs: direct {sym['direct']}, gave up after {sym['gave_up_after_ms']:.0f} ms, "
+        f"{sym['delivered']}/{sym['sent']} delivered through the relay",
+    ]
+    return "\n".join(lines)
+
+
+def scenario(ctx: Any, res: Any, run_script: Any) -> None:
+    """``iac bench --only nat``: this script in a child process, its figures as the suite's rows."""
+    reason = unavailable()
+    if reason is not None:
+        res.status = "skipped"
+        res.reason = (
+            "root needed for ip netns and iptables — run it as root (sudo iac bench)"
+            if reason.startswith("needs root")
+            else reason
+        )
+        return
+    ctx.progress("nat.py")
+    data = run_script(ctx, "nat.py", ["--quick"] if ctx.quick else [], 600)
+    f = data["figures"]
+    res.baseline = "relayed"
+    res.add("relayed", "request RTT A -> B, 1 KiB, two NATs", "ms", f["rtt_relayed_ms"], iac=True)
+    res.add("direct", "request RTT A -> B, 1 KiB, two NATs", "ms", f["rtt_direct_ms"], iac=True)
+    res.add("direct", "time to a direct path (punch)", "ms", f["to_direct_ms"], iac=True)
+    res.add(
+        "relayed", "bytes the relay receives per request", "B", f["relay_bytes_per_request_relayed"], iac=True
+    )
+    res.add(
+        "direct", "bytes the relay receives per request", "B", f["relay_bytes_per_request_direct"], iac=True
+    )
+    sym = data["symmetric"]
+    res.notes.append(
+        f"scenarios/nat.py: {data['rounds']} rounds in network namespaces (MASQUERADE NATs that drop "
+        "unsolicited packets, no added link delay); direct / relayed RTT = "
+        f"{data['ratio_rtt_direct_relayed']:.2f}; "
+        f"relay bytes saved {data['relay_bytes_saved_fraction']:.1%}; "
+        f"symmetric NATs: punch gave up after {sym['gave_up_after_ms']:.0f} ms, "
+        f"{sym['delivered']}/{sym['sent']} delivered through the relay."
+    )
+    res.raw = data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="3 rounds of 20 requests instead of 10 of 100")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    reason = unavailable()
+    if reason is not None:
+        data: dict[str, Any] = {"unavailable": reason}
+    else:
+        data = asyncio.run(measure(3, 20) if args.quick else measure(10, 100))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    else:
+        print(report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

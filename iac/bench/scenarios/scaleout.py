@@ -1,0 +1,237 @@
+"""One node identity served by one or two processes that share the replay store and the HELLO
+nonce cache: requests/s and server CPU per request, 1 -> 2 processes.
+
+    .venv/bin/python -m iac.bench.scenarios.scaleout                 # full run (about 2 minutes)
+    .venv/bin/python -m iac.bench.scenarios.scaleout --quick         # smoke test
+    .venv/bin/python -m iac.bench.scenarios.scaleout --json out.json # also write every number as JSON
+
+What SO_REUSEPORT workers would be (``benchmarks/README.md``, "Beyond one process"): every
+server process is a :class:`~iac.Node` with **the same identity**, listening on TLS/TCP, with a
+:class:`~iac.stores.sqlite.SqliteReplayStore` and a :class:`~iac.stores.nonces.SqliteNonceCache`
+on the same two files (``synchronous=NORMAL``), answering RUN requests inline as
+``iac/bench/scenarios/node.py``'s IAC server does. IAC's listeners do not set SO_REUSEPORT, so each
+process listens on a port of its own and each client process dials one of them: with many
+connections that is the split the kernel's hash gives. Contenders, in turns (order reversed
+every other repetition):
+
+* ``1 process, memory store`` — one server, its own in-memory replay store and nonce cache
+  (a node as it runs by default); one client process.
+* ``1 process, shared store`` — one server on the shared SQLite files; one client process.
+* ``2 processes, shared store`` — two servers on the same files; two client processes, one
+  per server, started together.
+
+Each client process runs its own Node and sends ``--count`` requests at 64 in flight; the
+figure is all requests over the time from the first client's start to the last one's end
+(``time.monotonic``, one clock for every process). Server CPU is read from ``/proc``. The
+calibration of ``calibrate.py`` runs before and after each repetition: with clients and servers
+on one machine, two server processes can only go faster where cores are left for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from iac.bench.contenders import baselines
+from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.stats import median
+
+IN_FLIGHT = 64
+CONTENDERS = ("1 process, memory store", "1 process, shared store", "2 processes, shared store")
+
+
+async def start_server(name: str, workdir: Path) -> baselines.Server:
+    """``mem-0`` or ``shared-<i>``: a Node with the identity in ``workdir`` (made by the parent)."""
+    from iac.node.config import NodeConfig
+    from iac.node.node import Context, Node
+    from iac.protocol.replay import ReplayConfig
+    from iac.stores.nonces import SqliteNonceCache
+    from iac.stores.sqlite import SqliteReplayStore
+    from iac.transport.base import TransportConfig
+    from iac.wire._pb.iac_pb2 import MessageType
+    from iac.wire.identity import Identity
+
+    identity = Identity.from_seed(bytes.fromhex((workdir / "seed").read_text()))
+    store = nonces = None
+    transport = TransportConfig()
+    if name.startswith("shared"):
+        store = SqliteReplayStore(workdir / "replay.db", ReplayConfig(), synchronous="NORMAL")
+        nonces = SqliteNonceCache(workdir / "nonces.db", max_skew_us=transport.max_skew_us)
+        transport = TransportConfig(nonce_cache=nonces)
+    node = Node(
+        identity,
+        listen=["tls://127.0.0.1:0"],
+        config=NodeConfig(sync_in_thread=False, transport=transport),
+        replay_store=store,
+    )
+
+    @node.on(MessageType.RUN)
+    def handler(ctx: Context) -> object:
+        return baselines.answer(ctx.payload)
+
+    await node.start()
+    return baselines.Server({"name": name, "agent_id": node.agent_id, "url": node.addresses[0]}, node.close)
+
+
+async def client_main(url: str, peer: str, count: int, payload_file: Path) -> None:
+    """One client process: warm up, then ``count`` requests at 64 in flight; print JSON."""
+    from iac.node.node import Node
+    from iac.wire._pb.iac_pb2 import MessageType
+
+    payloads = json.loads(payload_file.read_text())
+    async with Node() as node:
+        node.add_peer(peer, url)
+        for i in range(50):
+            await node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
+        print("ready", flush=True)
+        sys.stdin.readline()  # the parent starts every client at once
+        it = iter(range(count))
+
+        async def worker() -> None:
+            for i in it:
+                await node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+        print(json.dumps({"start": t0, "end": time.monotonic(), "n": count}), flush=True)
+
+
+async def run_clients(servers: list[baselines.ServerProcess], count: int, payload_file: Path) -> float:
+    """One client process per server, started together; requests/s of all of them."""
+    procs = []
+    for s in servers:
+        p = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "iac.bench.scenarios.scaleout",
+            "--client", s.info["url"], s.info["agent_id"], str(count),
+            str(payload_file), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        procs.append(p)
+    for p in procs:
+        assert p.stdout is not None
+        if (await asyncio.wait_for(p.stdout.readline(), 60)).strip() != b"ready":
+            raise RuntimeError("a client did not start")
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(b"go\n")
+        await p.stdin.drain()
+    out = []
+    for p in procs:
+        assert p.stdout is not None
+        out.append(json.loads(await asyncio.wait_for(p.stdout.readline(), 300)))
+        await p.wait()
+    return float(sum(o["n"] for o in out) / (max(o["end"] for o in out) - min(o["start"] for o in out)))
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from iac.bench.harness.calibrate import MIN_SCALING, Calibrator
+    from iac.wire.identity import Identity
+
+    workdir = Path(tempfile.mkdtemp(prefix="iacscale-"))
+    (workdir / "seed").write_text(Identity.generate().seed().hex())
+    lines = [ln for ln in TEST_CORPUS.read_text().splitlines() if ln.strip()]
+    payload_file = workdir / "payloads.json"
+    payload_file.write_text(json.dumps([json.loads(ln) for ln in lines[:500]]))
+    groups = {
+        CONTENDERS[0]: ["mem-0"],
+        CONTENDERS[1]: ["shared-0"],
+        CONTENDERS[2]: ["shared-0", "shared-1"],
+    }
+    rps: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    cpu: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    scaling: list[float] = []
+    calibrator = Calibrator(0.1)
+    calibrator.start()
+    servers: dict[str, baselines.ServerProcess] = {}
+    try:
+        for n in ("mem-0", "shared-0", "shared-1"):
+            servers[n] = await baselines.spawn_server("iac.bench.scenarios.scaleout", n, workdir)
+        before = calibrator.measure()["scaling"]
+        for rep in range(args.reps):
+            order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
+            for c in order:
+                procs = [servers[n] for n in groups[c]]
+                c0 = [p.cpu_seconds() or 0.0 for p in procs]
+                r = await run_clients(procs, args.count, payload_file)
+                c1 = [p.cpu_seconds() or 0.0 for p in procs]
+                rps[c].append(r)
+                cpu[c].append((sum(c1) - sum(c0)) / (args.count * len(procs)) * 1e6)
+            after = calibrator.measure()["scaling"]
+            scaling.append(min(before, after))
+            before = after
+            print(f"  .. repetition {rep + 1}/{args.reps}: scaling {scaling[-1]:.2f}", file=sys.stderr)
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
+        calibrator.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    valid = [i for i, s in enumerate(scaling) if s >= MIN_SCALING]
+    report: dict[str, Any] = {
+        "benchmark": "scaleout",
+        "config": {"count_per_client": args.count, "reps": args.reps, "in_flight": IN_FLIGHT},
+        "scaling": scaling,
+        "valid_reps": valid,
+        "contenders": {
+            c: {
+                "requests_per_s": median(rps[c]),
+                "requests_per_s_valid": median([rps[c][i] for i in valid]) if valid else None,
+                "server_cpu_us_per_request": median(cpu[c]),
+                "per_rep": {"requests_per_s": rps[c], "server_cpu_us_per_request": cpu[c]},
+            }
+            for c in CONTENDERS
+        },
+    }
+    one, two = report["contenders"][CONTENDERS[1]], report["contenders"][CONTENDERS[2]]
+    report["two_over_one"] = two["requests_per_s"] / one["requests_per_s"]
+    report["shared_over_memory_cpu"] = (
+        one["server_cpu_us_per_request"] / report["contenders"][CONTENDERS[0]]["server_cpu_us_per_request"]
+    )
+    return report
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print(f"\n{r['config']['reps']} repetitions, {r['config']['count_per_client']} requests per client "
+          f"at {IN_FLIGHT} in flight; two-process scaling per repetition: "
+          + ", ".join(f"{s:.2f}" for s in r["scaling"]))  # fmt: skip
+    print(f"{'contender':30} {'req/s (all reps)':>17} {'req/s (valid)':>14} {'server CPU µs/req':>18}")
+    for c, v in r["contenders"].items():
+        valid = "-" if v["requests_per_s_valid"] is None else f"{v['requests_per_s_valid']:,.0f}"
+        print(f"{c:30} {v['requests_per_s']:>17,.0f} {valid:>14} {v['server_cpu_us_per_request']:>18.0f}")
+    print(f"2 processes / 1 process (shared store), requests/s: {r['two_over_one']:.2f}")
+    print(f"server CPU per request, shared SQLite store / memory store: {r['shared_over_memory_cpu']:.2f}")
+
+
+def cli(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--count", type=int)
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-out", help=argparse.SUPPRESS)
+    ap.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        workdir = Path(args.workdir)
+        asyncio.run(baselines.serve(lambda: start_server(args.serve, workdir)))
+        return
+    if args.client:
+        url, peer, count, pf = args.client
+        asyncio.run(client_main(url, peer, int(count), Path(pf)))
+        return
+    args.count = args.count or (200 if args.quick else 2000)
+    args.reps = args.reps or (1 if args.quick else 5)
+    report = asyncio.run(main(args))
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,466 @@
+"""Transport benchmark: IAC over quic, tls and unix next to bare aioquic and bare TLS echoes.
+
+    .venv/bin/python -m iac.bench.scenarios.transport                 # full run (about 70 s)
+    .venv/bin/python -m iac.bench.scenarios.transport --quick         # smoke test (about 15 s)
+    .venv/bin/python -m iac.bench.scenarios.transport --json out.json # also write every number as JSON
+    .venv/bin/python -m iac.bench.scenarios.transport --only rtt      # one part: rtt, handshake, oneway
+
+Everything runs in this one process on one event loop, on loopback (client and server
+share the CPU, so a figure is the CPU of both ends plus the kernel's loopback path).
+Each part alternates its cases round by round (the order reverses every round) and
+reports the median over rounds with [min .. max] of the per-round figures.
+
+* **rtt** — small request/reply. IAC: the client builds, signs and compresses (shipped
+  dictionary) a COMMAND and sends it; the server opens it (signature, and the sender is
+  the connection's peer: :func:`open_incoming`, as a node's receive pipeline does), checks
+  freshness and replay (``ReplayGuard`` over ``MemoryReplayStore``) and answers with a
+  signed, compressed REPLY; the client opens and checks the reply the same way. Bare
+  aioquic echo: a 100-byte body on a new bidirectional stream per request, echoed from the
+  server's event handler (raw QUIC events, no StreamReader). Bare TLS echo: stdlib asyncio
+  streams over ``ssl`` with the same TLS 1.3 contexts as IAC-TLS, 100 bytes written and
+  read back. At depth 1 a round's p50/p99 come from its round trips; at depth 64 the
+  client keeps 64 requests outstanding and the figure is requests/s.
+* **handshake** — time from the start of ``dial`` to the server application's
+  ``recv()`` returning the first message (sent right after ``dial`` returned): QUIC
+  1-RTT, QUIC 0-RTT (``dial_quic(tickets=...)`` with a ``ClientTicketStore`` filled by
+  the previous connection; single-use server tickets), TLS/TCP and UNIX. On loopback
+  and at 20 ms RTT: QUIC through ``iac.testing.relay.UdpRelay`` (10 ms each way); TLS through
+  :class:`TcpDelayProxy`, which delays every chunk by 10 ms each way and, because the
+  client's TCP handshake completes locally at the proxy, holds the client's first bytes
+  one extra round trip (the SYN / SYN-ACK a real 20 ms path costs). UNIX has no 20 ms
+  variant.
+* **oneway** — IAC-QUIC messages/s received (the receiver opens each message and checks
+  replay) while the sender pushes the test.jsonl payloads, signed and compressed ahead of
+  the clock, as fast as ``send()`` allows; next to the codec's decode-only rate
+  (``decode_message_frame`` over the same frames, one pass per round, as in
+  ``iac/bench/scenarios/codec.py``). A second row signs and compresses inside the timed loop.
+
+Targets: IAC-QUIC p50 RTT <= 1.8 x bare aioquic echo; one-way IAC-QUIC msgs/s
+>= 0.5 x decode rate; at 20 ms RTT, QUIC 0-RTT first delivery <= 0.6 x QUIC 1-RTT, and
+QUIC 1-RTT <= 0.75 x TLS/TCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import platform
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iac.bench.contenders.echo import (
+    CONFIG,
+    DEPTH,
+    DICTS,
+    BareQuic,
+    BareTls,
+    IacClient,
+    IacServer,
+    TcpDelayProxy,
+    start_echo_quic,
+    summary,
+    tls_echo,
+)
+from iac.bench.harness.stats import median, percentile
+from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
+from iac.testing.relay import Impairment, UdpRelay
+from iac.transport import dial, listen
+from iac.transport.base import Connection, Listener
+from iac.transport.certs import generate_self_signed
+from iac.transport.quic import dial_quic, listen_quic
+from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
+from iac.transport.tls import server_context
+from iac.wire._pb.iac_pb2 import MessageType
+from iac.wire.identity import Identity
+from iac.wire.message import (
+    decode_message_frame,
+)
+
+ONE_WAY_DELAY = 0.010  # seconds each way: 20 ms RTT
+
+TARGET_RTT = 1.8
+TARGET_ONEWAY = 0.5
+TARGET_0RTT = 0.6
+TARGET_QUIC_TLS = 0.75
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    rtt_count: int  # round trips per round at depth 1
+    depth_count: int  # requests per round at depth 64
+    handshakes: int  # dials per case (loopback and 20 ms)
+    oneway_count: int  # messages per one-way round
+
+
+FULL = Plan(rounds=9, rtt_count=1000, depth_count=4000, handshakes=9, oneway_count=6000)
+QUICK = Plan(rounds=3, rtt_count=300, depth_count=1000, handshakes=3, oneway_count=2000)
+
+
+# --- the parts ----------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, plan: Plan, tmp: Path) -> None:
+        self.plan = plan
+        self.tmp = tmp
+        self.server_id = Identity.generate()
+        self.client_id = Identity.generate()
+        self.server = IacServer(self.server_id)
+        self.listeners: dict[str, Listener] = {}
+        self.cleanup: list[Callable[[], Awaitable[None]]] = []
+
+    async def start(self) -> None:
+        on = self.server.on_connection
+        self.quic_tickets = ServerTicketStore()
+        self.listeners["quic"] = await listen_quic(
+            "quic://127.0.0.1:0", self.server_id, on, config=CONFIG, tickets=self.quic_tickets
+        )
+        self.listeners["tls"] = await listen("tls://127.0.0.1:0", self.server_id, on, config=CONFIG)
+        self.listeners["unix"] = await listen(
+            f"unix://{self.tmp / 'iac.sock'}", self.server_id, on, config=CONFIG
+        )
+        self.echo_quic = await start_echo_quic()
+        transport = self.echo_quic._transport
+        assert transport is not None
+        self.echo_quic_port = int(transport.get_extra_info("sockname")[1])
+        cert = generate_self_signed("bench")
+        self.echo_tls = await asyncio.start_server(tls_echo, "127.0.0.1", 0, ssl=server_context(cert, CONFIG))
+        self.echo_tls_port = int(self.echo_tls.sockets[0].getsockname()[1])
+
+    def url(self, name: str) -> str:
+        return self.listeners[name].addresses[0]
+
+    async def close(self) -> None:
+        for fn in reversed(self.cleanup):
+            with contextlib.suppress(Exception):
+                await fn()
+        for listener in self.listeners.values():
+            await listener.close()
+        self.echo_quic.close()
+        self.echo_tls.close()
+
+    # -- rtt --
+
+    async def part_rtt(self) -> dict[str, Any]:
+        plan = self.plan
+        clients: dict[str, Any] = {}
+        bq = BareQuic(self.echo_quic_port)
+        await bq.connect()
+        bt = BareTls(self.echo_tls_port)
+        await bt.connect()
+        clients["bare aioquic echo"] = bq
+        clients["bare TLS echo"] = bt
+        for name in ("quic", "tls", "unix"):
+            conn = await dial(self.url(name), self.client_id, expect=self.server_id.agent_id, config=CONFIG)
+            clients[f"IAC-{name.upper()}"] = IacClient(conn, self.client_id, self.server_id.agent_id)
+        order = list(clients)
+        p50: dict[str, list[float]] = {k: [] for k in order}
+        p99: dict[str, list[float]] = {k: [] for k in order}
+        rps: dict[str, list[float]] = {k: [] for k in order}
+        for c in clients.values():  # warm-up
+            await c.rtt(max(50, plan.rtt_count // 10))
+            await c.depth(DEPTH * 4, DEPTH)
+        for r in range(plan.rounds):
+            for name in order if r % 2 == 0 else order[::-1]:
+                c = clients[name]
+                gc.collect()
+                samples = await c.rtt(plan.rtt_count)
+                p50[name].append(median(samples))
+                p99[name].append(percentile(samples, 99))
+                rps[name].append(await c.depth(plan.depth_count, DEPTH))
+        for c in clients.values():
+            if isinstance(c, IacClient):
+                await c.conn.close()
+            else:
+                await c.close()
+        cases = {
+            name: {"p50_us": summary(p50[name]), "p99_us": summary(p99[name]), "rps_64": summary(rps[name])}
+            for name in order
+        }
+        # the round's own ratio (both ran back to back), median over rounds
+        per_round = [a / b for a, b in zip(p50["IAC-QUIC"], p50["bare aioquic echo"], strict=True)]
+        ratio_tls = [a / b for a, b in zip(p50["IAC-TLS"], p50["bare TLS echo"], strict=True)]
+        return {
+            "rounds": plan.rounds,
+            "round_trips_per_round": plan.rtt_count,
+            "requests_per_round_at_64": plan.depth_count,
+            "cases": cases,
+            "ratio_quic": summary(per_round),
+            "ratio_tls": summary(ratio_tls),
+        }
+
+    # -- handshake --
+
+    async def _first_delivery(self, url: str, *, tickets: ClientTicketStore | None = None) -> float:
+        """Seconds from the start of dial to the server's recv() of the first message."""
+        server = self.server
+        while not server.firsts.empty():
+            server.firsts.get_nowait()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        if url.startswith("quic://"):
+            conn: Connection = await dial_quic(
+                url, self.client_id, expect=self.server_id.agent_id, config=CONFIG, tickets=tickets
+            )
+        else:
+            conn = await dial(url, self.client_id, expect=self.server_id.agent_id, config=CONFIG)
+        client = IacClient(conn, self.client_id, self.server_id.agent_id)
+        await conn.send(client.request()[1])
+        t1 = await asyncio.wait_for(server.firsts.get(), 5.0)
+        await client.reply()  # the session is complete (a 0-RTT client stores its next ticket)
+        if tickets is not None:
+            await _until(lambda: url in tickets, 2.0)
+        await conn.close()
+        return t1 - t0
+
+    async def part_handshake(self) -> dict[str, Any]:
+        plan = self.plan
+        urls = {"quic": self.url("quic"), "tls": self.url("tls"), "unix": self.url("unix")}
+        relay = UdpRelay(_hostport(urls["quic"]), Impairment(delay=ONE_WAY_DELAY))
+        rhost, rport = await relay.start()
+        self.cleanup.append(relay.close)
+        proxy = TcpDelayProxy(_hostport(urls["tls"]), ONE_WAY_DELAY)
+        pport = await proxy.start()
+        self.cleanup.append(proxy.close)
+        far = {"quic": f"quic://{rhost}:{rport}", "tls": f"tls://127.0.0.1:{pport}"}
+        stores = {"loopback": ClientTicketStore(), "20ms": ClientTicketStore()}
+        cases: dict[str, tuple[str, str, bool]] = {
+            "loopback QUIC 1-RTT": ("loopback", urls["quic"], False),
+            "loopback QUIC 0-RTT": ("loopback", urls["quic"], True),
+            "loopback TLS/TCP": ("loopback", urls["tls"], False),
+            "loopback UNIX": ("loopback", urls["unix"], False),
+            "20ms QUIC 1-RTT": ("20ms", far["quic"], False),
+            "20ms QUIC 0-RTT": ("20ms", far["quic"], True),
+            "20ms TLS/TCP": ("20ms", far["tls"], False),
+        }
+        # prime the ticket stores (and warm up every path)
+        for where, url, early in cases.values():
+            await self._first_delivery(url, tickets=stores[where] if early else None)
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        resumed_ok = {k: 0 for k in cases}
+        order = list(cases)
+        for r in range(plan.handshakes):
+            for name in order if r % 2 == 0 else order[::-1]:
+                where, url, early = cases[name]
+                store = stores[where] if early else None
+                if store is not None and url not in store:
+                    raise RuntimeError(f"{name}: no ticket stored for the 0-RTT dial")
+                before = self.quic_tickets.resumed
+                times[name].append(await self._first_delivery(url, tickets=store) * 1e3)
+                if early and self.quic_tickets.resumed > before:
+                    resumed_ok[name] += 1
+        out: dict[str, Any] = {"dials_per_case": plan.handshakes, "one_way_delay_ms": ONE_WAY_DELAY * 1e3}
+        out["cases_ms"] = {k: summary(v) for k, v in times.items()}
+        out["resumed"] = {k: v for k, v in resumed_ok.items() if cases[k][2]}
+        return out
+
+    # -- one-way --
+
+    async def part_oneway(self) -> dict[str, Any]:
+        plan = self.plan
+        payloads = codec.load_payloads(codec.TEST)
+        conn = await dial(self.url("quic"), self.client_id, expect=self.server_id.agent_id, config=CONFIG)
+        client = IacClient(conn, self.client_id, self.server_id.agent_id)
+        frames = [client.request(p, MessageType.BROADCAST)[1] for p in payloads]  # for the decode pass
+        for f in frames:  # the decode pass must succeed on every frame
+            decode_message_frame(f, dictionaries=DICTS)
+
+        def decode(f: bytes) -> object:
+            return decode_message_frame(f, dictionaries=DICTS)
+
+        async def run(count: int, presigned: list[bytes] | None) -> float:
+            server = self.server
+            loop = asyncio.get_running_loop()
+            server.oneway_target, server.oneway_seen = count, 0
+            server.oneway_done = loop.create_future()
+            t0 = loop.time()
+            if presigned is not None:
+                for frame in presigned:
+                    await conn.send(frame)
+            else:
+                for i in range(count):
+                    await conn.send(client.request(payloads[i % len(payloads)], MessageType.BROADCAST)[1])
+            t1 = await asyncio.wait_for(server.oneway_done, 60.0)
+            return count / (t1 - t0)
+
+        def fresh(count: int) -> list[bytes]:
+            """Frames signed ahead of the clock; new ones each round (the receiver refuses replays)."""
+            return [
+                client.request(payloads[i % len(payloads)], MessageType.BROADCAST)[1] for i in range(count)
+            ]
+
+        await run(min(1000, plan.oneway_count), fresh(min(1000, plan.oneway_count)))  # warm-up
+        decode_us: list[float] = []
+        rate_pre: list[float] = []
+        rate_enc: list[float] = []
+
+        async def s_decode() -> None:
+            decode_us.append(codec.timed_pass(decode, frames))
+
+        async def s_pre() -> None:
+            batch = fresh(plan.oneway_count)
+            gc.collect()
+            rate_pre.append(await run(plan.oneway_count, batch))
+
+        async def s_enc() -> None:
+            gc.collect()
+            rate_enc.append(await run(plan.oneway_count, None))
+
+        steps = [s_decode, s_pre, s_enc]
+        for r in range(plan.rounds):
+            for step in steps if r % 2 == 0 else steps[::-1]:
+                await step()
+        await conn.close()
+        decode_rate = [1e6 / u for u in decode_us]
+        ratio = [a / b for a, b in zip(rate_pre, decode_rate, strict=True)]
+        return {
+            "messages_per_round": plan.oneway_count,
+            "payloads": len(payloads),
+            "decode_us": summary(decode_us),
+            "decode_rate": summary(decode_rate),
+            "oneway_presigned_rate": summary(rate_pre),
+            "oneway_signing_rate": summary(rate_enc),
+            "ratio": summary(ratio),
+        }
+
+
+def _hostport(url: str) -> tuple[str, int]:
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+async def _until(cond: Callable[[], bool], timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise RuntimeError("timed out waiting for a condition")
+        await asyncio.sleep(0.001)
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def _mm(s: dict[str, float], fmt: str = "{:.0f}") -> str:
+    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])} .. {fmt.format(s['max'])}]"
+
+
+def print_report(res: dict[str, Any]) -> None:
+    env = res["environment"]
+    print(
+        f"IAC transport benchmark — Python {env['python']}, aioquic {env['aioquic']}, {env['processor']}, "
+        f"{'quick' if res['quick'] else 'full'} run, loopback, one process"
+    )
+    targets = []
+    if "rtt" in res:
+        rtt = res["rtt"]
+        print()
+        print(
+            f"Request/reply, {rtt['rounds']} rounds x {rtt['round_trips_per_round']} round trips at depth 1 "
+            f"and {rtt['requests_per_round_at_64']} requests at depth {DEPTH}; median [min .. max] of rounds"
+        )
+        print(f"  {'':<20} {'p50 µs':>20} {'p99 µs':>20} {'req/s at 64':>24}")
+        for name, c in rtt["cases"].items():
+            print(f"  {name:<20} {_mm(c['p50_us']):>20} {_mm(c['p99_us']):>20} {_mm(c['rps_64']):>24}")
+        rq, rt = rtt["ratio_quic"], rtt["ratio_tls"]
+        ok = rq["median"] <= TARGET_RTT
+        print(
+            f"  IAC-QUIC / bare aioquic p50 = {_mm(rq, '{:.2f}')} (target <= {TARGET_RTT}: {_verdict(ok)}); "
+            f"IAC-TLS / bare TLS = {_mm(rt, '{:.2f}')}"
+        )
+        targets.append(("IAC-QUIC p50 <= 1.8 x bare aioquic", rq["median"], ok))
+    if "oneway" in res:
+        ow = res["oneway"]
+        print()
+        print(
+            f"One-way IAC-QUIC, {ow['messages_per_round']} messages (test.jsonl payloads) per round; "
+            "msgs/s received, median [min .. max]"
+        )
+        print(f"  {'receiver decode-only rate (codec)':<44} {_mm(ow['decode_rate']):>24}")
+        print(f"  {'IAC-QUIC one-way, frames signed ahead':<44} {_mm(ow['oneway_presigned_rate']):>24}")
+        print(f"  {'IAC-QUIC one-way, signing in the loop':<44} {_mm(ow['oneway_signing_rate']):>24}")
+        ok = ow["ratio"]["median"] >= TARGET_ONEWAY
+        print(
+            f"  one-way / decode = {_mm(ow['ratio'], '{:.2f}')} (target >= {TARGET_ONEWAY}: {_verdict(ok)})"
+        )
+        targets.append(("one-way IAC-QUIC >= 0.5 x decode rate", ow["ratio"]["median"], ok))
+    if "handshake" in res:
+        hs = res["handshake"]
+        c = hs["cases_ms"]
+        print()
+        print(
+            f"Dial to first delivered message, {hs['dials_per_case']} dials per case; "
+            "ms, median [min .. max] "
+            f"(20ms: UDP relay / TCP delay proxy, {hs['one_way_delay_ms']:.0f} ms each way)"
+        )
+        for name, s in c.items():
+            print(f"  {name:<22} {_mm(s, '{:.2f}'):>26}")
+        print(f"  0-RTT dials that resumed: {hs['resumed']}")
+        r0 = c["20ms QUIC 0-RTT"]["median"] / c["20ms QUIC 1-RTT"]["median"]
+        r1 = c["20ms QUIC 1-RTT"]["median"] / c["20ms TLS/TCP"]["median"]
+        hs["ratio_0rtt_1rtt"], hs["ratio_quic_tls"] = r0, r1
+        print(f"  20ms: 0-RTT / 1-RTT = {r0:.3f} (target <= {TARGET_0RTT}: {_verdict(r0 <= TARGET_0RTT)})")
+        print(
+            f"  20ms: QUIC 1-RTT / TLS/TCP = {r1:.3f} (target <= {TARGET_QUIC_TLS}: "
+            f"{_verdict(r1 <= TARGET_QUIC_TLS)})"
+        )
+        targets.append(("20ms 0-RTT <= 0.6 x QUIC 1-RTT", r0, r0 <= TARGET_0RTT))
+        targets.append(("20ms QUIC 1-RTT <= 0.75 x TLS/TCP", r1, r1 <= TARGET_QUIC_TLS))
+    print()
+    print("Targets:")
+    for label, value, ok in targets:
+        print(f"  {label:<40} {value:6.3f}  {_verdict(ok)}")
+    res["targets"] = [{"target": label, "value": value, "met": ok} for label, value, ok in targets]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    plan = QUICK if args.quick else FULL
+    import aioquic
+
+    res: dict[str, Any] = {
+        "quick": args.quick,
+        "plan": plan.__dict__,
+        "environment": {
+            "python": platform.python_version(),
+            "aioquic": aioquic.__version__,
+            "processor": codec.cpu_model(),
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="iac-bench-") as tmp:
+        bench = Bench(plan, Path(tmp))
+        await bench.start()
+        try:
+            parts = {"rtt": bench.part_rtt, "handshake": bench.part_handshake, "oneway": bench.part_oneway}
+            for name, fn in parts.items():
+                if args.only in (None, name):
+                    res[name] = await fn()
+        finally:
+            await bench.close()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="smoke test (under a minute)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--only", choices=("rtt", "handshake", "oneway"), help="run one part")
+    args = ap.parse_args()
+    res = asyncio.run(run(args))
+    print_report(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

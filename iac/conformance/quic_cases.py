@@ -1,0 +1,83 @@
+"""Cases of the QUIC mapping beyond the happy path: the control stream after the handshake,
+other bidirectional streams, a FIN on the control stream, a stream reset inside a frame."""
+
+from __future__ import annotations
+
+from iac.conformance.cases import closed_with
+from iac.conformance.link import QuicLink
+from iac.conformance.peer import Peer, answers
+from iac.conformance.target import Failed, Outcome, Target, case, check, describe
+from iac.errors import CloseCode
+from iac.wire.enums import MessageType
+from iac.wire.frames import FrameType, encode_frame
+from iac.wire.message import sign_message
+
+
+def _quic(peer: Peer) -> QuicLink:
+    if not isinstance(peer.link, QuicLink):
+        raise Failed("a QUIC case on a connection that is not QUIC")
+    return peer.link
+
+
+async def _quic_then_ping(t: Target, peer: Peer) -> Outcome:
+    _, got = await peer.request(t.to, MessageType.PING, t.deadline())
+    return check(
+        "REPLY to a PING on a new stream", describe(got).split(" ")[0] + " to a PING on a new stream"
+    )
+
+
+@case(
+    "quic.control_message",
+    "7 QUIC mapping",
+    "A MESSAGE on the control stream after the handshake is taken like one on a unidirectional stream",
+    ("quic",),
+)
+async def _quic_control_message(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    await peer.send_raw(encode_frame(FrameType.MESSAGE, sign_message(peer.identity, msg)), control=True)
+    got = await peer.message(t.deadline(), lambda m: answers(m, msg))
+    return check("REPLY", describe(got).split(" ")[0])
+
+
+@case(
+    "quic.bidi_stream",
+    "7 QUIC mapping",
+    "A bidirectional stream other than 0 is a protocol error: the receiver MUST close with "
+    "`0x01 PROTOCOL_ERROR`",
+    ("quic",),
+)
+async def _quic_bidi(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    await _quic(peer).send_on_new_bidi(encode_frame(FrameType.MESSAGE, sign_message(peer.identity, msg)))
+    return await closed_with(t, peer, CloseCode.PROTOCOL_ERROR)
+
+
+@case(
+    "quic.control_fin",
+    "7 QUIC mapping",
+    "A FIN on the control stream between frames ends only that direction of the stream, not the connection",
+    ("quic",),
+)
+async def _quic_control_fin(t: Target) -> Outcome:
+    peer = await t.session()
+    peer.link.end_sending()
+    return await _quic_then_ping(t, peer)
+
+
+@case(
+    "quic.reset_stream",
+    "7 QUIC mapping",
+    "A unidirectional stream reset (RESET_STREAM) inside a frame loses that frame only: the receiver "
+    "discards it and MUST keep the connection",
+    ("quic",),
+)
+async def _quic_reset(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    await _quic(peer).send_and_reset(encode_frame(FrameType.MESSAGE, sign_message(peer.identity, msg))[:20])
+    return await _quic_then_ping(t, peer)
+
+
+__all__: list[str] = []
