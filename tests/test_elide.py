@@ -22,7 +22,7 @@ from iac.wire.message import open_message
 from tools.vectors.elide import VECTOR_FILE, render_elide_vectors
 
 VECTORS = json.loads(VECTOR_FILE.read_text(encoding="utf-8"))
-CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus" / "test.jsonl"
+CORPUS = Path(__file__).resolve().parent.parent / "iac" / "bench" / "corpus" / "test.jsonl"
 
 
 def test_vector_file_is_current() -> None:

@@ -48,7 +48,7 @@ from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, open_message, sign_message
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "benchmarks" / "corpus" / "test.jsonl"
+CORPUS = ROOT / "iac" / "bench" / "corpus" / "test.jsonl"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
