@@ -135,7 +135,7 @@ class McpEndpoint:
             )
         previous = self.node.handler(MSG_TYPE)
         self._fallback = previous if previous != self.handle else self._fallback
-        self.node.on(MSG_TYPE)(self.handle)
+        self.node.on(MSG_TYPE, replace=True)(self.handle)  # the previous one is kept as the fallback
         return self
 
     async def close(self) -> None:
