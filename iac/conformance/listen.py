@@ -416,7 +416,14 @@ async def run_client_suite(
     """Listen at ``url``; judge the next ``connections`` connections, each within ``wait`` seconds."""
     queue: asyncio.Queue[Link] = asyncio.Queue()
 
+    taken = 0
+
     async def on_link(link: Link) -> None:
+        nonlocal taken
+        if taken >= connections:  # more dialers than the run judges: not held open
+            link.close()
+            return
+        taken += 1
         queue.put_nowait(link)
 
     server = Server(url, generate_self_signed(identity.agent_id), on_link)
