@@ -117,6 +117,7 @@ async def run_serve(args: argparse.Namespace) -> int:
             await asyncio.wait({stop, bridge.failed}, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
             if bridge.failed.done():
+                await bridge.settle(2.0)  # the calls in flight are answered before the node closes
                 raise bridge.failed.result()
             print(f"stats {json.dumps(bridge.stats(), sort_keys=True)}", flush=True)
     finally:

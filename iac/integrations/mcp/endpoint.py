@@ -110,6 +110,8 @@ class McpEndpoint:
         self.limits = limits or Limits()
         self.sessions: dict[tuple[str, str], Session] = {}
         self._in_flight: Counter[str] = Counter()
+        self._settled = asyncio.Event()
+        self._settled.set()
         self._listening = 0
         self.calls: Counter[str] = Counter()
         self.tools: Counter[str] = Counter()
@@ -137,6 +139,16 @@ class McpEndpoint:
         self._fallback = previous if previous != self.handle else self._fallback
         self.node.on(MSG_TYPE, replace=True)(self.handle)  # the previous one is kept as the fallback
         return self
+
+    async def settle(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until no call is in flight (each has handed its last
+        answer to the node); whether none is."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._settled.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def close(self) -> None:
         """Close every session (the backend stops what it runs for them)."""
@@ -308,6 +320,7 @@ class McpEndpoint:
         session.requests[key] = queue
         session.methods[key] = method
         self._in_flight[sender] += 1
+        self._settled.clear()
         bump(self.calls, method)
         if tool:
             bump(self.tools, tool)
@@ -335,6 +348,8 @@ class McpEndpoint:
             self._in_flight[sender] -= 1
             if self._in_flight[sender] <= 0:
                 del self._in_flight[sender]
+            if not self._in_flight:
+                self._settled.set()
             session.requests.pop(key, None)
             session.methods.pop(key, None)
             while not queue.empty():
