@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,7 @@ async def _request_through_tap(tmp: Path) -> tuple[UnixTap, int | None, str]:
     finally:
         node.terminate()
         await asyncio.wait_for(node.wait(), 30)
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def test_cli_hello_announces_and_frames_use_the_shipped_dictionary(tmp_path: Path) -> None:
