@@ -27,6 +27,7 @@ from iac.cli.logs import add_logging_options
 from iac.errors import ConfigError
 from iac.node.config import NodeConfig
 from iac.transport.base import CONGESTION_CONTROLS, DEFAULT_CONGESTION, TransportConfig
+from iac.wire.dicts import DictionarySet, default_dictionary
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 
 #: The longest wait a ``--timeout`` may ask for (a week).
@@ -181,7 +182,9 @@ def add_server_options(p: argparse.ArgumentParser, *, admin: bool = True, metric
 
 def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
     """The transport config of the CA options (``--ca`` needs ``--cert`` and ``--cert-key``) and
-    ``--qlog``, with ``extra`` settings."""
+    ``--qlog``, with ``extra`` settings. Every verb decodes and announces the shipped dictionary
+    (``dict_ids`` [39616] in its HELLO, as a library :class:`~iac.Node` does), so CLI traffic is
+    compressed with it."""
     ca, cert, cert_key = (
         getattr(args, "ca", None),
         getattr(args, "cert", None),
@@ -200,6 +203,7 @@ def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
     congestion = getattr(args, "congestion", None)
     if congestion is not None:
         extra["congestion"] = congestion
+    extra.setdefault("dictionaries", DictionarySet([default_dictionary()]))
     return TransportConfig(ca_file=ca, cert_file=cert, key_file=cert_key, **extra)
 
 
