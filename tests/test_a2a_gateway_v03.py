@@ -92,6 +92,11 @@ def test_a_call_without_a_version_header_is_a2a_0_3_and_served():
             v1 = await post("GetTask", {"id": "t"})
             assert v1["error"]["code"] == -32009 and "'A2A-Version: 1.0'" in v1["error"]["message"]
             assert "not supported" not in v1["error"]["message"]
-            assert gw.stats()["refused"] == {"VersionNotSupportedError": 1}
+            call = {"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"id": "t"}}
+            r = await http.post(gw.url, json=call, headers={"A2A-Version": "1.0"})
+            v03 = r.json()  # and a 0.3 method sent as 1.0: told to drop the header or use GetTask
+            assert v03["id"] == 3 and v03["error"]["code"] == -32009
+            assert "without the A2A-Version header" in v03["error"]["message"]
+            assert gw.stats()["refused"] == {"VersionNotSupportedError": 2}
 
     run(main())

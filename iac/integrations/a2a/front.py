@@ -32,6 +32,13 @@ SCOPE_KEY = "iac.gateway"
 _INSPECT = 64 * 1024  # bytes of a JSON response read back to count its error code
 #: The methods that carry a message (whose ``messageId`` a repeat is known by): A2A 1.0 and 0.3.
 _SENDS = ("SendMessage", "SendStreamingMessage", "message/send", "message/stream")
+#: A2A 0.3's JSON-RPC methods (the gateway serves them through a2a-sdk's 0.3 compatibility).
+_V03_METHODS = frozenset({
+    "message/send", "message/stream", "tasks/get", "tasks/cancel", "tasks/resubscribe",
+    "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
+    "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete",
+    "agent/getAuthenticatedExtendedCard",
+})  # fmt: skip
 
 
 class GatewayStats:
@@ -80,8 +87,8 @@ class Front:
         client = str((scope.get("client") or ("",))[0])
         held = [0]
         try:
-            versioned = "a2a-version" in headers
-            await self._read_and_serve(scope, receive, send, principal, client, declared, held, versioned)
+            version = headers.get("a2a-version", "").strip()
+            await self._read_and_serve(scope, receive, send, principal, client, declared, held, version)
         except asyncio.CancelledError:
             if not gw.closing:
                 raise
@@ -91,7 +98,7 @@ class Front:
 
     async def _read_and_serve(
         self, scope: Scope, receive: Receive, send: Send, principal: str, client: str, declared: str,
-        held: list[int], versioned: bool = True,
+        held: list[int], version: str = "",
     ) -> None:  # fmt: skip
         gw, stats = self.gw, self.gw.stats_
 
@@ -129,10 +136,8 @@ class Front:
                 break
         body = b"".join(chunks)
         request_id, message_id = _ids(body)
-        if not versioned and (method := _v1_method(body)) is not None:
+        if (text := _wrong_version(version, body)) is not None:
             stats.refused["VersionNotSupportedError"] += 1
-            text = (f"{method!r} is an A2A 1.0 method: send the header 'A2A-Version: 1.0' (a request "
-                    "without it is A2A 0.3, whose methods are message/send, tasks/get, ...)")  # fmt: skip
             await _reply(send, 200, text, code=-32009, request_id=request_id)
             return
         if message_id is not None:
@@ -277,16 +282,28 @@ def _ids(body: bytes) -> tuple[Any, str | None]:
     return request_id, f"{doc['method']} {mid}"
 
 
-def _v1_method(body: bytes) -> str | None:
-    """The method of a JSON-RPC request when it is one of A2A 1.0's (``GetTask``; 0.3 spells it
-    ``tasks/get``), else None."""
+def _wrong_version(version: str, body: bytes) -> str | None:
+    """What to tell a request whose method is of another A2A version than its ``A2A-Version``
+    header says (none: 0.3), naming the fix; None for any other request (a2a-sdk answers it)."""
+    legacy = not version or version.startswith("0.")
+    if not legacy and not (
+        version.startswith("1") and any(m in body for m in (b'"message/', b'"tasks/', b'"agent/'))
+    ):
+        return None  # the common case, a 1.0 call: no second parse of the body
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):
         return None
     method = doc.get("method") if isinstance(doc, dict) else None
-    if isinstance(method, str) and method in METHODS and method != GET_AGENT_CARD:
-        return method
+    if not isinstance(method, str) or len(method) > 64:
+        return None
+    if legacy and method in METHODS and method != GET_AGENT_CARD:
+        return (f"{method!r} is an A2A 1.0 method: send the header 'A2A-Version: 1.0' (a request "
+                "without it is A2A 0.3, whose methods are message/send, tasks/get, ...)")  # fmt: skip
+    if version.startswith("1") and method in _V03_METHODS:
+        return (f"{method!r} is an A2A 0.3 method, sent as A2A {version}: send it without the "
+                "A2A-Version header (or with 'A2A-Version: 0.3'), or call its 1.0 name "
+                "(SendMessage, GetTask, ...)")  # fmt: skip
     return None
 
 
