@@ -76,10 +76,19 @@ def test_the_gateway_command(tmp_path):
                 async with httpx.AsyncClient() as http:
                     client, ctx = await stock_client(http, seen["gateway"])
                     events = [e async for e in client.send_message(user_message("hello"), context=ctx)]
+                    # an A2A 0.3 call: no A2A-Version header, a 0.3 method name
+                    msg = {"kind": "message", "role": "user", "messageId": "m-cli-03",
+                           "parts": [{"kind": "text", "text": "hello"}]}  # fmt: skip
+                    body = {"jsonrpc": "2.0", "id": 7, "method": "message/send", "params": {"message": msg}}
+                    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as plain:
+                        r = await plain.post(seen["gateway"], json=body)  # a client of its own: no header
+                    assert "result" in r.json(), r.text
+                    assert [p["text"] for p in r.json()["result"]["parts"]] == ["hi alice"]
                 assert texts(events) == ["hi alice"] and worker.users[-1].agent_id == gw_id
                 gw.send_signal(signal.SIGTERM)
                 stats = await lines_until(gw, "stats")
-                assert json.loads(stats["stats"])["forwarded"] == {"SendStreamingMessage": 1}
+                forwarded = json.loads(stats["stats"])["forwarded"]
+                assert forwarded == {"SendStreamingMessage": 1, "SendMessage": 1}
                 assert await gw.wait() == 0
             async with process("a2a", "card", "--key", str(key), *addr) as proc:
                 out, _ = await proc.communicate()

@@ -207,7 +207,8 @@ def register(sub: Any) -> None:
     g = verbs.add_parser(
         "gateway",
         help="serve A2A JSON-RPC over HTTP in front of an IAC agent",
-        description="Serve A2A JSON-RPC (and SSE) over HTTP in front of an IAC agent. Bounds, per "
+        description="Serve A2A JSON-RPC (and SSE) over HTTP in front of an IAC agent, to A2A 1.0 "
+        "and A2A 0.3 clients on the same URL (a request without an A2A-Version header is 0.3). Bounds, per "
         "tenant and in total: a request head within 10 s; a body at 1 KiB/s or more; an idle "
         "kept-alive connection 75 s; --max-connections in total (lowered to fit the descriptor "
         "limit) and --max-connections-per-address; request bodies in flight 64 MiB in total and "
@@ -234,7 +235,7 @@ def register(sub: Any) -> None:
     )
     g.add_argument("--https-cert", default=None, help="serve https:// with this certificate (PEM)")
     g.add_argument("--https-key", default=None, help="... and this key (PEM)")
-    g.add_argument("--no-advertise-iac", action="store_true", help="publish only the JSON-RPC interface")
+    g.add_argument("--no-advertise-iac", action="store_true", help="publish only the JSON-RPC interfaces")
     g.add_argument(
         "--max-calls",
         metavar="N",

@@ -3,6 +3,7 @@ signed IAC messages, and a gateway between A2A's JSON-RPC over HTTP and IAC agen
 
 * :func:`register` / :func:`client`: an a2a-sdk client whose calls to a card's ``iac://``
   interface go through an :class:`iac.Node` (:class:`IacTransport`).
+* :func:`agent_card`: a spec-compliant card for an agent a node serves (its IAC interface).
 * :func:`serve`: an a2a-sdk request handler (the agent's ``AgentExecutor``, unchanged) answering
   on a node; the caller's AgentId is the executor's authenticated user (:class:`IacUser`).
 * :class:`A2AGateway`: A2A JSON-RPC and SSE over HTTP for plain A2A clients, forwarded to an IAC
@@ -32,7 +33,7 @@ from iac.integrations.a2a.client import IacBinding, IacTransport, client, fetch_
 from iac.integrations.a2a.gateway import A2AGateway
 from iac.integrations.a2a.principal import principal_of
 from iac.integrations.a2a.proxy import ProxyHandler
-from iac.integrations.a2a.server import A2AServer, IacUser, serve
+from iac.integrations.a2a.server import A2AServer, IacUser, agent_card, serve
 from iac.integrations.a2a.tenants import GatewayCollector, GatewayLimits
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "IacUser",
     "PeerMismatch",
     "ProxyHandler",
+    "agent_card",
     "client",
     "fetch_card",
     "iac_interface",

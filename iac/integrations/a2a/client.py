@@ -319,8 +319,12 @@ def register(factory: ClientFactory, node: Node, **options: Any) -> IacBinding:
 
 
 def client(node: Node, card: pb.AgentCard, *, config: ClientConfig | None = None, **options: Any) -> Client:
-    """An a2a-sdk ``Client`` that prefers the card's IAC interface (then JSON-RPC)."""
-    config = config or ClientConfig(supported_protocol_bindings=[BINDING, "JSONRPC"])
+    """An a2a-sdk ``Client`` that prefers the card's IAC interface (then JSON-RPC), wherever the
+    card lists it (``use_client_preference=True``: a gateway's card lists its HTTP URL first).
+    ``config``: a2a-sdk's, as given (its ``use_client_preference`` decides)."""
+    config = config or ClientConfig(
+        supported_protocol_bindings=[BINDING, "JSONRPC"], use_client_preference=True
+    )
     factory = ClientFactory(config)
     register(factory, node, **options)
     return factory.create(card)

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.authentication import AuthCredentials, SimpleUser
 from starlette.requests import ClientDisconnect
 
-from iac.integrations.a2a.binding import error_name
+from iac.integrations.a2a.binding import GET_AGENT_CARD, METHODS, error_name
 from iac.integrations.a2a.tenants import Throttled
 
 Scope = MutableMapping[str, Any]
@@ -30,6 +30,15 @@ log = logging.getLogger("iac.integrations")
 
 SCOPE_KEY = "iac.gateway"
 _INSPECT = 64 * 1024  # bytes of a JSON response read back to count its error code
+#: The methods that carry a message (whose ``messageId`` a repeat is known by): A2A 1.0 and 0.3.
+_SENDS = ("SendMessage", "SendStreamingMessage", "message/send", "message/stream")
+#: A2A 0.3's JSON-RPC methods (the gateway serves them through a2a-sdk's 0.3 compatibility).
+_V03_METHODS = frozenset({
+    "message/send", "message/stream", "tasks/get", "tasks/cancel", "tasks/resubscribe",
+    "tasks/pushNotificationConfig/set", "tasks/pushNotificationConfig/get",
+    "tasks/pushNotificationConfig/list", "tasks/pushNotificationConfig/delete",
+    "agent/getAuthenticatedExtendedCard",
+})  # fmt: skip
 
 
 class GatewayStats:
@@ -78,7 +87,8 @@ class Front:
         client = str((scope.get("client") or ("",))[0])
         held = [0]
         try:
-            await self._read_and_serve(scope, receive, send, principal, client, declared, held)
+            version = headers.get("a2a-version", "").strip()
+            await self._read_and_serve(scope, receive, send, principal, client, declared, held, version)
         except asyncio.CancelledError:
             if not gw.closing:
                 raise
@@ -88,7 +98,7 @@ class Front:
 
     async def _read_and_serve(
         self, scope: Scope, receive: Receive, send: Send, principal: str, client: str, declared: str,
-        held: list[int],
+        held: list[int], version: str = "",
     ) -> None:  # fmt: skip
         gw, stats = self.gw, self.gw.stats_
 
@@ -126,6 +136,10 @@ class Front:
                 break
         body = b"".join(chunks)
         request_id, message_id = _ids(body)
+        if (text := _wrong_version(version, body)) is not None:
+            stats.refused["VersionNotSupportedError"] += 1
+            await _reply(send, 200, text, code=-32009, request_id=request_id)
+            return
         if message_id is not None:
             entry = gw.replays.begin(principal, message_id, gw.clock())
             if entry is not None:
@@ -243,7 +257,8 @@ class Front:
 
 def _ids(body: bytes) -> tuple[Any, str | None]:
     """The JSON-RPC id of a request, and the ``messageId`` of a SendMessage or
-    SendStreamingMessage (None for other calls, and for a body that is not such a request)."""
+    SendStreamingMessage or their A2A 0.3 names (None for other calls, and for a body that is not
+    such a request)."""
     if b"messageId" not in body and b"message_id" not in body and b'"id"' not in body:
         return None, None
     try:
@@ -255,7 +270,7 @@ def _ids(body: bytes) -> tuple[Any, str | None]:
     request_id = doc.get("id")
     if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
         request_id = None
-    if doc.get("method") not in ("SendMessage", "SendStreamingMessage"):
+    if doc.get("method") not in _SENDS:
         return request_id, None
     params = doc.get("params")
     message = params.get("message") if isinstance(params, dict) else None
@@ -265,6 +280,31 @@ def _ids(body: bytes) -> tuple[Any, str | None]:
     if not isinstance(mid, str) or not 0 < len(mid) <= 256:
         return request_id, None
     return request_id, f"{doc['method']} {mid}"
+
+
+def _wrong_version(version: str, body: bytes) -> str | None:
+    """What to tell a request whose method is of another A2A version than its ``A2A-Version``
+    header says (none: 0.3), naming the fix; None for any other request (a2a-sdk answers it)."""
+    legacy = not version or version.startswith("0.")
+    if not legacy and not (
+        version.startswith("1") and any(m in body for m in (b'"message/', b'"tasks/', b'"agent/'))
+    ):
+        return None  # the common case, a 1.0 call: no second parse of the body
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    method = doc.get("method") if isinstance(doc, dict) else None
+    if not isinstance(method, str) or len(method) > 64:
+        return None
+    if legacy and method in METHODS and method != GET_AGENT_CARD:
+        return (f"{method!r} is an A2A 1.0 method: send the header 'A2A-Version: 1.0' (a request "
+                "without it is A2A 0.3, whose methods are message/send, tasks/get, ...)")  # fmt: skip
+    if version.startswith("1") and method in _V03_METHODS:
+        return (f"{method!r} is an A2A 0.3 method, sent as A2A {version}: send it without the "
+                "A2A-Version header (or with 'A2A-Version: 0.3'), or call its 1.0 name "
+                "(SendMessage, GetTask, ...)")  # fmt: skip
+    return None
 
 
 async def _reply(

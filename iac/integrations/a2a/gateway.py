@@ -11,8 +11,12 @@ The gateway publishes the agent's card with its own JSON-RPC interface first and
 scheme it checks. Every POST is authenticated (401 otherwise), bounded (``max_body``: 413),
 parsed and checked by a2a-sdk's JSON-RPC dispatcher (malformed JSON, invalid requests, unknown
 methods, bad params and unsupported versions are answered there and never forwarded); what
-passes is forwarded over IAC, signed with the gateway node's key, the authenticated principal
+passes is forwarded over IAC (as A2A 1.0), signed with the gateway node's key, the authenticated principal
 in Message field 19. ``stats()`` counts each of these outcomes.
+
+A2A 0.3 clients are served too, on the same URL (a2a-sdk's 0.3 compatibility): a request that
+sends no ``A2A-Version`` header is A2A 0.3 (``message/send``, ``tasks/get``, ...), translated to
+1.0 before it is forwarded; the card lists the URL once per version.
 
 What the HTTP leg does not protect is in docs/PROTOCOL.md, "A2A over IAC".
 """
@@ -34,7 +38,7 @@ try:
     from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
     from a2a.server.routes.common import DefaultServerCallContextBuilder
     from a2a.types import a2a_pb2 as pb
-    from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, TransportProtocol
+    from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_0_3, TransportProtocol
     from starlette.applications import Starlette
     from starlette.requests import Request
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -183,9 +187,12 @@ class A2AGateway:
         card = pb.AgentCard()
         card.CopyFrom(agent)
         own = pb.AgentInterface(protocol_binding=TransportProtocol.JSONRPC, protocol_version=VERSION, url=url)
+        legacy = pb.AgentInterface(
+            protocol_binding=TransportProtocol.JSONRPC, protocol_version=PROTOCOL_VERSION_0_3, url=url
+        )
         kept = [i for i in agent.supported_interfaces if self.advertise_iac and i.protocol_binding == "IAC"]
         del card.supported_interfaces[:]
-        card.supported_interfaces.extend([own, *kept])
+        card.supported_interfaces.extend([own, *kept, legacy])  # 1.0 first: 1.0 clients pick it
         self.auth.declare(card)
         self.card = card
         target = interface_url(self.agent_id, self.addresses)
@@ -196,7 +203,9 @@ class A2AGateway:
         self.handler = ProxyHandler(transport, _forwarding)
         routes = [
             *create_agent_card_routes(card, card_url=AGENT_CARD_WELL_KNOWN_PATH),
-            *create_jsonrpc_routes(self.handler, rpc_url="/", context_builder=_Builder()),
+            *create_jsonrpc_routes(
+                self.handler, rpc_url="/", context_builder=_Builder(), enable_v0_3_compat=True
+            ),
         ]
         self.app = Front(Starlette(routes=routes), self)
         return self.app

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 from a2a.auth.user import User
@@ -30,12 +30,13 @@ from a2a.utils.constants import VERSION_HEADER
 from a2a.utils.errors import A2AError, InternalError, TaskNotFoundError
 from a2a.utils.proto_utils import to_stream_response
 
-from iac.errors import HandlerError
+from iac.errors import ConfigError, HandlerError
 from iac.integrations.a2a.binding import (
     GET_AGENT_CARD,
     MSG_TYPE,
     Call,
     error_payload,
+    iac_interface,
     parse_call,
     result_payload,
     with_iac_interface,
@@ -200,6 +201,40 @@ def _task(task: pb.Task | None) -> dict[str, Any]:
     return result_payload(task)
 
 
+def agent_card(
+    node: Node,
+    name: str,
+    *,
+    description: str,
+    version: str = "1.0.0",
+    skills: Sequence[pb.AgentSkill] = (),
+    streaming: bool = True,
+    push_notifications: bool = False,
+    input_modes: Sequence[str] = ("text/plain",),
+    output_modes: Sequence[str] = ("text/plain",),
+    interfaces: Sequence[pb.AgentInterface] = (),
+) -> pb.AgentCard:
+    """A card for the agent ``node`` serves, with every field A2A requires: ``node``'s IAC
+    interface first (its addresses: start the node first), then ``interfaces``; ``skills`` (one
+    named after the agent, with its ``description``, when none is given); the input and output
+    media types. a2a-sdk warns ("not spec-compliant") about a card that lacks one of them."""
+    if not name.strip() or not description.strip():
+        raise ConfigError("an A2A agent card needs a name and a description")
+    if not input_modes or not output_modes:
+        raise ConfigError("an A2A agent card needs at least one input and one output media type")
+    own = pb.AgentSkill(id=name, name=name, description=description, tags=[name])
+    return pb.AgentCard(
+        name=name,
+        description=description,
+        version=version,
+        capabilities=pb.AgentCapabilities(streaming=streaming, push_notifications=push_notifications),
+        supported_interfaces=[iac_interface(node.agent_id, node.addresses), *interfaces],
+        default_input_modes=list(input_modes),
+        default_output_modes=list(output_modes),
+        skills=list(skills) or [own],
+    )
+
+
 def serve(
     node: Node, handler: RequestHandler, card: pb.AgentCard, *, trusted_gateways: Collection[str] = ()
 ) -> A2AServer:
@@ -207,4 +242,4 @@ def serve(
     return A2AServer(node, handler, card, trusted_gateways=trusted_gateways).attach()
 
 
-__all__ = ["A2AServer", "IacUser", "serve"]
+__all__ = ["A2AServer", "IacUser", "agent_card", "serve"]
