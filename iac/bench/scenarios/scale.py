@@ -542,20 +542,16 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     if peers := os.environ.get("IAC_SCALE_PEERS"):
         args += ["--peers", peers]
     data = run_script(ctx, "scale.py", args, 600 if ctx.quick else 7200)
+    p = data["plan"]
     for s in data["steps"]:
         who, n, b = LABEL[s["transport"]], s["peers"], s["burst"]
         res.add(who, f"server RSS per peer, {n} peers", "KiB", _one(s["per_peer_kib"]))
-        res.add(
-            who,
-            f"server CPU per request at 64 in flight, {n} peers",
-            "µs",
-            _one(s["server_cpu_us_per_request"]),
-        )
+        cpu = _one(s["server_cpu_us_per_request"])
+        res.add(who, f"server CPU per request at {p['in_flight']} in flight, {n} peers", "µs", cpu)
         res.add(who, f"server idle CPU, {n} peers held", "%", _one(s["idle_cpu_percent"]))
         if b["p99_s"] is not None:
             res.add(who, f"dial burst p99 to first answer, {n} at once", "s", _one(b["p99_s"]))
         res.add(who, f"dial burst failures, {n} at once", "dials", _one(float(b["failed"])))
-    p = data["plan"]
     res.notes.append(
         f"scenarios/scale.py: one server node per transport and peer count; peers over {p['procs']} client "
         f"processes dial at once, then {p['requests']} requests at {p['in_flight']} in flight round-robin; "
