@@ -1,6 +1,6 @@
 """Scale: memory per connected peer, dial bursts, the node's connection bound.
 
-A server node runs in a process of its own (``python -m tools.scale_probe serve``): its
+A server node runs in a process of its own (``python -m iac.bench.scenarios.scale serve``): its
 resident set is what is measured, away from this process's clients. Each client peer has
 an identity of its own and sends one request, which the server answers, so every
 connection carried traffic when the server's memory is read. No timing is asserted.

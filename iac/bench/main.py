@@ -41,6 +41,7 @@ from iac.bench.scenarios.catalog import (
     sc_oneway,
     sc_reconnect,
     sc_rtt,
+    sc_scale,
     sc_setup,
 )
 from iac.bench.scenarios.requests import sc_cpu, sc_requests
@@ -69,6 +70,11 @@ SCENARIOS: list[Scenario] = [
     Scenario("reconnect", "First delivery after a reconnect through the Node API, 20 ms RTT", sc_reconnect),
     Scenario("cc", "Congestion control over a bottleneck: goodput and request p99 during bulk", sc_cc),
     Scenario("nat", "Through NATs: time to a direct path, RTT direct vs relayed, relay bytes saved", sc_nat),
+    Scenario(
+        "scale",
+        "Scale: server RSS per peer, CPU per request, idle CPU, dial bursts, 1-10,000 peers",
+        sc_scale,
+    ),
     Scenario("smoke", "The harness on a tiny plan (make test): codec vs bare Ed25519, 50 messages", sc_smoke),
 ]
 #: In a full run the ``cpu`` figures come from ``requests``; ``cpu`` alone is for ``--only cpu``;

@@ -31,6 +31,7 @@ from iac.bench.reports.figures_results import (
     targets,
     verdict,
 )
+from iac.bench.reports.figures_scale import render_scale
 from iac.bench.reports.report import headline
 
 Renderer = Callable[[Sheet, Path, list[Results]], list[str]]
@@ -498,4 +499,5 @@ RENDERERS: dict[str, Renderer] = {
     "scaleout": render_scaleout,
     "regress": render_regress,
     "node-floors": render_node_floors,
+    "scale": render_scale,
 }

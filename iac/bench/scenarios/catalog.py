@@ -364,6 +364,12 @@ def sc_reconnect(ctx: Context, res: Result) -> None:
     reconnect.scenario(ctx, res, run_script)
 
 
+def sc_scale(ctx: Context, res: Result) -> None:
+    from iac.bench.scenarios import scale
+
+    scale.scenario(ctx, res, run_script)
+
+
 def sc_nat(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import nat
 
