@@ -1,4 +1,4 @@
-"""Every README block marked ``<!-- example: NAME -->`` runs as written."""
+"""Every README block marked ``<!-- example: NAME -->`` runs as written and passes ``mypy --strict``."""
 
 import re
 import subprocess
@@ -58,3 +58,20 @@ def test_readme_fits_300_lines_of_100_characters():
     assert len(_RENDERED.findall(text)) == 1, "the one rendered headline"
     long = [(i, line) for i, line in enumerate(_RENDERED.sub("", text).splitlines(), 1) if len(line) > 100]
     assert not long, long
+
+
+def test_readme_examples_pass_mypy_strict(tmp_path):
+    files = []
+    for name, code in examples().items():
+        path = tmp_path / f"readme_{name.replace('-', '_')}.py"
+        path.write_text(code, encoding="utf-8")
+        files.append(str(path))
+    config = README.parent / "pyproject.toml"
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--config-file", str(config), *files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=README.parent,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
