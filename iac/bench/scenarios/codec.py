@@ -46,6 +46,7 @@ import nacl.signing
 import zstandard
 from google.protobuf.internal import api_implementation
 
+from iac.bench.harness.environment import DISTRIBUTIONS
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
 from iac.wire import (
@@ -296,7 +297,7 @@ def environment() -> dict[str, object]:
         "implementation": platform.python_implementation(),
         "machine": platform.machine(),
         "processor": cpu_model(),
-        "iac": importlib.metadata.version("iac-mesh"),
+        "iac": importlib.metadata.version(DISTRIBUTIONS["iac"]),
         "zstandard": zstandard.__version__,
         "zstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
         "pynacl": nacl.__version__,

@@ -233,10 +233,12 @@ def environment() -> dict[str, Any]:
     """The machine, the library versions and the commit, as the suite's results record them."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from iac.bench.harness.environment import DISTRIBUTIONS
+
     libraries: dict[str, str | None] = {}
     for pkg in ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2"):
         try:
-            libraries[pkg] = version("iac-mesh" if pkg == "iac" else pkg)
+            libraries[pkg] = version(DISTRIBUTIONS.get(pkg, pkg))
         except PackageNotFoundError:
             libraries[pkg] = None
     dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "iac", "benchmarks")
