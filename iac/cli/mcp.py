@@ -121,8 +121,8 @@ async def run_serve(args: argparse.Namespace) -> int:
                 raise bridge.failed.result()
             print(f"stats {json.dumps(bridge.stats(), sort_keys=True)}", flush=True)
     finally:
+        await node.close()  # first: it drains the answers still on their way to the callers
         await bridge.stop()
-        await node.close()
     return 0
 
 
