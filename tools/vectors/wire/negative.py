@@ -200,6 +200,56 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
     add("task_step_repeated", "TaskState.step (nested field 3) twice", msg_frame(rep), "field_repeated")
     _, rep = sign_raw(ALICE, dt_unsigned + task_field)
     add("task_repeated", "field 11 (task) twice", msg_frame(rep), "field_repeated")
+    # fields 16-19 are known and singular: a repeat is field_repeated, another wire type malformed
+    sr = positive_messages()[8][3]
+    sr_unsigned = iac.wire.unsigned_bytes(sr)
+    trace_bytes = sr.trace.SerializeToString(deterministic=True)
+    trace_field = field(16, 2, trace_bytes)
+    assert trace_field in sr_unsigned
+    for name, description, body, error in (
+        ("trace_repeated", "field 16 (trace) twice", sr_unsigned + trace_field, "field_repeated"),
+        (
+            "traceparent_repeated",
+            "TraceContext.traceparent (nested field 1) twice",
+            sr_unsigned.replace(
+                trace_field, field(16, 2, trace_bytes + field(1, 2, sr.trace.traceparent.encode()))
+            ),
+            "field_repeated",
+        ),
+        (
+            "stream_seq_repeated",
+            "field 17 (stream_seq) twice",
+            unsigned + field(17, 0, 1) + field(17, 0, 2),
+            "field_repeated",
+        ),
+        ("credit_repeated", "field 18 (credit) twice", sr_unsigned + field(18, 0, 5), "field_repeated"),
+        (
+            "principal_repeated",
+            "field 19 (principal) twice",
+            sr_unsigned + field(19, 2, b"user:eve@example.com"),
+            "field_repeated",
+        ),
+        (
+            "trace_wrong_wire_type",
+            "field 16 (trace, a message) sent as a varint",
+            unsigned + field(16, 0, 1),
+            "malformed_message",
+        ),
+        (
+            "credit_wrong_wire_type",
+            "field 18 (credit, uint64) sent length-delimited",
+            unsigned + field(18, 2, b"\x04"),
+            "malformed_message",
+        ),
+        (
+            "principal_wrong_wire_type",
+            "field 19 (principal, a string) sent as a varint",
+            unsigned + field(19, 0, 1),
+            "malformed_message",
+        ),
+    ):
+        _, rep = sign_raw(ALICE, body)
+        add(name, description, msg_frame(rep), error)
     # other malformed messages
     _, wt = sign_raw(ALICE, unsigned + field(12, 2, b"\x01"))
     add(
