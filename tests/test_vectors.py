@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import nacl.bindings
+import nacl.exceptions
 import pytest
 
 import iac
@@ -193,6 +194,22 @@ def test_keys_that_are_not_agent_ids_are_refused_before_their_signature():
     sender = iac.wire.sender_of(iac.wire.Message.FromString(mixed))
     assert sender == points.mixed_order(wire_vectors.ALICE.agent_id)
     nacl.bindings.crypto_sign_open(sig + signing_input(Domain.MESSAGE, unsigned), bytes.fromhex(sender))
+
+
+def test_small_order_r_is_refused_by_the_r_rule_alone():
+    """Alice's valid key, R the identity: the plain check accepts it, libsodium's R rule (section 2,
+    the seven encodings compared with bit 255 cleared) refuses it, and so for R with bit 255 set."""
+    by_name = {v["name"]: v for v in DOC["negative"]}
+    key = bytes.fromhex(wire_vectors.ALICE.agent_id)
+    for name, plain in (("small_order_r", True), ("small_order_r_sign_bit", False)):
+        assert by_name[name]["error"] == "bad_signature"
+        body = iac.wire.decode_frame(bytes.fromhex(by_name[name]["frame_hex"])).body
+        unsigned, sig = excise_signature(body)
+        assert iac.wire.sender_of(iac.wire.Message.FromString(body)) == wire_vectors.ALICE.agent_id
+        assert bytes([sig[0]]) + sig[1:31] + bytes([sig[31] & 0x7F]) == points.encode(points.IDENTITY)
+        assert points.plain_verify(key, signing_input(Domain.MESSAGE, unsigned), sig) is plain, name
+        with pytest.raises(nacl.exceptions.BadSignatureError):
+            nacl.bindings.crypto_sign_open(sig + signing_input(Domain.MESSAGE, unsigned), key)
 
 
 @pytest.mark.parametrize(

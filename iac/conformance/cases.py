@@ -156,8 +156,8 @@ def _flip_signature(identity: Identity) -> Callable[[Hello], bytes]:
 @case(
     "hello.refuse.signature",
     "6 Checks on a received HELLO",
-    "`agent_id` is an AgentId and the signature verifies by it in the sender role's domain: else "
-    "`hello_bad_signature` (0x11)",
+    "`agent_id` is an AgentId (else `invalid_agent_id`) and the signature verifies by it in the sender "
+    "role's domain (else `bad_signature`): either refusal closes with `0x11 BAD_HELLO_SIGNATURE`",
 )
 async def _hello_bad_sig(t: Target) -> Outcome:
     me = Identity.generate()

@@ -1,4 +1,4 @@
-"""The cases made from the test vectors: the 59 live negatives (each with the close code or ERROR
+"""The cases made from the test vectors: the 62 live negatives (each with the close code or ERROR
 its row in section 8 demands) and the 6 ``accept`` vectors (taken, judged, the connection goes
 on). Their frames are the bytes of ``v1.json``, read by :mod:`iac.conformance.vectors`."""
 

@@ -95,6 +95,25 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
         noncanon = unsigned + field(8, 2, good_sig[:32] + s.to_bytes(32, "little"))
         add("non_canonical_s", "signature scalar S replaced by S + L", msg_frame(noncanon), "bad_signature")
 
+    # R of small order (libsodium's list of 7 encodings, compared with bit 255 cleared), valid key
+    alice_input = signing_input(Domain.MESSAGE, unsigned)
+    identity_r = points.sign_identity_r(ALICE.seed(), alice_input)
+    assert points.plain_verify(bytes.fromhex(ALICE.agent_id), alice_input, identity_r)
+    add(
+        "small_order_r",
+        "Alice's valid key; R = the identity (01 00 ... 00), S = h a: a plain cofactorless check accepts it, "
+        "the R rule refuses it",
+        msg_frame(unsigned + field(8, 2, identity_r)),
+        "bad_signature",
+    )
+    signed_bit = points.encode(points.IDENTITY)[:31] + b"\x80"
+    add(
+        "small_order_r_sign_bit",
+        "R = the identity with bit 255 set (01 00 ... 80), S = h a: on the list once bit 255 is cleared",
+        msg_frame(unsigned + field(8, 2, points.sign_identity_r(ALICE.seed(), alice_input, signed_bit))),
+        "bad_signature",
+    )
+
     # keys that are not AgentIds: refused as `from` before the signature is looked at
     def ping_input(key: str, msg_id: int) -> bytes:
         return signing_input(Domain.MESSAGE, _ping_from(key, msg_id).SerializeToString(deterministic=True))
@@ -412,6 +431,18 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
         "zstd_size_mismatch",
         "zstd frame declaring one byte more than its raw block holds",
         frame(FrameType.MESSAGE, 1, zstd_header(DICT_ID, len(cmd) + 1) + raw_block(cmd)),
+        "compression_error",
+    )
+    # Block_Size is the 21-bit field of the block header; for an RLE block it is the size it
+    # regenerates, so a 3-byte header and one byte say 128 KiB + 1
+    add(
+        "zstd_block_too_large",
+        "an RLE block whose Block_Size field is 131 073 (128 KiB + 1), inside a frame declaring that size",
+        frame(
+            FrameType.MESSAGE,
+            1,
+            zstd_header(0, 131_073) + (131_073 << 3 | 1 << 1 | 1).to_bytes(3, "little") + b"\0",
+        ),
         "compression_error",
     )
     # A declared content size of 0: a zstd library may return b"" without reading what follows.
