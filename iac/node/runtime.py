@@ -331,7 +331,7 @@ class NodeRuntime:
     def _watch_links(self) -> None:
         """Tell each connection whether something here waits on its peer (requests and
         unacknowledged messages, streams either way, file transfers): a QUIC peer is then
-        probed while it is quiet, so a dead one is found within seconds (docs/PROTOCOL.md,
+        probed while it is quiet, so a dead one is found within seconds (docs/IMPLEMENTATION.md,
         "Dead peers"), not after the idle timeout."""
         waiting = {key[0] for key in self._streams.open} | self._dispatch.stream_links()
         waiting |= {peer for peer, _ in self._files.outgoing_keys()}
