@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run
@@ -33,7 +34,7 @@ from iac.errors import CloseCode
 from iac.protocol.clock import now_us
 from iac.protocol.handshake import Role, decode_goaway, encode_goaway
 from iac.transport.certs import generate_self_signed
-from iac.wire._pb.iac_pb2 import Hello, Message
+from iac.wire._pb.iac_pb2 import Dict, Hello, Message
 from iac.wire.dicts import DictionarySet
 from iac.wire.enums import MessageType
 from iac.wire.frames import Frame, FrameDecoder, FrameType, PackedFrame, encode_frame
@@ -537,6 +538,9 @@ QUIC_BREAKS = {
     "quic.bidi_stream": "takes a second bidirectional stream",
     "quic.control_fin": "closes on a FIN of the control stream",
     "quic.reset_stream": "closes on a reset stream",
+    "quic.control_reset": "closes on a reset of the control stream",
+    "quic.parameters": "announces no unidirectional stream at first (grants them once its handshake is done)",
+    "quic.dict_unidirectional": "acknowledges DICT on the control stream only",
 }
 
 
@@ -551,6 +555,8 @@ async def _quic_node(link: Link, me: Identity, broken: str) -> None:
         await peer.send_raw(encode_frame(FrameType.GOAWAY, encode_goaway(code, "double")), control=True)
         link.close(code)
 
+    _grant_uni_streams(link)
+
     while True:
         ev = await link.events.get()
         if isinstance(ev, Ended):
@@ -559,7 +565,7 @@ async def _quic_node(link: Link, me: Identity, broken: str) -> None:
             return await close(CloseCode.PROTOCOL_ERROR)
         if ev.reset:
             decoders.pop(ev.stream, None)
-            if broken == "quic.reset_stream":
+            if broken == ("quic.control_reset" if ev.stream == 0 else "quic.reset_stream"):
                 return await close(CloseCode.TRUNCATED_FRAME)
             continue
         if ev.stream == 0 and ev.end and broken == "quic.control_fin":
@@ -579,6 +585,11 @@ async def _quic_node(link: Link, me: Identity, broken: str) -> None:
                     ),
                     control=True,
                 )
+            elif fr.type is FrameType.DICT and hello is not None:
+                if ev.stream != 0 and broken == "quic.dict_unidirectional":
+                    continue
+                ack = Dict(dict_id=Dict.FromString(fr.body).dict_id)
+                await peer.send_raw(encode_frame(FrameType.DICT_ACK, ack.SerializeToString()), control=True)
             elif fr.type is FrameType.MESSAGE and hello is not None:
                 if ev.stream == 0 and broken == "quic.control_message":
                     continue
@@ -597,6 +608,28 @@ async def _quic_node(link: Link, me: Identity, broken: str) -> None:
                     await peer.send_raw(encode_frame(FrameType.MESSAGE, sign(me, reply)))
 
 
+def _no_uni_streams_at_first(server: Any) -> None:
+    """The double's QUIC server announces initial_max_streams_uni 0 (and grants 128 once its
+    handshake completed, so that only quic.parameters sees it)."""
+    from aioquic.quic.connection import QuicConnection
+
+    init = QuicConnection.__init__
+
+    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if not self._is_client:
+            self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+
+    server.setattr(QuicConnection, "__init__", patched)
+
+
+def _grant_uni_streams(link: Link) -> None:
+    quic = link._quic  # type: ignore[attr-defined]
+    if quic._local_max_streams_uni.value == 0:
+        quic._local_max_streams_uni.value = 128
+        link._protocol.transmit()  # type: ignore[attr-defined]
+
+
 def _run_quic_double(broken: str) -> dict[str, bool]:
     me = Identity.generate()
 
@@ -612,7 +645,10 @@ def _run_quic_double(broken: str) -> dict[str, bool]:
             server.close()
         return {r.id: r.passed for r in report.results}
 
-    result: dict[str, bool] = run(main())
+    with pytest.MonkeyPatch.context() as mp:
+        if broken == "quic.parameters":
+            _no_uni_streams_at_first(mp)
+        result: dict[str, bool] = run(main())
     return result
 
 

@@ -69,6 +69,8 @@ def test_js_verifier_passes_every_vector_and_python_accepts_its_frame(node, tmp_
     # OpenSSL alone accepts these signatures: the verifier's own AgentId check refuses them
     for name in ("small_order_key", "small_order_key_order_8", "identity_key_sign_bit", "mixed_order_key"):
         assert f"ok   negative {name} (invalid_agent_id; plain OpenSSL verify says true)" in run.stdout
+    # and this one with a valid key: only the R rule (section 2) refuses it
+    assert "ok   negative small_order_r (bad_signature; plain OpenSSL verify says true)" in run.stdout
 
     made = json.loads(emit.read_text(encoding="utf-8"))
     data = bytes.fromhex(made["frame_hex"])

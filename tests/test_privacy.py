@@ -48,6 +48,12 @@ ALLOWED = {
             "qsrv._transport",
             "self._protocol._quic",
             "self._quic.tls._peer_certificate",
+            # the version and the transport parameters the peer announced (case quic.parameters)
+            "q._version",
+            "q._remote_max_idle_timeout",
+            "q._remote_max_streams_bidi",
+            "q._remote_max_streams_uni",
+            "q._remote_max_data",
         )
     },
     **{

@@ -33,7 +33,7 @@ from iac.wire.message import Session, build_message, encode_message_frame
 LOOPBACK = "quic://127.0.0.1:0"
 INSTALLED = _quic_backend.available()
 
-#: Why qh3 is not offered (docs/PROTOCOL.md, "QUIC libraries"; last tried 2026-12-01 with qh3
+#: Why qh3 is not offered (docs/IMPLEMENTATION.md, "QUIC libraries"; last tried 2026-12-01 with qh3
 #: 2.1.0, the newest release): its native core raises from ``datagrams_to_send`` (inside the
 #: transmit and timer callbacks), as the reproductions in tools/qh3/ show without IAC code.
 #: A qh3 server raises answering an aioquic client's first Initial, on every connection: strict,

@@ -159,3 +159,23 @@ def test_a_principal_travels_signed_and_is_bounded() -> None:
             assert parts == [{"principal": "bob", "sender": client.agent_id}]
 
     run(main())
+
+
+def test_a_node_announces_stream_1_in_its_hello() -> None:
+    """Every node answers STREAM requests, so its HELLO lists ``stream/1`` (docs/PROTOCOL.md, section
+    18, "Capabilities"), beside what the configuration announces."""
+    from iac.transport import TransportConfig, dial
+    from iac.wire.identity import Identity
+
+    async def main() -> None:
+        config = NodeConfig(transport=TransportConfig(capabilities=("x-demo/1",)))
+        async with Node(listen="tls://127.0.0.1:0", config=config) as node:
+            conn = await dial(node.addresses[0], Identity.generate(), expect=node.agent_id)
+            try:
+                caps = list(conn.peer.hello.capabilities)
+            finally:
+                await conn.close()
+        assert "stream/1" in caps and "x-demo/1" in caps
+        assert caps.count("stream/1") == 1
+
+    run(main())

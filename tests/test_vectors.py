@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import nacl.bindings
+import nacl.exceptions
 import pytest
 
 import iac
@@ -52,7 +53,7 @@ def _rebuild(m: dict[str, Any]) -> iac.wire.Message:
             steps=t["steps"],
             state_ref=t["state_ref"],
         )
-    return iac.wire.build_message(
+    msg = iac.wire.build_message(
         sender=m["from"],
         to=m["to"],
         msg_type=m["msg_type"],
@@ -68,6 +69,11 @@ def _rebuild(m: dict[str, Any]) -> iac.wire.Message:
         deadline_us=m["deadline"],
         task=task,
     )
+    if "trace" in m:
+        msg.trace.traceparent = m["trace"]["traceparent"]
+        msg.trace.tracestate = m["trace"]["tracestate"]
+    msg.stream_seq, msg.credit, msg.principal = m["stream_seq"], m["credit"], m["principal"]
+    return msg
 
 
 def _check_fields(msg: iac.wire.Message, m: dict[str, Any]) -> None:
@@ -79,6 +85,13 @@ def _check_fields(msg: iac.wire.Message, m: dict[str, Any]) -> None:
     assert msg.extra_data.hex() == m["extra_data_hex"]
     assert (msg.reply_to, msg.reply_session_id) == (m["reply_to"], m["reply_session_id"])
     assert (msg.flags, msg.deadline, msg.sealed.hex()) == (m["flags"], m["deadline"], m["sealed_hex"])
+    assert (msg.stream_seq, msg.credit, msg.principal) == (m["stream_seq"], m["credit"], m["principal"])
+    assert msg.HasField("trace") == ("trace" in m)
+    if "trace" in m:
+        assert (msg.trace.traceparent, msg.trace.tracestate) == (
+            m["trace"]["traceparent"],
+            m["trace"]["tracestate"],
+        )
     assert msg.HasField("task") == ("task" in m)
     if "task" in m:
         t = m["task"]
@@ -126,6 +139,18 @@ def test_vectors_cover_what_the_spec_lists():
     assert any(v["message"]["reply_to"] and v["message"]["reply_session_id"] for v in DOC["vectors"])
     assert any(v["message"]["flags"] and v["message"]["deadline"] for v in DOC["vectors"])
     assert any(not v["message"]["payload_json"].isascii() for v in DOC["vectors"])
+    # fields 16-19 and the STREAM/END bits, type 14 (sections 3, 11, 18)
+    assert any("trace" in v["message"] for v in DOC["vectors"])
+    for key in ("stream_seq", "credit", "principal"):
+        assert any(v["message"][key] for v in DOC["vectors"]), key
+    assert any(
+        v["message"]["flags"] == iac.wire.message.FLAG_STREAM | iac.wire.message.FLAG_END
+        for v in DOC["vectors"]
+    )
+    assert iac.MessageType.CREDIT in msg_types
+    negatives = set(_ids(DOC["negative"]))
+    for n in ("trace", "traceparent", "stream_seq", "credit", "principal"):
+        assert f"{n}_repeated" in negatives, n
     errors = {v["error"] for v in DOC["negative"]}
     assert errors >= {
         "bad_signature", "signature_missing", "signature_repeated", "signature_invalid", "field_repeated",
@@ -169,6 +194,22 @@ def test_keys_that_are_not_agent_ids_are_refused_before_their_signature():
     sender = iac.wire.sender_of(iac.wire.Message.FromString(mixed))
     assert sender == points.mixed_order(wire_vectors.ALICE.agent_id)
     nacl.bindings.crypto_sign_open(sig + signing_input(Domain.MESSAGE, unsigned), bytes.fromhex(sender))
+
+
+def test_small_order_r_is_refused_by_the_r_rule_alone():
+    """Alice's valid key, R the identity: the plain check accepts it, libsodium's R rule (section 2,
+    the seven encodings compared with bit 255 cleared) refuses it, and so for R with bit 255 set."""
+    by_name = {v["name"]: v for v in DOC["negative"]}
+    key = bytes.fromhex(wire_vectors.ALICE.agent_id)
+    for name, plain in (("small_order_r", True), ("small_order_r_sign_bit", False)):
+        assert by_name[name]["error"] == "bad_signature"
+        body = iac.wire.decode_frame(bytes.fromhex(by_name[name]["frame_hex"])).body
+        unsigned, sig = excise_signature(body)
+        assert iac.wire.sender_of(iac.wire.Message.FromString(body)) == wire_vectors.ALICE.agent_id
+        assert bytes([sig[0]]) + sig[1:31] + bytes([sig[31] & 0x7F]) == points.encode(points.IDENTITY)
+        assert points.plain_verify(key, signing_input(Domain.MESSAGE, unsigned), sig) is plain, name
+        with pytest.raises(nacl.exceptions.BadSignatureError):
+            nacl.bindings.crypto_sign_open(sig + signing_input(Domain.MESSAGE, unsigned), key)
 
 
 @pytest.mark.parametrize(

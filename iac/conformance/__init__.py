@@ -3,7 +3,7 @@
 ``iac conformance URL --to AGENT_ID`` dials a running node (TLS, UNIX or QUIC) and runs the
 cases of :mod:`.cases`: the node's HELLO field by field, PING/REPLY, one-way with ACK, every
 refusal docs/PROTOCOL.md names (forged HELLOs, bad signatures, stale and duplicate messages,
-impersonation) and the 51 negative test vectors a live connection can carry, each with the
+impersonation) and the 62 negative test vectors a live connection can carry, each with the
 close code or ERROR it must draw, and after each refusal that the node still serves another
 connection. ``--client`` turns it round (:mod:`.listen`): the tester listens and judges the
 implementation as it dials.

@@ -156,8 +156,8 @@ def _flip_signature(identity: Identity) -> Callable[[Hello], bytes]:
 @case(
     "hello.refuse.signature",
     "6 Checks on a received HELLO",
-    "`agent_id` is an AgentId and the signature verifies by it in the sender role's domain: else "
-    "`hello_bad_signature` (0x11)",
+    "`agent_id` is an AgentId (else `invalid_agent_id`) and the signature verifies by it in the sender "
+    "role's domain (else `bad_signature`): either refusal closes with `0x11 BAD_HELLO_SIGNATURE`",
 )
 async def _hello_bad_sig(t: Target) -> Outcome:
     me = Identity.generate()
@@ -464,6 +464,89 @@ async def _window(t: Target) -> Outcome:
     return check(
         "REPLY to msg_id 1100, then REPLY to msg_id 77",
         f"{got[0].split(' ')[0]} to msg_id 1100, then {got[1].split(' ')[0]} to msg_id 77",
+    )
+
+
+# --- a second connection of one key (section 6, "Duplicate connections") ---------------------------
+
+
+def _instance(value: str) -> Callable[[Hello], None]:
+    """The HELLO names process ``value`` (in place of the tester's own instance)."""
+
+    def forge(h: Hello) -> None:
+        caps = [c for c in h.capabilities if not c.startswith("instance/")]
+        del h.capabilities[:]
+        h.capabilities.extend([*caps, f"instance/{value}"])
+
+    return forge
+
+
+async def _pinged(t: Target, peer: Peer) -> str:
+    """ "REPLY" when ``peer``'s connection answers a PING, else what it did."""
+    try:
+        _, got = await peer.request(t.to, MessageType.PING, t.deadline())
+    except NoAnswer:
+        return f"no answer in {t.timeout:g} s"
+    return describe(got).split(" ")[0] if isinstance(got, Message) else describe(got)
+
+
+async def _second_of_one_key(t: Target, first: str, second: str) -> tuple[Peer, Dialed, str]:
+    """Two connections of one fresh key naming instances ``first`` then ``second``; the first is
+    confirmed by a PING before the second is dialed."""
+    me = Identity.generate()
+    d1 = await t.dial(me, forge=_instance(first))
+    if d1.closed is not None:
+        raise Failed(f"the first connection was refused: {d1.closed.describe()}")
+    seen = await _pinged(t, d1.peer)
+    if seen != "REPLY":
+        raise Failed(f"the first connection's PING: {seen}")
+    d2 = await t.dial(me, forge=_instance(second))
+    return d1.peer, d2, seen
+
+
+@case(
+    "session.duplicate_identity",
+    "6 Duplicate connections",
+    "An answer: two live processes hold one key; the new connection is closed with `0x22 "
+    "DUPLICATE_IDENTITY` and the old one keeps serving",
+)
+async def _duplicate_identity(t: Target) -> Outcome:
+    old, d2, _ = await _second_of_one_key(t, "0123456789abcdef", "fedcba9876543210")
+    try:
+        closed = d2.closed or await d2.peer.close_seen(t.deadline())
+        seen = closed.describe()
+    except NoAnswer:
+        closed, seen = None, "the new connection stayed open"
+    ok = closed is not None and closed.code == CloseCode.DUPLICATE_IDENTITY
+    after = await _pinged(t, old)
+    return Outcome(
+        ok and after == "REPLY",
+        "the new connection closed 0x22 duplicate_identity, the old one answers PING",
+        f"the new connection: {seen}; the old one: {after}",
+    )
+
+
+@case(
+    "session.replaced",
+    "6 Duplicate connections",
+    "**The same process, dialed by the same side again**: the dialer gave up on the old connection; "
+    "the new one replaces it at once (the old is closed with `0x21 GOING_AWAY`)",
+)
+async def _replaced(t: Target) -> Outcome:
+    old, d2, _ = await _second_of_one_key(t, "00000000000000aa", "00000000000000aa")
+    if d2.closed is not None:
+        return Outcome(False, "the new connection served", f"the new connection: {d2.closed.describe()}")
+    try:
+        closed = await old.close_seen(t.deadline())
+        seen = closed.describe()
+    except NoAnswer:
+        closed, seen = None, "the old connection stayed open"
+    ok = closed is not None and closed.code == CloseCode.GOING_AWAY
+    after = await _pinged(t, d2.peer)
+    return Outcome(
+        ok and after == "REPLY",
+        "the old connection closed 0x21 going_away, the new one answers PING",
+        f"the old connection: {seen}; the new one: {after}",
     )
 
 

@@ -169,6 +169,7 @@ def _quic_protocol(link_ready: Callable[[QuicLink], None] | None) -> type[Any]:
             link = self.link
             if isinstance(event, HandshakeCompleted):
                 link.alpn = event.alpn_protocol
+                link.announced = link.peer_parameters()  # before any MAX_STREAMS can raise them
                 if link_ready is not None:
                     link_ready(link)
             elif isinstance(event, StreamDataReceived):
@@ -190,6 +191,7 @@ class QuicLink(Link):
         self._protocol = protocol
         self.alpn: str | None = None
         self.udp: asyncio.BaseTransport | None = None  # a dialed link owns its UDP socket
+        self.announced: dict[str, float | int | None] = {}  # the peer's transport parameters
 
     @property
     def _quic(self) -> Any:
@@ -227,6 +229,25 @@ class QuicLink(Link):
         self._protocol.transmit()
         self._quic.reset_stream(sid, 0)
         self._protocol.transmit()
+
+    async def send_and_reset_control(self, data: bytes) -> None:
+        """``data`` on the control stream, then RESET_STREAM of the control stream."""
+        self._quic.send_stream_data(CONTROL, data, end_stream=False)
+        self._protocol.transmit()
+        self._quic.reset_stream(CONTROL, 0)
+        self._protocol.transmit()
+
+    def peer_parameters(self) -> dict[str, float | int | None]:
+        """The QUIC version in use and the transport parameters the peer announced (RFC 9000
+        section 18.2; ``max_idle_timeout`` in seconds, None when not announced)."""
+        q = self._quic
+        return {
+            "version": int(q._version),
+            "max_idle_timeout": q._remote_max_idle_timeout,
+            "initial_max_streams_bidi": int(q._remote_max_streams_bidi),
+            "initial_max_streams_uni": int(q._remote_max_streams_uni),
+            "initial_max_data": int(q._remote_max_data),
+        }
 
     def close(self, code: int = 0, reason: str = "") -> None:
         self._protocol.close(error_code=code, reason_phrase=reason)

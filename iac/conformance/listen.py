@@ -42,7 +42,7 @@ DEFAULT_WAIT = 30.0
 
 #: id -> (section, quoted sentence) of the client-role cases.
 CLIENT_CASES: dict[str, tuple[str, str]] = {
-    "client.connect": ("7 Transports", "Every connection starts with a HELLO exchange."),
+    "client.connect": ("6 HELLO", "Every connection starts with a HELLO exchange."),
     "client.hello.signature": (
         "6 HELLO",
         "in the domain of its sender's role: `iac-hello-client-v1` for the dialing side",
@@ -224,8 +224,8 @@ REFUSALS = (
     Refusal(
         "client.refuse.signature",
         _CHECKS,
-        "`agent_id` is an AgentId and the signature verifies by it in the "
-        "sender role's domain: else `hello_bad_signature` (0x11)",
+        "`agent_id` is an AgentId (else `invalid_agent_id`) and the signature verifies by it in the "
+        "sender role's domain (else `bad_signature`): either refusal closes with `0x11 BAD_HELLO_SIGNATURE`",
         _flip,
         0x11,
         0x11,

@@ -81,3 +81,46 @@ async def _quic_reset(t: Target) -> Outcome:
 
 
 __all__: list[str] = []
+
+
+@case(
+    "quic.control_reset",
+    "7 QUIC versions, streams and parameters",
+    "A reset of the control stream (RESET_STREAM on stream 0) loses the frame it cut and ends that "
+    "direction of the control stream only: the receiver MUST keep taking messages on unidirectional "
+    "streams",
+    ("quic",),
+)
+async def _quic_control_reset(t: Target) -> Outcome:
+    peer = await t.session()
+    msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
+    frame = encode_frame(FrameType.MESSAGE, sign_message(peer.identity, msg))
+    await _quic(peer).send_and_reset_control(frame[:20])
+    return await _quic_then_ping(t, peer)
+
+
+@case(
+    "quic.parameters",
+    "7 QUIC versions, streams and parameters",
+    "A server MUST announce `initial_max_streams_bidi` of at least 1 (the control stream) and each "
+    "side MUST announce `initial_max_streams_uni` of at least 1 … QUIC version 1",
+    ("quic",),
+)
+async def _quic_parameters(t: Target) -> Outcome:
+    d = await t.dial()
+    if d.closed is not None:
+        raise Failed(f"the handshake was refused: {d.closed.describe()}")
+    p = _quic(d.peer).announced
+    idle = p.get("max_idle_timeout")
+    seen = (
+        f"QUIC version 0x{int(p.get('version') or 0):x}, initial_max_streams_bidi "
+        f"{p.get('initial_max_streams_bidi')}, initial_max_streams_uni {p.get('initial_max_streams_uni')} "
+        f"(max_idle_timeout {'none' if not idle else f'{idle:g} s'}, "
+        f"initial_max_data {p.get('initial_max_data')})"
+    )
+    ok = (
+        p.get("version") in (1, 0x6B3343CF)  # version 1, or version 2 negotiated compatibly
+        and int(p.get("initial_max_streams_bidi") or 0) >= 1
+        and int(p.get("initial_max_streams_uni") or 0) >= 1
+    )
+    return Outcome(ok, "QUIC version 1 (or 2), at least 1 bidirectional and 1 unidirectional stream", seen)

@@ -1,5 +1,5 @@
-"""The cases made from the test vectors: the 51 live negatives (each with the close code or ERROR
-its row in section 8 demands) and the 6 ``accept`` vectors (taken, judged, the connection goes
+"""The cases made from the test vectors: the 62 live negatives (each with the close code or ERROR
+its row in section 8 demands) and the 7 ``accept`` vectors (taken, judged, the connection goes
 on). Their frames are the bytes of ``v1.json``, read by :mod:`iac.conformance.vectors`."""
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from iac.wire.frames import FrameType, encode_frame
 # --- the negative vectors -----------------------------------------------------------------------
 
 
-async def push_dictionary(t: Target, peer: Peer, content: bytes) -> str:
+async def push_dictionary(t: Target, peer: Peer, content: bytes, *, control: bool = True) -> str:
     """Push ``content`` (DICT, section 5) and wait for its DICT_ACK: "" once installed, else why
-    the vector that needs it does not apply (a node MAY ignore DICT)."""
+    the vector that needs it does not apply (a node MAY ignore DICT). ``control=False``: on a new
+    unidirectional stream (QUIC)."""
     dict_id = int.from_bytes(content[4:8], "little")
     body = Dict(dict_id=dict_id, sha256=hashlib.sha256(content).digest(), content=content)
     await peer.send_raw(
-        encode_frame(FrameType.DICT, body.SerializeToString(deterministic=True)), control=True
+        encode_frame(FrameType.DICT, body.SerializeToString(deterministic=True)), control=control
     )
     try:
         while True:
@@ -97,13 +98,45 @@ def _accept_case(v: LiveVector) -> Case:
     return Case(f"accept.{v.name}", v.section, v.quote, run)
 
 
+def _dict_unidirectional_case(content: bytes) -> Case:
+    """DICT on a unidirectional stream is taken as on the control stream (section 7)."""
+
+    async def run(t: Target) -> Outcome:
+        peer = await t.session()
+        on_uni = await push_dictionary(t, peer, content, control=False)
+        want = "DICT_ACK for a DICT on a unidirectional stream; the connection goes on"
+        if on_uni:
+            other = await t.session()
+            on_control = await push_dictionary(t, other, content, control=True)
+            if not on_control:
+                return Outcome(
+                    False, want, "no DICT_ACK on a unidirectional stream; one on the control stream"
+                )
+            return Outcome(True, want, f"{on_uni} on either stream")
+        _, got = await peer.request(t.to, MessageType.PING, t.deadline())
+        served = isinstance(got, Message) and int(got.msg_type) == MessageType.REPLY
+        return Outcome(served, want, want if served else f"DICT_ACK; then {describe(got)}")
+
+    return Case(
+        "quic.dict_unidirectional",
+        "7 QUIC versions, streams and parameters",
+        "a receiver MUST take MESSAGE, FORWARD, DICT, DICT_ACK and GOAWAY on the control stream and on "
+        "any unidirectional stream alike",
+        run,
+        ("quic",),
+    )
+
+
 def all_cases(vectors: Path | None = None) -> list[Case]:
     """The fixed cases, then one per live negative and accept vector of ``vectors`` (default: the
-    checkout's)."""
+    checkout's), and the QUIC case that pushes the vectors' dictionary on a unidirectional stream."""
+    negatives = live_negatives(vectors)
+    dictionary = next((v.dictionary for v in negatives if v.dictionary is not None), None)
     return [
         *CASES,
-        *(_vector_case(v) for v in live_negatives(vectors)),
+        *(_vector_case(v) for v in negatives),
         *(_accept_case(v) for v in live_accepts(vectors)),
+        *([_dict_unidirectional_case(dictionary)] if dictionary is not None else []),
     ]
 
 

@@ -1,7 +1,7 @@
 """The negative test vectors a live connection can carry, as bytes from ``v1.json``.
 
-53 negatives exist; the two whose ``max_frame_size`` is 256 need a receiver that announced
-256, which a node (at least 1024, section 6) never does, so 51 are live. Each is sent by the
+64 negatives exist; the two whose ``max_frame_size`` is 256 need a receiver that announced
+256, which a node (at least 1024, section 6) never does, so 62 are live. Each is sent by the
 key the vectors are signed with (the ``vectors`` entries' seed, "Alice"), so that a valid
 signature would be the HELLO-proved peer's.
 """

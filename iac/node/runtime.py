@@ -57,6 +57,9 @@ from iac.wire.identity import Identity
 _PING = int(MessageType.PING)
 log = logging.getLogger("iac.node")
 
+#: The HELLO capability of streamed replies (docs/PROTOCOL.md, section 11, "Streaming replies").
+_STREAM_CAPABILITY = "stream/1"
+
 
 class NodeRuntime:
     """What runs under a :class:`~iac.Node`: its identity, configuration and collaborators, start
@@ -76,6 +79,12 @@ class NodeRuntime:
         config = config if config is not None else NodeConfig()
         if clock is not None:
             config = dataclasses.replace(config, transport=dataclasses.replace(config.transport, clock=clock))
+        if _STREAM_CAPABILITY not in config.transport.capabilities:
+            # every node answers STREAM requests: its HELLOs say so (docs/PROTOCOL.md, "Capabilities")
+            caps = (*config.transport.capabilities, _STREAM_CAPABILITY)
+            config = dataclasses.replace(
+                config, transport=dataclasses.replace(config.transport, capabilities=caps)
+            )
         self.identity = identity if identity is not None else Identity.generate()
         self.config = config
         self.clock: Clock = config.transport.clock
@@ -331,7 +340,7 @@ class NodeRuntime:
     def _watch_links(self) -> None:
         """Tell each connection whether something here waits on its peer (requests and
         unacknowledged messages, streams either way, file transfers): a QUIC peer is then
-        probed while it is quiet, so a dead one is found within seconds (docs/PROTOCOL.md,
+        probed while it is quiet, so a dead one is found within seconds (docs/IMPLEMENTATION.md,
         "Dead peers"), not after the idle timeout."""
         waiting = {key[0] for key in self._streams.open} | self._dispatch.stream_links()
         waiting |= {peer for peer, _ in self._files.outgoing_keys()}

@@ -172,7 +172,7 @@ class TransportConfig:
     #: Connections the node's listeners hold at once, handshaking or open (all transports,
     #: one counter, ``connection_bound``, shared like ``memory_budget``); TLS/TCP and UNIX
     #: connections also stay below RLIMIT_NOFILE less 64. Over it a new connection is refused
-    #: with ``busy`` (docs/PROTOCOL.md, "Connection bound").
+    #: with ``busy`` (docs/IMPLEMENTATION.md, "Connection bound").
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     connection_bound: ConnectionBound | None = field(default=None, compare=False, repr=False)
     #: The counter behind ``memory_budget_bytes``. None: a new one is made; copies made with

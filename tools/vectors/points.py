@@ -151,3 +151,16 @@ def sign_mixed_order(seed: bytes, make: Callable[[int, str], bytes]) -> tuple[st
         if h % 8 == 0:
             return agent_id, data, big_r + ((r + h * a) % L).to_bytes(32, "little"), i
     raise RuntimeError("no challenge was a multiple of 8")  # pragma: no cover - odds 2**-190
+
+
+def sign_identity_r(seed: bytes, data: bytes, r: bytes | None = None) -> bytes:
+    """A signature by the (valid) key of ``seed`` whose ``R`` is the identity: ``S = h a``, so
+    ``S B = h A = R + h A`` and a cofactorless check without libsodium's R rule accepts it.
+
+    ``r`` replaces the 32 bytes of ``R`` (another encoding of the identity); ``h`` is computed over
+    the bytes actually sent.
+    """
+    a, _ = _scalar(seed)
+    big_r = r if r is not None else encode(IDENTITY)
+    key = encode(mul(a, BASE))
+    return big_r + (challenge(big_r, key, data) * a % L).to_bytes(32, "little")

@@ -166,7 +166,12 @@ def message_json(msg: Message) -> dict[str, Any]:
         "sealed_hex": msg.sealed.hex(),
         "reply_session_id": msg.reply_session_id,
         "deadline": msg.deadline,
+        "stream_seq": msg.stream_seq,
+        "credit": msg.credit,
+        "principal": msg.principal,
     }
+    if msg.HasField("trace"):
+        out["trace"] = {"traceparent": msg.trace.traceparent, "tracestate": msg.trace.tracestate}
     if msg.HasField("task"):
         t = msg.task
         out["task"] = {
@@ -191,7 +196,7 @@ def message_from_json(m: dict[str, Any]) -> Message:
             steps=t["steps"],
             state_ref=t["state_ref"],
         )
-    return iac.wire.build_message(
+    msg = iac.wire.build_message(
         sender=m["from"],
         to=m["to"],
         msg_type=m["msg_type"],
@@ -207,6 +212,18 @@ def message_from_json(m: dict[str, Any]) -> Message:
         deadline_us=m.get("deadline", 0),
         task=task,
     )
+    set_extension_fields(msg, m)
+    return msg
+
+
+def set_extension_fields(msg: Message, m: dict[str, Any]) -> None:
+    """Fields 16-19 (``trace``, ``stream_seq``, ``credit``, ``principal``) from a ``message`` object."""
+    if "trace" in m:
+        msg.trace.traceparent = m["trace"]["traceparent"]
+        msg.trace.tracestate = m["trace"]["tracestate"]
+    msg.stream_seq = m.get("stream_seq", 0)
+    msg.credit = m.get("credit", 0)
+    msg.principal = m.get("principal", "")
 
 
 def sign_raw(ident: Identity, unsigned: bytes, domain: Domain = Domain.MESSAGE) -> tuple[bytes, bytes]:

@@ -95,6 +95,25 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
         noncanon = unsigned + field(8, 2, good_sig[:32] + s.to_bytes(32, "little"))
         add("non_canonical_s", "signature scalar S replaced by S + L", msg_frame(noncanon), "bad_signature")
 
+    # R of small order (libsodium's list of 7 encodings, compared with bit 255 cleared), valid key
+    alice_input = signing_input(Domain.MESSAGE, unsigned)
+    identity_r = points.sign_identity_r(ALICE.seed(), alice_input)
+    assert points.plain_verify(bytes.fromhex(ALICE.agent_id), alice_input, identity_r)
+    add(
+        "small_order_r",
+        "Alice's valid key; R = the identity (01 00 ... 00), S = h a: a plain cofactorless check accepts it, "
+        "the R rule refuses it",
+        msg_frame(unsigned + field(8, 2, identity_r)),
+        "bad_signature",
+    )
+    signed_bit = points.encode(points.IDENTITY)[:31] + b"\x80"
+    add(
+        "small_order_r_sign_bit",
+        "R = the identity with bit 255 set (01 00 ... 80), S = h a: on the list once bit 255 is cleared",
+        msg_frame(unsigned + field(8, 2, points.sign_identity_r(ALICE.seed(), alice_input, signed_bit))),
+        "bad_signature",
+    )
+
     # keys that are not AgentIds: refused as `from` before the signature is looked at
     def ping_input(key: str, msg_id: int) -> bytes:
         return signing_input(Domain.MESSAGE, _ping_from(key, msg_id).SerializeToString(deterministic=True))
@@ -200,6 +219,56 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
     add("task_step_repeated", "TaskState.step (nested field 3) twice", msg_frame(rep), "field_repeated")
     _, rep = sign_raw(ALICE, dt_unsigned + task_field)
     add("task_repeated", "field 11 (task) twice", msg_frame(rep), "field_repeated")
+    # fields 16-19 are known and singular: a repeat is field_repeated, another wire type malformed
+    sr = positive_messages()[8][3]
+    sr_unsigned = iac.wire.unsigned_bytes(sr)
+    trace_bytes = sr.trace.SerializeToString(deterministic=True)
+    trace_field = field(16, 2, trace_bytes)
+    assert trace_field in sr_unsigned
+    for name, description, body, error in (
+        ("trace_repeated", "field 16 (trace) twice", sr_unsigned + trace_field, "field_repeated"),
+        (
+            "traceparent_repeated",
+            "TraceContext.traceparent (nested field 1) twice",
+            sr_unsigned.replace(
+                trace_field, field(16, 2, trace_bytes + field(1, 2, sr.trace.traceparent.encode()))
+            ),
+            "field_repeated",
+        ),
+        (
+            "stream_seq_repeated",
+            "field 17 (stream_seq) twice",
+            unsigned + field(17, 0, 1) + field(17, 0, 2),
+            "field_repeated",
+        ),
+        ("credit_repeated", "field 18 (credit) twice", sr_unsigned + field(18, 0, 5), "field_repeated"),
+        (
+            "principal_repeated",
+            "field 19 (principal) twice",
+            sr_unsigned + field(19, 2, b"user:eve@example.com"),
+            "field_repeated",
+        ),
+        (
+            "trace_wrong_wire_type",
+            "field 16 (trace, a message) sent as a varint",
+            unsigned + field(16, 0, 1),
+            "malformed_message",
+        ),
+        (
+            "credit_wrong_wire_type",
+            "field 18 (credit, uint64) sent length-delimited",
+            unsigned + field(18, 2, b"\x04"),
+            "malformed_message",
+        ),
+        (
+            "principal_wrong_wire_type",
+            "field 19 (principal, a string) sent as a varint",
+            unsigned + field(19, 0, 1),
+            "malformed_message",
+        ),
+    ):
+        _, rep = sign_raw(ALICE, body)
+        add(name, description, msg_frame(rep), error)
     # other malformed messages
     _, wt = sign_raw(ALICE, unsigned + field(12, 2, b"\x01"))
     add(
@@ -362,6 +431,18 @@ def negative_vectors(d: Dictionary, signed_of: dict[str, bytes]) -> list[dict[st
         "zstd_size_mismatch",
         "zstd frame declaring one byte more than its raw block holds",
         frame(FrameType.MESSAGE, 1, zstd_header(DICT_ID, len(cmd) + 1) + raw_block(cmd)),
+        "compression_error",
+    )
+    # Block_Size is the 21-bit field of the block header; for an RLE block it is the size it
+    # regenerates, so a 3-byte header and one byte say 128 KiB + 1
+    add(
+        "zstd_block_too_large",
+        "an RLE block whose Block_Size field is 131 073 (128 KiB + 1), inside a frame declaring that size",
+        frame(
+            FrameType.MESSAGE,
+            1,
+            zstd_header(0, 131_073) + (131_073 << 3 | 1 << 1 | 1).to_bytes(3, "little") + b"\0",
+        ),
         "compression_error",
     )
     # A declared content size of 0: a zstd library may return b"" without reading what follows.

@@ -13,6 +13,7 @@ from iac.wire import Dictionary, DictionarySet, Domain, FrameType, Session
 from iac.wire._pb.iac_pb2 import Hello, Message
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from iac.wire.identity import signing_input
+from iac.wire.message import FLAG_END, FLAG_STREAM
 from tools.vectors import points
 from tools.vectors.wire.common import (
     ALICE,
@@ -24,6 +25,7 @@ from tools.vectors.wire.common import (
     field,
     frame,
     keep_if_same,
+    set_extension_fields,
     sign_raw,
     zstd_raw,
 )
@@ -172,7 +174,91 @@ def positive_messages() -> list[tuple[str, str, Identity, Message]]:
                 flags=2**32 - 1,
             ),
         ),
+        (
+            "stream_request_traced",
+            "COMMAND asking for a streamed answer (flag STREAM, credit 4) with a trace context (field 16) "
+            "and a principal (field 19)",
+            ALICE,
+            _with(
+                _msg(
+                    ALICE,
+                    msg_type=MessageType.COMMAND,
+                    msg_id=10,
+                    payload_json='{"name":"tail","args":["log"]}',
+                    flags=FLAG_STREAM,
+                    deadline_us=T0 + 60_000_000,
+                ),
+                trace={"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"},
+                credit=4,
+                principal="user:ana@example.com",
+            ),
+        ),
+        (
+            "stream_part",
+            "REPLY part 1 of that stream (flag STREAM, stream_seq 1, field 17)",
+            BOB,
+            _with(
+                _msg(
+                    BOB,
+                    to=ALICE.agent_id,
+                    msg_type=MessageType.REPLY,
+                    session=Session(session_id=0x0FED_CBA9_8765_4321),
+                    msg_id=5,
+                    timestamp_us=T0 + 2_500,
+                    payload_json='{"line":"first"}',
+                    reply_to=10,
+                    reply_session_id=0x1234_5678_9ABC_DEF0,
+                    flags=FLAG_STREAM,
+                ),
+                stream_seq=1,
+            ),
+        ),
+        (
+            "stream_end",
+            "the END of that stream (flags STREAM|END, stream_seq 2, empty payload)",
+            BOB,
+            _with(
+                _msg(
+                    BOB,
+                    to=ALICE.agent_id,
+                    msg_type=MessageType.REPLY,
+                    session=Session(session_id=0x0FED_CBA9_8765_4321),
+                    msg_id=6,
+                    timestamp_us=T0 + 3_000,
+                    reply_to=10,
+                    reply_session_id=0x1234_5678_9ABC_DEF0,
+                    flags=FLAG_STREAM | FLAG_END,
+                ),
+                stream_seq=2,
+            ),
+        ),
+        (
+            "credit",
+            "CREDIT (type 14) granting that stream 8 parts in all (field 18)",
+            ALICE,
+            _with(
+                _msg(
+                    ALICE,
+                    msg_type=MessageType.CREDIT,
+                    msg_id=11,
+                    timestamp_us=T0 + 2_800,
+                    reply_to=10,
+                    reply_session_id=0x1234_5678_9ABC_DEF0,
+                ),
+                credit=8,
+            ),
+        ),
     ]
+
+
+#: the W3C Trace Context specification's example traceparent (55 characters, version 00)
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _with(msg: Message, **fields: Any) -> Message:
+    """``msg`` with fields 16-19 set as in a vector's ``message`` object."""
+    set_extension_fields(msg, fields)
+    return msg
 
 
 # --- HELLO ----------------------------------------------------------------------------------
@@ -336,6 +422,18 @@ def accept_vectors(
     add(
         "unknown_fields",
         "fields 40 and 41 unknown to v1: kept, signed, verified",
+        ALICE,
+        unsigned,
+        signed,
+        frame(FrameType.MESSAGE, 0, signed),
+    )
+
+    # field 20 is the first number v1 does not know: skipped, and it may repeat
+    unsigned = ping_unsigned + field(20, 0, 1) + field(20, 2, b"again")
+    sig, signed = sign_raw(ALICE, unsigned)
+    add(
+        "unknown_field_20_repeated",
+        "field 20 (above the known 1-19) twice, with two wire types: kept, signed, verified",
         ALICE,
         unsigned,
         signed,

@@ -1,0 +1,47 @@
+"""QUIC keep-alive PINGs and the IAC idle timeout are two clocks (docs/PROTOCOL.md, section 7,
+"QUIC versions, streams and parameters"): PINGs keep the QUIC connection alive past QUIC's own
+idle timeout, and never reset the IAC idle timeout, which counts IAC frames only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import run
+
+from iac.errors import CloseCode, ConnectionClosed
+from iac.transport import dial, listen
+from iac.transport.base import Connection, TransportConfig
+from iac.transport.quic.configuration import transport_idle
+from iac.wire.identity import Identity
+
+#: PINGs every 0.1 s; QUIC's idle timeout is 3 of them (0.3 s), the IAC idle timeout 1 s.
+CONFIG = TransportConfig(handshake_timeout=5.0, linger_timeout=0.2, keepalive_interval=0.1, idle_timeout=1.0)
+
+
+@pytest.mark.parametrize("side", ["dialer", "listener"])
+def test_a_connection_with_only_keepalives_ends_at_the_iac_idle_timeout(side: str) -> None:
+    assert transport_idle(CONFIG) < (CONFIG.idle_timeout or 0) / 2
+
+    async def main() -> None:
+        server, client = Identity.generate(), Identity.generate()
+        accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+
+        async def on_conn(conn: Connection) -> None:
+            accepted.set_result(conn)
+            await conn.wait_closed()
+
+        listener = await listen("quic://127.0.0.1:0", server, on_conn, config=CONFIG)
+        async with listener:
+            conn = await dial(listener.addresses[0], client, expect=server.agent_id, config=CONFIG)
+            other = await asyncio.wait_for(accepted, 5)
+            watched = conn if side == "dialer" else other
+            await asyncio.wait_for(watched.wait_closed(), 10)
+            err = watched.close_error
+            # QUIC's own idle timeout (0.3 s) would end it as "no answer from the peer" without a
+            # code: the PINGs kept QUIC alive, and the IAC idle timeout ended it anyway
+            assert isinstance(err, ConnectionClosed), err
+            assert err.code == CloseCode.IDLE_TIMEOUT, err
+            await conn.close()
+
+    run(main())
