@@ -23,9 +23,12 @@ class EndpointError(RuntimeError):
 
 
 class Endpoint:
-    """A ``serve`` or ``client`` subprocess and its JSON-lines conversation."""
+    """A child process and its JSON-lines conversation; ``ready``: wait for its ``{"ready": true}``
+    line (kept as ``first``) before returning."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0, ready: bool = True
+    ) -> None:
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -35,9 +38,11 @@ class Endpoint:
             bufsize=1,
             env=env,
         )
-        self.first = self.read(timeout)
-        if not self.first.get("ready"):
-            raise EndpointError(f"endpoint did not start: {self.first}")
+        self.pid = self.proc.pid
+        if ready:
+            self.first = self.read(timeout)
+            if not self.first.get("ready"):
+                raise EndpointError(f"endpoint did not start: {self.first}")
 
     def read(self, timeout: float) -> dict[str, Any]:
         out = self.proc.stdout
@@ -52,11 +57,13 @@ class Endpoint:
         obj: dict[str, Any] = json.loads(line)
         return obj
 
+    def tell(self, cmd: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
     def ask(self, cmd: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
-        inp = self.proc.stdin
-        assert inp is not None
-        inp.write(json.dumps(cmd) + "\n")
-        inp.flush()
+        self.tell(cmd)
         return self.read(timeout)
 
     def close(self) -> None:
@@ -69,7 +76,7 @@ class Endpoint:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        for stream in (self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError, ValueError):
                 if stream is not None:
                     stream.close()

@@ -46,7 +46,7 @@ import nacl.signing
 import zstandard
 from google.protobuf.internal import api_implementation
 
-from iac.bench.harness.environment import DISTRIBUTIONS
+from iac.bench.harness.environment import DISTRIBUTIONS, cpu_model
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
 from iac.wire import (
@@ -303,16 +303,6 @@ def environment() -> dict[str, object]:
         "pynacl": nacl.__version__,
         "protobuf_backend": api_implementation.Type(),
     }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def pin_one_core() -> int | None:

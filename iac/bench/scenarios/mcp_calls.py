@@ -25,11 +25,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import platform
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -212,47 +209,12 @@ async def run(sizes: dict[str, int]) -> dict[str, Any]:
     return {"rounds": rounds, "medians": medians, "ratios": ratios}
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def environment() -> dict[str, Any]:
     """The machine, the library versions and the commit, as the suite's results record them."""
-    from importlib.metadata import PackageNotFoundError, version
+    from iac.bench.harness import environment, record
 
-    from iac.bench.harness.environment import DISTRIBUTIONS
-
-    libraries: dict[str, str | None] = {}
-    for pkg in ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2"):
-        try:
-            libraries[pkg] = version(DISTRIBUTIONS.get(pkg, pkg))
-        except PackageNotFoundError:
-            libraries[pkg] = None
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "iac", "benchmarks")
-    return {
-        "cpu_model": _cpu_model(),
-        "cores": os.cpu_count(),
-        "machine": platform.machine(),
-        "system": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "libraries": libraries,
-        "git_commit": _git("rev-parse", "--short", "HEAD") or None,
-        "git_dirty": bool(dirty),
-    }
+    libs = ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2")
+    return {**environment.environment(libs), "git_dirty": bool(record.git_dirty())}
 
 
 def table(result: dict[str, Any]) -> str:

@@ -67,6 +67,7 @@ from iac.bench.contenders.echo import (
     summary,
     tls_echo,
 )
+from iac.bench.harness.environment import cpu_model
 from iac.bench.harness.stats import median, percentile
 from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
 from iac.testing.relay import Impairment, UdpRelay
@@ -434,7 +435,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "environment": {
             "python": platform.python_version(),
             "aioquic": aioquic.__version__,
-            "processor": codec.cpu_model(),
+            "processor": cpu_model(),
         },
     }
     with tempfile.TemporaryDirectory(prefix="iac-bench-") as tmp:
