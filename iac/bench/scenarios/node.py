@@ -485,9 +485,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     report = asyncio.run(run(args))
     if not args.json_only:
-        from iac.bench.reports import nodeprint
+        from iac.bench.reports.live import print_rendered
 
-        nodeprint.print_report(report)
+        print_rendered(("node-results", "node-floors"), "iac.bench.scenarios.node", report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
