@@ -80,7 +80,10 @@ def sc_bytes(ctx: Context, res: Result) -> None:
 
 
 def sc_rtt(ctx: Context, res: Result) -> None:
-    data = transport_json(ctx, "rtt")["rtt"]
+    rtt_rows(res, transport_json(ctx, "rtt")["rtt"])
+
+
+def rtt_rows(res: Result, data: dict[str, Any]) -> None:
     cases = data["cases"]
     rename = {"bare aioquic echo": "bare aioquic echo", "bare TLS echo": "bare TLS echo"}
     res.baseline = "bare aioquic echo"
@@ -101,7 +104,10 @@ def sc_rtt(ctx: Context, res: Result) -> None:
 
 
 def sc_setup(ctx: Context, res: Result) -> None:
-    data = transport_json(ctx, "handshake")["handshake"]
+    setup_rows(res, transport_json(ctx, "handshake")["handshake"])
+
+
+def setup_rows(res: Result, data: dict[str, Any]) -> None:
     res.baseline = "IAC TLS/TCP"
     for case, s in data["cases_ms"].items():
         where, what = case.split(" ", 1)
@@ -117,7 +123,11 @@ def sc_setup(ctx: Context, res: Result) -> None:
 
 
 def sc_oneway(ctx: Context, res: Result) -> None:
-    data = transport_json(ctx, "oneway")["oneway"]
+    oneway_rows(res, transport_json(ctx, "oneway")["oneway"])
+    oneway_between_processes(ctx, res)
+
+
+def oneway_rows(res: Result, data: dict[str, Any]) -> None:
     base = "receiver decode-only (codec)"
     res.baseline = base
     res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
@@ -140,7 +150,6 @@ def sc_oneway(ctx: Context, res: Result) -> None:
         "one process. Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
-    oneway_between_processes(ctx, res)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any
 from iac.bench.harness.paths import child_env as env_for
 from iac.bench.harness.process import Endpoint
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 from iac.node.node import Node
 from iac.transport.endpoints import dial
 from iac.wire.enums import MessageType
@@ -38,6 +39,8 @@ from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, encode_message_frame
 
 TARGET = 1.5
+
+MODULE = "iac.bench.scenarios.flood"
 
 
 def _say(obj: Any) -> None:
@@ -156,28 +159,6 @@ async def measure(reps: int, rate: float, seconds: float, handler_ms: float) -> 
 CASES = ({"rate": 10_000.0, "handler_ms": 0.0}, {"rate": 4_000.0, "handler_ms": 2.0})
 
 
-def report(data: dict[str, Any]) -> str:
-    return "\n".join(_report(case) for case in data["cases"])
-
-
-def _report(data: dict[str, Any]) -> str:
-    what = (
-        f"handlers blocking {data['handler_ms']:g} ms" if data["handler_ms"] else "handlers returning at once"
-    )
-    lines = [f"honest request p50 while one peer floods {data['rate']:g} one-way messages/s ({what}):"]
-    for r in data["reps"]:
-        lines.append(
-            f"  quiet {r['p50_quiet_us']:7.0f} µs   flood {r['p50_flood_us']:7.0f} µs   x{r['ratio']:.2f}   "
-            f"(flood sent {r['flood_rate']:.0f}/s)"
-        )
-    verdict = "met" if data["ratio_median"] <= TARGET else "missed"
-    s = data["server"]
-    refused = s["refused"] or "nothing"
-    lines.append(f"  median ratio {data['ratio_median']:.2f} (target <= {TARGET}: {verdict}); the node "
-                 f"handled {s['handled']}, refused {refused}, throttled {s['throttled']} times")  # fmt: skip
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="role")
@@ -197,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     reps, seconds = (2, 1.0) if args.quick else (5, 3.0)
     cases = [asyncio.run(measure(reps, c["rate"], seconds, c["handler_ms"])) for c in CASES]
     data = {"target": TARGET, "cases": cases}
-    print(report(data))
+    live.print_rendered(("flood",), MODULE, data)
     if args.json:
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0

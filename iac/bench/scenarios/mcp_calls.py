@@ -217,16 +217,6 @@ def environment() -> dict[str, Any]:
     return {**environment.environment(libs), "git_dirty": bool(record.git_dirty())}
 
 
-def table(result: dict[str, Any]) -> str:
-    lines = ["| transport | tool-call p50 | calls/s, 32 in flight |", "|---|---:|---:|"]
-    for name, m in result["medians"].items():
-        r = result["ratios"][name]
-        ratio = "" if name == HTTP else f" ({r['p50_vs_http']:.2f}×)"
-        ratio_c = "" if name == HTTP else f" ({r['calls_per_s_vs_http']:.2f}×)"
-        lines.append(f"| {name} | {m['p50_ms']:.2f} ms{ratio} | {m['calls_per_s']:,.0f}{ratio_c} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)  # the libraries' INFO lines are not the figures
     for name in ("iac", "mcp", "httpx", "httpx2", "uvicorn", "aioquic"):
@@ -252,22 +242,25 @@ def main() -> None:
     env = environment()
     t0 = time.monotonic()
     result = asyncio.run(run(sizes))
+    data = {
+        "benchmark": "mcp_calls",
+        "sizes": sizes,
+        "in_flight": IN_FLIGHT,
+        "text_bytes": len(TEXT),
+        **result,
+    }
     out = {
         "schema": "iac-bench-record/1",
         "command": command,
         "started": started,
         "duration_s": round(time.monotonic() - t0, 1),
         "environment": env,
-        "result": {
-            "benchmark": "mcp_calls",
-            "sizes": sizes,
-            "in_flight": IN_FLIGHT,
-            "text_bytes": len(TEXT),
-            **result,
-        },
+        "result": data,
     }
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n", "utf-8")
-    print(table(result))
+    from iac.bench.reports import live
+
+    live.print_rendered(("mcp",), "iac.bench.scenarios.mcp_calls", data)
 
 
 if __name__ == "__main__":

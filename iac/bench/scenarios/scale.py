@@ -506,27 +506,6 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
     }
 
 
-def report(data: dict[str, Any]) -> str:
-    p = data["plan"]
-    lines = [
-        f"{p['requests']} requests at {p['in_flight']} in flight per step, {p['procs']} client processes, "
-        f"idle window {p['idle_s']:g} s; RLIMIT_NOFILE {data['rlimit_nofile']['soft']} "
-        f"(allows {data['peers_allowed']} peers)",
-        f"{'':5} {'peers':>6} {'RSS MiB':>8} {'KiB/peer':>9} {'CPU µs/req':>10} {'idle %':>7} "
-        f"{'burst ok/failed':>15} {'p99 s':>6} {'srv CPU s':>9}",
-    ]
-    for s in data["steps"]:
-        b = s["burst"]
-        lines.append(
-            f"{s['transport']:<5} {s['peers']:>6} {s['rss_mib']:>8.1f} {s['per_peer_kib']:>9.0f} "
-            f"{s['server_cpu_us_per_request']:>10.0f} {s['idle_cpu_percent']:>7.2f} "
-            f"{b['ok']:>7}/{b['failed']:<7} {b['p99_s'] or 0:>6.2f} {b['server_cpu_s']:>9.2f}"
-        )
-    if data["skipped_peers"]:
-        lines.append(f"skipped (RLIMIT_NOFILE too low): {data['skipped_peers']}")
-    return "\n".join(lines)
-
-
 LABEL = {"tls": "IAC-TLS/TCP", "quic": "IAC-QUIC"}
 
 
@@ -541,7 +520,11 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     args = ["--quick"] if ctx.quick else []
     if peers := os.environ.get("IAC_SCALE_PEERS"):
         args += ["--peers", peers]
-    data = run_script(ctx, "scale.py", args, 600 if ctx.quick else 7200)
+    fill(res, run_script(ctx, "scale.py", args, 600 if ctx.quick else 7200))
+
+
+def fill(res: Any, data: dict[str, Any]) -> None:
+    """The suite's rows of this module's output."""
     p = data["plan"]
     for s in data["steps"]:
         who, n, b = LABEL[s["transport"]], s["peers"], s["burst"]
@@ -683,7 +666,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         else:
-            print(report(data))
+            from iac.bench.reports import live
+
+            live.print_rows(MODULE, [("scale", fill, data)], ["scale"])
         return 0
     print(json.dumps(out, indent=1))
     return 0
