@@ -163,7 +163,7 @@ class _HttpApp:
         return dumps_compact({**out, "sig": signed.hex()}).encode()
 
 
-async def start_http(name: str, workdir: Path) -> Server:
+async def start_http(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
     """``http-sha256``, ``http-ed25519``, ``http-ed25519-tls`` or ``http-ed25519-unix``."""
     import nacl.signing
     from aiohttp import web
@@ -185,9 +185,9 @@ async def start_http(name: str, workdir: Path) -> Server:
         info["unix"] = path
     else:
         ctx = _server_tls() if name == "http-ed25519-tls" else None
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+        site = web.TCPSite(runner, host, 0, ssl_context=ctx)
         await site.start()
-        info["host"], info["port"] = "127.0.0.1", site._server.sockets[0].getsockname()[1]
+        info["host"], info["port"] = host, site._server.sockets[0].getsockname()[1]
         info["tls"] = ctx is not None
     return Server(info, runner.cleanup)
 
@@ -210,7 +210,7 @@ def _client_tls() -> ssl.SSLContext:
     return ctx
 
 
-async def start_grpc(name: str, workdir: Path) -> Server:
+async def start_grpc(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
     import grpc
 
     async def call(request: bytes, context: Any) -> bytes:
@@ -221,20 +221,20 @@ async def start_grpc(name: str, workdir: Path) -> Server:
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"{host}:0")
     await server.start()
 
     async def close() -> None:
         await server.stop(None)
 
-    return Server({"name": name, "host": "127.0.0.1", "port": port}, close)
+    return Server({"name": name, "host": host, "port": port}, close)
 
 
-async def start_baseline(name: str, workdir: Path) -> Server:
+async def start_baseline(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
     if name == "grpc":
-        return await start_grpc(name, workdir)
+        return await start_grpc(name, workdir, host)
     if name in BASELINES:
-        return await start_http(name, workdir)
+        return await start_http(name, workdir, host)
     raise ValueError(f"unknown baseline {name!r}")
 
 

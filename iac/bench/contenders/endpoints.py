@@ -34,9 +34,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders import brokers
+from iac.bench.contenders import baselines, brokers
 from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
-from iac.bench.contenders.http import HttpClient, HttpServer
 from iac.bench.harness.paths import child_env, module_argv
 from iac.bench.harness.process import Endpoint, Pair
 
@@ -71,13 +70,8 @@ def secures(contender: str) -> str:
     return f"encryption: {enc}; per-message authentication: {auth}"
 
 
-#: The HTTP contenders: name -> (signed, transport).
-HTTP_KINDS = {
-    "http": (False, "tcp"),
-    "http-ed25519": (True, "tcp"),
-    "http-ed25519-tls": (True, "tls"),
-    "http-ed25519-unix": (True, "unix"),
-}
+#: The contenders of :mod:`iac.bench.contenders.baselines` (HTTP, gRPC), by their names there.
+BASELINE_OF = {"http": "http-sha256", **{n: n for n in baselines.BASELINES if n != "http-sha256"}}
 
 
 def have_grpc() -> bool:
@@ -86,9 +80,6 @@ def have_grpc() -> bool:
 
 def have_aiohttp() -> bool:
     return importlib.util.find_spec("aiohttp") is not None
-
-
-# --- HTTP envelopes -----------------------------------------------------------------------------
 
 
 # --- servers ------------------------------------------------------------------------------------
@@ -124,13 +115,14 @@ class IacServer(Server):
         await self.node.close()
 
 
-class GrpcServer(Server):
-    """``iac/bench/contenders/baselines.py``'s gRPC server (aio unary, bytes in/out, insecure channel)."""
+class BaselineServer(Server):
+    """A server of :mod:`iac.bench.contenders.baselines` (HTTP or gRPC)."""
+
+    def __init__(self, contender: str) -> None:
+        self.name = BASELINE_OF[contender]
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
-        from iac.bench.contenders import baselines
-
-        self.server = await baselines.start_grpc("grpc", directory)
+        self.server = await baselines.start_baseline(self.name, directory, host)
         return dict(self.server.info)
 
     async def close(self) -> None:
@@ -140,10 +132,8 @@ class GrpcServer(Server):
 def make_server(contender: str) -> Server | brokers.BrokerServer:
     if contender.startswith("iac-"):
         return IacServer(contender[4:])
-    if contender in HTTP_KINDS:
-        return HttpServer(*HTTP_KINDS[contender])
-    if contender == "grpc":
-        return GrpcServer()
+    if contender in BASELINE_OF:
+        return BaselineServer(contender)
     if contender in brokers.KINDS:
         return brokers.make_server(contender, SERVER_SEED, CLIENT_SEED, json.dumps(REPLY))
     raise SystemExit(f"unknown contender {contender}")
@@ -216,13 +206,11 @@ class IacClient(Client):
         await self.node.close()
 
 
-class GrpcClient(Client):
-    """``iac/bench/contenders/baselines.py``'s gRPC client, sending :data:`PAYLOAD` as JSON bytes."""
+class BaselineClient(Client):
+    """A client of :mod:`iac.bench.contenders.baselines`, sending :data:`PAYLOAD`."""
 
     async def start(self, target: dict[str, Any], depth: int) -> None:
-        from iac.bench.contenders import baselines
-
-        self.client = baselines.GrpcClient([PAYLOAD], target)
+        self.client = baselines.baseline_client([PAYLOAD], target)
         await self.client.start()
 
     async def one(self, i: int) -> None:
@@ -235,10 +223,8 @@ class GrpcClient(Client):
 def make_client(contender: str) -> Client | brokers.BrokerClient:
     if contender.startswith("iac-"):
         return IacClient()
-    if contender in HTTP_KINDS:
-        return HttpClient(HTTP_KINDS[contender][0])
-    if contender == "grpc":
-        return GrpcClient()
+    if contender in BASELINE_OF:
+        return BaselineClient()
     if contender in brokers.KINDS:
         return brokers.make_client(contender, CLIENT_SEED, SERVER_SEED, json.dumps(PAYLOAD))
     raise SystemExit(f"unknown contender {contender}")
