@@ -37,7 +37,7 @@ from typing import Any
 from iac.bench.contenders import baselines, brokers
 from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
 from iac.bench.harness.paths import child_env, module_argv
-from iac.bench.harness.process import Endpoint, Pair
+from iac.bench.harness.process import Endpoint, Pair, say, stdin_lines
 
 NAMES = {
     "iac-quic": "IAC-QUIC",
@@ -139,24 +139,11 @@ def make_server(contender: str) -> Server | brokers.BrokerServer:
     raise SystemExit(f"unknown contender {contender}")
 
 
-async def _lines() -> Any:
-    """Lines from stdin without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 20)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-def _say(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 async def serve(contender: str, host: str, directory: Path) -> int:
     server = make_server(contender)
     target = await server.start(host, directory)
-    _say({"ready": True, "target": target})
-    reader = await _lines()
+    say({"ready": True, "target": target})
+    reader = await stdin_lines()
     try:
         for _ in range(10_000_000):
             line = await reader.readline()
@@ -164,7 +151,7 @@ async def serve(contender: str, host: str, directory: Path) -> int:
                 break
             cmd = json.loads(line)
             if cmd.get("cmd") == "cpu":
-                _say({"cpu_s": time.process_time(), "handled": server.handled})
+                say({"cpu_s": time.process_time(), "handled": server.handled})
     finally:
         await server.close()
     return 0
@@ -258,8 +245,8 @@ async def run_depth(
 async def client(contender: str, target: dict[str, Any]) -> int:
     cl = make_client(contender)
     await cl.start(target, 64)
-    _say({"ready": True})
-    reader = await _lines()
+    say({"ready": True})
+    reader = await stdin_lines()
     next_id = 1
     sent = 0  # one-way messages so far
     try:
@@ -274,10 +261,10 @@ async def client(contender: str, target: dict[str, Any]) -> int:
                 elapsed = await oneway(cl, count, next_id, sent + count)
                 sent += count
                 next_id += count
-                _say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
+                say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
                 continue
             if cmd.get("cmd") != "run":
-                _say({"error": f"unknown command {cmd!r}"})
+                say({"error": f"unknown command {cmd!r}"})
                 continue
             depth, count = int(cmd["depth"]), int(cmd["count"])
             b0 = cl.frame_bytes()
@@ -286,7 +273,7 @@ async def client(contender: str, target: dict[str, Any]) -> int:
             cpu = time.process_time() - c0
             b1 = cl.frame_bytes()
             next_id += count
-            _say(
+            say(
                 {
                     "lat_us": [round(x, 1) for x in lat],
                     "elapsed_s": elapsed,

@@ -22,6 +22,20 @@ class EndpointError(RuntimeError):
     pass
 
 
+def say(obj: Any) -> None:
+    """One JSON line on stdout: what an endpoint tells the process driving it."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def stdin_lines() -> asyncio.StreamReader:
+    """This process's stdin as a stream: the driver's commands, read without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
 class Endpoint:
     """A child process and its JSON-lines conversation; ``ready``: wait for its ``{"ready": true}``
     line (kept as ``first``) before returning."""

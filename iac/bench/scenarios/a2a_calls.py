@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from iac.bench.harness import counting
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.reports import live
 
@@ -215,12 +216,11 @@ async def parts_per_second(c: Contender, parts: int) -> float:
 
 async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n: int, workdir: str) -> float:
     """Bytes at the socket per SendMessage, both ways, on a fresh connection (after a warm-up)."""
-    from iac.bench.contenders import baselines
 
     relay: Any
     if name == IAC["quic"]:
         host, port = info["quic"].removeprefix("quic://").rsplit(":", 1)
-        relay = baselines.counting_udp_relay((host, int(port)))
+        relay = counting.counting_udp_relay((host, int(port)))
         rhost, rport = await relay.start()
         via = f"quic://{rhost}:{rport}"
     else:
@@ -232,7 +232,7 @@ async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n
             target = ("tcp", host, int(port))
         else:
             target = ("unix", info["unix"].removeprefix("unix://"))
-        relay = baselines.CountingProxy(target, listen_path=f"{workdir}/proxy-{len(name)}.sock")
+        relay = counting.CountingProxy(target, listen_path=f"{workdir}/proxy-{len(name)}.sock")
         addr = await relay.start()
         if addr[0] == "unix":
             via = f"unix://{addr[1]}"

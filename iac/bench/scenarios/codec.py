@@ -46,6 +46,7 @@ import nacl.signing
 import zstandard
 from google.protobuf.internal import api_implementation
 
+from iac.bench.contenders.baselines import HTTP_PASSWORD, HTTP_PATH
 from iac.bench.harness.environment import DISTRIBUTIONS, cpu_model
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
@@ -71,8 +72,6 @@ SESSION_ID = 0x5EED_1AC0_0000_0001
 T0_US = 1_780_000_000_000_000
 MSG_TYPE = MessageType.COMMAND
 HTTP_HOST = "agent-b.example.net:8443"
-HTTP_PATH = "/iac/v1/messages"
-HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the baseline's shared secret, public by design)
 
 
 def load_payloads(path: Path) -> list[str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.paths import child_env as env_for
-from iac.bench.harness.process import Endpoint
+from iac.bench.harness.process import Endpoint, say
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 from iac.node.node import Node
@@ -43,23 +43,18 @@ TARGET = 1.5
 MODULE = "iac.bench.scenarios.flood"
 
 
-def _say(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 async def serve(handler_ms: float) -> int:
     async with Node(listen=["tls://127.0.0.1:0"]) as node:
         if handler_ms:
             node.on(MessageType.RUN)(lambda ctx: time.sleep(handler_ms / 1e3))  # a plain function: a thread
         else:
             node.on(MessageType.RUN)(lambda ctx: None)
-        _say({"ready": True, "agent_id": node.agent_id, "url": node.addresses[0]})
+        say({"ready": True, "agent_id": node.agent_id, "url": node.addresses[0]})
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             if json.loads(line).get("cmd") == "stats":
                 s = node.stats()
-                _say({"handled": s.handled, "refused": dict(s.refused), "throttled": s.throttled})
+                say({"handled": s.handled, "refused": dict(s.refused), "throttled": s.throttled})
     return 0
 
 
@@ -77,7 +72,7 @@ async def flood(target: dict[str, str], rate: float, seconds: float) -> int:
         for _ in range(int(rate * seconds))
     ]  # fmt: skip
     conn = await dial(target["url"], me, expect=target["agent_id"])
-    _say({"ready": True})
+    say({"ready": True})
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # go
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -88,7 +83,7 @@ async def flood(target: dict[str, str], rate: float, seconds: float) -> int:
             await conn.send(frames[sent])
             sent += 1
         await asyncio.sleep(0.001)
-    _say({"sent": sent, "elapsed_s": loop.time() - t0})
+    say({"sent": sent, "elapsed_s": loop.time() - t0})
     await conn.close()
     return 0
 

@@ -32,6 +32,7 @@ import sys
 import time
 from typing import Any
 
+from iac.bench.harness.results import summarize
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 from iac.testing.nat import NatLab, NatScene, unavailable
@@ -40,10 +41,6 @@ from iac.testing.nat import NatLab, NatScene, unavailable
 PAYLOAD = "".join(random.Random(1).choices(string.ascii_letters + string.digits, k=1024))
 
 MODULE = "iac.bench.scenarios.nat"
-
-
-def _summary(values: list[float]) -> dict[str, Any]:
-    return {"median": median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 async def _round(lab: NatLab, requests: int) -> dict[str, Any]:
@@ -99,7 +96,7 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
     with NatLab(tag=tag, symmetric=True) as lab:
         symmetric = await _symmetric(lab, requests)
     keys = per_round[0].keys()
-    figures = {k: _summary([r[k] for r in per_round]) for k in keys}
+    figures = {k: summarize([r[k] for r in per_round]) for k in keys}
     rel = figures["relay_bytes_per_request_relayed"]["median"]
     dirb = figures["relay_bytes_per_request_direct"]["median"]
     return {

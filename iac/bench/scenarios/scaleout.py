@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines
+from iac.bench.harness import process
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
@@ -104,7 +105,7 @@ async def client_main(url: str, peer: str, count: int, payload_file: Path) -> No
         print(json.dumps({"start": t0, "end": time.monotonic(), "n": count}), flush=True)
 
 
-async def run_clients(servers: list[baselines.ServerProcess], count: int, payload_file: Path) -> float:
+async def run_clients(servers: list[process.ServerProcess], count: int, payload_file: Path) -> float:
     """One client process per server, started together; requests/s of all of them."""
     procs = []
     for s in servers:
@@ -149,10 +150,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     scaling: list[float] = []
     calibrator = Calibrator(0.1)
     calibrator.start()
-    servers: dict[str, baselines.ServerProcess] = {}
+    servers: dict[str, process.ServerProcess] = {}
     try:
         for n in ("mem-0", "shared-0", "shared-1"):
-            servers[n] = await baselines.spawn_server("iac.bench.scenarios.scaleout", n, workdir)
+            servers[n] = await process.spawn_server("iac.bench.scenarios.scaleout", n, workdir)
         before = calibrator.measure()["scaling"]
         for rep in range(args.reps):
             order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]

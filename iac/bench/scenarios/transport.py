@@ -55,19 +55,18 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders.echo import (
-    CONFIG,
     DEPTH,
-    DICTS,
     BareQuic,
     BareTls,
     IacClient,
     IacServer,
     TcpDelayProxy,
     start_echo_quic,
-    summary,
     tls_echo,
 )
+from iac.bench.contenders.floor import CONFIG, DICTS
 from iac.bench.harness.environment import cpu_model
+from iac.bench.harness.results import summarize as summary
 from iac.bench.harness.stats import median, percentile
 from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
 from iac.testing.relay import Impairment, UdpRelay
