@@ -1,6 +1,6 @@
 """Baseline contenders for the IAC benchmarks, and the tools that count bytes at the socket.
 
-Servers run in their own process (``harness.process.spawn_server`` starts ``<script> --serve NAME`` and
+Servers run in their own process (``process.spawn_server`` starts ``<script> --serve NAME`` and
 reads one JSON line with the address); clients run in the benchmark's process. Every
 contender answers the same request/reply exchange: the client sends a payload (a JSON value
 from the suite's ``corpus/test.jsonl``) and waits for a reply; the server parses the payload
@@ -33,7 +33,7 @@ to 64 keep-alive connections (``TCPConnector(limit=64)``); IAC and gRPC multiple
 
 Byte counting (headers included, counted at the socket, in a separate untimed pass):
 
-* ``harness.counting.CountingProxy`` — a TCP or UNIX stream relay that counts the bytes it reads from
+* ``counting.CountingProxy`` — a TCP or UNIX stream relay that counts the bytes it reads from
   each side: TLS records, HTTP/1.1 and HTTP/2 headers, IAC frames. TCP/IP headers and pure
   ACK segments are not counted (the kernel does not hand them to a socket).
 * :class:`CountingUdpRelay` — ``iac.testing.relay.UdpRelay`` with no impairment that also sums the

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.harness.process import say, stdin_lines
+from iac.bench.harness.process import commands, say, stdin_lines
 
 FRAME_BYTES = 16 * 1024
 REQUEST_BYTES = 200
@@ -103,10 +103,8 @@ async def serve(role: str, host: str) -> int:
     handler = sink if role == "sink" else echo
     listeners = [await listen(f"{s}://{host}:0", identity, handler, config=config) for s in ("quic", "tls")]
     say({"ready": True, "agent_id": identity.agent_id, "urls": [ln.addresses[0] for ln in listeners]})
-    reader = await stdin_lines()
     try:
-        while line := await reader.readline():
-            cmd = json.loads(line)
+        async for cmd in commands():
             if cmd.get("cmd") == "report":
                 arrivals = runs.pop(cmd["run"], [])
                 got = [n for t, n in arrivals if t <= cmd["stop"]]

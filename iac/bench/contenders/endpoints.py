@@ -37,7 +37,7 @@ from typing import Any
 from iac.bench.contenders import baselines, brokers
 from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
 from iac.bench.harness.paths import child_env, module_argv
-from iac.bench.harness.process import Endpoint, Pair, say, stdin_lines
+from iac.bench.harness.process import Endpoint, Pair, commands, say
 
 NAMES = {
     "iac-quic": "IAC-QUIC",
@@ -143,13 +143,8 @@ async def serve(contender: str, host: str, directory: Path) -> int:
     server = make_server(contender)
     target = await server.start(host, directory)
     say({"ready": True, "target": target})
-    reader = await stdin_lines()
     try:
-        for _ in range(10_000_000):
-            line = await reader.readline()
-            if not line:
-                break
-            cmd = json.loads(line)
+        async for cmd in commands():
             if cmd.get("cmd") == "cpu":
                 say({"cpu_s": time.process_time(), "handled": server.handled})
     finally:
@@ -246,15 +241,10 @@ async def client(contender: str, target: dict[str, Any]) -> int:
     cl = make_client(contender)
     await cl.start(target, 64)
     say({"ready": True})
-    reader = await stdin_lines()
     next_id = 1
     sent = 0  # one-way messages so far
     try:
-        for _ in range(10_000_000):
-            line = await reader.readline()
-            if not line:
-                break
-            cmd = json.loads(line)
+        async for cmd in commands():
             if cmd.get("cmd") == "oneway":
                 count = int(cmd["count"])
                 c0 = time.process_time()

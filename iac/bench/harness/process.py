@@ -11,6 +11,7 @@ import os
 import select
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,23 @@ async def stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
+async def commands() -> AsyncIterator[dict[str, Any]]:
+    """The driver's commands, one JSON object a line, until it closes stdin."""
+    reader = await stdin_lines()
+    while line := await reader.readline():
+        yield json.loads(line)
+
+
 class Endpoint:
     """A child process and its JSON-lines conversation; ``ready``: wait for its ``{"ready": true}``
     line (kept as ``first``) before returning."""
 
     def __init__(
-        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0, ready: bool = True
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        ready: bool = True,
     ) -> None:
         self.proc = subprocess.Popen(
             argv,

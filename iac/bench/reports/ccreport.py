@@ -119,11 +119,12 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target and guard, one entry per setting it applies to."""
     out: list[dict[str, Any]] = []
 
-    def add(tid: str, text: str, where: str, value: float | None, bound: float, why: str = "") -> None:
+    def add(tid: str, text: str, at: str, value: float | None, limit: float, why: str = "") -> None:
         op = ">=" if ">=" in text else "<="
         why = why or ("not measured" if value is None else "")
-        met = None if why or value is None else (value >= bound if op == ">=" else value <= bound)
-        out.append(dict(id=tid, text=text, setting=where, value=value, bound=bound, op=op, met=met, why=why))
+        met = None if why or value is None else (value >= limit if op == ">=" else value <= limit)
+        target = {"id": tid, "text": text, "setting": at, "value": value, "bound": limit}
+        out.append({**target, "op": op, "met": met, "why": why})
 
     def cpu_why(*figs: dict[str, Any] | None) -> str:
         return "CPU-limited" if any(f is not None and f["cpu_limited"] for f in figs) else ""
@@ -148,7 +149,8 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             add("G1", text, where, kc, 1.3, cpu_why(cubic, tcubic))
         else:
             r = _ratio(_med(bbr, "retrans_ratio"), _med(cubic, "retrans_ratio"))
-            add("G2", "BBR retransmitted share of bytes sent <= 2x CUBIC's at the same loss", where, r, 2.0)
+            text = "BBR retransmitted share of bytes sent <= 2x CUBIC's at the same loss"
+            add("G2", text, where, r, 2.0)
     for sh in shares(res):
         if sh["pair"] == f"{BBR} + {BBR}":
             why = "CPU-limited" if sh["cpu_limited_runs"] * 2 > sh["runs"] else ""

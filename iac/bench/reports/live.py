@@ -17,8 +17,12 @@ from iac.bench.harness.results import Result
 from iac.bench.reports.figures_results import RECORD_SCHEMA, Results, Sheet
 from iac.bench.reports.figures_tables import RENDERERS
 
+Doc = dict[str, Any]
+Names = Sequence[str]
+Fill = Callable[[Result, Any], None]
 
-def print_rendered(sections: Sequence[str], module: str, result: dict[str, Any], suite: bool = False) -> None:
+
+def print_rendered(sections: Sequence[str], module: str, result: Doc, suite: bool = False) -> None:
     """Print the marked sections ``sections`` of ``result``, the output of ``python -m module``
     (``suite``: shaped as the suite's results, with ``scenarios``)."""
     doc: dict[str, Any] = {
@@ -34,13 +38,10 @@ def print_rendered(sections: Sequence[str], module: str, result: dict[str, Any],
             lines = RENDERERS[name](Sheet(), ROOT / "RESULTS.md", [res])
         except KeyError as exc:  # a run of only some contenders
             lines = [f"({name}: not shown, this run has no {exc})"]
-        print("\n".join(["", *(x for x in lines if not x.startswith("*Source: "))]))
+        print("\n".join(x for x in lines if not x.startswith("*Source: ")))
 
 
-Fill = Callable[[Result, Any], None]
-
-
-def print_rows(module: str, parts: Sequence[tuple[str, Fill, Any]], sections: Sequence[str] = ()) -> None:
+def print_rows(module: str, parts: Sequence[tuple[str, Fill, Any]], sections: Names = ()) -> None:
     """Print the output of ``python -m module`` as the suite's tables: for each ``(scenario, fill,
     data)`` of ``parts``, the rows ``fill(result, data)`` adds; ``sections`` (default: the
     scenarios' own tables) are rendered from them."""

@@ -362,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     say = (lambda s: None) if args.json else (lambda s: print(f"... {s}", file=sys.stderr))
     data = asyncio.run(measure(QUICK if args.quick else FULL, say))
-    return live.write_or_print(data, args.json, lambda d: live.print_rows(MODULE, [("a2a", fill, d)]))
+
+    def show(d: dict[str, Any]) -> None:
+        live.print_rows(MODULE, [("a2a", fill, d)])
+
+    return live.write_or_print(data, args.json, show)
 
 
 if __name__ == "__main__":

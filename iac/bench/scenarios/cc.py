@@ -183,8 +183,9 @@ class Bench:
     def __post_init__(self) -> None:
         from iac.testing import netem
 
-        self.sink = Endpoint(self.link.command("b", _argv("sink", "--host", netem.ADDR_B)), self.env, 60)
-        self.echo = Endpoint(self.link.command("b", _argv("echo", "--host", netem.ADDR_B)), self.env, 60)
+        b = self.link.command
+        self.sink = Endpoint(b("b", _argv("sink", "--host", netem.ADDR_B)), self.env, 60)
+        self.echo = Endpoint(b("b", _argv("echo", "--host", netem.ADDR_B)), self.env, 60)
         self.sink_target, self.echo_target = self.sink.first, self.echo.first
 
     def close(self) -> None:

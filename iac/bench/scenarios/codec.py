@@ -344,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         {"name": "codec", "status": "ok", "raw": res},
         {"name": "bytes", "status": "ok", "raw": res["sizes"]},
     ]
-    print_rendered(("codec-results",), "iac.bench.scenarios.codec", {"scenarios": scenarios}, suite=True)
+    module = "iac.bench.scenarios.codec"
+    print_rendered(("codec-results",), module, {"scenarios": scenarios}, suite=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
         print(f"\nresults written to {args.json}")

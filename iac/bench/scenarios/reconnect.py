@@ -136,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     data = asyncio.run(measure(5 if args.quick else 30))
-    return live.write_or_print(data, args.json, lambda d: live.print_rows(MODULE, [("reconnect", fill, d)]))
+
+    def show(d: dict[str, Any]) -> None:
+        live.print_rows(MODULE, [("reconnect", fill, d)])
+
+    return live.write_or_print(data, args.json, show)
 
 
 if __name__ == "__main__":

@@ -121,10 +121,11 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
                         put(label, f"requests/s, {depth} in flight", done / out["elapsed_s"])
                     if depth == max(depths):
                         us = 1e6 / done
-                        put(label, f"client CPU per request, {depth} in flight", out["cpu_s"] * us)
-                        put(label, f"server CPU per request, {depth} in flight", out["server_cpu_s"] * us)
-                        if out["frame_bytes"] is not None:
-                            put(label, "IAC frame bytes per request, both ways", out["frame_bytes"] / done)
+                        for side in ("client", "server"):
+                            cpu = out["cpu_s" if side == "client" else "server_cpu_s"]
+                            put(label, f"{side} CPU per request, {depth} in flight", cpu * us)
+                        if (frames := out["frame_bytes"]) is not None:
+                            put(label, "IAC frame bytes per request, both ways", frames / done)
     finally:
         for pair in pairs.values():
             pair.close()

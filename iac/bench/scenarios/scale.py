@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from iac.bench.harness.process import say, stdin_lines
+from iac.bench.harness.process import commands, say
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
@@ -96,9 +96,8 @@ async def serve(spec: dict[str, Any]) -> None:
             return ctx.payload
 
         say({"id": node.agent_id, "addrs": node.addresses, "rss": live_rss()})
-        reader = await stdin_lines()
-        while line := await reader.readline():
-            cmd = json.loads(line)["cmd"]
+        async for line in commands():
+            cmd = line["cmd"]
             if cmd == "rss":
                 say({"rss": live_rss()})
             elif cmd == "stats":
@@ -172,16 +171,16 @@ def client_config(**kw: Any) -> TransportConfig:
     return TransportConfig(dictionaries=DictionarySet([default_dictionary()]), idle_timeout=None, **kw)
 
 
-def run_frame(identity: Identity, to: str, session: Session, payload: object, timeout: float) -> Message:
+def run_frame(me: Identity, to: str, session: Session, body: object, timeout: float) -> Message:
     """A RUN request to ``to``, answered within ``timeout`` seconds."""
     now_us = time.time_ns() // 1000
     return build_message(
-        sender=identity.agent_id,
+        sender=me.agent_id,
         to=to,
         msg_type=MessageType.RUN,
         session=session,
         timestamp_us=now_us,
-        payload_json=json.dumps(payload),
+        payload_json=json.dumps(body),
         deadline_us=now_us + int(timeout * 1e6),
     )
 
@@ -331,9 +330,7 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
             "times": [r[1] for r in results if isinstance(r, tuple)],
         }
     )
-    reader = await stdin_lines()
-    while line := await reader.readline():
-        cmd = json.loads(line)
+    async for cmd in commands():
         cpu0, t0 = time.process_time(), time.monotonic()
         failed = await load(peers, int(cmd["count"]), int(cmd["in_flight"])) if peers else cmd["count"]
         say({"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0})
@@ -422,7 +419,8 @@ def _burst(reports: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     times = [t for r in reports for t in r["times"]]
     total = {k: sum(r[k] for r in reports) for k in ("ok", "failed", "retries")}
     errors = [e for r in reports for e in r["errors"]][:5]
-    return {**total, "errors": errors, "wall_s": wall, "p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99)}
+    pcts = {"p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99)}
+    return {**total, "errors": errors, "wall_s": wall, **pcts}
 
 
 def _pct(xs: Sequence[float], q: float) -> float | None:

@@ -394,10 +394,9 @@ def main() -> None:
     from iac.bench.reports import live
     from iac.bench.scenarios import catalog
 
-    fills = (("rtt", "rtt", catalog.rtt_rows), ("setup", "handshake", catalog.setup_rows))
-    parts = [
-        (n, fill, res[k]) for n, k, fill in (*fills, ("oneway", "oneway", catalog.oneway_rows)) if k in res
-    ]
+    fills = {"rtt": ("rtt", catalog.rtt_rows), "handshake": ("setup", catalog.setup_rows)}
+    fills["oneway"] = ("oneway", catalog.oneway_rows)
+    parts = [(n, fill, res[k]) for k, (n, fill) in fills.items() if k in res]
     live.print_rows("iac.bench.scenarios.transport", parts, ["transport"])
 
 
