@@ -289,9 +289,6 @@ async def oneway(cl: Any, count: int, start: int, total: int, timeout: float = 1
     return time.perf_counter() - t0
 
 
-env_for = child_env
-
-
 def endpoint_argv(role: str, contender: str, extra: list[str]) -> list[str]:
     return module_argv("iac.bench.contenders.endpoints", role, "--contender", contender, *extra)
 
@@ -304,7 +301,7 @@ def start_pair(
     wrap_client: Callable[[list[str]], list[str]] = lambda a: a,
     backend: str | None = None,
 ) -> Pair:
-    env = env_for(backend)
+    env = child_env(backend)
     server = Endpoint(
         wrap_server(endpoint_argv("serve", contender, ["--host", host, "--dir", str(directory)])), env
     )

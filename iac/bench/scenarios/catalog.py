@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders import brokers
+from iac.bench.contenders import brokers, endpoints
 from iac.bench.harness.environment import quic_name
 from iac.bench.harness.results import Context, Result, downsample, interleave_async, run_script
 from iac.bench.harness.stats import median
@@ -215,7 +215,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
             await bench.close()
             shutil.rmtree(work, ignore_errors=True)
 
-    base = mesh.HTTP_ED25519 if mesh.have_aiohttp() else mesh.IAC_FANOUT
+    base = mesh.HTTP_ED25519 if endpoints.have_aiohttp() else mesh.IAC_FANOUT
     res.baseline = base
     for n in plan.sizes:
         figs, sent, links = asyncio.run(one_size(n))
@@ -307,13 +307,16 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
 def sc_loss(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import loss
 
-    plan = loss.QUICK_PLAN if ctx.quick else loss.FULL_PLAN
-    out = loss.run_loss(plan, ctx.progress)
+    out = loss.run_loss(loss.QUICK_PLAN if ctx.quick else loss.FULL_PLAN, ctx.progress)
     if out["status"] != "ok":
-        res.status = "skipped"
-        res.reason = out["reason"]
+        res.status, res.reason = "skipped", out["reason"]
         return
-    names = out["names"]
+    loss_rows(res, out)
+
+
+def loss_rows(res: Result, out: dict[str, Any]) -> None:
+    """The suite's rows of a run of ``scenarios/loss.py``."""
+    plan, names = out["plan"], out["names"]
     res.baseline = names["http"] if "http" in names else names["iac-tls"]
     p99_series: dict[str, dict[str, float]] = {}
     for level in out["levels"]:
@@ -326,13 +329,9 @@ def sc_loss(ctx: Context, res: Result) -> None:
             if level["errors"][c]:
                 res.notes.append(f"{label} at {pc} loss: {level['errors'][c]} requests failed")
             if level["loss"] == 0.0:
-                res.add(
-                    label,
-                    "IP bytes on the wire per request (0 % loss)",
-                    "B",
-                    level["wire_bytes_per_request"][c],
-                )
-        if level["loss"] == max(plan.losses):
+                wire = level["wire_bytes_per_request"][c]
+                res.add(label, "IP bytes on the wire per request (0 % loss)", "B", wire)
+        if level["loss"] == max(plan["losses"]):
             res.series["latency_cdf_ms_at_max_loss"] = {
                 names[c]: downsample(v) for c, v in level["samples_ms"].items() if v
             }
@@ -340,7 +339,8 @@ def sc_loss(ctx: Context, res: Result) -> None:
     res.series["p99_vs_loss_ms"] = p99_series
     res.notes.append(
         f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
-        f"{plan.rounds} rounds per loss level; 20 ms RTT ({plan.one_way_delay * 1e3:.0f} ms each way); loss "
+        f"{plan['rounds']} rounds per loss level; 20 ms RTT ({plan['one_way_delay_s'] * 1e3:.0f} ms each "
+        "way); loss "
         "applies to every IP packet in each direction (TUN link between two network namespaces, "
         "iac/testing/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
         "connections, IAC one connection."

@@ -261,7 +261,7 @@ class Bench:
 
 def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: int = 11) -> dict[str, Any]:
     """The cc scenario. ``{"status": "ok"|"skipped", "reason", "runs": [...], "shares": [...]}``."""
-    from iac.bench.contenders import endpoints
+    from iac.bench.harness.paths import child_env
     from iac.testing import netem
     from iac.testing.relay import Impairment
 
@@ -280,7 +280,7 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         return {"status": "skipped", "reason": f"link emulator unavailable: {exc}"}
     bench = None
     try:
-        bench = Bench(link, endpoints.env_for())
+        bench = Bench(link, child_env())
 
         def path(s: Setting) -> None:
             b = netem.Bottleneck.for_path(s.rate_mbit, s.rtt, s.buffer_bdp)

@@ -145,16 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     if res["status"] != "ok":
         print(f"loss scenario skipped: {res['reason']}")
         return 0
-    for level in res["levels"]:
-        for c in res["contenders"]:
-            p50, p99 = level["p50_ms"][c], level["p99_ms"][c]
-            if p50:
-                print(
-                    f"loss {level['loss']:4.0%}  {NAMES[c]:<20} p50 {median(p50):7.1f} ms  "
-                    f"p99 {median(p99):7.1f} ms  errors {level['errors'][c]}"
-                )
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    from iac.bench.reports import live
+    from iac.bench.scenarios import catalog
+
+    live.print_rows("iac.bench.scenarios.loss", [("loss", catalog.loss_rows, res)])
     return 0
 
 

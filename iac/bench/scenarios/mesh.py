@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders import baselines, brokers, common
+from iac.bench.contenders import baselines, brokers, common, endpoints
 from iac.bench.contenders.baselines import dumps_compact
 from iac.bench.harness.stats import median
 from iac.bench.scenarios.filetransfer import bench_bare_aioquic, bench_iac_file, make_file
@@ -90,12 +90,6 @@ class _Completion:
             self.fut.set_result(time.perf_counter())
 
 
-def have_aiohttp() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("aiohttp") is not None
-
-
 def http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
     """An HTTP fan-out's JSON envelope: hashed with the shared password, or signed (Ed25519)."""
     env = {"from": "agent-a", "to": "agent-b", "type": "RUN", "payload": payload, "msg_id": msg_id}
@@ -133,7 +127,7 @@ class BroadcastBench:
             raise ValueError("a broadcast needs at least two agents")
         self.n = n
         self.dir = workdir
-        self.http = have_aiohttp() if http is None else http
+        self.http = endpoints.have_aiohttp() if http is None else http
         self.edges = graph(n, seed=n if seed is None else seed)
         self.key = 0
         self.done = _Completion()
