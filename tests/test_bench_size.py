@@ -1,7 +1,7 @@
 """The benchmark suite's size: its Python stays within the ceiling benchmarks/README.md states.
 
 The target is 7,100 lines; the suite is not there yet, so CEILING is the size it was cut to
-(10,741 lines) with room for the changes in flight, and it only goes down."""
+(10,715 lines) with room for the changes in flight, and it only goes down."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 7100
-CEILING = 10_760
+CEILING = 10_730
 
 
 def suite_files() -> list[Path]:
