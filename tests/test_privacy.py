@@ -58,10 +58,7 @@ ALLOWED = {
     },
     **{
         (module, expr): "aiohttp's TCPSite keeps its server (and so the port it bound) private"
-        for module, expr in (
-            ("iac/bench/contenders/baselines.py", "site._server"),
-            ("iac/bench/contenders/http.py", "site._server"),
-        )
+        for module, expr in (("iac/bench/contenders/baselines.py", "site._server"),)
     },
     **{
         (module, expr): "aioquic's QuicServer keeps its UDP transport (and so the port it bound) private"

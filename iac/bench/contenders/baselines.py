@@ -1,6 +1,6 @@
 """Baseline contenders for the IAC benchmarks, and the tools that count bytes at the socket.
 
-Servers run in their own process (:func:`spawn_server` starts ``<script> --serve NAME`` and
+Servers run in their own process (``process.spawn_server`` starts ``<script> --serve NAME`` and
 reads one JSON line with the address); clients run in the benchmark's process. Every
 contender answers the same request/reply exchange: the client sends a payload (a JSON value
 from the suite's ``corpus/test.jsonl``) and waits for a reply; the server parses the payload
@@ -33,7 +33,7 @@ to 64 keep-alive connections (``TCPConnector(limit=64)``); IAC and gRPC multiple
 
 Byte counting (headers included, counted at the socket, in a separate untimed pass):
 
-* :class:`CountingProxy` — a TCP or UNIX stream relay that counts the bytes it reads from
+* ``counting.CountingProxy`` — a TCP or UNIX stream relay that counts the bytes it reads from
   each side: TLS records, HTTP/1.1 and HTTP/2 headers, IAC frames. TCP/IP headers and pure
   ACK segments are not counted (the kernel does not hand them to a socket).
 * :class:`CountingUdpRelay` — ``iac.testing.relay.UdpRelay`` with no impairment that also sums the
@@ -58,9 +58,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from iac.bench.harness.counting import CountingProxy, counting_udp_relay
-from iac.bench.harness.process import ServerProcess, process_cpu_seconds, spawn_server
 
 HTTP_PATH = "/iac/v1/messages"
 HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the baseline's shared secret, public by design)
@@ -163,7 +160,7 @@ class _HttpApp:
         return dumps_compact({**out, "sig": signed.hex()}).encode()
 
 
-async def start_http(name: str, workdir: Path) -> Server:
+async def start_http(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
     """``http-sha256``, ``http-ed25519``, ``http-ed25519-tls`` or ``http-ed25519-unix``."""
     import nacl.signing
     from aiohttp import web
@@ -185,9 +182,9 @@ async def start_http(name: str, workdir: Path) -> Server:
         info["unix"] = path
     else:
         ctx = _server_tls() if name == "http-ed25519-tls" else None
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+        site = web.TCPSite(runner, host, 0, ssl_context=ctx)
         await site.start()
-        info["host"], info["port"] = "127.0.0.1", site._server.sockets[0].getsockname()[1]
+        info["host"], info["port"] = host, site._server.sockets[0].getsockname()[1]
         info["tls"] = ctx is not None
     return Server(info, runner.cleanup)
 
@@ -210,7 +207,7 @@ def _client_tls() -> ssl.SSLContext:
     return ctx
 
 
-async def start_grpc(name: str, workdir: Path) -> Server:
+async def start_grpc(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
     import grpc
 
     async def call(request: bytes, context: Any) -> bytes:
@@ -221,20 +218,20 @@ async def start_grpc(name: str, workdir: Path) -> Server:
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"{host}:0")
     await server.start()
 
     async def close() -> None:
         await server.stop(None)
 
-    return Server({"name": name, "host": "127.0.0.1", "port": port}, close)
+    return Server({"name": name, "host": host, "port": port}, close)
 
 
-async def start_baseline(name: str, workdir: Path) -> Server:
+async def start_baseline(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
     if name == "grpc":
-        return await start_grpc(name, workdir)
+        return await start_grpc(name, workdir, host)
     if name in BASELINES:
-        return await start_http(name, workdir)
+        return await start_http(name, workdir, host)
     raise ValueError(f"unknown baseline {name!r}")
 
 
@@ -396,7 +393,7 @@ def baseline_client(
 
 
 def server_target(info: dict[str, Any]) -> tuple[Any, ...]:
-    """Where a baseline server listens, as a :class:`CountingProxy` target."""
+    """Where a baseline server listens, as a ``CountingProxy`` target."""
     return ("unix", info["unix"]) if "unix" in info else ("tcp", info["host"], info["port"])
 
 
@@ -425,22 +422,3 @@ async def serve(start: Callable[[], Awaitable[Server]], profile: str | None = No
         prof.disable()
         prof.dump_stats(profile)
     await server.close()
-
-
-__all__ = [
-    "BASELINES",
-    "Client",
-    "CountingProxy",
-    "GrpcClient",
-    "HttpClient",
-    "Server",
-    "ServerProcess",
-    "answer",
-    "baseline_client",
-    "counting_udp_relay",
-    "process_cpu_seconds",
-    "serve",
-    "server_target",
-    "spawn_server",
-    "start_baseline",
-]

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from iac.bench.harness.process import commands, say, stdin_lines
+
 FRAME_BYTES = 16 * 1024
 REQUEST_BYTES = 200
 TCP_INFO_LEN = 232
@@ -27,18 +29,6 @@ TCPI_BYTES_SENT, TCPI_BYTES_RETRANS = 200, 208  # offsets of two u64 in struct t
 
 
 # --- endpoints (run inside the namespaces) ------------------------------------------------------
-
-
-def _say(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-async def _stdin_lines() -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 20)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
 
 
 def _udp_errors() -> dict[str, int]:
@@ -112,11 +102,9 @@ async def serve(role: str, host: str) -> int:
     config = TransportConfig()
     handler = sink if role == "sink" else echo
     listeners = [await listen(f"{s}://{host}:0", identity, handler, config=config) for s in ("quic", "tls")]
-    _say({"ready": True, "agent_id": identity.agent_id, "urls": [ln.addresses[0] for ln in listeners]})
-    reader = await _stdin_lines()
+    say({"ready": True, "agent_id": identity.agent_id, "urls": [ln.addresses[0] for ln in listeners]})
     try:
-        while line := await reader.readline():
-            cmd = json.loads(line)
+        async for cmd in commands():
             if cmd.get("cmd") == "report":
                 arrivals = runs.pop(cmd["run"], [])
                 got = [n for t, n in arrivals if t <= cmd["stop"]]
@@ -128,7 +116,7 @@ async def serve(role: str, host: str) -> int:
                     if t >= mark:
                         timeline.append((round(t - cmd["start"], 3), n))
                         mark = cmd["start"] + TRACE_EVERY * (int((t - cmd["start"]) / TRACE_EVERY) + 1)
-                _say(
+                say(
                     {
                         "timeline": timeline,
                         "bytes": got[-1] if got else 0,
@@ -138,7 +126,7 @@ async def serve(role: str, host: str) -> int:
                     }
                 )
             elif cmd.get("cmd") == "udp":
-                _say(_udp_errors())
+                say(_udp_errors())
     finally:
         for ln in listeners:
             await ln.close()
@@ -247,8 +235,8 @@ async def flow(
         running = counters.algorithm
     if role == "bulk":
         await conn.send(encode_frame(FrameType.MESSAGE, b"run:" + run.encode()))
-    _say({"ready": True, "algorithm": running})
-    reader = await _stdin_lines()
+    say({"ready": True, "algorithm": running})
+    reader = await stdin_lines()
     await reader.readline()  # go
     loop = asyncio.get_running_loop()
     start, cpu0 = loop.time(), time.process_time()
@@ -286,7 +274,7 @@ async def flow(
     sock = _tcp_socket(conn)
     if sock is not None:  # end now: no lingering send buffer reaches the next run
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    _say(out)
+    say(out)
     os._exit(0)
 
 

@@ -1,6 +1,5 @@
-"""What the request endpoints' contenders share: the payload and reply, the keys' seeds, the HTTP
-path, and the server and client interfaces (:class:`Server`, :class:`Client`).
-"""
+"""What the request endpoints' contenders share: the payload and reply, the keys' seeds, and the
+server and client interfaces (:class:`Server`, :class:`Client`)."""
 
 from __future__ import annotations
 
@@ -16,16 +15,10 @@ REPLY = {"ok": True, "words": 118}
 ONEWAY = {**PAYLOAD, "oneway": "event"}  # a one-way message of the oneway scenario
 
 
-PASSWORD = "correct horse battery staple"  # noqa: S105 (the baseline's shared secret, public by design)
-
-
 CLIENT_SEED = bytes(range(32))
 
 
 SERVER_SEED = bytes(range(32, 64))
-
-
-PATH = "/iac/v1/messages"
 
 
 class Server:

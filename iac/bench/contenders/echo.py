@@ -10,7 +10,6 @@ import contextlib
 import json
 import ssl
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
@@ -21,14 +20,13 @@ from aioquic.quic.connection import QuicConnection
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from iac.bench.harness.stats import median
+from iac.bench.contenders.floor import CONFIG, DICT, now_us
 from iac.protocol.replay import ReplayGuard, require_new
 from iac.stores.memory import MemoryReplayStore
-from iac.transport.base import Connection, Incoming, TransportConfig
+from iac.transport.base import Connection, Incoming
 from iac.transport.certs import generate_self_signed
 from iac.transport.tls import client_context
 from iac.wire._pb.iac_pb2 import Message, MessageType
-from iac.wire.dicts import DictionarySet, default_dictionary
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.message import (
@@ -45,10 +43,6 @@ BARE_BODY = b"x" * 100
 DEPTH = 64
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
 def open_incoming(conn: Connection, item: Incoming) -> Message:
     """A received MESSAGE frame opened and checked as a node's receive pipeline does (the transport
     hands frames over unopened): the signature, and that the sender is the connection's peer."""
@@ -58,16 +52,7 @@ def open_incoming(conn: Connection, item: Incoming) -> Message:
     return msg
 
 
-def summary(values: Sequence[float]) -> dict[str, float]:
-    return {"median": median(values), "min": min(values), "max": max(values)}
-
-
 # --- IAC endpoints ------------------------------------------------------------------------------
-
-
-DICT = default_dictionary()
-DICTS = DictionarySet([DICT])
-CONFIG = TransportConfig(dictionaries=DICTS)
 
 
 class IacServer:

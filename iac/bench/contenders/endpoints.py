@@ -34,11 +34,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders import brokers
+from iac.bench.contenders import baselines, brokers
 from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
-from iac.bench.contenders.http import HttpClient, HttpServer
 from iac.bench.harness.paths import child_env, module_argv
-from iac.bench.harness.process import Endpoint, Pair
+from iac.bench.harness.process import Endpoint, Pair, commands, say
 
 NAMES = {
     "iac-quic": "IAC-QUIC",
@@ -71,13 +70,8 @@ def secures(contender: str) -> str:
     return f"encryption: {enc}; per-message authentication: {auth}"
 
 
-#: The HTTP contenders: name -> (signed, transport).
-HTTP_KINDS = {
-    "http": (False, "tcp"),
-    "http-ed25519": (True, "tcp"),
-    "http-ed25519-tls": (True, "tls"),
-    "http-ed25519-unix": (True, "unix"),
-}
+#: The contenders of :mod:`iac.bench.contenders.baselines` (HTTP, gRPC), by their names there.
+BASELINE_OF = {"http": "http-sha256", **{n: n for n in baselines.BASELINES if n != "http-sha256"}}
 
 
 def have_grpc() -> bool:
@@ -86,9 +80,6 @@ def have_grpc() -> bool:
 
 def have_aiohttp() -> bool:
     return importlib.util.find_spec("aiohttp") is not None
-
-
-# --- HTTP envelopes -----------------------------------------------------------------------------
 
 
 # --- servers ------------------------------------------------------------------------------------
@@ -124,13 +115,14 @@ class IacServer(Server):
         await self.node.close()
 
 
-class GrpcServer(Server):
-    """``iac/bench/contenders/baselines.py``'s gRPC server (aio unary, bytes in/out, insecure channel)."""
+class BaselineServer(Server):
+    """A server of :mod:`iac.bench.contenders.baselines` (HTTP or gRPC)."""
+
+    def __init__(self, contender: str) -> None:
+        self.name = BASELINE_OF[contender]
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
-        from iac.bench.contenders import baselines
-
-        self.server = await baselines.start_grpc("grpc", directory)
+        self.server = await baselines.start_baseline(self.name, directory, host)
         return dict(self.server.info)
 
     async def close(self) -> None:
@@ -140,41 +132,21 @@ class GrpcServer(Server):
 def make_server(contender: str) -> Server | brokers.BrokerServer:
     if contender.startswith("iac-"):
         return IacServer(contender[4:])
-    if contender in HTTP_KINDS:
-        return HttpServer(*HTTP_KINDS[contender])
-    if contender == "grpc":
-        return GrpcServer()
+    if contender in BASELINE_OF:
+        return BaselineServer(contender)
     if contender in brokers.KINDS:
         return brokers.make_server(contender, SERVER_SEED, CLIENT_SEED, json.dumps(REPLY))
     raise SystemExit(f"unknown contender {contender}")
 
 
-async def _lines() -> Any:
-    """Lines from stdin without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 20)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-def _say(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 async def serve(contender: str, host: str, directory: Path) -> int:
     server = make_server(contender)
     target = await server.start(host, directory)
-    _say({"ready": True, "target": target})
-    reader = await _lines()
+    say({"ready": True, "target": target})
     try:
-        for _ in range(10_000_000):
-            line = await reader.readline()
-            if not line:
-                break
-            cmd = json.loads(line)
+        async for cmd in commands():
             if cmd.get("cmd") == "cpu":
-                _say({"cpu_s": time.process_time(), "handled": server.handled})
+                say({"cpu_s": time.process_time(), "handled": server.handled})
     finally:
         await server.close()
     return 0
@@ -216,13 +188,11 @@ class IacClient(Client):
         await self.node.close()
 
 
-class GrpcClient(Client):
-    """``iac/bench/contenders/baselines.py``'s gRPC client, sending :data:`PAYLOAD` as JSON bytes."""
+class BaselineClient(Client):
+    """A client of :mod:`iac.bench.contenders.baselines`, sending :data:`PAYLOAD`."""
 
     async def start(self, target: dict[str, Any], depth: int) -> None:
-        from iac.bench.contenders import baselines
-
-        self.client = baselines.GrpcClient([PAYLOAD], target)
+        self.client = baselines.baseline_client([PAYLOAD], target)
         await self.client.start()
 
     async def one(self, i: int) -> None:
@@ -235,10 +205,8 @@ class GrpcClient(Client):
 def make_client(contender: str) -> Client | brokers.BrokerClient:
     if contender.startswith("iac-"):
         return IacClient()
-    if contender in HTTP_KINDS:
-        return HttpClient(HTTP_KINDS[contender][0])
-    if contender == "grpc":
-        return GrpcClient()
+    if contender in BASELINE_OF:
+        return BaselineClient()
     if contender in brokers.KINDS:
         return brokers.make_client(contender, CLIENT_SEED, SERVER_SEED, json.dumps(PAYLOAD))
     raise SystemExit(f"unknown contender {contender}")
@@ -272,26 +240,21 @@ async def run_depth(
 async def client(contender: str, target: dict[str, Any]) -> int:
     cl = make_client(contender)
     await cl.start(target, 64)
-    _say({"ready": True})
-    reader = await _lines()
+    say({"ready": True})
     next_id = 1
     sent = 0  # one-way messages so far
     try:
-        for _ in range(10_000_000):
-            line = await reader.readline()
-            if not line:
-                break
-            cmd = json.loads(line)
+        async for cmd in commands():
             if cmd.get("cmd") == "oneway":
                 count = int(cmd["count"])
                 c0 = time.process_time()
                 elapsed = await oneway(cl, count, next_id, sent + count)
                 sent += count
                 next_id += count
-                _say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
+                say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
                 continue
             if cmd.get("cmd") != "run":
-                _say({"error": f"unknown command {cmd!r}"})
+                say({"error": f"unknown command {cmd!r}"})
                 continue
             depth, count = int(cmd["depth"]), int(cmd["count"])
             b0 = cl.frame_bytes()
@@ -300,7 +263,7 @@ async def client(contender: str, target: dict[str, Any]) -> int:
             cpu = time.process_time() - c0
             b1 = cl.frame_bytes()
             next_id += count
-            _say(
+            say(
                 {
                     "lat_us": [round(x, 1) for x in lat],
                     "elapsed_s": elapsed,
@@ -326,9 +289,6 @@ async def oneway(cl: Any, count: int, start: int, total: int, timeout: float = 1
     return time.perf_counter() - t0
 
 
-env_for = child_env
-
-
 def endpoint_argv(role: str, contender: str, extra: list[str]) -> list[str]:
     return module_argv("iac.bench.contenders.endpoints", role, "--contender", contender, *extra)
 
@@ -341,7 +301,7 @@ def start_pair(
     wrap_client: Callable[[list[str]], list[str]] = lambda a: a,
     backend: str | None = None,
 ) -> Pair:
-    env = env_for(backend)
+    env = child_env(backend)
     server = Endpoint(
         wrap_server(endpoint_argv("serve", contender, ["--host", host, "--dir", str(directory)])), env
     )

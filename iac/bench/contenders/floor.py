@@ -178,6 +178,18 @@ def _quic_protocols() -> tuple[type, type]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.queued: list[bytes] = []
+            self.decoders: dict[int, FrameDecoder] = {}
+
+        def frames(self, event: Any) -> list[PackedFrame]:
+            """The whole frames ``event`` completes (a decoder per stream)."""
+            sid = event.stream_id
+            dec = self.decoders.get(sid)
+            if dec is None:
+                dec = self.decoders[sid] = FrameDecoder()
+            frames: list[PackedFrame] = dec.feed_packed(event.data, final=event.end_stream)
+            if event.end_stream:
+                del self.decoders[sid]
+            return frames
 
         def send(self, frame: bytes) -> None:
             self.queued.append(frame)
@@ -214,22 +226,14 @@ def _quic_protocols() -> tuple[type, type]:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.decoders: dict[int, FrameDecoder] = {}
             self.session = _Session(self.identity)
 
         def quic_event_received(self, event: Any) -> None:
             if not isinstance(event, events.StreamDataReceived):
                 return
-            sid = event.stream_id
-            if sid == 0 and not event.data:
+            if event.stream_id == 0 and not event.data:
                 return
-            dec = self.decoders.get(sid)
-            if dec is None:
-                dec = self.decoders[sid] = FrameDecoder()
-            frames = dec.feed_packed(event.data, final=event.end_stream)
-            if event.end_stream:
-                del self.decoders[sid]
-            for p in frames:
+            for p in self.frames(event):
                 reply = self.session.reply(p)
                 if reply is not None:
                     self.send(reply)
@@ -237,22 +241,10 @@ def _quic_protocols() -> tuple[type, type]:
     class QuicClient(Flushing):
         side: _ClientSide
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.decoders: dict[int, FrameDecoder] = {}
-
         def quic_event_received(self, event: Any) -> None:
-            if not isinstance(event, events.StreamDataReceived):
-                return
-            sid = event.stream_id
-            dec = self.decoders.get(sid)
-            if dec is None:
-                dec = self.decoders[sid] = FrameDecoder()
-            frames = dec.feed_packed(event.data, final=event.end_stream)
-            if event.end_stream:
-                del self.decoders[sid]
-            for p in frames:
-                self.side.on_frame(p)
+            if isinstance(event, events.StreamDataReceived):
+                for p in self.frames(event):
+                    self.side.on_frame(p)
 
     return QuicServer, QuicClient
 

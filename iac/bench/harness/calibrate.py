@@ -192,22 +192,5 @@ def _worker() -> None:
         sys.stdout.flush()
 
 
-def main() -> None:
-    if sys.argv[1:] == ["--worker"]:
-        _worker()
-        return
-    cal = Calibrator()
-    cal.start()
-    try:
-        for _ in range(5):
-            m = cal.measure()
-            print(
-                f"scaling {m['scaling']:.2f} (throughput {m['throughput_scaling']:.2f}, "
-                f"CPU share {m['cpu_share']:.2f})  alone {m['alone_s'] * 1e3:.0f} ms  load {m['loadavg']}"
-            )
-    finally:
-        cal.close()
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a worker process of :class:`Calibrator` (``--worker``)
+    _worker()

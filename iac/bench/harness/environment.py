@@ -53,9 +53,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment() -> dict[str, Any]:
+def environment(libraries: tuple[str, ...] = LIBRARIES) -> dict[str, Any]:
     libs: dict[str, str | None] = {}
-    for name in LIBRARIES:
+    for name in libraries:
         try:
             libs[name] = importlib.metadata.version(DISTRIBUTIONS.get(name, name))
         except importlib.metadata.PackageNotFoundError:

@@ -11,6 +11,7 @@ import os
 import select
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,38 @@ class EndpointError(RuntimeError):
     pass
 
 
-class Endpoint:
-    """A ``serve`` or ``client`` subprocess and its JSON-lines conversation."""
+def say(obj: Any) -> None:
+    """One JSON line on stdout: what an endpoint tells the process driving it."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 30.0) -> None:
+
+async def stdin_lines() -> asyncio.StreamReader:
+    """This process's stdin as a stream: the driver's commands, read without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+async def commands() -> AsyncIterator[dict[str, Any]]:
+    """The driver's commands, one JSON object a line, until it closes stdin."""
+    reader = await stdin_lines()
+    while line := await reader.readline():
+        yield json.loads(line)
+
+
+class Endpoint:
+    """A child process and its JSON-lines conversation; ``ready``: wait for its ``{"ready": true}``
+    line (kept as ``first``) before returning."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        ready: bool = True,
+    ) -> None:
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -35,9 +64,11 @@ class Endpoint:
             bufsize=1,
             env=env,
         )
-        self.first = self.read(timeout)
-        if not self.first.get("ready"):
-            raise EndpointError(f"endpoint did not start: {self.first}")
+        self.pid = self.proc.pid
+        if ready:
+            self.first = self.read(timeout)
+            if not self.first.get("ready"):
+                raise EndpointError(f"endpoint did not start: {self.first}")
 
     def read(self, timeout: float) -> dict[str, Any]:
         out = self.proc.stdout
@@ -52,11 +83,13 @@ class Endpoint:
         obj: dict[str, Any] = json.loads(line)
         return obj
 
+    def tell(self, cmd: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
     def ask(self, cmd: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
-        inp = self.proc.stdin
-        assert inp is not None
-        inp.write(json.dumps(cmd) + "\n")
-        inp.flush()
+        self.tell(cmd)
         return self.read(timeout)
 
     def close(self) -> None:
@@ -69,7 +102,7 @@ class Endpoint:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        for stream in (self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError, ValueError):
                 if stream is not None:
                     stream.close()

@@ -70,20 +70,9 @@ def git_dirty() -> bool | None:
     """Whether tracked files under ``iac/`` or ``benchmarks/`` (results aside) differ from ``HEAD``;
     None if unknown."""
     try:
+        git = ["git", "--no-optional-locks", "-C", str(ROOT), "status", "--porcelain", "-uno"]
         r = subprocess.run(
-            [
-                "git",
-                "--no-optional-locks",
-                "-C",
-                str(ROOT),
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                "iac",
-                "benchmarks",
-                ":(exclude)benchmarks/results",
-            ],
+            [*git, "--", "iac", "benchmarks", ":(exclude)benchmarks/results"],
             capture_output=True,
             text=True,
             timeout=10,

@@ -11,11 +11,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from iac.bench.harness.paths import module_argv
 from iac.bench.harness.stats import median
 
+T = TypeVar("T")
 SCHEMA = "iac-bench/1"
 MAX_SAMPLES = 2000  # latency samples kept per contender in the JSON (for the CDF plot)
 
@@ -35,7 +36,7 @@ def summarize(values: Sequence[float]) -> dict[str, float | int]:
     }
 
 
-def turn_order(names: Sequence[str], rounds: int) -> list[list[str]]:
+def turn_order(names: Sequence[T], rounds: int) -> list[list[T]]:
     """Contenders' turns per round: forward on even rounds, reversed on odd ones (A B B A …),
     so that no contender always runs first or right after the same neighbour."""
     return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.paths import RESULTS
+from iac.bench.harness.results import summarize
 from iac.bench.harness.stats import median
 
 CUBIC, BBR, RENO = "IAC-QUIC CUBIC", "IAC-QUIC BBR", "IAC-QUIC Reno"
@@ -38,14 +39,7 @@ def label(s: dict[str, Any]) -> str:
 
 
 def _summary(values: list[float]) -> dict[str, Any] | None:
-    if not values:
-        return None
-    return {
-        "median": float(median(values)),
-        "min": float(min(values)),
-        "max": float(max(values)),
-        "n": len(values),
-    }
+    return dict(summarize(values)) if values else None
 
 
 def aggregate(res: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -123,86 +117,45 @@ def _med(fig: dict[str, Any] | None, what: str) -> float | None:
 
 def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target and guard, one entry per setting it applies to."""
-    agg = aggregate(res)
     out: list[dict[str, Any]] = []
 
-    def add(
-        tid: str, text: str, where: str, value: float | None, bound: float, op: str, why: str = ""
-    ) -> None:
-        if value is None and not why:
-            why = "not measured"
-        met = None if why or value is None else (value >= bound if op == ">=" else value <= bound)
-        out.append(
-            {
-                "id": tid,
-                "text": text,
-                "setting": where,
-                "value": value,
-                "bound": bound,
-                "op": op,
-                "met": met,
-                "why": why,
-            }
-        )
+    def add(tid: str, text: str, at: str, value: float | None, limit: float, why: str = "") -> None:
+        op = ">=" if ">=" in text else "<="
+        why = why or ("not measured" if value is None else "")
+        met = None if why or value is None else (value >= limit if op == ">=" else value <= limit)
+        target = {"id": tid, "text": text, "setting": at, "value": value, "bound": limit}
+        out.append({**target, "op": op, "met": met, "why": why})
 
     def cpu_why(*figs: dict[str, Any] | None) -> str:
         return "CPU-limited" if any(f is not None and f["cpu_limited"] for f in figs) else ""
 
-    for where, by in agg.items():
+    for where, by in aggregate(res).items():
         s = by[next(iter(by))]["setting"]
-        bbr, cubic = by.get(BBR), by.get(CUBIC)
-        tbbr, tcubic = by.get(TCP_BBR), by.get(TCP_CUBIC)
+        bbr, cubic, tbbr, tcubic = (by.get(c) for c in (BBR, CUBIC, TCP_BBR, TCP_CUBIC))
         g = _ratio(_med(bbr, "goodput"), _med(cubic, "goodput"))
         if s["rate_mbit"] == 50 and abs(s["rtt"] - 0.02) < 1e-9 and abs(s["loss"] - 0.01) < 1e-9:
-            add("T1", "BBR goodput >= 2x CUBIC at 50 Mbit/s, 20 ms, 1% loss", where, g, 2.0, ">=")
+            add("T1", "BBR goodput >= 2x CUBIC at 50 Mbit/s, 20 ms, 1% loss", where, g, 2.0)
         if s["buffer"] == "deep" and s["loss"] == 0:
             p = _ratio(_med(bbr, "p99"), _med(cubic, "p99"))
-            add("T2", "deep buffer, bulk + requests: request p99 BBR <= 0.5x CUBIC", where, p, 0.5, "<=")
+            add("T2", "deep buffer, bulk + requests: request p99 BBR <= 0.5x CUBIC", where, p, 0.5)
         if s["loss"] == 0:
-            add("T3", "no loss: BBR goodput >= 0.9x CUBIC", where, g, 0.9, ">=")
+            add("T3", "no loss: BBR goodput >= 0.9x CUBIC", where, g, 0.9)
         k = _ratio(_med(tbbr, "goodput"), _med(bbr, "goodput"))
-        add(
-            "T5",
-            "kernel TCP BBR goodput <= 1.2x IAC-QUIC BBR (CPU not the limit)",
-            where,
-            k,
-            1.2,
-            "<=",
-            cpu_why(bbr, tbbr),
-        )
+        text = "kernel TCP BBR goodput <= 1.2x IAC-QUIC BBR (CPU not the limit)"
+        add("T5", text, where, k, 1.2, cpu_why(bbr, tbbr))
         if s["loss"] == 0:
             kc = _ratio(_med(tcubic, "goodput"), _med(cubic, "goodput"))
-            add(
-                "G1",
-                "kernel cubic goodput <= 1.3x aioquic CUBIC at 0% loss",
-                where,
-                kc,
-                1.3,
-                "<=",
-                cpu_why(cubic, tcubic),
-            )
+            text = "kernel cubic goodput <= 1.3x aioquic CUBIC at 0% loss"
+            add("G1", text, where, kc, 1.3, cpu_why(cubic, tcubic))
         else:
             r = _ratio(_med(bbr, "retrans_ratio"), _med(cubic, "retrans_ratio"))
-            add(
-                "G2",
-                "BBR retransmitted share of bytes sent <= 2x CUBIC's at the same loss",
-                where,
-                r,
-                2.0,
-                "<=",
-            )
+            text = "BBR retransmitted share of bytes sent <= 2x CUBIC's at the same loss"
+            add("G2", text, where, r, 2.0)
     for sh in shares(res):
         if sh["pair"] == f"{BBR} + {BBR}":
             why = "CPU-limited" if sh["cpu_limited_runs"] * 2 > sh["runs"] else ""
-            add(
-                "T4",
-                "two BBR flows share within 30% (min/max >= 0.7)",
-                sh["setting"],
-                sh["min_over_max"],
-                0.7,
-                ">=",
-                why,
-            )
+            text = "two BBR flows share within 30% (min/max >= 0.7)"
+            add("T4", text, sh["setting"], sh["min_over_max"], 0.7, why)
     return out
 
 
@@ -431,18 +384,6 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary_lines(sc["raw"]):
         print(line)
     return 0
-
-
-__all__ = [
-    "aggregate",
-    "fill_result",
-    "plots",
-    "save",
-    "shares",
-    "summary_lines",
-    "target_summary",
-    "targets",
-]
 
 
 if __name__ == "__main__":

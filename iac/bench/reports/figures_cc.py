@@ -79,6 +79,3 @@ def render_cc(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     head = ["", "target", "settings met", "worst", "verdict", "missed at"]
     out += ["", "**Targets** (same-run ratios of medians)", "", *table(head, "llrrll", rows)]
     return out
-
-
-__all__ = ["render_cc"]

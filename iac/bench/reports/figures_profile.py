@@ -199,7 +199,7 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         )
     cols = ["scenario", "contender", "metric", "before", "after", "after ÷ before", "baselines' ÷", "verdict"]
     cpu = d["cpu"]
-    worst = max(cpu["iac"].values())
+    worst = max(cpu["iac"].values(), default=None)
     drift = cpu["baselines_median_ratio"]
     return [
         r.source_line(doc),

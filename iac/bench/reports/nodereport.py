@@ -457,6 +457,3 @@ def _module(filename: str) -> str:
     if "python3" in filename or "lib/python" in filename:
         return "stdlib/" + p.name
     return p.name
-
-
-__all__ = ["build_report", "profile_summary"]

@@ -6,18 +6,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from iac.bench.reports.figures_results import fmt_num
+
 
 def _fmt(x: float | None) -> str:
-    if x is None:
-        return "—"
-    a = abs(x)
-    if a >= 1000:
-        return f"{x:,.0f}"
-    if a >= 100:
-        return f"{x:.0f}"
-    if a >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
+    return "—" if x is None else fmt_num(x)
 
 
 #: The headline table's metrics per scenario (``None``: the metric of the largest N).

@@ -30,16 +30,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
+from iac.bench.harness import counting
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.reports import live
 
 HTTP = "A2A JSON-RPC/HTTP"
 IAC = {"quic": "A2A over IAC-QUIC", "tls": "A2A over IAC-TLS/TCP", "unix": "A2A over IAC-UNIX"}
 CORPUS = TEST_CORPUS
 QUICK = {"rounds": 1, "sequential": 30, "concurrent": 96, "parts": 50, "bytes_calls": 20}
 FULL = {"rounds": 5, "sequential": 500, "concurrent": 2000, "parts": 1000, "bytes_calls": 200}
+
+MODULE = "iac.bench.scenarios.a2a_calls"
 
 
 def available() -> str | None:
@@ -213,12 +216,11 @@ async def parts_per_second(c: Contender, parts: int) -> float:
 
 async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n: int, workdir: str) -> float:
     """Bytes at the socket per SendMessage, both ways, on a fresh connection (after a warm-up)."""
-    from iac.bench.contenders import baselines
 
     relay: Any
     if name == IAC["quic"]:
         host, port = info["quic"].removeprefix("quic://").rsplit(":", 1)
-        relay = baselines.counting_udp_relay((host, int(port)))
+        relay = counting.counting_udp_relay((host, int(port)))
         rhost, rport = await relay.start()
         via = f"quic://{rhost}:{rport}"
     else:
@@ -230,7 +232,7 @@ async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n
             target = ("tcp", host, int(port))
         else:
             target = ("unix", info["unix"].removeprefix("unix://"))
-        relay = baselines.CountingProxy(target, listen_path=f"{workdir}/proxy-{len(name)}.sock")
+        relay = counting.CountingProxy(target, listen_path=f"{workdir}/proxy-{len(name)}.sock")
         addr = await relay.start()
         if addr[0] == "unix":
             via = f"unix://{addr[1]}"
@@ -305,20 +307,6 @@ async def measure(plan: dict[str, int], say: Callable[[str], None]) -> dict[str,
     return {"plan": plan, "figures": figures, "bytes_per_call": wire, "ratios_to_http": ratios}
 
 
-def report(data: dict[str, Any]) -> str:
-    out = [f"{'contender':<24} {'p50 µs':>9} {'calls/s @64':>12} {'parts/s':>9} {'bytes/call':>11}"]
-    for name, f in data["figures"].items():
-        med = {k: statistics.median(v) for k, v in f.items()}
-        out.append(
-            f"{name:<24} {med['p50_us']:>9.0f} {med['rps_64']:>12.0f} {med['parts_per_s']:>9.0f}"
-            f" {data['bytes_per_call'][name]:>11.0f}"
-        )
-    out.append(f"\nratios to {HTTP} (median of per-round ratios):")
-    for name, r in data["ratios_to_http"].items():
-        out.append(f"{name:<24} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
-    return "\n".join(out)
-
-
 # --- the suite's scenario ---------------------------------------------------------------------
 
 
@@ -329,7 +317,11 @@ def scenario(ctx: Any, res: Any, run_script: Callable[..., dict[str, Any]]) -> N
         res.status, res.reason = "skipped", why
         return
     ctx.progress("a2a_calls.py")
-    data = run_script(ctx, "a2a_calls.py", ["--quick"] if ctx.quick else [], 600)
+    fill(res, run_script(ctx, "a2a_calls.py", ["--quick"] if ctx.quick else [], 600))
+
+
+def fill(res: Any, data: dict[str, Any]) -> None:
+    """The suite's rows of this module's output."""
     res.baseline = HTTP
     for name, f in data["figures"].items():
         res.add(name, "SendMessage p50, 1 in flight", "µs", f["p50_us"])
@@ -370,11 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     say = (lambda s: None) if args.json else (lambda s: print(f"... {s}", file=sys.stderr))
     data = asyncio.run(measure(QUICK if args.quick else FULL, say))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    else:
-        print(report(data))
-    return 0
+
+    def show(d: dict[str, Any]) -> None:
+        live.print_rows(MODULE, [("a2a", fill, d)])
+
+    return live.write_or_print(data, args.json, show)
 
 
 if __name__ == "__main__":

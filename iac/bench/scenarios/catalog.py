@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders import brokers
+from iac.bench.contenders import brokers, endpoints
 from iac.bench.harness.environment import quic_name
-from iac.bench.harness.results import Context, Result, downsample, interleave_async, run_script
+from iac.bench.harness.results import Context, Result, interleave_async, run_script
 from iac.bench.harness.stats import median
 from iac.bench.scenarios.requests import oneway_between_processes
 
@@ -80,7 +80,10 @@ def sc_bytes(ctx: Context, res: Result) -> None:
 
 
 def sc_rtt(ctx: Context, res: Result) -> None:
-    data = transport_json(ctx, "rtt")["rtt"]
+    rtt_rows(res, transport_json(ctx, "rtt")["rtt"])
+
+
+def rtt_rows(res: Result, data: dict[str, Any]) -> None:
     cases = data["cases"]
     rename = {"bare aioquic echo": "bare aioquic echo", "bare TLS echo": "bare TLS echo"}
     res.baseline = "bare aioquic echo"
@@ -101,7 +104,10 @@ def sc_rtt(ctx: Context, res: Result) -> None:
 
 
 def sc_setup(ctx: Context, res: Result) -> None:
-    data = transport_json(ctx, "handshake")["handshake"]
+    setup_rows(res, transport_json(ctx, "handshake")["handshake"])
+
+
+def setup_rows(res: Result, data: dict[str, Any]) -> None:
     res.baseline = "IAC TLS/TCP"
     for case, s in data["cases_ms"].items():
         where, what = case.split(" ", 1)
@@ -117,7 +123,11 @@ def sc_setup(ctx: Context, res: Result) -> None:
 
 
 def sc_oneway(ctx: Context, res: Result) -> None:
-    data = transport_json(ctx, "oneway")["oneway"]
+    oneway_rows(res, transport_json(ctx, "oneway")["oneway"])
+    oneway_between_processes(ctx, res)
+
+
+def oneway_rows(res: Result, data: dict[str, Any]) -> None:
     base = "receiver decode-only (codec)"
     res.baseline = base
     res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
@@ -140,7 +150,6 @@ def sc_oneway(ctx: Context, res: Result) -> None:
         "one process. Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
-    oneway_between_processes(ctx, res)
 
 
 @dataclass(frozen=True)
@@ -206,7 +215,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
             await bench.close()
             shutil.rmtree(work, ignore_errors=True)
 
-    base = mesh.HTTP_ED25519 if mesh.have_aiohttp() else mesh.IAC_FANOUT
+    base = mesh.HTTP_ED25519 if endpoints.have_aiohttp() else mesh.IAC_FANOUT
     res.baseline = base
     for n in plan.sizes:
         figs, sent, links = asyncio.run(one_size(n))
@@ -298,46 +307,11 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
 def sc_loss(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import loss
 
-    plan = loss.QUICK_PLAN if ctx.quick else loss.FULL_PLAN
-    out = loss.run_loss(plan, ctx.progress)
+    out = loss.run_loss(loss.QUICK_PLAN if ctx.quick else loss.FULL_PLAN, ctx.progress)
     if out["status"] != "ok":
-        res.status = "skipped"
-        res.reason = out["reason"]
+        res.status, res.reason = "skipped", out["reason"]
         return
-    names = out["names"]
-    res.baseline = names["http"] if "http" in names else names["iac-tls"]
-    p99_series: dict[str, dict[str, float]] = {}
-    for level in out["levels"]:
-        pc = f"{level['loss']:.0%}"
-        for c, label in names.items():
-            if level["p50_ms"][c]:
-                res.add(label, f"p50 at {pc} loss", "ms", level["p50_ms"][c])
-                res.add(label, f"p99 at {pc} loss", "ms", level["p99_ms"][c])
-                p99_series.setdefault(label, {})[pc] = median(level["p99_ms"][c])
-            if level["errors"][c]:
-                res.notes.append(f"{label} at {pc} loss: {level['errors'][c]} requests failed")
-            if level["loss"] == 0.0:
-                res.add(
-                    label,
-                    "IP bytes on the wire per request (0 % loss)",
-                    "B",
-                    level["wire_bytes_per_request"][c],
-                )
-        if level["loss"] == max(plan.losses):
-            res.series["latency_cdf_ms_at_max_loss"] = {
-                names[c]: downsample(v) for c, v in level["samples_ms"].items() if v
-            }
-        del level["samples_ms"]
-    res.series["p99_vs_loss_ms"] = p99_series
-    res.notes.append(
-        f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
-        f"{plan.rounds} rounds per loss level; 20 ms RTT ({plan.one_way_delay * 1e3:.0f} ms each way); loss "
-        "applies to every IP packet in each direction (TUN link between two network namespaces, "
-        "iac/testing/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
-        "connections, IAC one connection."
-    )
-    res.notes.extend(out["notes"])
-    res.raw = out
+    loss.loss_rows(res, out)
 
 
 def sc_cc(ctx: Context, res: Result) -> None:

@@ -39,11 +39,8 @@ print ``{"ready": true, ...urls}``; ``cc.py bulk|requests --target JSON ...`` pr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import select
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders.ccflows import FRAME_BYTES, REQUEST_BYTES
+from iac.bench.harness.process import Endpoint
+from iac.bench.harness.results import turn_order
 from iac.bench.harness.stats import median, percentile
 
 MAX_FAILED_RUNS = 5  # the scenario gives up after this many failed runs
@@ -167,63 +166,6 @@ def plan_named(name: str) -> Plan:
 # --- the driver ------------------------------------------------------------------------------------
 
 
-class Proc:
-    """A JSON-lines endpoint process."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
-        )
-
-    def read(self, timeout: float) -> dict[str, Any]:
-        out = self.proc.stdout
-        assert out is not None
-        ready, _, _ = select.select([out], [], [], timeout)
-        line = out.readline() if ready else ""
-        if not line:
-            self.proc.kill()
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise RuntimeError(
-                f"{str(self.proc.args)[-400:]}: no answer ({self.proc.poll()}): {err.strip()[-1200:]}"
-            )
-        obj: dict[str, Any] = json.loads(line)
-        return obj
-
-    def tell(self, cmd: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def ask(self, cmd: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-        self.tell(cmd)
-        return self.read(timeout)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                if self.proc.stdin is not None:
-                    self.proc.stdin.close()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        for s in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                if s is not None:
-                    s.close()
-
-
 def _argv(role: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "iac.bench.contenders.ccflows", role, *args]
 
@@ -234,29 +176,29 @@ class Bench:
 
     link: Any
     env: dict[str, str]
-    sink: Proc = field(init=False)
-    echo: Proc = field(init=False)
+    sink: Endpoint = field(init=False)
+    echo: Endpoint = field(init=False)
     runs: int = 0
 
     def __post_init__(self) -> None:
         from iac.testing import netem
 
-        self.sink = Proc(self.link.command("b", _argv("sink", "--host", netem.ADDR_B)), self.env)
-        self.echo = Proc(self.link.command("b", _argv("echo", "--host", netem.ADDR_B)), self.env)
-        self.sink_target = self.sink.read(60)
-        self.echo_target = self.echo.read(60)
+        b = self.link.command
+        self.sink = Endpoint(b("b", _argv("sink", "--host", netem.ADDR_B)), self.env, 60)
+        self.echo = Endpoint(b("b", _argv("echo", "--host", netem.ADDR_B)), self.env, 60)
+        self.sink_target, self.echo_target = self.sink.first, self.echo.first
 
     def close(self) -> None:
         self.sink.close()
         self.echo.close()
 
-    def _flow(self, role: str, c: Contender, seconds: float, warmup: float) -> tuple[Proc, str]:
+    def _flow(self, role: str, c: Contender, seconds: float, warmup: float) -> tuple[Endpoint, str]:
         self.runs += 1
         run = f"r{self.runs}"
         target = self.sink_target if role == "bulk" else self.echo_target
         args = ["--target", json.dumps(target), "--transport", c.transport, "--cc", c.cc]
         args += ["--seconds", str(seconds), "--run", run, "--warmup", str(warmup)]
-        return Proc(self.link.command("a", _argv(role, *args)), self.env), run
+        return Endpoint(self.link.command("a", _argv(role, *args)), self.env, ready=False), run
 
     def run(
         self, bulk: list[Contender], seconds: float, requests: Contender | None, warmup: float
@@ -270,12 +212,7 @@ class Bench:
         try:
             ready = [p.read(60) for p in everyone]
             for c, r in zip([*bulk, *([requests] if requests else [])], ready, strict=True):
-                expect = {
-                    "bbr": "BbrCongestionControl",
-                    "cubic": "CubicCongestionControl",
-                    "reno": "RenoCongestionControl",
-                }
-                want = c.cc if c.transport == "tls" else expect[c.cc]
+                want = c.cc if c.transport == "tls" else QUIC_CLASSES[c.cc]
                 if r.get("algorithm") != want:
                     raise RuntimeError(f"{c.label}: runs {r.get('algorithm')!r}, not {want!r}")
             fwd = self.link.forwarder_pid
@@ -322,13 +259,9 @@ class Bench:
         return out
 
 
-def turn_order(items: list[Any], rounds: int) -> list[list[Any]]:
-    return [list(items) if r % 2 == 0 else list(reversed(items)) for r in range(rounds)]
-
-
 def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: int = 11) -> dict[str, Any]:
     """The cc scenario. ``{"status": "ok"|"skipped", "reason", "runs": [...], "shares": [...]}``."""
-    from iac.bench.contenders import endpoints
+    from iac.bench.harness.paths import child_env
     from iac.testing import netem
     from iac.testing.relay import Impairment
 
@@ -347,7 +280,7 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         return {"status": "skipped", "reason": f"link emulator unavailable: {exc}"}
     bench = None
     try:
-        bench = Bench(link, endpoints.env_for())
+        bench = Bench(link, child_env())
 
         def path(s: Setting) -> None:
             b = netem.Bottleneck.for_path(s.rate_mbit, s.rtt, s.buffer_bdp)

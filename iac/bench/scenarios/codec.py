@@ -46,7 +46,8 @@ import nacl.signing
 import zstandard
 from google.protobuf.internal import api_implementation
 
-from iac.bench.harness.environment import DISTRIBUTIONS
+from iac.bench.contenders.baselines import HTTP_PASSWORD, HTTP_PATH
+from iac.bench.harness.environment import DISTRIBUTIONS, cpu_model
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
 from iac.wire import (
@@ -71,8 +72,6 @@ SESSION_ID = 0x5EED_1AC0_0000_0001
 T0_US = 1_780_000_000_000_000
 MSG_TYPE = MessageType.COMMAND
 HTTP_HOST = "agent-b.example.net:8443"
-HTTP_PATH = "/iac/v1/messages"
-HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the baseline's shared secret, public by design)
 
 
 def load_payloads(path: Path) -> list[str]:
@@ -305,16 +304,6 @@ def environment() -> dict[str, object]:
     }
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def pin_one_core() -> int | None:
     """Pin this process to the core it runs on (Linux); return it, or None."""
     if not hasattr(os, "sched_setaffinity"):
@@ -326,78 +315,6 @@ def pin_one_core() -> int | None:
         return cpu
     except OSError:
         return None
-
-
-def print_report(res: dict[str, object]) -> None:
-    env = res["environment"]
-    speed = res["speed"]
-    sizes = res["sizes"]
-    assert isinstance(env, dict) and isinstance(speed, dict) and isinstance(sizes, dict)
-    print(
-        f"IAC codec benchmark — Python {env['python']}, zstd {env['zstd']}, PyNaCl {env['pynacl']} "
-        f"(bundled libsodium), protobuf {env['protobuf_backend']}"
-    )
-    print(f"CPU: {env['processor']}; pinned to core {res['pinned_cpu']}")
-    print()
-    print(
-        f"Speed: {speed['messages']} messages from test.jsonl x {speed['repetitions']} repetitions, "
-        "interleaved; µs per message, median [min .. max]"
-    )
-    print(f"  {'operation':<44} {'µs/msg':>8} {'min .. max':>16} {'msgs/s':>9}")
-    labels = {
-        "encode": "IAC encode (build+serialize+sign+zstd+frame)",
-        "decode": "IAC decode (frame+zstd+scan+parse+verify)",
-        "sign": "bare PyNaCl sign (same bytes)",
-        "verify": "bare PyNaCl verify (same bytes)",
-    }
-    us = speed["us_per_msg"]
-    for k in ("encode", "sign", "decode", "verify"):
-        u = us[k]
-        print(
-            f"  {labels[k]:<44} {u['median']:8.2f} {u['min']:7.2f} .. {u['max']:6.2f} "
-            f"{speed['msgs_per_s'][k]:9.0f}"
-        )
-    print(
-        f"  encode+decode: {speed['codec_rate']:.0f} msgs/s; "
-        f"sign+verify: {speed['ed25519_rate']:.0f} msgs/s; "
-        f"codec overhead beyond Ed25519: encode {speed['overhead_us']['encode']:.2f} µs, "
-        f"decode {speed['overhead_us']['decode']:.2f} µs"
-    )
-    ok = "met" if speed["ratio"] >= 0.8 else "NOT met"
-    print(
-        f"  ratio (t_sign+t_verify)/(t_encode+t_decode), median of repetitions = {speed['ratio']:.3f} "
-        f"[{speed['ratio_min']:.3f} .. {speed['ratio_max']:.3f}] (target >= 0.80: {ok}); "
-        f"of the medians above: {speed['ratio_of_medians']:.3f}"
-    )
-    print()
-    dct = sizes["dictionary"]
-    print(
-        f"Bytes per message over {sizes['messages']} payloads of test.jsonl "
-        f"(dictionary {dct['dict_id']}, {dct['size']} bytes, level {dct['level']})"
-    )
-    print(f"  {'what':<44} {'mean':>8} {'total':>10} {'vs payload':>11}")
-    labels = {
-        "payload_raw": "payload_json, raw",
-        "payload_zstd": f"payload_json, zstd level {DEFAULT_LEVEL}, no dictionary",
-        "payload_zstd_dict": "payload_json, zstd + shipped dictionary",
-        "frame_raw": "IAC MESSAGE frame, raw (signed, 2 AgentIds)",
-        "frame_zstd": "IAC MESSAGE frame, zstd no dictionary",
-        "frame_zstd_dict": "IAC MESSAGE frame, zstd + dictionary",
-        "http_json_sha256": "HTTP/1.1 POST + JSON + SHA-256 hash",
-    }
-    for k, label in labels.items():
-        row = sizes["rows"][k]
-        print(f"  {label:<44} {row['mean']:8.1f} {row['total']:10d} {row['vs_payload_raw']:10.1%}")
-    print(
-        f"  payload saving with the dictionary: {sizes['payload_saving_dict']:.1%} "
-        f"(zstd without: {sizes['payload_saving_plain_zstd']:.1%}); "
-        f"frames left raw: {sizes['frames_sent_raw_with_dict']}"
-    )
-    print(
-        f"  zstd overhead per compressed message: frame header {sizes['zstd_frame_header_bytes_mean']:.2f} B "
-        f"(magic 4 + FHD 1 + dict id 2 + content size 1-2) + block headers "
-        f"{sizes['zstd_block_header_bytes_mean']:.2f} B"
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -421,7 +338,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speed": measure_speed(payloads[:count], reps),
         "sizes": measure_sizes(payloads),
     }
-    print_report(res)
+    from iac.bench.reports.live import print_rendered
+
+    scenarios = [
+        {"name": "codec", "status": "ok", "raw": res},
+        {"name": "bytes", "status": "ok", "raw": res["sizes"]},
+    ]
+    module = "iac.bench.scenarios.codec"
+    print_rendered(("codec-results",), module, {"scenarios": scenarios}, suite=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
         print(f"\nresults written to {args.json}")

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.paths import child_env as env_for
-from iac.bench.harness.process import Endpoint
+from iac.bench.harness.process import Endpoint, say
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 from iac.node.node import Node
 from iac.transport.endpoints import dial
 from iac.wire.enums import MessageType
@@ -39,10 +40,7 @@ from iac.wire.message import Session, build_message, encode_message_frame
 
 TARGET = 1.5
 
-
-def _say(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+MODULE = "iac.bench.scenarios.flood"
 
 
 async def serve(handler_ms: float) -> int:
@@ -51,12 +49,12 @@ async def serve(handler_ms: float) -> int:
             node.on(MessageType.RUN)(lambda ctx: time.sleep(handler_ms / 1e3))  # a plain function: a thread
         else:
             node.on(MessageType.RUN)(lambda ctx: None)
-        _say({"ready": True, "agent_id": node.agent_id, "url": node.addresses[0]})
+        say({"ready": True, "agent_id": node.agent_id, "url": node.addresses[0]})
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             if json.loads(line).get("cmd") == "stats":
                 s = node.stats()
-                _say({"handled": s.handled, "refused": dict(s.refused), "throttled": s.throttled})
+                say({"handled": s.handled, "refused": dict(s.refused), "throttled": s.throttled})
     return 0
 
 
@@ -74,7 +72,7 @@ async def flood(target: dict[str, str], rate: float, seconds: float) -> int:
         for _ in range(int(rate * seconds))
     ]  # fmt: skip
     conn = await dial(target["url"], me, expect=target["agent_id"])
-    _say({"ready": True})
+    say({"ready": True})
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # go
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -85,7 +83,7 @@ async def flood(target: dict[str, str], rate: float, seconds: float) -> int:
             await conn.send(frames[sent])
             sent += 1
         await asyncio.sleep(0.001)
-    _say({"sent": sent, "elapsed_s": loop.time() - t0})
+    say({"sent": sent, "elapsed_s": loop.time() - t0})
     await conn.close()
     return 0
 
@@ -156,28 +154,6 @@ async def measure(reps: int, rate: float, seconds: float, handler_ms: float) -> 
 CASES = ({"rate": 10_000.0, "handler_ms": 0.0}, {"rate": 4_000.0, "handler_ms": 2.0})
 
 
-def report(data: dict[str, Any]) -> str:
-    return "\n".join(_report(case) for case in data["cases"])
-
-
-def _report(data: dict[str, Any]) -> str:
-    what = (
-        f"handlers blocking {data['handler_ms']:g} ms" if data["handler_ms"] else "handlers returning at once"
-    )
-    lines = [f"honest request p50 while one peer floods {data['rate']:g} one-way messages/s ({what}):"]
-    for r in data["reps"]:
-        lines.append(
-            f"  quiet {r['p50_quiet_us']:7.0f} µs   flood {r['p50_flood_us']:7.0f} µs   x{r['ratio']:.2f}   "
-            f"(flood sent {r['flood_rate']:.0f}/s)"
-        )
-    verdict = "met" if data["ratio_median"] <= TARGET else "missed"
-    s = data["server"]
-    refused = s["refused"] or "nothing"
-    lines.append(f"  median ratio {data['ratio_median']:.2f} (target <= {TARGET}: {verdict}); the node "
-                 f"handled {s['handled']}, refused {refused}, throttled {s['throttled']} times")  # fmt: skip
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="role")
@@ -197,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     reps, seconds = (2, 1.0) if args.quick else (5, 3.0)
     cases = [asyncio.run(measure(reps, c["rate"], seconds, c["handler_ms"])) for c in CASES]
     data = {"target": TARGET, "cases": cases}
-    print(report(data))
+    live.print_rendered(("flood",), MODULE, data)
     if args.json:
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -25,6 +25,7 @@ from typing import Any
 
 from iac.bench.contenders.endpoints import NAMES, have_aiohttp, start_pair
 from iac.bench.harness.process import Pair
+from iac.bench.harness.results import Result, downsample
 from iac.bench.harness.stats import median, percentile
 
 # --- the loss scenario --------------------------------------------------------------------------
@@ -136,6 +137,41 @@ def run_loss(
     }
 
 
+def loss_rows(res: Result, out: dict[str, Any]) -> None:
+    """The suite's rows of a run of ``scenarios/loss.py``."""
+    plan, names = out["plan"], out["names"]
+    res.baseline = names["http"] if "http" in names else names["iac-tls"]
+    p99_series: dict[str, dict[str, float]] = {}
+    for level in out["levels"]:
+        pc = f"{level['loss']:.0%}"
+        for c, label in names.items():
+            if level["p50_ms"][c]:
+                res.add(label, f"p50 at {pc} loss", "ms", level["p50_ms"][c])
+                res.add(label, f"p99 at {pc} loss", "ms", level["p99_ms"][c])
+                p99_series.setdefault(label, {})[pc] = median(level["p99_ms"][c])
+            if level["errors"][c]:
+                res.notes.append(f"{label} at {pc} loss: {level['errors'][c]} requests failed")
+            if level["loss"] == 0.0:
+                wire = level["wire_bytes_per_request"][c]
+                res.add(label, "IP bytes on the wire per request (0 % loss)", "B", wire)
+        if level["loss"] == max(plan["losses"]):
+            res.series["latency_cdf_ms_at_max_loss"] = {
+                names[c]: downsample(v) for c, v in level["samples_ms"].items() if v
+            }
+        del level["samples_ms"]
+    res.series["p99_vs_loss_ms"] = p99_series
+    res.notes.append(
+        f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
+        f"{plan['rounds']} rounds per loss level; 20 ms RTT ({plan['one_way_delay_s'] * 1e3:.0f} ms each "
+        "way); loss "
+        "applies to every IP packet in each direction (TUN link between two network namespaces, "
+        "iac/testing/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
+        "connections, IAC one connection."
+    )
+    res.notes.extend(out["notes"])
+    res.raw = out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true")
@@ -145,16 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     if res["status"] != "ok":
         print(f"loss scenario skipped: {res['reason']}")
         return 0
-    for level in res["levels"]:
-        for c in res["contenders"]:
-            p50, p99 = level["p50_ms"][c], level["p99_ms"][c]
-            if p50:
-                print(
-                    f"loss {level['loss']:4.0%}  {NAMES[c]:<20} p50 {median(p50):7.1f} ms  "
-                    f"p99 {median(p99):7.1f} ms  errors {level['errors'][c]}"
-                )
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    from iac.bench.reports import live
+
+    live.print_rows("iac.bench.scenarios.loss", [("loss", loss_rows, res)])
     return 0
 
 

@@ -25,11 +25,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import platform
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -212,57 +209,12 @@ async def run(sizes: dict[str, int]) -> dict[str, Any]:
     return {"rounds": rounds, "medians": medians, "ratios": ratios}
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def environment() -> dict[str, Any]:
     """The machine, the library versions and the commit, as the suite's results record them."""
-    from importlib.metadata import PackageNotFoundError, version
+    from iac.bench.harness import environment, record
 
-    from iac.bench.harness.environment import DISTRIBUTIONS
-
-    libraries: dict[str, str | None] = {}
-    for pkg in ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2"):
-        try:
-            libraries[pkg] = version(DISTRIBUTIONS.get(pkg, pkg))
-        except PackageNotFoundError:
-            libraries[pkg] = None
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "iac", "benchmarks")
-    return {
-        "cpu_model": _cpu_model(),
-        "cores": os.cpu_count(),
-        "machine": platform.machine(),
-        "system": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "libraries": libraries,
-        "git_commit": _git("rev-parse", "--short", "HEAD") or None,
-        "git_dirty": bool(dirty),
-    }
-
-
-def table(result: dict[str, Any]) -> str:
-    lines = ["| transport | tool-call p50 | calls/s, 32 in flight |", "|---|---:|---:|"]
-    for name, m in result["medians"].items():
-        r = result["ratios"][name]
-        ratio = "" if name == HTTP else f" ({r['p50_vs_http']:.2f}×)"
-        ratio_c = "" if name == HTTP else f" ({r['calls_per_s_vs_http']:.2f}×)"
-        lines.append(f"| {name} | {m['p50_ms']:.2f} ms{ratio} | {m['calls_per_s']:,.0f}{ratio_c} |")
-    return "\n".join(lines)
+    libs = ("iac", "mcp", "aioquic", "pynacl", "zstandard", "protobuf", "uvicorn", "httpx2")
+    return {**environment.environment(libs), "git_dirty": bool(record.git_dirty())}
 
 
 def main() -> None:
@@ -290,22 +242,25 @@ def main() -> None:
     env = environment()
     t0 = time.monotonic()
     result = asyncio.run(run(sizes))
+    data = {
+        "benchmark": "mcp_calls",
+        "sizes": sizes,
+        "in_flight": IN_FLIGHT,
+        "text_bytes": len(TEXT),
+        **result,
+    }
     out = {
         "schema": "iac-bench-record/1",
         "command": command,
         "started": started,
         "duration_s": round(time.monotonic() - t0, 1),
         "environment": env,
-        "result": {
-            "benchmark": "mcp_calls",
-            "sizes": sizes,
-            "in_flight": IN_FLIGHT,
-            "text_bytes": len(TEXT),
-            **result,
-        },
+        "result": data,
     }
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n", "utf-8")
-    print(table(result))
+    from iac.bench.reports import live
+
+    live.print_rendered(("mcp",), "iac.bench.scenarios.mcp_calls", data)
 
 
 if __name__ == "__main__":

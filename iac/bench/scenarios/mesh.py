@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import random
 import shutil
@@ -33,7 +34,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.contenders import brokers
+from iac.bench.contenders import baselines, brokers, common, endpoints
+from iac.bench.contenders.baselines import dumps_compact
 from iac.bench.harness.stats import median
 from iac.bench.scenarios.filetransfer import bench_bare_aioquic, bench_iac_file, make_file
 from iac.node.config import NodeConfig
@@ -88,10 +90,29 @@ class _Completion:
             self.fut.set_result(time.perf_counter())
 
 
-def have_aiohttp() -> bool:
-    import importlib.util
+def http_body(payload: str, msg_id: int, signer: Any | None) -> bytes:
+    """An HTTP fan-out's JSON envelope: hashed with the shared password, or signed (Ed25519)."""
+    env = {"from": "agent-a", "to": "agent-b", "type": "RUN", "payload": payload, "msg_id": msg_id}
+    env["timestamp"] = time.time_ns() // 1000
+    if signer is None:
+        return dumps_compact({**env, "hash": _sha(payload)}).encode()
+    raw = dumps_compact(env)
+    return dumps_compact({"envelope": raw, "sig": signer.sign(raw.encode()).signature.hex()}).encode()
 
-    return importlib.util.find_spec("aiohttp") is not None
+
+def http_open(body: bytes, verifier: Any | None) -> dict[str, Any]:
+    """The envelope of :func:`http_body`, its hash or signature checked."""
+    obj: dict[str, Any] = json.loads(body)
+    if verifier is not None:
+        verifier.verify(obj["envelope"].encode(), bytes.fromhex(obj["sig"]))
+        return dict(json.loads(obj["envelope"]))
+    if obj.get("hash") != _sha(obj["payload"]):
+        raise ValueError("bad hash")
+    return obj
+
+
+def _sha(payload: str) -> str:
+    return hashlib.sha256((payload + baselines.HTTP_PASSWORD).encode()).hexdigest()
 
 
 class BroadcastBench:
@@ -106,7 +127,7 @@ class BroadcastBench:
             raise ValueError("a broadcast needs at least two agents")
         self.n = n
         self.dir = workdir
-        self.http = have_aiohttp() if http is None else http
+        self.http = endpoints.have_aiohttp() if http is None else http
         self.edges = graph(n, seed=n if seed is None else seed)
         self.key = 0
         self.done = _Completion()
@@ -181,20 +202,18 @@ class BroadcastBench:
         import aiohttp
         from aiohttp import web
 
-        from iac.bench.contenders import common, http
-
-        _, verify_origin = http.signing_keys(True, common.SERVER_SEED, common.CLIENT_SEED)
+        _, verify_origin = brokers.keys(True, common.SERVER_SEED, common.CLIENT_SEED)
 
         async def handle(request: web.Request) -> web.Response:
             body = await request.read()
             signed = request.headers.get("X-Signed") == "1"
-            env = http.http_open(body, verify_origin if signed else None)
+            env = http_open(body, verify_origin if signed else None)
             self.done.hit(int(json.loads(env["payload"])["k"]))
             return web.Response(status=204)
 
         for i in range(1, self.n):
             app = web.Application()
-            app.router.add_post(common.PATH, handle)
+            app.router.add_post(baselines.HTTP_PATH, handle)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.UnixSite(runner, str(self.dir / f"h{i}.sock")).start()
@@ -205,7 +224,7 @@ class BroadcastBench:
                     timeout=aiohttp.ClientTimeout(total=WAIT_S),
                 )
             )
-        self._origin_signer, _ = http.signing_keys(True, common.CLIENT_SEED, common.SERVER_SEED)
+        self._origin_signer, _ = brokers.keys(True, common.CLIENT_SEED, common.SERVER_SEED)
 
     async def close(self) -> None:
         for s in self._http_sessions:
@@ -262,17 +281,17 @@ class BroadcastBench:
         return (t1 - t0) * 1e3
 
     async def http_fanout(self, signed: bool) -> float:
-        from iac.bench.contenders import common, http
-
         key, payload = self._payload()
         fut = self.done.arm(key, self.n - 1)
         headers = {"Content-Type": "application/json", "X-Signed": "1" if signed else "0"}
         t0 = time.perf_counter()
         # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
-        body = http.http_body(json.dumps(payload), key, self._origin_signer if signed else None)
+        body = http_body(json.dumps(payload), key, self._origin_signer if signed else None)
 
         async def post(session: Any) -> None:
-            async with session.post(f"http://localhost{common.PATH}", data=body, headers=headers) as resp:
+            async with session.post(
+                f"http://localhost{baselines.HTTP_PATH}", data=body, headers=headers
+            ) as resp:
                 if resp.status != 204:
                     raise RuntimeError(f"HTTP {resp.status}")
 

@@ -25,24 +25,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import string
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from iac.bench.harness.results import summarize
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 from iac.testing.nat import NatLab, NatScene, unavailable
 
 #: 1 KiB of seeded random letters and digits (compresses little, unlike a repeated character).
 PAYLOAD = "".join(random.Random(1).choices(string.ascii_letters + string.digits, k=1024))
 
-
-def _summary(values: list[float]) -> dict[str, Any]:
-    return {"median": median(values), "min": min(values), "max": max(values), "n": len(values)}
+MODULE = "iac.bench.scenarios.nat"
 
 
 async def _round(lab: NatLab, requests: int) -> dict[str, Any]:
@@ -98,7 +96,7 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
     with NatLab(tag=tag, symmetric=True) as lab:
         symmetric = await _symmetric(lab, requests)
     keys = per_round[0].keys()
-    figures = {k: _summary([r[k] for r in per_round]) for k in keys}
+    figures = {k: summarize([r[k] for r in per_round]) for k in keys}
     rel = figures["relay_bytes_per_request_relayed"]["median"]
     dirb = figures["relay_bytes_per_request_direct"]["median"]
     return {
@@ -110,28 +108,6 @@ async def measure(rounds: int, requests: int) -> dict[str, Any]:
         "relay_bytes_saved_fraction": (rel - dirb) / rel if rel else 0.0,
         "symmetric": symmetric,
     }
-
-
-def report(data: dict[str, Any]) -> str:
-    if "unavailable" in data:
-        return f"nat: unavailable: {data['unavailable']}"
-    f = data["figures"]
-    sym = data["symmetric"]
-    lines = [
-        f"nat: {data['rounds']} rounds, {data['requests_per_path']} requests per path, "
-        f"{data['payload_bytes']} B payload",
-        f"  time to a direct path   {f['to_direct_ms']['median']:8.1f} ms "
-        f"(min {f['to_direct_ms']['min']:.1f}, max {f['to_direct_ms']['max']:.1f})",
-        f"  RTT relayed             {f['rtt_relayed_ms']['median']:8.3f} ms",
-        f"  RTT direct              {f['rtt_direct_ms']['median']:8.3f} ms "
-        f"(direct / relayed {data['ratio_rtt_direct_relayed']:.2f})",
-        f"  relay bytes / request   {f['relay_bytes_per_request_relayed']['median']:8.0f} relayed, "
-        f"{f['relay_bytes_per_request_direct']['median']:.0f} direct "
-        f"(saved {data['relay_bytes_saved_fraction'] * 100:.1f} %)",
-        f"  symmetric NATs: direct {sym['direct']}, gave up after {sym['gave_up_after_ms']:.0f} ms, "
-        f"{sym['delivered']}/{sym['sent']} delivered through the relay",
-    ]
-    return "\n".join(lines)
 
 
 def scenario(ctx: Any, res: Any, run_script: Any) -> None:
@@ -170,6 +146,13 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     res.raw = data
 
 
+def show(data: dict[str, Any]) -> None:
+    if "unavailable" in data:
+        print(f"nat: unavailable: {data['unavailable']}")
+    else:
+        live.print_rendered(("nat",), MODULE, data)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 rounds of 20 requests instead of 10 of 100")
@@ -180,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         data: dict[str, Any] = {"unavailable": reason}
     else:
         data = asyncio.run(measure(3, 20) if args.quick else measure(10, 100))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    else:
-        print(report(data))
-    return 0
+    return live.write_or_print(data, args.json, show)
 
 
 if __name__ == "__main__":

@@ -52,9 +52,12 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines
-from iac.bench.contenders.baselines import Client, CountingProxy, ServerProcess
+from iac.bench.contenders.baselines import Client
 from iac.bench.contenders.iacnode import IAC, IacClient, start_iac, transport_of
+from iac.bench.harness import counting, process
+from iac.bench.harness.counting import CountingProxy
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.process import ServerProcess
 from iac.bench.harness.stats import median, percentile
 from iac.testing import lanes
 from iac.testing.lanes import Lane, base_name, loop_kind
@@ -267,7 +270,7 @@ async def measure_wire(
         host, port = (
             _host_port(info["url"].removeprefix("quic://")) if is_iac(name) else (info["host"], info["port"])
         )
-        relay = baselines.counting_udp_relay((host, int(port)))
+        relay = counting.counting_udp_relay((host, int(port)))
         rhost, rport = await relay.start()
         via: tuple[Any, ...] = ("udp", rhost, rport)
     else:
@@ -352,7 +355,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         calibrating = asyncio.get_running_loop().run_in_executor(None, calibrator.start)
         started = await asyncio.gather(
             *(
-                baselines.spawn_server(
+                process.spawn_server(
                     "iac.bench.scenarios.node", n, workdir, profile_file if n == args.profile else None
                 )
                 for n in names
@@ -485,9 +488,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     report = asyncio.run(run(args))
     if not args.json_only:
-        from iac.bench.reports import nodeprint
+        from iac.bench.reports.live import print_rendered
 
-        nodeprint.print_report(report)
+        print_rendered(("node-results", "node-floors"), "iac.bench.scenarios.node", report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

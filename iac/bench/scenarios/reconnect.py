@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders.echo import TcpDelayProxy
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.testing import Impairment, UdpRelay
@@ -30,6 +29,8 @@ from iac.testing import Impairment, UdpRelay
 ONE_WAY_DELAY = 0.010
 TARGET_0RTT = 0.6
 CONTENDERS = ("QUIC 0-RTT", "QUIC 1-RTT", "TLS/TCP")
+
+MODULE = "iac.bench.scenarios.reconnect"
 
 
 async def measure(rounds: int) -> dict[str, Any]:
@@ -109,23 +110,14 @@ def _hostport(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def report(data: dict[str, Any]) -> str:
-    lines = [f"first delivery after a reconnect, {data['one_way_delay_ms']:g} ms each way, "
-             f"{data['rounds']} rounds (median ms):"]  # fmt: skip
-    for name, f in data["first_delivery_ms"].items():
-        lines.append(f"  {name:<11} {f['median']:8.1f}  (min {f['min']:.1f}, max {f['max']:.1f})")
-    r = data["ratio_0rtt_1rtt"]
-    verdict = "met" if r <= TARGET_0RTT else "missed"
-    resumed = f"resumed {data['resumed']}/{data['rounds']}"
-    lines.append(f"  0-RTT / 1-RTT = {r:.2f} (target <= {TARGET_0RTT}: {verdict}); "
-                 f"0-RTT / TLS = {data['ratio_0rtt_tls']:.2f}; {resumed}")  # fmt: skip
-    return "\n".join(lines)
-
-
 def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     """``iac bench --only reconnect``: this script in a child process, its figures as the suite's rows."""
     ctx.progress("reconnect.py")
-    data = run_script(ctx, "reconnect.py", ["--quick"] if ctx.quick else [], 300)
+    fill(res, run_script(ctx, "reconnect.py", ["--quick"] if ctx.quick else [], 300))
+
+
+def fill(res: Any, data: dict[str, Any]) -> None:
+    """The suite's rows of this module's output."""
     res.baseline = "QUIC 1-RTT"
     for name, f in data["first_delivery_ms"].items():
         res.add(name, "first delivery after a reconnect, 20 ms RTT (Node API)", "ms", f, iac=True)
@@ -144,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     data = asyncio.run(measure(5 if args.quick else 30))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    else:
-        print(report(data))
-    return 0
+
+    def show(d: dict[str, Any]) -> None:
+        live.print_rows(MODULE, [("reconnect", fill, d)])
+
+    return live.write_or_print(data, args.json, show)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from typing import Any
 
 from iac.bench.harness.paths import ROOT
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 
 SCENARIOS = ("cpu", "bytes", "setup", "loss", "broadcast", "filetransfer")
 #: Where the issue's "within 5 %" applies: CPU per request, after ÷ before.
@@ -170,24 +171,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def show(report: dict[str, Any]) -> None:
-    c = report["config"]
-    print(f"\nBefore: {c['before'][:7]}; after: this tree; {c['rounds']} rounds in turns"
-          f"{' (quick forms)' if c['quick'] else ''}; medians of the rounds' medians")  # fmt: skip
-    print(
-        f"{'scenario':12} {'contender':32} {'metric':46} {'before':>10} {'after':>10} {'ratio':>6}  verdict"
-    )
-    for r in report["rows"]:
-        ratio = f"{r['ratio']:6.2f}" if r["ratio"] is not None else "     -"
-        print(f"{r['scenario']:12} {r['contender'][:32]:32} {r['metric'][:46]:46} {r['before_median']:10.1f} "
-              f"{r['after_median']:10.1f} {ratio}  {r['verdict']}")  # fmt: skip
-    cpu = report["cpu"]
-    drift = cpu["baselines_median_ratio"]
-    print(f"\nCPU per request after / before (target <= {cpu['target']}): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in cpu["iac"].items())
-          + (f"; unchanged baselines moved {drift:.2f} (median)" if drift else ""))  # fmt: skip
-
-
 def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--before", required=True, help="the earlier commit (any git revision)")
@@ -197,7 +180,7 @@ def cli() -> None:
     ap.add_argument("--json", type=Path, help="write every number as JSON here")
     args = ap.parse_args()
     report = main(args)
-    show(report)
+    live.print_rendered(("regress",), "iac.bench.scenarios.regress", report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

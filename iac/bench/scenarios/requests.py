@@ -92,6 +92,10 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
     figs: dict[tuple[str, str], list[float]] = {}
     samples: dict[str, list[float]] = {}
     depths = sorted(plan.counts)
+
+    def put(label: str, metric: str, value: float) -> None:
+        figs.setdefault((label, metric), []).append(value)
+
     try:
         for label, cont, backend in contenders:
             ctx.progress(f"starting {label}")
@@ -110,36 +114,24 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
                         raise RuntimeError(f"{label}: {out['errors']} failed requests at {depth} in flight")
                     done = len(lat)
                     if depth == 1 and not cpu_only:
-                        figs.setdefault((label, "RTT p50, 1 in flight"), []).append(median(lat))
-                        figs.setdefault((label, "RTT p99, 1 in flight"), []).append(percentile(lat, 99))
+                        put(label, "RTT p50, 1 in flight", median(lat))
+                        put(label, "RTT p99, 1 in flight", percentile(lat, 99))
                         samples.setdefault(label, []).extend(lat)
                     if not cpu_only:
-                        figs.setdefault((label, f"requests/s, {depth} in flight"), []).append(
-                            done / out["elapsed_s"]
-                        )
+                        put(label, f"requests/s, {depth} in flight", done / out["elapsed_s"])
                     if depth == max(depths):
-                        figs.setdefault((label, f"client CPU per request, {depth} in flight"), []).append(
-                            out["cpu_s"] * 1e6 / done
-                        )
-                        figs.setdefault((label, f"server CPU per request, {depth} in flight"), []).append(
-                            out["server_cpu_s"] * 1e6 / done
-                        )
-                        if out["frame_bytes"] is not None:
-                            figs.setdefault((label, "IAC frame bytes per request, both ways"), []).append(
-                                out["frame_bytes"] / done
-                            )
+                        us = 1e6 / done
+                        for side in ("client", "server"):
+                            cpu = out["cpu_s" if side == "client" else "server_cpu_s"]
+                            put(label, f"{side} CPU per request, {depth} in flight", cpu * us)
+                        if (frames := out["frame_bytes"]) is not None:
+                            put(label, "IAC frame bytes per request, both ways", frames / done)
     finally:
         for pair in pairs.values():
             pair.close()
     for (label, metric), values in figs.items():
-        if metric.startswith("RTT"):
-            unit, better = "µs", "lower"
-        elif metric.startswith("requests/s"):
-            unit, better = "req/s", "higher"
-        elif "CPU" in metric:
-            unit, better = "µs", "lower"
-        else:
-            unit, better = "B", "lower"
+        unit = "req/s" if metric.startswith("requests/s") else "B" if "bytes" in metric else "µs"
+        better = "higher" if unit == "req/s" else "lower"
         res.add(label, metric, unit, values, better=better, secures=endpoints.secures(kind[label]))
     if samples:
         res.series["latency_cdf_us"] = {k: downsample(v) for k, v in samples.items()}

@@ -51,6 +51,7 @@ from typing import Any
 from iac.bench.contenders import baselines
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 
 Request = Callable[[int], Awaitable[None]]
 
@@ -298,25 +299,6 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def print_matrix(r: dict[str, Any]) -> None:
-    c = r["config"]
-    print(f"\nBoth ends in one process; CPU µs per round trip, median of {c['reps']} repetitions "
-          f"({c['count']} at 1 in flight, {2 * c['count']} at 64);"
-          " counts per round trip at 1 in flight")  # fmt: skip
-    print(f"{'contender':16} {'CPU @1':>8} {'CPU @64':>8} {'req/s @64':>10} {'turns':>6} {'calls':>7} "
-          f"{'QUIC flushes':>13}")  # fmt: skip
-    for name, v in r["contenders"].items():
-        print(f"{name:16} {v['cpu_us_1_median']:8.0f} {v['cpu_us_64_median']:8.0f} "
-              f"{v['rps_64_median']:10.0f} {v['loop_turns']:6.1f} {v['python_calls']:7.0f} "
-              f"{v['quic_transmits']:13.1f}")  # fmt: skip
-    if r.get("instructions"):
-        print("Instructions per round trip at 1 in flight (callgrind): "
-              + ", ".join(f"{k} {v / 1e6:.3f} M" for k, v in r["instructions"].items()))  # fmt: skip
-    for k, v in r["ratios"].items():
-        rps = f", req/s at 64 {v['rps_64']:.2f}x" if "rps_64" in v else ""
-        print(f"{k:28} CPU at 1 in flight {v['cpu_1']:.2f}x, at 64 {v['cpu_64']:.2f}x{rps}")
-
-
 def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("transport", nargs="?", choices=("quic", "tls", "unix"), help="one contender only")
@@ -332,7 +314,7 @@ def cli() -> None:
     args = ap.parse_args()
     if args.transport is None:
         report = asyncio.run(matrix(args))
-        print_matrix(report)
+        live.print_rendered(("roundtrip",), "iac.bench.scenarios.roundtrip", report)
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         return

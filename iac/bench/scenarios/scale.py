@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from iac.bench.harness.process import commands, say
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
@@ -52,6 +53,7 @@ from iac.transport.base import Connection, TransportConfig
 from iac.transport.bound import FD_RESERVE
 from iac.transport.dialer import Backoff
 from iac.transport.endpoints import dial
+from iac.wire._pb.iac_pb2 import Message
 from iac.wire.dicts import DictionarySet, default_dictionary, derive_dictionary, message_prefix
 from iac.wire.elide import elide
 from iac.wire.enums import MessageType
@@ -77,11 +79,6 @@ def live_rss() -> int:
         return int(f.read().split()[1]) * PAGE
 
 
-def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 async def serve(spec: dict[str, Any]) -> None:
     """A node listening on ``spec["listen"]`` that answers RUN with its payload; JSON lines on
     stdout (first ``{"id", "addrs", "rss"}``), commands on stdin: ``rss``, ``stats``, ``quit``.
@@ -98,21 +95,16 @@ async def serve(spec: dict[str, Any]) -> None:
         async def echo(ctx: Context) -> object:
             return ctx.payload
 
-        _emit({"id": node.agent_id, "addrs": node.addresses, "rss": live_rss()})
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        while line := await reader.readline():
-            cmd = json.loads(line)["cmd"]
+        say({"id": node.agent_id, "addrs": node.addresses, "rss": live_rss()})
+        async for line in commands():
+            cmd = line["cmd"]
             if cmd == "rss":
-                _emit({"rss": live_rss()})
+                say({"rss": live_rss()})
             elif cmd == "stats":
                 st = node.stats()
                 bound = transport.connections
                 cpu = time.process_time()
-                _emit(
-                    {"connections": st.connections, "handled": st.handled, "held": bound.held, "cpu_s": cpu}
-                )
+                say({"connections": st.connections, "handled": st.handled, "held": bound.held, "cpu_s": cpu})
             elif cmd == "quit":
                 break
 
@@ -179,18 +171,23 @@ def client_config(**kw: Any) -> TransportConfig:
     return TransportConfig(dictionaries=DictionarySet([default_dictionary()]), idle_timeout=None, **kw)
 
 
+def run_frame(me: Identity, to: str, session: Session, body: object, timeout: float) -> Message:
+    """A RUN request to ``to``, answered within ``timeout`` seconds."""
+    now_us = time.time_ns() // 1000
+    return build_message(
+        sender=me.agent_id,
+        to=to,
+        msg_type=MessageType.RUN,
+        session=session,
+        timestamp_us=now_us,
+        payload_json=json.dumps(body),
+        deadline_us=now_us + int(timeout * 1e6),
+    )
+
+
 async def request(conn: Connection, identity: Identity, server_id: str, payload: object) -> object:
     """One signed RUN request on ``conn``; its answer's payload."""
-    now_us = time.time_ns() // 1000
-    msg = build_message(
-        sender=identity.agent_id,
-        to=server_id,
-        msg_type=MessageType.RUN,
-        session=Session(),
-        timestamp_us=now_us,
-        payload_json=json.dumps(payload),
-        deadline_us=now_us + 10_000_000,  # a request: the caller waits for its answer
-    )
+    msg = run_frame(identity, server_id, Session(), payload, 10.0)
     await conn.send(encode_frame(FrameType.MESSAGE, sign_message(identity, msg)))
     reply = open_message((await conn.recv()).frame.body)
     if int(reply.msg_type) != MessageType.REPLY or reply.reply_to != msg.msg_id:
@@ -279,16 +276,7 @@ class Peer:
             self.pending.clear()
 
     async def call(self, payload: object, timeout: float = 10.0) -> None:
-        now_us = time.time_ns() // 1000
-        msg = build_message(
-            sender=self.identity.agent_id,
-            to=self.server_id,
-            msg_type=MessageType.RUN,
-            session=self.session,
-            timestamp_us=now_us,
-            payload_json=json.dumps(payload),
-            deadline_us=now_us + int(timeout * 1e6),
-        )
+        msg = run_frame(self.identity, self.server_id, self.session, payload, timeout)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pending[msg.msg_id] = fut
         await self.conn.send(encode_frame(FrameType.MESSAGE, sign_message(self.identity, msg)))
@@ -333,7 +321,7 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
     results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
     peers = [r[0] for r in results if isinstance(r, tuple)]
     errors = [r for r in results if isinstance(r, BaseException)]
-    _emit(
+    say(
         {
             "ok": len(peers),
             "errors": [repr(e) for e in errors[:5]],
@@ -342,14 +330,10 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
             "times": [r[1] for r in results if isinstance(r, tuple)],
         }
     )
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        cmd = json.loads(line)
+    async for cmd in commands():
         cpu0, t0 = time.process_time(), time.monotonic()
         failed = await load(peers, int(cmd["count"]), int(cmd["in_flight"])) if peers else cmd["count"]
-        _emit({"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0})
+        say({"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0})
     await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
     return {}
 
@@ -430,6 +414,15 @@ def peers_allowed(nofile: int) -> int:
     return max(0, nofile - 2 * FD_RESERVE)
 
 
+def _burst(reports: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """One burst of dials over the client processes' ``reports``."""
+    times = [t for r in reports for t in r["times"]]
+    total = {k: sum(r[k] for r in reports) for k in ("ok", "failed", "retries")}
+    errors = [e for r in reports for e in r["errors"]][:5]
+    pcts = {"p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99)}
+    return {**total, "errors": errors, "wall_s": wall, **pcts}
+
+
 def _pct(xs: Sequence[float], q: float) -> float | None:
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))] if s else None
@@ -454,7 +447,6 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
             st = await srv.command("stats")
         finally:
             await _release(children)
-    times = [t for r in reports for t in r["times"]]
     ok = sum(r["ok"] for r in reports)
     done = plan.requests - sum(x["failed"] for x in loads)
     return {
@@ -462,16 +454,7 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
         "peers": peers,
         "connected": ok,
         "server_connections": st["connections"],
-        "burst": {
-            "ok": ok,
-            "failed": sum(r["failed"] for r in reports),
-            "retries": sum(r["retries"] for r in reports),
-            "errors": [e for r in reports for e in r["errors"]][:5],
-            "wall_s": burst_wall,
-            "p50_s": _pct(times, 0.5),
-            "p99_s": _pct(times, 0.99),
-            "server_cpu_s": cpu1 - cpu0,
-        },
+        "burst": {**_burst(reports, burst_wall), "server_cpu_s": cpu1 - cpu0},
         "requests": plan.requests,
         "requests_failed": plan.requests - done,
         "server_cpu_us_per_request": (cpu2 - cpu1) / max(1, done) * 1e6,
@@ -506,27 +489,6 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
     }
 
 
-def report(data: dict[str, Any]) -> str:
-    p = data["plan"]
-    lines = [
-        f"{p['requests']} requests at {p['in_flight']} in flight per step, {p['procs']} client processes, "
-        f"idle window {p['idle_s']:g} s; RLIMIT_NOFILE {data['rlimit_nofile']['soft']} "
-        f"(allows {data['peers_allowed']} peers)",
-        f"{'':5} {'peers':>6} {'RSS MiB':>8} {'KiB/peer':>9} {'CPU µs/req':>10} {'idle %':>7} "
-        f"{'burst ok/failed':>15} {'p99 s':>6} {'srv CPU s':>9}",
-    ]
-    for s in data["steps"]:
-        b = s["burst"]
-        lines.append(
-            f"{s['transport']:<5} {s['peers']:>6} {s['rss_mib']:>8.1f} {s['per_peer_kib']:>9.0f} "
-            f"{s['server_cpu_us_per_request']:>10.0f} {s['idle_cpu_percent']:>7.2f} "
-            f"{b['ok']:>7}/{b['failed']:<7} {b['p99_s'] or 0:>6.2f} {b['server_cpu_s']:>9.2f}"
-        )
-    if data["skipped_peers"]:
-        lines.append(f"skipped (RLIMIT_NOFILE too low): {data['skipped_peers']}")
-    return "\n".join(lines)
-
-
 LABEL = {"tls": "IAC-TLS/TCP", "quic": "IAC-QUIC"}
 
 
@@ -541,7 +503,11 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     args = ["--quick"] if ctx.quick else []
     if peers := os.environ.get("IAC_SCALE_PEERS"):
         args += ["--peers", peers]
-    data = run_script(ctx, "scale.py", args, 600 if ctx.quick else 7200)
+    fill(res, run_script(ctx, "scale.py", args, 600 if ctx.quick else 7200))
+
+
+def fill(res: Any, data: dict[str, Any]) -> None:
+    """The suite's rows of this module's output."""
     p = data["plan"]
     for s in data["steps"]:
         who, n, b = LABEL[s["transport"]], s["peers"], s["burst"]
@@ -598,18 +564,7 @@ async def probe_burst(transport: str, dials: int, procs: int) -> dict[str, Any]:
         reports, children = await _spread(url, srv.agent_id, dials, procs, None)
         wall = time.monotonic() - t0
         await _release(children)
-    times = sorted(t for r in reports for t in r["times"])
-    return {
-        "transport": transport,
-        "dials": dials,
-        "ok": sum(r["ok"] for r in reports),
-        "failed": sum(r["failed"] for r in reports),
-        "retries": sum(r["retries"] for r in reports),
-        "errors": [e for r in reports for e in r["errors"]][:5],
-        "wall_s": wall,
-        "p50_s": times[len(times) // 2] if times else None,
-        "p99_s": times[int(len(times) * 0.99)] if times else None,
-    }
+    return {"transport": transport, "dials": dials, **_burst(reports, wall)}
 
 
 def probe_bytes(corpus: Path) -> dict[str, float]:
@@ -683,7 +638,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         else:
-            print(report(data))
+            from iac.bench.reports import live
+
+            live.print_rows(MODULE, [("scale", fill, data)], ["scale"])
         return 0
     print(json.dumps(out, indent=1))
     return 0

@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines
+from iac.bench.harness import process
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
+from iac.bench.reports import live
 
 IN_FLIGHT = 64
 CONTENDERS = ("1 process, memory store", "1 process, shared store", "2 processes, shared store")
@@ -103,7 +105,7 @@ async def client_main(url: str, peer: str, count: int, payload_file: Path) -> No
         print(json.dumps({"start": t0, "end": time.monotonic(), "n": count}), flush=True)
 
 
-async def run_clients(servers: list[baselines.ServerProcess], count: int, payload_file: Path) -> float:
+async def run_clients(servers: list[process.ServerProcess], count: int, payload_file: Path) -> float:
     """One client process per server, started together; requests/s of all of them."""
     procs = []
     for s in servers:
@@ -148,10 +150,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     scaling: list[float] = []
     calibrator = Calibrator(0.1)
     calibrator.start()
-    servers: dict[str, baselines.ServerProcess] = {}
+    servers: dict[str, process.ServerProcess] = {}
     try:
         for n in ("mem-0", "shared-0", "shared-1"):
-            servers[n] = await baselines.spawn_server("iac.bench.scenarios.scaleout", n, workdir)
+            servers[n] = await process.spawn_server("iac.bench.scenarios.scaleout", n, workdir)
         before = calibrator.measure()["scaling"]
         for rep in range(args.reps):
             order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
@@ -194,18 +196,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def print_report(r: dict[str, Any]) -> None:
-    print(f"\n{r['config']['reps']} repetitions, {r['config']['count_per_client']} requests per client "
-          f"at {IN_FLIGHT} in flight; two-process scaling per repetition: "
-          + ", ".join(f"{s:.2f}" for s in r["scaling"]))  # fmt: skip
-    print(f"{'contender':30} {'req/s (all reps)':>17} {'req/s (valid)':>14} {'server CPU µs/req':>18}")
-    for c, v in r["contenders"].items():
-        valid = "-" if v["requests_per_s_valid"] is None else f"{v['requests_per_s_valid']:,.0f}"
-        print(f"{c:30} {v['requests_per_s']:>17,.0f} {valid:>14} {v['server_cpu_us_per_request']:>18.0f}")
-    print(f"2 processes / 1 process (shared store), requests/s: {r['two_over_one']:.2f}")
-    print(f"server CPU per request, shared SQLite store / memory store: {r['shared_over_memory_cpu']:.2f}")
-
-
 def cli(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true")
@@ -228,7 +218,7 @@ def cli(argv: list[str] | None = None) -> None:
     args.count = args.count or (200 if args.quick else 2000)
     args.reps = args.reps or (1 if args.quick else 5)
     report = asyncio.run(main(args))
-    print_report(report)
+    live.print_rendered(("scaleout",), "iac.bench.scenarios.scaleout", report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

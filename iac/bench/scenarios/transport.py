@@ -55,18 +55,18 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders.echo import (
-    CONFIG,
     DEPTH,
-    DICTS,
     BareQuic,
     BareTls,
     IacClient,
     IacServer,
     TcpDelayProxy,
     start_echo_quic,
-    summary,
     tls_echo,
 )
+from iac.bench.contenders.floor import CONFIG, DICTS
+from iac.bench.harness.environment import cpu_model
+from iac.bench.harness.results import summarize as summary
 from iac.bench.harness.stats import median, percentile
 from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
 from iac.testing.relay import Impairment, UdpRelay
@@ -356,74 +356,6 @@ def _mm(s: dict[str, float], fmt: str = "{:.0f}") -> str:
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])} .. {fmt.format(s['max'])}]"
 
 
-def print_report(res: dict[str, Any]) -> None:
-    env = res["environment"]
-    print(
-        f"IAC transport benchmark — Python {env['python']}, aioquic {env['aioquic']}, {env['processor']}, "
-        f"{'quick' if res['quick'] else 'full'} run, loopback, one process"
-    )
-    targets = []
-    if "rtt" in res:
-        rtt = res["rtt"]
-        print()
-        print(
-            f"Request/reply, {rtt['rounds']} rounds x {rtt['round_trips_per_round']} round trips at depth 1 "
-            f"and {rtt['requests_per_round_at_64']} requests at depth {DEPTH}; median [min .. max] of rounds"
-        )
-        print(f"  {'':<20} {'p50 µs':>20} {'p99 µs':>20} {'req/s at 64':>24}")
-        for name, c in rtt["cases"].items():
-            print(f"  {name:<20} {_mm(c['p50_us']):>20} {_mm(c['p99_us']):>20} {_mm(c['rps_64']):>24}")
-        rq, rt = rtt["ratio_quic"], rtt["ratio_tls"]
-        ok = rq["median"] <= TARGET_RTT
-        print(
-            f"  IAC-QUIC / bare aioquic p50 = {_mm(rq, '{:.2f}')} (target <= {TARGET_RTT}: {_verdict(ok)}); "
-            f"IAC-TLS / bare TLS = {_mm(rt, '{:.2f}')}"
-        )
-        targets.append(("IAC-QUIC p50 <= 1.8 x bare aioquic", rq["median"], ok))
-    if "oneway" in res:
-        ow = res["oneway"]
-        print()
-        print(
-            f"One-way IAC-QUIC, {ow['messages_per_round']} messages (test.jsonl payloads) per round; "
-            "msgs/s received, median [min .. max]"
-        )
-        print(f"  {'receiver decode-only rate (codec)':<44} {_mm(ow['decode_rate']):>24}")
-        print(f"  {'IAC-QUIC one-way, frames signed ahead':<44} {_mm(ow['oneway_presigned_rate']):>24}")
-        print(f"  {'IAC-QUIC one-way, signing in the loop':<44} {_mm(ow['oneway_signing_rate']):>24}")
-        ok = ow["ratio"]["median"] >= TARGET_ONEWAY
-        print(
-            f"  one-way / decode = {_mm(ow['ratio'], '{:.2f}')} (target >= {TARGET_ONEWAY}: {_verdict(ok)})"
-        )
-        targets.append(("one-way IAC-QUIC >= 0.5 x decode rate", ow["ratio"]["median"], ok))
-    if "handshake" in res:
-        hs = res["handshake"]
-        c = hs["cases_ms"]
-        print()
-        print(
-            f"Dial to first delivered message, {hs['dials_per_case']} dials per case; "
-            "ms, median [min .. max] "
-            f"(20ms: UDP relay / TCP delay proxy, {hs['one_way_delay_ms']:.0f} ms each way)"
-        )
-        for name, s in c.items():
-            print(f"  {name:<22} {_mm(s, '{:.2f}'):>26}")
-        print(f"  0-RTT dials that resumed: {hs['resumed']}")
-        r0 = c["20ms QUIC 0-RTT"]["median"] / c["20ms QUIC 1-RTT"]["median"]
-        r1 = c["20ms QUIC 1-RTT"]["median"] / c["20ms TLS/TCP"]["median"]
-        hs["ratio_0rtt_1rtt"], hs["ratio_quic_tls"] = r0, r1
-        print(f"  20ms: 0-RTT / 1-RTT = {r0:.3f} (target <= {TARGET_0RTT}: {_verdict(r0 <= TARGET_0RTT)})")
-        print(
-            f"  20ms: QUIC 1-RTT / TLS/TCP = {r1:.3f} (target <= {TARGET_QUIC_TLS}: "
-            f"{_verdict(r1 <= TARGET_QUIC_TLS)})"
-        )
-        targets.append(("20ms 0-RTT <= 0.6 x QUIC 1-RTT", r0, r0 <= TARGET_0RTT))
-        targets.append(("20ms QUIC 1-RTT <= 0.75 x TLS/TCP", r1, r1 <= TARGET_QUIC_TLS))
-    print()
-    print("Targets:")
-    for label, value, ok in targets:
-        print(f"  {label:<40} {value:6.3f}  {_verdict(ok)}")
-    res["targets"] = [{"target": label, "value": value, "met": ok} for label, value, ok in targets]
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = QUICK if args.quick else FULL
     import aioquic
@@ -434,7 +366,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "environment": {
             "python": platform.python_version(),
             "aioquic": aioquic.__version__,
-            "processor": codec.cpu_model(),
+            "processor": cpu_model(),
         },
     }
     with tempfile.TemporaryDirectory(prefix="iac-bench-") as tmp:
@@ -457,9 +389,15 @@ def main() -> None:
     ap.add_argument("--only", choices=("rtt", "handshake", "oneway"), help="run one part")
     args = ap.parse_args()
     res = asyncio.run(run(args))
-    print_report(res)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    from iac.bench.reports import live
+    from iac.bench.scenarios import catalog
+
+    fills = {"rtt": ("rtt", catalog.rtt_rows), "handshake": ("setup", catalog.setup_rows)}
+    fills["oneway"] = ("oneway", catalog.oneway_rows)
+    parts = [(n, fill, res[k]) for k, (n, fill) in fills.items() if k in res]
+    live.print_rows("iac.bench.scenarios.transport", parts, ["transport"])
 
 
 if __name__ == "__main__":
