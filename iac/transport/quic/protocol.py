@@ -38,6 +38,9 @@ class ConnectionEvents(Protocol):
     def on_socket_error(self, exc: OSError) -> None:
         """The UDP socket reported an error (an ICMP unreachable, say)."""
 
+    def stateless_reset(self, data: bytes) -> bool:
+        """Whether ``data`` is a stateless reset of this connection (then it has ended)."""
+
 
 class QuicProtocol(asyncio.DatagramProtocol):
     """The library's asyncio protocol, reduced to raw events handed to one connection.
@@ -50,6 +53,9 @@ class QuicProtocol(asyncio.DatagramProtocol):
     _transmit_task: asyncio.Handle | None
     _transport: asyncio.DatagramTransport | None
     _cc_hooks: TransmitHooks | None = None
+    #: The socket is the connection's own (a dial's): every datagram on it is looked at as a
+    #: possible stateless reset first (on a listener's socket the listener does it).
+    checks_resets = False
 
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
@@ -74,6 +80,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # As aioquic's, but the flush waits (see _transmit_after_receive): the tasks this
         # datagram woke (a recv() waiter) run first, so a reply they send leaves in the same
         # packet as the ACK instead of a packet of its own right after an ACK-less one.
+        if self.checks_resets and self.conn is not None and self.conn.stateless_reset(cast(bytes, data)):
+            return
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
         self._process_events()
         self._transmit_after_receive()
@@ -94,6 +102,10 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self._transmit_task = self._loop.call_soon(self.transmit)
 
     _transmit_soon = transmit_soon  # the name the library's own writers call
+
+    def process_events(self) -> None:
+        """Hand the library's pending events on (after the connection ended outside a datagram)."""
+        self._process_events()
 
     def close_socket(self) -> None:
         """Close the UDP socket of a dialed connection (one of its own)."""
