@@ -268,11 +268,12 @@ class QuicListener(Listener):
 
     def _short_header(self, server: Any, data: bytes, addr: Any) -> bool:
         """A short-header datagram: the library's server takes it when its connection ID is
-        known. Otherwise (within :data:`~.reset.CHECK_RATE`) it is a packet of a connection
-        on this socket whose new connection ID the server's table does not hold yet, a
-        stateless reset of a connection toward its sender (which then ends), or a packet for
-        a connection this node lost (a restart): answered with a stateless reset, within
-        :data:`~.reset.RESET_RATE`, always shorter than the packet."""
+        known (a connection ID a connection issued is in the table before the frame that
+        issues it reaches the peer: :meth:`.QuicProtocol.transmit`). Otherwise (within
+        :data:`~.reset.CHECK_RATE`) it is a stateless reset of a connection toward its sender
+        (which then ends), or a packet for a connection this node lost (a restart): answered
+        with a stateless reset, within :data:`~.reset.RESET_RATE`, always shorter than the
+        packet."""
         lib = self.backend
         hooks = lib.resets
         assert hooks is not None
@@ -284,20 +285,12 @@ class QuicListener(Listener):
         if not self._reset_checks.take(now):
             stats.unanswered += 1
             return False
-        shaped = may_be_reset(data)
-        toward: list[QuicProtocol] = []
-        for proto in hooks.protocols(server):
-            if hooks.owns(proto.quic, data):
-                proto.datagram_received(data, addr)
-                return False
-            if shaped and lib.peer_address(proto.quic) == addr:
-                toward.append(proto)
-        for proto in toward:
-            conn = proto.conn
-            if conn is not None and conn.stateless_reset(data):
-                stats.received += 1
-                return False
-        if shaped:
+        if may_be_reset(data):
+            for proto in hooks.protocols(server):
+                conn = proto.conn
+                if conn is not None and lib.peer_address(proto.quic) == addr and conn.stateless_reset(data):
+                    stats.received += 1
+                    return False
             stats.ignored += 1
         reset = build_reset(self._reset_tokens(cid), len(data)) if self._reset_sends.take(now) else None
         transport = lib.server_transport(server)

@@ -61,9 +61,18 @@ class QuicProtocol(asyncio.DatagramProtocol):
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
         self._cc_hooks = attach(quic, self.backend)
 
+    #: Events are being handed on (``_process_events`` runs).
+    _in_events = False
+
+    def _process_events(self) -> None:
+        outer, self._in_events = self._in_events, True
+        try:
+            super()._process_events()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        finally:
+            self._in_events = outer
+
     if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
 
-        def _process_events(self) -> None: ...
         def connect(self, addr: Any) -> None: ...
         async def wait_connected(self) -> None: ...
 
@@ -142,6 +151,11 @@ class QuicProtocol(asyncio.DatagramProtocol):
             super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
         except OSError as exc:  # the network boundary: as if the socket reported it
             self.error_received(exc)
+        if self.backend.resets is not None and not self._in_events:
+            # a connection ID issued in this flush goes into the listener's table now, before
+            # the peer can use it: a packet for it is never taken for one of a lost connection
+            # (a flush while events are handed on leaves it to that loop, which is not re-entered)
+            self._process_events()
         if hooks is not None:
             hooks.after_transmit(self._loop.time())
         if conn is not None:

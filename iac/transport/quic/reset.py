@@ -51,8 +51,8 @@ MAX_RESET = 43
 RESET_RATE = 20.0
 RESET_BURST = 20
 #: Datagrams for unknown connection IDs a socket looks at per second, and its burst.
-CHECK_RATE = 500.0
-CHECK_BURST = 100
+CHECK_RATE = 100.0
+CHECK_BURST = 50
 
 
 def reset_key(seed: bytes) -> bytes:
