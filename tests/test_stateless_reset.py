@@ -18,10 +18,7 @@ from conftest import ROOT, run
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from iac.conformance import all_cases, run_server_suite
-from iac.conformance.link import Ended, Link, Server
 from iac.transport.base import Connection
-from iac.transport.certs import generate_self_signed
 from iac.transport.quic import dial_quic, listen_quic
 from iac.transport.quic.backend import get_backend
 from iac.transport.quic.connection import RESET_MESSAGE
@@ -199,25 +196,3 @@ def test_a_forged_reset_is_ignored_and_counted_and_an_unknown_connection_is_answ
             await b.close()
 
     run(main())
-
-
-def test_the_reset_case_fails_against_a_quic_server_that_sends_no_resets() -> None:
-    """`quic.stateless_reset` can fail: the tester's own QUIC server (aioquic as it comes, which
-    drops packets for unknown connection IDs) gets no reset out of it."""
-    me = Identity.generate()
-
-    async def serve(link: Link) -> None:
-        while not isinstance(await link.events.get(), Ended):
-            pass
-
-    async def main() -> dict[str, bool]:
-        server = Server("quic://127.0.0.1:0", generate_self_signed(me.agent_id), serve)
-        url = await server.start()
-        try:
-            cases = [c for c in all_cases() if c.id == "quic.stateless_reset"]
-            report = await run_server_suite(url, me.agent_id, cases, timeout=1.0)
-        finally:
-            server.close()
-        return {r.id: r.passed for r in report.results}
-
-    assert run(main()) == {"quic.stateless_reset": False}
