@@ -34,6 +34,8 @@ from iac.errors import CloseCode
 from iac.protocol.clock import now_us
 from iac.protocol.handshake import Role, decode_goaway, encode_goaway
 from iac.transport.certs import generate_self_signed
+from iac.transport.quic.backend import get_backend
+from iac.transport.quic.reset import build_reset
 from iac.wire._pb.iac_pb2 import Dict, Hello, Message
 from iac.wire.dicts import DictionarySet
 from iac.wire.enums import MessageType
@@ -541,7 +543,35 @@ QUIC_BREAKS = {
     "quic.control_reset": "closes on a reset of the control stream",
     "quic.parameters": "announces no unidirectional stream at first (grants them once its handshake is done)",
     "quic.dict_unidirectional": "acknowledges DICT on the control stream only",
+    "quic.stateless_reset": "drops packets for unknown connection IDs unanswered (as aioquic does)",
+    "quic.forged_reset": "takes any reset-shaped datagram for a reset and closes",
 }
+
+
+def _stateless_resets(server: Any, broken: str) -> None:
+    """Stateless resets on the double's QUIC server (aioquic sends none): a short-header packet
+    for an unknown connection ID is answered with a shorter reset (random token: a double need
+    not survive a restart), unless ``broken`` says otherwise."""
+    lib = get_backend()
+    hooks = lib.resets
+    assert hooks is not None
+    received = server.datagram_received
+
+    def datagram_received(data: bytes, addr: Any) -> None:
+        if data and not data[0] & 0x80 and hooks.unknown(server, data) is not None:
+            if broken == "quic.forged_reset":
+                for proto in hooks.protocols(server):
+                    if lib.peer_address(proto._quic) == addr:
+                        proto.link.close(0)
+            if broken != "quic.stateless_reset":
+                reset = build_reset(secrets.token_bytes(16), len(data))
+                transport = lib.server_transport(server)
+                if reset is not None and transport is not None:
+                    transport.sendto(reset, addr)
+            return
+        received(data, addr)
+
+    server.datagram_received = datagram_received
 
 
 async def _quic_node(link: Link, me: Identity, broken: str) -> None:
@@ -638,6 +668,7 @@ def _run_quic_double(broken: str) -> dict[str, bool]:
             "quic://127.0.0.1:0", generate_self_signed(me.agent_id), lambda link: _quic_node(link, me, broken)
         )
         url = await server.start()
+        _stateless_resets(server.quic_server, broken)
         try:
             cases = [c for c in all_cases() if c.id in QUIC_BREAKS]
             report = await run_server_suite(url, me.agent_id, cases, timeout=2.0)

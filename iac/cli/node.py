@@ -17,6 +17,10 @@ that cannot be reached, ends it with one line on stderr.
 the registry sees it at, publishes its candidates in its record (``--no-lan-addresses`` keeps
 private ones out), prints one ``candidate KIND VALUE`` line per candidate after its addresses,
 and answers punch requests from peers that share a relay with it; ``iac status`` shows them.
+``--punch ID`` (with ``--nat`` and a ``--registry`` that relays, ``iac registry --relay``) makes
+it start the punches itself: it reaches that peer through the first registry and keeps trying to
+upgrade to a direct QUIC path (:meth:`~iac.mesh.Traversal.watch`, with backoff), again whenever
+the direct path dies.
 
 It serves its status to ``iac status`` on a private UNIX socket (``--admin PATH``; by default
 ``$XDG_RUNTIME_DIR/iac/ID.sock`` or ``~/.iac/run/ID.sock``; ``--no-admin`` for none) and prints
@@ -54,9 +58,17 @@ from iac.mesh import MeshClient, Traversal
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.protocol.records import is_alias, is_capability
+from iac.wire.identity import is_agent_id
 
 
 def _check_publish(args: argparse.Namespace, has_registry: bool) -> None:
+    if args.punch and not (args.nat and has_registry):
+        raise ConfigError(
+            "--punch starts hole punches through a registry that relays: add --nat and --registry"
+        )
+    for peer in args.punch:
+        if not is_agent_id(peer):
+            raise ConfigError(f"--punch {peer!r:.80}: not an AgentId (64 lowercase hex digits)")
     if not has_registry and (args.alias or args.capability):
         raise ConfigError("--alias and --capability are published to a registry: add --registry ID@URL")
     for alias in args.alias:
@@ -118,8 +130,10 @@ async def run_node(args: argparse.Namespace) -> int:
                         f"--registry {named}: not a registry (it answered {exc}); give the AgentId@URL of "
                         "an `iac registry`"
                     ) from None
-                if traversal is not None and traversal.observed:
-                    await mesh.publish()  # the record again, now with the address the registry saw
+                if traversal is not None:
+                    for peer in args.punch:  # through the registry, punched for on the way
+                        node.add_route(peer, registries[0].agent_id)
+                        traversal.watch(peer)
             lines = await stack.enter_async_context(running(node, args, metrics))
             print(f"node {identity.agent_id}", flush=True)
             print_listening(node.addresses)
@@ -158,6 +172,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--nat",
         action="store_true",
         help="NAT traversal: learn the address the registry sees, publish candidates, answer punches",
+    )
+    p.add_argument(
+        "--punch",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="with --nat: reach the peer ID through the first --registry (which must relay) and "
+        "keep punching for a direct path to it, with backoff (repeatable)",
     )
     p.add_argument(
         "--no-lan-addresses",

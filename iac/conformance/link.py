@@ -333,6 +333,8 @@ class Server:
         self._close: Callable[[], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.address = ""
+        #: The QUIC library's server of a ``quic://`` listener (tests wrap what it receives).
+        self.quic_server: Any = None
 
     def _spawn(self, link: Link) -> None:
         task = asyncio.get_running_loop().create_task(self._on_link(link))
@@ -379,6 +381,7 @@ class Server:
 
             qsrv = await serve(addr.host, addr.port, configuration=qc, create_protocol=_quic_protocol(ready))
             self._close = qsrv.close
+            self.quic_server = qsrv
             udp: Any = qsrv._transport
             port = udp.get_extra_info("sockname")[1]
             self.address = f"quic://{addr.host}:{port}"

@@ -1,13 +1,19 @@
 """Cases of the QUIC mapping beyond the happy path: the control stream after the handshake,
-other bidirectional streams, a FIN on the control stream, a stream reset inside a frame."""
+other bidirectional streams, a FIN on the control stream, a stream reset inside a frame,
+stateless resets (answered, and a forged one ignored)."""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import time
 
 from iac.conformance.cases import closed_with
 from iac.conformance.link import QuicLink
 from iac.conformance.peer import Peer, answers
 from iac.conformance.target import Failed, Outcome, Target, case, check, describe
 from iac.errors import CloseCode
+from iac.transport.base import parse_address
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.message import sign_message
@@ -77,6 +83,62 @@ async def _quic_reset(t: Target) -> Outcome:
     peer = await t.session()
     msg = peer.build(t.to, MessageType.PING, deadline_s=t.timeout)
     await _quic(peer).send_and_reset(encode_frame(FrameType.MESSAGE, sign_message(peer.identity, msg))[:20])
+    return await _quic_then_ping(t, peer)
+
+
+class _FirstDatagram(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        if not self.got.done():
+            self.got.set_result(data)
+
+
+#: The packet the reset cases send: a short header (0b01...) and 59 random bytes.
+_TRIGGER = 60
+
+
+@case(
+    "quic.stateless_reset",
+    "7 Stateless reset",
+    "A node MUST answer a short-header packet for a connection ID it does not know, of at least 22 "
+    "bytes, with a stateless reset shorter than that packet",
+    ("quic",),
+)
+async def _quic_stateless_reset(t: Target) -> Outcome:
+    addr = parse_address(t.url)
+    loop = asyncio.get_running_loop()
+    udp, proto = await loop.create_datagram_endpoint(_FirstDatagram, remote_addr=(addr.host, addr.port))
+    try:
+        udp.sendto(bytes([0x40 | (os.urandom(1)[0] & 0x3F)]) + os.urandom(_TRIGGER - 1))
+        try:
+            got = await asyncio.wait_for(proto.got, max(t.deadline() - time.monotonic(), 0.01))
+        except TimeoutError:
+            return check("a stateless reset", "no answer")
+    finally:
+        udp.close()
+    ok = 21 <= len(got) < _TRIGGER and got[0] & 0xC0 == 0x40
+    seen = "a stateless reset" if ok else f"{len(got)} bytes, first byte 0x{got[0]:02x}"
+    return check("a stateless reset", seen)
+
+
+@case(
+    "quic.forged_reset",
+    "7 Stateless reset",
+    "A datagram that ends with no token of a connection ID used toward its sender is not a reset: "
+    "the connection goes on",
+    ("quic",),
+)
+async def _quic_forged_reset(t: Target) -> Outcome:
+    peer = await t.session()
+    link = _quic(peer)
+    if link.udp is None:
+        raise Failed("a dialed QUIC link without a socket of its own")
+    addr = parse_address(t.url)
+    # from the connection's own socket: shaped like a reset, with a token nobody issued
+    forged = bytes([0x40 | (os.urandom(1)[0] & 0x3F)]) + os.urandom(_TRIGGER - 1)
+    link.udp.sendto(forged, (addr.host, addr.port))  # type: ignore[attr-defined]
     return await _quic_then_ping(t, peer)
 
 

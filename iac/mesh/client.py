@@ -259,12 +259,25 @@ class MeshClient:
         )
 
     async def publish(self, record: AgentRecord | None = None) -> AgentRecord:
-        """Sign and publish this node's record (to every registry; at least one must accept)."""
+        """Sign and publish this node's record (to every registry; at least one must accept).
+
+        With NAT traversal (:class:`~iac.mesh.Traversal`), a record made here whose candidates
+        the registry's reply made stale (it saw this node at an address the record does not
+        list: the first publish, or a NAT that mapped the node anew) is published again at once
+        with the candidates as they are now; the address the registry saw before is dropped."""
+        made = record is None
         record = record if record is not None else self.make_record()
         await self.publish_signed(sign_record(self.node.identity, record))
         self.record = record
         self.published += 1
         self._published_event.set()
+        traversal = self._dispatcher.traversal
+        if made and traversal is not None and tuple(traversal.candidates()) != record.candidates:
+            record = self.make_record()
+            await self.publish_signed(sign_record(self.node.identity, record))
+            self.record = record
+            self.published += 1
+            self._published_event.set()
         return record
 
     async def publish_signed(self, signed: SignedRecord) -> dict[str, Any]:

@@ -29,6 +29,9 @@ log = logging.getLogger("iac.node")
 #: up to ``REDIAL_MAX`` seconds.
 REDIAL_FIRST = 0.25
 REDIAL_MAX = 1.0
+#: A kept peer's outbound connection is probed this often (a QUIC PING; the kernel tells TLS/TCP):
+#: a registry or relay that restarted answers it with a stateless reset, and is dialed again.
+KEPT_PROBE_INTERVAL = 2.0
 
 
 class Peers:
@@ -67,6 +70,7 @@ class Peers:
         #: ``NodeConfig.keepalive_messages`` s and is redialed when it drops.
         self.kept: set[str] = set()
         self._kept_sent: dict[str, float] = {}
+        self._kept_probed: dict[str, float] = {}  # when each kept peer was last probed
         self._redials: set[str] = set()
         self.closing = False
         self._callbacks: list[Callable[[PeerEvent], Any]] = []
@@ -261,6 +265,7 @@ class Peers:
     def unkeep(self, peer: str) -> None:
         self.kept.discard(peer)
         self._kept_sent.pop(peer, None)
+        self._kept_probed.pop(peer, None)
 
     def due_keepalives(self, now: float, interval: float) -> list[Connection]:
         """The outbound connections to kept peers whose keep-alive is due at ``now``."""
@@ -273,6 +278,22 @@ class Peers:
                 continue
             if now - self._kept_sent.get(peer, -interval) >= interval:
                 self._kept_sent[peer] = now
+                due.append(conn)
+        return due
+
+    def due_probes(self, now: float, interval: float) -> list[Connection]:
+        """The outbound connections to kept peers whose liveness probe is due at ``now`` (one
+        every ``interval`` s: a kept peer that died is found within ``interval`` plus the probe's
+        bound, one that restarted on QUIC within ``interval``, by its stateless reset)."""
+        for peer in [p for p in self._kept_probed if not self.is_kept(p)]:
+            del self._kept_probed[peer]
+        due = []
+        for peer in self.kept | set(self.static_routes.values()):
+            conn = self.table.get(peer)
+            if conn is None or not conn.peer.dialed:
+                continue
+            if now - self._kept_probed.get(peer, -interval) >= interval:
+                self._kept_probed[peer] = now
                 due.append(conn)
         return due
 

@@ -33,7 +33,7 @@ from iac.node.inbound import Inbound
 from iac.node.observe import Attachable, Observer, Observers
 from iac.node.ordered import OrderedDelivery
 from iac.node.outbox import Outbox
-from iac.node.peers import Peers
+from iac.node.peers import KEPT_PROBE_INTERVAL, Peers
 from iac.node.pending import Pending
 from iac.node.pipeline import ReceivePipeline
 from iac.node.sign import Signer
@@ -330,6 +330,11 @@ class NodeRuntime:
         bound = self.config.transport.probe_timeout
         for conn in self._peers.due_keepalives(loop.time(), self.config.keepalive_messages):
             self._tasks.spawn(self._keepalive(conn, bound))
+        for conn in self._peers.due_probes(loop.time(), KEPT_PROBE_INTERVAL):
+            self._tasks.spawn(self._probe(conn, bound))
+
+    async def _probe(self, conn: Connection, bound: float) -> None:
+        await conn.alive(bound)
 
     async def _keepalive(self, conn: Connection, bound: float) -> None:
         msg = self._outbox.build(conn.peer.agent_id, _PING, None)

@@ -141,6 +141,30 @@ class Backend:
     set_retry: Callable[[Any, bool], None] | None = None
     #: ``(server, protocol) -> detach``: a dialed connection on the server's socket.
     attach_dialed: Callable[[Any, Any], Callable[[], None]] | None = None
+    #: Stateless reset hooks (:mod:`.reset`; aioquic only, see :func:`_aioquic_resets`).
+    resets: ResetHooks | None = None
+
+
+@dataclass(frozen=True)
+class ResetHooks:
+    """How the adapter gives a connection's connection IDs their derived reset tokens and
+    recognises a stateless reset (:mod:`iac.transport.quic.reset`)."""
+
+    #: ``(quic, token_of)``: the connection's connection IDs get ``token_of(cid)`` as their
+    #: reset token, those it issues later too (the library draws random ones).
+    issue_tokens: Callable[[Any, Callable[[bytes], bytes]], None]
+    #: ``(quic) -> tokens``: the reset tokens of the peer's connection IDs this side used.
+    peer_tokens: Callable[[Any], list[bytes]]
+    #: ``(quic, datagram) -> bool``: the datagram's destination connection ID is one of this
+    #: connection's (then it is a packet of the connection, never a reset).
+    owns: Callable[[Any, bytes], bool]
+    #: ``(server, datagram) -> cid``: the destination connection ID of a short-header
+    #: datagram when no connection on the server's socket has it, else None.
+    unknown: Callable[[Any, bytes], bytes | None]
+    #: ``(server) -> protocols``: the protocols of the connections on the server's socket.
+    protocols: Callable[[Any], list[Any]]
+    #: ``(quic)``: the connection ends now, sending nothing (RFC 9000 10.3: after a reset).
+    drop: Callable[[Any], None]
 
 
 # --- aioquic 1.7 ---------------------------------------------------------------------------------
@@ -295,7 +319,62 @@ def _aioquic() -> Backend:
         initial_gate=initial_gate if pinned else None,
         set_retry=set_retry if pinned else None,
         attach_dialed=attach_dialed if pinned else None,
+        resets=_aioquic_resets() if pinned else None,
     )
+
+
+def _aioquic_resets() -> ResetHooks:
+    """Stateless resets on aioquic :data:`AIOQUIC_PINNED` (it draws reset tokens with
+    ``os.urandom``, and neither sends nor recognises resets): the tokens of
+    ``QuicConnection._host_cids`` (set before the transport parameters or a
+    NEW_CONNECTION_ID frame carry them, by wrapping ``_replenish_connection_ids``), the
+    peer's in ``_peer_cid`` and the network paths' ``peer_cid``, the server's table of
+    connection IDs (``QuicServer._protocols``), and the end without a packet (``_close_event``,
+    ``_close_end``)."""
+    from aioquic.quic import events
+    from aioquic.quic.packet import QuicErrorCode
+
+    def issue_tokens(quic: Any, token_of: Callable[[bytes], bytes]) -> None:
+        def derive() -> None:
+            for cid in quic._host_cids:
+                if cid.stateless_reset_token is not None and not cid.was_sent:
+                    cid.stateless_reset_token = token_of(cid.cid)
+
+        first = quic._host_cids[0]
+        if first.stateless_reset_token is not None:  # a server's: its transport parameters carry it
+            first.stateless_reset_token = token_of(first.cid)
+        replenish = quic._replenish_connection_ids
+
+        def hooked() -> None:
+            replenish()
+            derive()
+
+        quic._replenish_connection_ids = hooked
+
+    def peer_tokens(quic: Any) -> list[bytes]:
+        used = [quic._peer_cid, *(p.peer_cid for p in quic._network_paths)]
+        return [c.stateless_reset_token for c in used if c is not None and c.stateless_reset_token]
+
+    def owns(quic: Any, data: bytes) -> bool:
+        dcid = data[1 : 1 + quic._configuration.connection_id_length]
+        return any(c.cid == dcid for c in quic._host_cids)
+
+    def unknown(server: Any, data: bytes) -> bytes | None:
+        dcid = bytes(data[1 : 1 + server._configuration.connection_id_length])
+        return None if dcid in server._protocols else dcid
+
+    def protocols(server: Any) -> list[Any]:
+        return list(set(server._protocols.values()))
+
+    def drop(quic: Any) -> None:
+        if quic._state.name in ("DRAINING", "TERMINATED"):
+            return
+        quic._close_event = events.ConnectionTerminated(
+            error_code=QuicErrorCode.NO_ERROR, frame_type=None, reason_phrase="stateless reset"
+        )
+        quic._close_end()
+
+    return ResetHooks(issue_tokens, peer_tokens, owns, unknown, protocols, drop)
 
 
 # --- qh3 2.x -------------------------------------------------------------------------------------
@@ -433,6 +512,7 @@ __all__ = [
     "BACKENDS",
     "ENV_VAR",
     "Backend",
+    "ResetHooks",
     "SessionTicketLike",
     "available",
     "get_backend",

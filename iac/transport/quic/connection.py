@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ from iac.transport.core import (
 from iac.transport.queues import SendQueue
 from iac.transport.quic.inbound import QuicInbound
 from iac.transport.quic.protocol import QuicProtocol
+from iac.transport.quic.reset import ResetTokens, matches, may_be_reset
 from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, write_streams
 from iac.transport.session import (
     DictState,
@@ -67,6 +69,11 @@ from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameType, encode_frame
 from iac.wire.identity import Identity
+
+log = logging.getLogger("iac.transport.quic")
+
+#: The close error of a connection its peer reset (RFC 9000 10.3): the peer lost its state.
+RESET_MESSAGE = "the peer no longer knows this connection (QUIC stateless reset: it restarted)"
 
 
 class _ControlChannel(HandshakeChannel):
@@ -162,6 +169,9 @@ class QuicConn(Connection):
         self.on_early_outcome = None
         self.shared_socket = False  #: dialed from a listener's socket, which outlives it
         self._probe_waiters: list[asyncio.Future[bool]] = []
+        resets = self.backend.resets
+        if resets is not None:  # reset tokens this node can give again after a restart
+            resets.issue_tokens(self._quic, ResetTokens(identity.seed()))
 
     # -- Connection API -------------------------------------------------------------------------
 
@@ -449,6 +459,29 @@ class QuicConn(Connection):
             self._on_finished(self)
         if self.dialed and core.ended and not self.shared_socket:
             self._proto.close_socket()
+
+    # -- stateless reset (:mod:`.reset`) --------------------------------------------------------
+
+    def stateless_reset(self, data: bytes) -> bool:
+        """Whether ``data`` is a stateless reset of this connection: shaped like one, not a
+        packet of it (its connection ID is none of this side's), ending with the token of a
+        connection ID of the peer's this side used. Then the connection has ended, at once and
+        sending nothing, with the close error :data:`RESET_MESSAGE`."""
+        resets = self.backend.resets
+        if resets is None or not may_be_reset(data) or self._core.ended:
+            return False
+        quic = self._quic
+        if resets.owns(quic, data) or not matches(data, resets.peer_tokens(quic)):
+            return False
+        log.info(
+            "quic connection %s ended: %s", self.address or "?", RESET_MESSAGE,
+            extra={"transport": "quic", "reason": "stateless_reset"},
+        )  # fmt: skip
+        self._core.close(ConnectionClosed(RESET_MESSAGE, None, "stateless_reset"))
+        resets.drop(quic)
+        self._proto.process_events()  # ConnectionTerminated: the connection finishes
+        self._proto.transmit()  # nothing to send; the library's timer goes
+        return True
 
     # -- liveness -------------------------------------------------------------------------------
 

@@ -126,6 +126,7 @@ async def dial_quic(
             )
         except OSError as exc:
             raise TransportError(f"{url}: {exc.strerror or exc}") from None
+        proto.checks_resets = True
     conn = QuicConn(
         proto,
         identity,

@@ -44,6 +44,17 @@ from iac.transport.quic.configuration import server_configuration
 from iac.transport.quic.connection import QuicConn, quic_url
 from iac.transport.quic.dial import dial_quic
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
+from iac.transport.quic.reset import (
+    CHECK_BURST,
+    CHECK_RATE,
+    RESET_BURST,
+    RESET_RATE,
+    Bucket,
+    ResetStats,
+    ResetTokens,
+    build_reset,
+    may_be_reset,
+)
 from iac.transport.quic.tickets import ServerTicketStore
 from iac.transport.session import nonce_cache
 from iac.wire.identity import Identity
@@ -101,6 +112,12 @@ class QuicListener(Listener):
         self.cert_der = b""
         self.cert_sha256 = b""
         self.configuration: Any = None  # the library's QuicConfiguration
+        #: Datagrams for connection IDs this socket does not know: stateless resets sent and
+        #: received (:mod:`.reset`), within their rate bounds.
+        self.resets = ResetStats()
+        self._reset_tokens = ResetTokens(identity.seed())
+        self._reset_checks = Bucket(CHECK_RATE, CHECK_BURST)
+        self._reset_sends = Bucket(RESET_RATE, RESET_BURST)
 
     async def start(self, addr: Address) -> None:
         """Bind the UDP socket at ``addr`` and serve (:func:`listen_quic` calls this)."""
@@ -223,6 +240,8 @@ class QuicListener(Listener):
         no token it is answered with Retry (not counted against its source, which may be
         spoofed); otherwise it takes a token from its source's bucket or is dropped."""
         lib = self.backend
+        if data and not data[0] & 0x80 and lib.resets is not None:  # a short header
+            return self._short_header(server, data, addr)
         assert lib.initial_gate is not None and lib.set_retry is not None
         new, token = lib.initial_gate(server, data)
         if not new:
@@ -243,6 +262,43 @@ class QuicListener(Listener):
                 "refused quic connections from %s: busy: over the handshake limit", quic_url(addr),
                 extra={"transport": "quic", "reason": "busy"},
             )  # fmt: skip
+        return False
+
+    # -- stateless reset (RFC 9000 10.3, :mod:`.reset`) ----------------------------------------
+
+    def _short_header(self, server: Any, data: bytes, addr: Any) -> bool:
+        """A short-header datagram: the library's server takes it when its connection ID is
+        known (a connection ID a connection issued is in the table before the frame that
+        issues it reaches the peer: :meth:`.QuicProtocol.transmit`). Otherwise (within
+        :data:`~.reset.CHECK_RATE`) it is a stateless reset of a connection toward its sender
+        (which then ends), or a packet for a connection this node lost (a restart): answered
+        with a stateless reset, within :data:`~.reset.RESET_RATE`, always shorter than the
+        packet."""
+        lib = self.backend
+        hooks = lib.resets
+        assert hooks is not None
+        cid = hooks.unknown(server, data)
+        if cid is None:
+            return True
+        stats = self.resets
+        now = asyncio.get_running_loop().time()
+        if not self._reset_checks.take(now):
+            stats.unanswered += 1
+            return False
+        if may_be_reset(data):
+            for proto in hooks.protocols(server):
+                conn = proto.conn
+                if conn is not None and lib.peer_address(proto.quic) == addr and conn.stateless_reset(data):
+                    stats.received += 1
+                    return False
+            stats.ignored += 1
+        reset = build_reset(self._reset_tokens(cid), len(data)) if self._reset_sends.take(now) else None
+        transport = lib.server_transport(server)
+        if reset is None or transport is None or transport.is_closing():
+            stats.unanswered += 1
+            return False
+        transport.sendto(reset, addr)
+        stats.sent += 1
         return False
 
     # -- dial bursts: handshakes queued, a few started per loop turn ---------------------------

@@ -38,6 +38,9 @@ class ConnectionEvents(Protocol):
     def on_socket_error(self, exc: OSError) -> None:
         """The UDP socket reported an error (an ICMP unreachable, say)."""
 
+    def stateless_reset(self, data: bytes) -> bool:
+        """Whether ``data`` is a stateless reset of this connection (then it has ended)."""
+
 
 class QuicProtocol(asyncio.DatagramProtocol):
     """The library's asyncio protocol, reduced to raw events handed to one connection.
@@ -50,14 +53,26 @@ class QuicProtocol(asyncio.DatagramProtocol):
     _transmit_task: asyncio.Handle | None
     _transport: asyncio.DatagramTransport | None
     _cc_hooks: TransmitHooks | None = None
+    #: The socket is the connection's own (a dial's): every datagram on it is looked at as a
+    #: possible stateless reset first (on a listener's socket the listener does it).
+    checks_resets = False
 
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
         self._cc_hooks = attach(quic, self.backend)
 
+    #: Events are being handed on (``_process_events`` runs).
+    _in_events = False
+
+    def _process_events(self) -> None:
+        outer, self._in_events = self._in_events, True
+        try:
+            super()._process_events()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+        finally:
+            self._in_events = outer
+
     if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
 
-        def _process_events(self) -> None: ...
         def connect(self, addr: Any) -> None: ...
         async def wait_connected(self) -> None: ...
 
@@ -74,6 +89,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # As aioquic's, but the flush waits (see _transmit_after_receive): the tasks this
         # datagram woke (a recv() waiter) run first, so a reply they send leaves in the same
         # packet as the ACK instead of a packet of its own right after an ACK-less one.
+        if self.checks_resets and self.conn is not None and self.conn.stateless_reset(cast(bytes, data)):
+            return
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
         self._process_events()
         self._transmit_after_receive()
@@ -94,6 +111,10 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self._transmit_task = self._loop.call_soon(self.transmit)
 
     _transmit_soon = transmit_soon  # the name the library's own writers call
+
+    def process_events(self) -> None:
+        """Hand the library's pending events on (after the connection ended outside a datagram)."""
+        self._process_events()
 
     def close_socket(self) -> None:
         """Close the UDP socket of a dialed connection (one of its own)."""
@@ -130,6 +151,11 @@ class QuicProtocol(asyncio.DatagramProtocol):
             super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
         except OSError as exc:  # the network boundary: as if the socket reported it
             self.error_received(exc)
+        if self.backend.resets is not None and not self._in_events:
+            # a connection ID issued in this flush goes into the listener's table now, before
+            # the peer can use it: a packet for it is never taken for one of a lost connection
+            # (a flush while events are handed on leaves it to that loop, which is not re-entered)
+            self._process_events()
         if hooks is not None:
             hooks.after_transmit(self._loop.time())
         if conn is not None:
