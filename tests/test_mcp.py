@@ -191,9 +191,10 @@ def test_the_server_going_away_mid_call_answers_a_jsonrpc_error():
 def test_a_node_without_the_capability_is_not_sent_mcp():
     async def main():
         async with node_pair("unix") as pair:
-            with pytest.raises(im.McpUnsupported):
+            with pytest.raises(im.PeerError) as exc_info:
                 async with im.connect(pair.client, pair.server.agent_id):
                     pass
+            assert exc_info.value.reason == "mcp_unsupported"
             with pytest.raises(Exception, match="announce"):
                 im.serve(pair.server, build())
 
