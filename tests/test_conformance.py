@@ -302,7 +302,7 @@ def test_ca_mode_refuses_a_client_without_a_valid_certificate(
             else:
                 with pytest.raises(ConnectionClosed, match=f"TLS alert from the server: {alert}") as info:
                     await dial_and_use(url, client, server.agent_id, client_config)
-                assert info.value.reason == f"tls alert: {alert}"
+                assert info.value.peer_reason == f"tls alert: {alert}"
             ok = await dial_and_use(url, friend, server.agent_id, ca_config(certs, "client"))
             await ok.close()
             assert node.peers == [friend.agent_id]
