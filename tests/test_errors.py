@@ -2,6 +2,7 @@
 
 import ast
 import builtins
+import functools
 import json
 from pathlib import Path
 
@@ -30,6 +31,7 @@ VECTORS = ROOT / "proto" / "testvectors"
 MAX_CLASSES = 30
 
 
+@functools.cache
 def _trees() -> list[tuple[Path, ast.Module]]:
     return [(p, ast.parse(p.read_text("utf-8"))) for p in sorted(PACKAGE.rglob("*.py"))]
 
@@ -54,10 +56,11 @@ def _exception_classes() -> dict[str, str]:
 
     found: set[str] = set()
     while True:
+        known = {names[k] for k in found}
         more = {
             key
             for key, (name, bases) in defined.items()
-            if key not in found and any(external(b) or b in {names[k] for k in found} for b in bases)
+            if key not in found and any(external(b) or b in known for b in bases)
         }
         if not more:
             return {key: names[key] for key in found}
