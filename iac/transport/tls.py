@@ -31,7 +31,7 @@ from asyncio import sslproto
 from collections import OrderedDict
 from typing import Any, cast
 
-from iac.errors import ConfigError, ConnectionClosed, TransportError
+from iac.errors import ConfigError, ConnectionClosed, IacError, TransportError
 from iac.protocol.handshake import ALPN, HelloOrder, ServerHandshake, channel_binding
 from iac.transport.base import (
     Address,
@@ -120,8 +120,8 @@ def client_context(identity: Identity, config: TransportConfig) -> ssl.SSLContex
 
 def prepare_dial(identity: Identity, config: TransportConfig) -> None:
     """Build the context a TLS dial of ``identity`` with ``config`` uses, before the first dial
-    (a configuration error is the dial's to report)."""
-    with contextlib.suppress(ConfigError):
+    (what fails is the dial's to report: it builds the context again)."""
+    with contextlib.suppress(IacError, OSError, ValueError):
         client_context(identity, config)
 
 
