@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from iac.errors import ConfigError, MessageRejected, ProtocolError
+from iac.errors import REASONS, ConfigError, MessageRejected, ProtocolError
 from iac.protocol.routing import (
     DEFAULT_BROADCAST_HOP_LIMIT,
     RelayPolicy,
@@ -467,6 +467,7 @@ def test_forward_negative_vectors(vector: dict[str, Any]) -> None:
     assert d.refusal is not None and d.refusal.value == vector["refusal"]
     assert d.error is not None and d.error.reason == vector["error"]
     assert router.stats.refused[d.refusal] == 1
+    assert REASONS[d.error.reason].counter == d.refusal  # counted under its reason, or its family
 
 
 def test_file_transfer_vector_messages_verify() -> None:

@@ -390,7 +390,7 @@ class Router:
         if not self._take_share(origin, len(env.message), now_us):
             return self._refuse(
                 RouteRefusal.RELAY_RATE,
-                RoutingError(f"{origin[:16]}… spent its share of this relay", reason="relay_denied"),
+                RoutingError(f"{origin[:16]}… spent its share of this relay", reason="relay_rate"),
                 env,
             )
         if not self._remember(key, now_us):
