@@ -185,8 +185,9 @@ def test_a_card_naming_another_agent_than_the_hello_proves_is_refused(sockdir):
                     factory := ClientFactory(ClientConfig(supported_protocol_bindings=["IAC"])), fresh
                 )
                 client = factory.create(forged)
-                with pytest.raises(ia.PeerMismatch):
+                with pytest.raises(ia.IacBindingError) as mismatch:
                     [e async for e in client.send_message(user_message("hello"))]
+                assert mismatch.value.code == "wrong_peer"
                 assert binding.stats.failed["wrong_peer"] == 1
                 # a card served by one agent that names another is refused as well
                 says = ia.with_iac_interface(card(), agent.agent_id, agent.addresses)
@@ -198,8 +199,9 @@ def test_a_card_naming_another_agent_than_the_hello_proves_is_refused(sockdir):
                 async def lying(ctx):  # another implementation could serve anything
                     yield {"result": MessageToDict(says)}
 
-                with pytest.raises(ia.PeerMismatch):
+                with pytest.raises(ia.IacBindingError) as mismatch:
                     await ia.fetch_card(fresh, impostor.agent_id, *impostor.addresses)
+                assert mismatch.value.code == "wrong_peer"
             assert got.name == "worker" and worker.executions == 0
 
     run(main())

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iac
-from iac.errors import FieldRepeated, IacError
+from iac.errors import IacError, ProtocolError
 from iac.wire import Session, build_message, sign_message
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.message import open_message
@@ -42,24 +42,27 @@ def _full(data: bytes) -> tuple[str, object]:
     try:
         return ("ok", _scan(data, 0, len(data), MESSAGE_SCHEMA))
     except IacError as exc:
-        return ("err", exc.name)
+        return ("err", exc.reason)
 
 
 def test_field_19_is_signed_and_survives_the_round_trip():
     data = sign_message(A, message("alice@example.org"))
     assert b"\x9a\x01\x11alice@example.org" in data  # field 19, length-delimited, last
     assert open_message(data).principal == "alice@example.org"
-    with pytest.raises(iac.errors.BadSignature):  # nobody on the way can change who it was for
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:  # nobody on the way can change who it was for
         open_message(data.replace(b"alice@", b"mallo@"))
+    assert exc_info.value.reason == "bad_signature"
     assert open_message(sign_message(A, message())).principal == ""
 
 
 def test_a_repeated_principal_is_refused_and_it_is_length_delimited():
     data = sign_message(A, message("alice"))
-    with pytest.raises(FieldRepeated):
+    with pytest.raises(ProtocolError) as exc_info:
         excise_signature(data + _len_field(19, b"mallory"))
-    with pytest.raises(iac.errors.MessageFormatError):
+    assert exc_info.value.reason == "field_repeated"
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:
         excise_signature(sign_message(A, message()) + b"\x98\x01\x05")  # field 19 as a varint
+    assert exc_info.value.reason == "malformed_message"
 
 
 def test_the_fast_path_takes_a_principal_and_agrees_with_the_full_scan():

@@ -826,14 +826,14 @@ def test_chaos_sender_clock_jumps_and_comes_back() -> None:
             figures = []
             for n, jump in enumerate((300, -300)):
                 clock.offset_us = jump * 1_000_000
-                before = rx.stats().refused.get("stale", 0)
+                before = rx.stats().refused.get("stale_message", 0)
                 (off,) = await send_run(tx, rx.agent_id, [100 + n])
                 with pytest.raises(RemoteError) as err:  # the sender judges the answer by steady time
                     await tx.request(rx.agent_id, MessageType.PING, timeout=1)
                 assert err.value.code == "bad_request" and "stale" in err.value.message
                 # the message, its retransmissions, the request
-                await eventually(lambda b=before: rx.stats().refused.get("stale", 0) - b >= 3)
-                stale = rx.stats().refused.get("stale", 0) - before
+                await eventually(lambda b=before: rx.stats().refused.get("stale_message", 0) - b >= 3)
+                stale = rx.stats().refused.get("stale_message", 0) - before
                 assert not off.acked
                 assert 100 + n not in {h.i for h in rows}
                 clock.offset_us = 0

@@ -27,17 +27,7 @@ from conftest import (
     settle,
 )
 
-from iac.errors import (
-    AdmissionDenied,
-    ChannelBindingMismatch,
-    CloseCode,
-    ConnectionClosed,
-    HelloSignatureInvalid,
-    ReplayedHello,
-    StaleHello,
-    TransportError,
-    WrongPeer,
-)
+from iac.errors import CloseCode, ConnectionClosed, HandshakeError, TransportError
 from iac.protocol.handshake import ALPN, HelloDraft
 from iac.transport import dial, listen
 from iac.transport.base import Connection, TransportConfig
@@ -103,8 +93,9 @@ def test_wrong_expected_agent_id(transport: str, sockdir: Path) -> None:
     async def main() -> None:
         node, listener = await start(transport, sockdir, server)
         async with listener:
-            with pytest.raises(WrongPeer):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial_and_use(listener.addresses[0], client, other.agent_id)
+            assert exc_info.value.reason == "wrong_peer"
             assert node.peers == []
 
     run(main())
@@ -121,8 +112,9 @@ def test_bad_hello_signature(transport: str, sockdir: Path) -> None:
     async def main() -> None:
         node, listener = await start(transport, sockdir, server)
         async with listener:
-            with pytest.raises(HelloSignatureInvalid):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial_and_use(listener.addresses[0], client, server.agent_id, cfg(hello_hook=corrupt))
+            assert exc_info.value.reason == "hello_bad_signature"
             assert node.peers == []
 
     run(main())
@@ -138,8 +130,9 @@ def test_stale_timestamp(transport: str, sockdir: Path) -> None:
     async def main() -> None:
         node, listener = await start(transport, sockdir, server)
         async with listener:
-            with pytest.raises(StaleHello):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial_and_use(listener.addresses[0], client, server.agent_id, cfg(hello_hook=old))
+            assert exc_info.value.reason == "stale_hello"
             assert node.peers == []
 
     run(main())
@@ -163,8 +156,9 @@ def test_replayed_hello_nonce(transport: str, sockdir: Path) -> None:
         async with listener:
             conn = await dial_and_use(listener.addresses[0], client, server.agent_id, cfg(hello_hook=capture))
             await conn.close()
-            with pytest.raises(ReplayedHello):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial_and_use(listener.addresses[0], client, server.agent_id, cfg(hello_hook=replay))
+            assert exc_info.value.reason == "replayed_hello"
             assert node.peers == [client.agent_id]
 
     run(main())
@@ -181,15 +175,17 @@ def test_reflected_hello(transport: str, sockdir: Path) -> None:
             # The server speaks first: the client reflects the server's HELLO at it.
             node, listener = await start(transport, sockdir, server)
             async with listener:
-                with pytest.raises(HelloSignatureInvalid):
+                with pytest.raises(HandshakeError) as exc_info:
                     await dial_and_use(listener.addresses[0], client, server.agent_id, reflect)
+                assert exc_info.value.reason == "hello_bad_signature"
                 assert node.peers == []
         else:
             # The client speaks first: a server reflects the client's HELLO at it.
             node, listener = await start(transport, sockdir, server, reflect)
             async with listener:
-                with pytest.raises(HelloSignatureInvalid):
+                with pytest.raises(HandshakeError) as exc_info:
                     await dial_and_use(listener.addresses[0], client, server.agent_id)
+                assert exc_info.value.reason == "hello_bad_signature"
 
     run(main())
 
@@ -234,8 +230,9 @@ def test_admission_denied(transport: str, sockdir: Path) -> None:
     async def main() -> None:
         node, listener = await start(transport, sockdir, server, policy)
         async with listener:
-            with pytest.raises(AdmissionDenied):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial_and_use(listener.addresses[0], client, server.agent_id)
+            assert exc_info.value.reason == "admission_denied"
             ok = await dial_and_use(listener.addresses[0], friend, server.agent_id)
             await ok.close()
             assert node.peers == [friend.agent_id]
@@ -299,12 +296,13 @@ def test_ca_mode_refuses_a_client_without_a_valid_certificate(
         async with listener:
             url = listener.addresses[0]
             if transport == "quic":
-                with pytest.raises(AdmissionDenied, match="client certificate"):
+                with pytest.raises(HandshakeError, match="client certificate") as exc_info:
                     await dial_and_use(url, client, server.agent_id, client_config)
+                assert exc_info.value.reason == "admission_denied"
             else:
                 with pytest.raises(ConnectionClosed, match=f"TLS alert from the server: {alert}") as info:
                     await dial_and_use(url, client, server.agent_id, client_config)
-                assert info.value.reason == f"tls alert: {alert}"
+                assert info.value.peer_reason == f"tls alert: {alert}"
             ok = await dial_and_use(url, friend, server.agent_id, ca_config(certs, "client"))
             await ok.close()
             assert node.peers == [friend.agent_id]
@@ -356,8 +354,9 @@ def test_tls_man_in_the_middle_is_refused(sockdir: Path) -> None:
         mitm = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=sctx)
         mport = mitm.sockets[0].getsockname()[1]
         async with listener:
-            with pytest.raises(ChannelBindingMismatch):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial_and_use(f"tls://127.0.0.1:{mport}", client, server.agent_id)
+            assert exc_info.value.reason == "channel_binding_mismatch"
             assert relayed, "the relay carried the HELLOs"
             assert node.peers == []
         mitm.close()
@@ -565,7 +564,6 @@ def test_reply_helper_roundtrip(transport: str, sockdir: Path) -> None:
 
 @transports
 def test_bad_message_signature_is_refused_connection_goes_on(transport: str, sockdir: Path) -> None:
-    from iac.errors import BadSignature
     from iac.wire.frames import FrameType, decode_frame, encode_frame
 
     server, client = Identity.generate(), Identity.generate()
@@ -578,7 +576,7 @@ def test_bad_message_signature_is_refused_connection_goes_on(transport: str, soc
             body = good.body[:-1] + bytes([good.body[-1] ^ 1])  # still well-formed, signature broken
             await conn.send(encode_frame(FrameType.MESSAGE, body))
             await roundtrip(conn, client)  # the connection goes on
-            assert len(node.rejected) == 1 and isinstance(node.rejected[0], BadSignature)
+            assert len(node.rejected) == 1 and node.rejected[0].reason == "bad_signature"
             await conn.close()
 
     run(main())
@@ -649,8 +647,9 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
             sock = Path(listener.addresses[0].removeprefix("unix://"))
             assert sock.stat().st_mode & 0o777 == 0o600
             assert sock.parent.stat().st_mode & 0o777 == 0o700
-            with pytest.raises(AdmissionDenied, match="uid"):
+            with pytest.raises(HandshakeError, match="uid") as exc_info:
                 await dial(listener.addresses[0], client, expect=server.agent_id, config=FAST)
+            assert exc_info.value.reason == "admission_denied"
         assert not sock.exists()
         open_dir = sockdir / "open"
         open_dir.mkdir(mode=0o755)
@@ -662,7 +661,7 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
 
 
 def test_session_logic_and_connection_table() -> None:
-    from iac.errors import Impersonation, UnexpectedHello
+    from iac.errors import HandshakeError, ProtocolError
     from iac.node.pipeline import ReceivePipeline
     from iac.transport.base import ConnectionTable
     from iac.transport.session import EarlyFrames, PeerGoaway, SessionLogic
@@ -677,18 +676,21 @@ def test_session_logic_and_connection_table() -> None:
     # The transport delivers a MESSAGE of another origin unopened: proving it is the node's job.
     other = logic.on_frame(decode_frame(ping_frame(b, a.agent_id, Session())))
     assert other is not None and not isinstance(other, PeerGoaway)
-    with pytest.raises(Impersonation):
+    with pytest.raises(ProtocolError) as exc_info:
         ReceivePipeline.open(other.frame.body, a.agent_id)
-    with pytest.raises(UnexpectedHello):
+    assert exc_info.value.reason == "impersonation"
+    with pytest.raises(HandshakeError) as exc_info:
         logic.on_frame(Frame(FrameType.HELLO, b""))
+    assert exc_info.value.reason == "unexpected_hello"
     assert logic.on_frame(Frame(FrameType.DICT_ACK, b"")) is None
     early = EarlyFrames(2)
     early.hold(Frame(FrameType.MESSAGE, b""))
     early.hold(Frame(FrameType.MESSAGE, b""))
-    from iac.errors import BufferExceeded
+    from iac.errors import ProtocolError
 
-    with pytest.raises(BufferExceeded):
+    with pytest.raises(ProtocolError) as exc_info:
         early.hold(Frame(FrameType.MESSAGE, b""))
+    assert exc_info.value.reason == "buffer_exceeded"
 
     class Fake:
         def __init__(self, peer: str, dialed: bool) -> None:

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from iac.errors import CloseCode, ConnectionClosed, ProtocolError, UnexpectedHello
+from iac.errors import CloseCode, ConnectionClosed, HandshakeError, LocalError, ProtocolError
 from iac.transport.budget import MemoryBudget, RecvBudget
 from iac.transport.core import (
     IDLE_REASON,
     TRANSITIONS,
     ConnectionCore,
     Event,
-    InvalidTransition,
     Judged,
     State,
     TimerEvent,
@@ -76,8 +75,9 @@ def test_the_table_is_one_way_and_closed_is_final() -> None:
 def test_a_second_open_is_a_bug_of_the_adapter() -> None:
     c = core()
     c.open(SessionLogic("peer"))
-    with pytest.raises(InvalidTransition):
+    with pytest.raises(LocalError) as err:
         c.open(SessionLogic("peer"))
+    assert err.value.reason == "invalid_transition"
 
 
 def test_a_connection_opens_closes_and_ends_in_order() -> None:
@@ -115,7 +115,7 @@ def test_a_connection_that_ends_unclosed_gets_the_given_error_or_a_plain_one() -
 
 def test_a_handshake_that_fails_never_opens() -> None:
     c = core()
-    c.close(UnexpectedHello("refused"))
+    c.close(HandshakeError("refused", reason="unexpected_hello"))
     assert not c.open(SessionLogic("peer"))  # the HELLO verified too late: it stays closing
     assert c.state is State.CLOSING
 
@@ -138,7 +138,7 @@ def test_idle_deadline_moves_with_activity_then_closes_with_idle_timeout() -> No
     assert c.handle_timer(40.0) is TimerEvent.IDLE
     assert c.state is State.CLOSING and c.next_timer() is None
     assert isinstance(c.error, ConnectionClosed)
-    assert (c.error.code, c.error.reason, str(c.error)) == (
+    assert (c.error.code, c.error.peer_reason, str(c.error)) == (
         CloseCode.IDLE_TIMEOUT,
         IDLE_REASON,
         "connection idle for 30 s",
@@ -207,8 +207,9 @@ def test_a_frame_the_session_refuses_raises_its_protocol_error() -> None:
     c.open(SessionLogic("peer"))
     box, _ = inbox()
     box.arrived(frames(encode_frame(FrameType.HELLO, b"")))
-    with pytest.raises(UnexpectedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         c.judge(box)
+    assert exc_info.value.reason == "unexpected_hello"
 
 
 def test_nothing_is_judged_before_the_hello_verified() -> None:

@@ -5,7 +5,8 @@ What users rely on: a batch gives the same verdicts, in the same order, as one f
 (a forged frame in the middle is refused alone); signatures made on the worker are the ones the
 loop would make, handed back in the order they were asked for, also across batches; a worker
 that cannot take work hands the work back to the loop; and a job that raised is a
-:class:`WorkerFailed` for its callers (a connection closed with INTERNAL_ERROR), never a wait
+a ``worker_failed`` :class:`~iac.errors.LocalError` for its callers (a connection closed with
+INTERNAL_ERROR), never a wait
 without end (each test runs under ``run``'s timeout).
 """
 
@@ -23,7 +24,7 @@ import pytest
 from conftest import run
 from test_pipeline import RawPeer, errors, serving, tamper
 
-from iac.errors import BadSignature, CloseCode, ConnectionClosed, MessageRejected, WorkerFailed
+from iac.errors import CloseCode, ConnectionClosed, LocalError, MessageRejected
 from iac.node import sign as sign_mod
 from iac.node import verify as verify_mod
 from iac.node.config import NodeConfig
@@ -79,7 +80,7 @@ def test_a_batch_refuses_a_forged_frame_in_the_middle_and_keeps_the_order() -> N
         finally:
             worker.close()
         assert verifier.batches == 1 and verifier.offloaded == 5  # it went to the worker
-        assert [type(o) for o in opened] == [Message, Message, BadSignature, Message, Message]
+        assert [type(o) for o in opened] == [Message, Message, MessageRejected, Message, Message]
         assert isinstance(opened[2], MessageRejected)
         assert [o.timestamp for o in opened if isinstance(o, Message)] == [
             1_000_000,
@@ -103,8 +104,9 @@ def test_a_verification_worker_that_raises_is_worker_failed(monkeypatch: pytest.
     async def main() -> None:
         worker = CryptoWorker()
         try:
-            with pytest.raises(WorkerFailed, match="verification worker failed: MemoryError"):
+            with pytest.raises(LocalError, match="verification worker failed: MemoryError") as exc_info:
                 await Verifier(worker).open([body(0), body(1)], ALICE.agent_id)
+            assert exc_info.value.reason == "worker_failed"
         finally:
             worker.close()
 
@@ -121,14 +123,15 @@ def test_a_worker_that_cannot_take_work_hands_ed25519_back_to_the_loop(
         worker.close()
         assert not worker.available
         opened = await verifier.open([body(0), tampered_body(1), body(2)], ALICE.agent_id)
-        assert [type(o) for o in opened] == [Message, BadSignature, Message]  # the same verdicts
+        assert [type(o) for o in opened] == [Message, MessageRejected, Message]  # the same verdicts
         assert verifier.batches == 1  # the second batch was opened on the loop
         signer = Signer(ALICE, worker)
         signer.batching = True
         got = await asyncio.gather(*(signer.sign(message(i)) for i in range(3)))
         assert got == [sign_message(ALICE, message(i)) for i in range(3)] and signer.batches == 0
-        with pytest.raises(WorkerFailed, match="cannot take work"):  # asked directly: it says so
+        with pytest.raises(LocalError, match="cannot take work") as exc_info:  # asked directly: it says so
             await worker.run("verification", len, b"")
+        assert exc_info.value.reason == "worker_failed"
 
     with caplog.at_level(logging.WARNING, logger="iac.node"):
         run(main())
@@ -269,7 +272,7 @@ def test_a_signing_worker_that_raises_fails_every_sender_of_the_batch(
         worker_signs_with(monkeypatch, broken)
         got = await asyncio.gather(*(signer.sign(message(i)) for i in range(3)), return_exceptions=True)
         worker_signs_with(monkeypatch, REAL_SIGN_ALL)
-        assert [type(g) for g in got] == [WorkerFailed] * 3
+        assert [type(g) for g in got] == [LocalError] * 3
         assert "signing worker failed: RuntimeError" in str(got[0])
         # the next batch works again
         assert await asyncio.gather(*(signer.sign(message(i)) for i in range(3))) == [
@@ -317,7 +320,10 @@ def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node
             async def fails_once(what: str, fn: Any, *args: object) -> Any:
                 if not failures:
                     failures.append(what)
-                    raise WorkerFailed(f"the {what} worker failed: MemoryError: no memory for the batch")
+                    raise LocalError(
+                        f"the {what} worker failed: MemoryError: no memory for the batch",
+                        reason="worker_failed",
+                    )
                 return await real(what, fn, *args)
 
             node._crypto.run = fails_once  # type: ignore[method-assign]
@@ -333,7 +339,7 @@ def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node
                     while True:
                         await asyncio.wait_for(peer.conn.recv(), 5)
                 assert closed.value.code == CloseCode.INTERNAL_ERROR
-                assert "worker_failed" in closed.value.reason
+                assert "worker_failed" in closed.value.peer_reason
             assert failures == ["verification"]
             assert node.stats().closed_internal == 1
             assert woke == []

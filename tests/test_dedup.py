@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iac.errors import ConfigError, StaleMessage
+from iac.errors import ConfigError, MessageRejected
 from iac.protocol.replay import (
     ReplayConfig,
     ReplayGuard,
@@ -71,18 +71,21 @@ def test_config_defaults_and_validation():
 def test_freshness_edges():
     check_freshness(T0 - SKEW, T0, SKEW)
     check_freshness(T0 + SKEW, T0, SKEW)
-    with pytest.raises(StaleMessage, match="past"):
+    with pytest.raises(MessageRejected, match="past") as exc_info:
         check_freshness(T0 - SKEW - 1, T0, SKEW)
-    with pytest.raises(StaleMessage, match="future"):
+    assert exc_info.value.reason == "stale_message"
+    with pytest.raises(MessageRejected, match="future") as exc_info:
         check_freshness(T0 + SKEW + 1, T0, SKEW)
+    assert exc_info.value.reason == "stale_message"
 
 
 def test_history_less_store_refuses_timestamps_before_its_start():
     s = store()
     guard = ReplayGuard(s)
     now = T0 + 10_000_000
-    with pytest.raises(StaleMessage, match="before the replay store started"):
+    with pytest.raises(MessageRejected, match="before the replay store started") as exc_info:
         guard.check_and_mark(A, 1, 1, T0 - 1, now)  # fresh by skew, but before the start
+    assert exc_info.value.reason == "stale_message"
     assert len(s) == 0  # the refusal did not create a window
     assert guard.check_and_mark(A, 1, 1, T0, now) is Verdict.NEW
     assert guard.store is s
@@ -92,9 +95,11 @@ def test_guard_refuses_stale_and_future_without_touching_store():
     s = store()
     guard = ReplayGuard(s)
     now = T0 + 100 * SKEW
-    with pytest.raises(StaleMessage):
+    with pytest.raises(MessageRejected) as exc_info:
         guard.check_and_mark(A, 1, 1, now - SKEW - 1, now)
-    with pytest.raises(StaleMessage):
+    assert exc_info.value.reason == "stale_message"
+    with pytest.raises(MessageRejected) as exc_info:
         guard.reserve(A, 1, 1, now + SKEW + 1, now)
+    assert exc_info.value.reason == "stale_message"
     assert len(s) == 0
     assert guard.check_and_mark(A, 1, 1, now + SKEW, now) is Verdict.NEW

@@ -126,7 +126,7 @@ def test_codec_demo_on_the_corpus_and_without_it(
 ) -> None:
     assert _demo.run_demo(argparse.Namespace(codec=True, count=40)) == 0
     out = capsys.readouterr().out
-    assert "signatures verified: 40/40" in out and "BadSignature (bad_signature)" in out
+    assert "signatures verified: 40/40" in out and "MessageRejected (bad_signature)" in out
     monkeypatch.setattr(_codec, "find_corpus", lambda: None)
     assert _codec.run_codec_demo(argparse.Namespace(count=30)) == 0
     assert "built-in samples" in capsys.readouterr().out

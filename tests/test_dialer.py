@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, roundtrip, run
 
-from iac.errors import ConfigError, TransportError, WrongPeer
+from iac.errors import ConfigError, TransportError
 from iac.transport import dial, listen
 from iac.transport.base import Address, Connection, TransportConfig
 from iac.transport.dialer import Backoff, Dialer, DialError, DialPolicy
@@ -167,7 +167,7 @@ def test_all_fail_one_error_lists_every_attempt(sockdir: Path) -> None:
         assert outcomes["quic://[::1]:9"] == "timeout"
         assert outcomes[f"tls://127.0.0.1:{closed_port}"] == "transport_error"
         for a in addrs:
-            assert outcomes[a] == WrongPeer.name
+            assert outcomes[a] == "wrong_peer"
         assert "\n" not in str(err) and "refused" in str(err)
         assert isinstance(err, TransportError)
         for lst in listeners:

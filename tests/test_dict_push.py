@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORT_PARAMS, listen_url, message_of, run
 
-from iac.errors import BadDictionary, CloseCode, ConnectionClosed
+from iac.errors import CloseCode, ConnectionClosed, ProtocolError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.transport import dial, listen
@@ -145,8 +145,9 @@ def test_dict_state_checks() -> None:
     frame = state.push_frame(b.agent_id, hello)
     assert frame is not None and frame[0] == FrameType.DICT and len(frame) < 1024
     assert state.pushed is not None and state.send_dictionary is None
-    with pytest.raises(BadDictionary):  # an ACK for something else
+    with pytest.raises(ProtocolError) as exc_info:  # an ACK for something else
         state.on_ack(Dict(dict_id=1, sha256=b"x" * 32).SerializeToString())
+    assert exc_info.value.reason == "bad_dictionary"
     state.on_ack(Dict(dict_id=state.pushed.dict_id, sha256=state.pushed.sha256).SerializeToString())
     assert state.send_dictionary is state.pushed and state.acked.is_set()
 
@@ -156,19 +157,24 @@ def test_dict_state_checks() -> None:
         assert d.dict_id in state.decode
     state.on_dict(push_body(derived[0]))  # the same one again: acknowledged, not counted
     assert len(sent) == MAX_PUSHED_DICTS + 1 and all(f[0] == FrameType.DICT_ACK for f in sent)
-    with pytest.raises(BadDictionary, match="more than"):
+    with pytest.raises(ProtocolError, match="more than") as exc_info:
         state.on_dict(push_body(derived[-1]))
+    assert exc_info.value.reason == "bad_dictionary"
     fresh = DictState(cfg(), sent.append)
     d = derived[0]
-    with pytest.raises(BadDictionary, match="sha256"):
+    with pytest.raises(ProtocolError, match="sha256") as exc_info:
         fresh.on_dict(Dict(dict_id=d.dict_id, sha256=bytes(32), content=d.content).SerializeToString())
-    with pytest.raises(BadDictionary, match="its content has id"):
+    assert exc_info.value.reason == "bad_dictionary"
+    with pytest.raises(ProtocolError, match="its content has id") as exc_info:
         fresh.on_dict(Dict(dict_id=d.dict_id + 1, sha256=d.sha256, content=d.content).SerializeToString())
+    assert exc_info.value.reason == "bad_dictionary"
     junk = b"not a dictionary"
-    with pytest.raises(BadDictionary):
+    with pytest.raises(ProtocolError) as exc_info:
         fresh.on_dict(Dict(dict_id=1, sha256=hashlib.sha256(junk).digest(), content=junk).SerializeToString())
-    with pytest.raises(BadDictionary, match="above"):
+    assert exc_info.value.reason == "bad_dictionary"
+    with pytest.raises(ProtocolError, match="above") as exc_info:
         fresh.on_dict(oversized_body())
+    assert exc_info.value.reason == "bad_dictionary"
     assert BASE.dict_id in fresh.decode and len(fresh.decode) == 1
     assert BASE.dict_id in cfg().dictionaries and len(cfg().dictionaries) == 1  # global set untouched
 
@@ -267,7 +273,11 @@ def test_bad_push_closes_only_that_connection(transport: str, fault: str, sockdi
             sbad = next(c for c in echo.connections if c is not echo.connections[0])
             await asyncio.wait_for(sbad.wait_closed(), 5)
             err = sbad.close_error
-            assert err is not None and isinstance(err.__cause__, BadDictionary)
+            assert (
+                err is not None
+                and isinstance(err.__cause__, ProtocolError)
+                and err.__cause__.reason == "bad_dictionary"
+            )
             # the other connection goes on, with its derived dictionary
             session = Session()
             for text in payloads(3):

@@ -12,7 +12,7 @@ import zstandard
 
 import iac
 from iac import ConfigError, Identity
-from iac.errors import UnknownDictionary
+from iac.errors import ProtocolError
 from iac.wire import (
     Dictionary,
     DictionarySet,
@@ -170,8 +170,9 @@ def test_set_lookup_and_choice():
     assert s.get(40007) is b and s.get(1) is None
     assert s.require(40006) is a
     assert s.require(0) is NO_DICTIONARY
-    with pytest.raises(UnknownDictionary):
+    with pytest.raises(ProtocolError) as exc_info:
         s.require(12345)
+    assert exc_info.value.reason == "unknown_dictionary"
     assert s.choose([1, 40007, 40006]) is b  # the receiver's preference order wins
     assert s.choose([1, 2]) is None
 
@@ -209,8 +210,9 @@ def test_default_dictionary_frame_round_trip():
     assert zstandard.frame_content_size(zbody) == len(body)
     frame = decode_frame(data, dictionaries=DictionarySet([d]))
     assert (frame.type, frame.body, frame.dict_id) == (FrameType.MESSAGE, body, d.dict_id)
-    with pytest.raises(UnknownDictionary):
+    with pytest.raises(ProtocolError) as exc_info:
         decode_frame(data)  # a receiver without the dictionary refuses, it does not guess
+    assert exc_info.value.reason == "unknown_dictionary"
 
 
 def test_default_dictionary_message_round_trip():

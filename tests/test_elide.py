@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import TRANSPORT_PARAMS, listen_url, run
 
-from iac.errors import BadSignature
+from iac.errors import MessageRejected
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
 from iac.transport.base import TransportConfig
@@ -43,8 +43,9 @@ def test_vectors_restore_then_verify(v: dict[str, Any]) -> None:
     if v["result"] == "ok":
         assert open_message(body).SerializeToString(deterministic=True) == body
     else:
-        with pytest.raises(BadSignature):
+        with pytest.raises(MessageRejected) as exc_info:
             open_message(body)
+        assert exc_info.value.reason == "bad_signature"
     # without the capability the same frame is taken as it is: an elided body has no `from`
     (plain,) = FrameDecoder(dictionaries=DictionarySet()).feed(bytes.fromhex(v["frame_hex"]))
     assert (plain.body != body) == v["elided"]

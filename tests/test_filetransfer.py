@@ -21,24 +21,14 @@ from iac.protocol.files import (
     PART_PREFIX,
     AckPayload,
     AckStatus,
-    BadChunkLength,
-    BadTransferPayload,
-    ChunkHashMismatch,
     ChunkHeader,
-    ChunkOutOfRange,
     ChunkToSend,
-    FileExistsInInbox,
-    FileHashMismatch,
     FileReceiver,
     FileSender,
-    FileTooLarge,
     FileTransferError,
     StateQuery,
-    TooManyTransfers,
-    TransferMismatch,
     TransferProgress,
     TransferRefused,
-    UnsafeFileName,
     check_file_name,
     error_for,
     failure_ack,
@@ -330,8 +320,9 @@ def test_a_start_query_forgets_a_finished_verdict(tmp_path: Path) -> None:
     (inbox / "a.bin").rename(tmp_path / "moved.bin")
     send_again()  # the receiver's copy was moved away: received again
     assert sha_of(inbox / "a.bin") == digest
-    with pytest.raises(FileExistsInInbox):
+    with pytest.raises(FileTransferError) as exc_info:
         send_again()  # and now it is there: refused as before
+    assert exc_info.value.reason == "file_exists"
     assert ask(start=False).status is AckStatus.FAILED
     (inbox / "a.bin").unlink()
     send_again()  # the clash is gone
@@ -407,7 +398,7 @@ def test_tampered_chunk_is_refused_by_its_chunk_hash_and_sent_again(tmp_path: Pa
                 data = bytes([data[0] ^ 0x80]) + data[1:]
             try:
                 sender.on_ack(receiver.on_chunk(c.payload_json, data, sender=ALICE))
-            except ChunkHashMismatch as exc:
+            except FileTransferError as exc:
                 assert not exc.fatal
                 refused.append(exc)
         now += 10.0
@@ -433,7 +424,7 @@ def test_tampered_chunk_with_matching_chunk_hash_fails_the_whole_file(tmp_path: 
             payload = json.dumps(obj)
         try:
             sender.on_ack(receiver.on_chunk(payload, data, sender=ALICE))
-        except FileHashMismatch as exc:
+        except FileTransferError as exc:
             assert exc.fatal
             failure = failure_ack(exc)
     assert failure is not None
@@ -444,11 +435,12 @@ def test_tampered_chunk_with_matching_chunk_hash_fails_the_whole_file(tmp_path: 
         sender.on_ack(failure.to_json())
     assert info.value.code == "file_hash_mismatch"
     assert sender.failed and sender.next_chunks(1.0) == []
-    assert isinstance(error_for(failure), FileHashMismatch)
+    assert error_for(failure).reason == "file_hash_mismatch"
     # a retransmission of the failed transfer gets the same verdict, not a fresh start
     c = FileSender("t-evil", src, chunk_size=32 * 1024).next_chunks(2.0)[0]
-    with pytest.raises(FileHashMismatch):
+    with pytest.raises(FileTransferError) as exc_info:
         receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
+    assert exc_info.value.reason == "file_hash_mismatch"
     assert receiver.state("t-evil", sender=ALICE).status is AckStatus.FAILED
 
 
@@ -492,14 +484,16 @@ def header_json(**change: Any) -> str:
 def test_unsafe_names_are_refused(tmp_path: Path, name: str) -> None:
     inbox = tmp_path / "inbox"
     receiver = FileReceiver(inbox)
-    with pytest.raises(UnsafeFileName) as info:
+    with pytest.raises(FileTransferError) as info:
         receiver.on_chunk(header_json(name=name), b"0123456789", sender=ALICE)
+    assert info.value.reason == "unsafe_file_name"
     assert info.value.fatal and isinstance(info.value, MessageRejected)
     assert failure_ack(info.value).error == "unsafe_file_name"
     assert list(inbox.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inbox"]
-    with pytest.raises(UnsafeFileName):
+    with pytest.raises(FileTransferError) as exc_info:
         check_file_name(name)
+    assert exc_info.value.reason == "unsafe_file_name"
 
 
 def test_sender_refuses_an_unsafe_name_locally(tmp_path: Path) -> None:
@@ -519,8 +513,9 @@ def test_size_limit(tmp_path: Path) -> None:
     make_file(src, 50_000)
     receiver = FileReceiver(tmp_path / "inbox", max_size=49_999)
     c = FileSender("t-big", src, chunk_size=MIN_CHUNK_SIZE * 4).next_chunks(0.0)[0]
-    with pytest.raises(FileTooLarge) as info:
+    with pytest.raises(FileTransferError) as info:
         receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
+    assert info.value.reason == "file_too_large"
     assert failure_ack(info.value).error == "file_too_large"
     assert list((tmp_path / "inbox").iterdir()) == []
     assert receiver.stats.refused == {"file_too_large": 1}
@@ -538,21 +533,26 @@ def test_inconsistent_chunks_are_refused(tmp_path: Path) -> None:
     def variant(i: int = 1, **change: Any) -> str:
         return json.dumps({**json.loads(chunks[i].payload_json), **change})
 
-    with pytest.raises(BadChunkLength):
+    with pytest.raises(FileTransferError) as exc_info:
         receiver.on_chunk(chunks[1].payload_json, chunks[1].data[:-1], sender=ALICE)
-    with pytest.raises(ChunkOutOfRange):
+    assert exc_info.value.reason == "bad_chunk_length"
+    with pytest.raises(FileTransferError) as exc_info:
         receiver.on_chunk(variant(index=first["total"]), chunks[1].data, sender=ALICE)
+    assert exc_info.value.reason == "chunk_out_of_range"
     assert receiver.active == 1  # those refused one chunk; the transfer goes on
     receiver.on_chunk(chunks[1].payload_json, chunks[1].data, sender=ALICE)
-    with pytest.raises(TransferMismatch):  # another file under the same transfer id: fatal
+    with pytest.raises(FileTransferError) as exc_info:  # another file under the same transfer id: fatal
         receiver.on_chunk(variant(2, sha256="0" * 64), chunks[2].data, sender=ALICE)
+    assert exc_info.value.reason == "transfer_mismatch"
     assert receiver.active == 0
     assert leftovers(tmp_path / "inbox") == []
-    with pytest.raises(TransferMismatch):  # the verdict stands for later chunks
+    with pytest.raises(FileTransferError) as exc_info:  # the verdict stands for later chunks
         receiver.on_chunk(chunks[3].payload_json, chunks[3].data, sender=ALICE)
+    assert exc_info.value.reason == "transfer_mismatch"
     other = FileReceiver(tmp_path / "inbox2")
-    with pytest.raises(TransferMismatch):  # total does not follow from size and chunk_size
+    with pytest.raises(FileTransferError) as exc_info:  # total does not follow from size and chunk_size
         other.on_chunk(variant(total=first["total"] + 1), chunks[1].data, sender=ALICE)
+    assert exc_info.value.reason == "transfer_mismatch"
 
 
 def test_transfers_are_keyed_by_sender(tmp_path: Path) -> None:
@@ -583,12 +583,14 @@ def test_existing_file_is_not_replaced_unless_asked(tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     (inbox / "a.bin").write_bytes(b"keep me")
-    with pytest.raises(FileExistsInInbox):
+    with pytest.raises(FileTransferError) as exc_info:
         pump(FileSender("t1", src), FileReceiver(inbox))
+    assert exc_info.value.reason == "file_exists"
     assert (inbox / "a.bin").read_bytes() == b"keep me"
     (inbox / "link.bin").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(FileExistsInInbox):
+    with pytest.raises(FileTransferError) as exc_info:
         pump(FileSender("t2", src, name="link.bin"), FileReceiver(inbox))
+    assert exc_info.value.reason == "file_exists"
     assert not (tmp_path / "elsewhere").exists()
     pump(FileSender("t3", src), FileReceiver(inbox, overwrite=True))
     assert sha_of(inbox / "a.bin") == digest
@@ -602,8 +604,9 @@ def test_too_many_transfers_is_not_fatal(tmp_path: Path) -> None:
         c = FileSender(tid, src, name=f"{tid}.bin", chunk_size=MIN_CHUNK_SIZE).next_chunks(0.0)[0]
         receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
     c = FileSender("t3", src, name="t3.bin", chunk_size=MIN_CHUNK_SIZE).next_chunks(0.0)[0]
-    with pytest.raises(TooManyTransfers) as info:
+    with pytest.raises(FileTransferError) as info:
         receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
+    assert info.value.reason == "too_many_transfers"
     assert not info.value.fatal
     assert receiver.abandon("t1", sender=ALICE)
     receiver.on_chunk(c.payload_json, c.data, sender=ALICE)
@@ -622,8 +625,9 @@ def test_chunk_size_is_bounded_by_the_frame_size(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         FileSender("t", src, window=0)
     receiver = FileReceiver(tmp_path / "inbox", max_frame_size=64 * 1024)
-    with pytest.raises(BadTransferPayload):
+    with pytest.raises(FileTransferError) as exc_info:
         receiver.on_chunk(header_json(chunk_size=128 * 1024), b"0123456789", sender=ALICE)
+    assert exc_info.value.reason == "bad_transfer_payload"
 
 
 # --- payloads -----------------------------------------------------------------------------------
@@ -660,18 +664,21 @@ def test_payload_round_trips() -> None:
     ],
 )
 def test_bad_payloads(payload: str) -> None:
-    with pytest.raises(BadTransferPayload):
+    with pytest.raises(FileTransferError) as exc_info:
         parse_payload(payload)
+    assert exc_info.value.reason == "bad_transfer_payload"
 
 
 def test_sender_refuses_acks_for_other_transfers_or_out_of_range(tmp_path: Path) -> None:
     src = tmp_path / "a.bin"
     make_file(src, 5000)
     sender = FileSender("t", src, chunk_size=MIN_CHUNK_SIZE)
-    with pytest.raises(BadTransferPayload):
+    with pytest.raises(FileTransferError) as exc_info:
         sender.on_ack(AckPayload("other", ((0, 1),)))
-    with pytest.raises(BadTransferPayload):
+    assert exc_info.value.reason == "bad_transfer_payload"
+    with pytest.raises(FileTransferError) as exc_info:
         sender.on_ack(AckPayload("t", ((0, sender.total + 1),)))
+    assert exc_info.value.reason == "bad_transfer_payload"
 
 
 # --- vectors ------------------------------------------------------------------------------------
@@ -697,4 +704,4 @@ def test_vector_negative_chunks(tmp_path: Path, vector: dict[str, Any]) -> None:
     receiver = FileReceiver(tmp_path / "inbox", max_size=vector["max_size"])
     with pytest.raises(FileTransferError) as info:
         receiver.on_chunk(vector["payload_json"], bytes.fromhex(vector["extra_data_hex"]), sender=ALICE)
-    assert info.value.name == vector["error"]
+    assert info.value.reason == vector["error"]

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from iac.errors import (
-    AdmissionDenied,
-    ChannelBindingMismatch,
-    CloseCode,
-    ConnectionClosed,
-    HandshakeError,
-    HelloSignatureInvalid,
-    ReplayedHello,
-    StaleHello,
-    UnexpectedHello,
-    WrongPeer,
-)
+from iac.errors import CloseCode, ConnectionClosed, HandshakeError
 from iac.protocol.clock import ManualClock
 from iac.protocol.handshake import (
     NONCE_SIZE,
@@ -104,11 +93,13 @@ def test_success_both_orders(order: HelloOrder) -> None:
 
 def test_wrong_expected_peer() -> None:
     c, s = pair(expect=OTHER.agent_id)
-    with pytest.raises(WrongPeer):  # the server sees it was not the one dialed
+    with pytest.raises(HandshakeError) as exc_info:  # the server sees it was not the one dialed
         exchange(c, s)
+    assert exc_info.value.reason == "wrong_peer"
     c, s = pair(HelloOrder.SERVER_FIRST, expect=OTHER.agent_id)
-    with pytest.raises(WrongPeer):  # the client checks the server's HELLO
+    with pytest.raises(HandshakeError) as exc_info:  # the client checks the server's HELLO
         exchange(c, s)
+    assert exc_info.value.reason == "wrong_peer"
 
 
 def test_client_checks_expected_peer_itself() -> None:
@@ -120,8 +111,9 @@ def test_client_checks_expected_peer_itself() -> None:
     forged = ClientHandshake(CLIENT, HelloOrder.CLIENT_FIRST, binding=CERT, expect=None)
     answer = s2.receive(forged.initial(T0) or b"", T0)
     c.nonce = forged.nonce
-    with pytest.raises(WrongPeer):
+    with pytest.raises(HandshakeError) as exc_info:
         c.receive(answer or b"", T0)
+    assert exc_info.value.reason == "wrong_peer"
 
 
 def test_bad_signature() -> None:
@@ -130,17 +122,20 @@ def test_bad_signature() -> None:
         return raw[:-1] + bytes([raw[-1] ^ 1])
 
     c, s = pair(client_hook=corrupt)
-    with pytest.raises(HelloSignatureInvalid):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s)
+    assert exc_info.value.reason == "hello_bad_signature"
 
 
 def test_reflected_hello_fails() -> None:
     c, s = pair(server_hook=lambda d: d.peer_hello_bytes)
-    with pytest.raises(HelloSignatureInvalid):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s)
+    assert exc_info.value.reason == "hello_bad_signature"
     c, s = pair(HelloOrder.SERVER_FIRST, client_hook=lambda d: d.peer_hello_bytes)
-    with pytest.raises(HelloSignatureInvalid):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s)
+    assert exc_info.value.reason == "hello_bad_signature"
 
 
 def test_wrong_domain_fails() -> None:
@@ -150,15 +145,17 @@ def test_wrong_domain_fails() -> None:
         d.domain = Domain.HELLO_SERVER
 
     c, s = pair(client_hook=as_server)
-    with pytest.raises(HelloSignatureInvalid):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s)
+    assert exc_info.value.reason == "hello_bad_signature"
 
 
 @pytest.mark.parametrize("order", list(HelloOrder))
 def test_stale(order: HelloOrder) -> None:
     c, s = pair(order)
-    with pytest.raises(StaleHello):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s, now=T0, server_now=T0 + 61_000_000)
+    assert exc_info.value.reason == "stale_hello"
     c, s = pair(order)
     exchange(c, s, now=T0, server_now=T0 + 59_000_000)  # within max_skew
 
@@ -170,8 +167,9 @@ def test_replay_cache() -> None:
     assert hello is not None
     s.receive(hello, T0)
     s2 = ServerHandshake(SERVER, HelloOrder.CLIENT_FIRST, binding=CERT, nonce_cache=cache)
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         s2.receive(hello, T0 + 1_000_000)
+    assert exc_info.value.reason == "replayed_hello"
 
 
 def test_nonce_cache_expires_and_is_bounded() -> None:
@@ -181,8 +179,9 @@ def test_nonce_cache_expires_and_is_bounded() -> None:
     cache.check_and_add(b"b" * 16, clock.now_us())
     with pytest.raises(HandshakeError):  # full: refuses rather than forget early
         cache.check_and_add(b"c" * 16, clock.now_us())
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         cache.check_and_add(b"a" * 16, clock.now_us())
+    assert exc_info.value.reason == "replayed_hello"
     clock.advance(2.5)
     cache.check_and_add(b"c" * 16, clock.now_us())
     assert len(cache) == 1
@@ -195,8 +194,9 @@ def test_server_nonce_not_echoed() -> None:
     s_other = ServerHandshake(SERVER, HelloOrder.SERVER_FIRST, nonce_cache=NonceCache())
     s_other.initial(T0)
     reply = c.receive(first, T0)
-    with pytest.raises(ReplayedHello):  # a client HELLO made for another connection
+    with pytest.raises(HandshakeError) as exc_info:  # a client HELLO made for another connection
         s_other.receive(reply or b"", T0)
+    assert exc_info.value.reason == "replayed_hello"
 
 
 def test_server_answer_must_echo_client_nonce() -> None:
@@ -205,15 +205,17 @@ def test_server_answer_must_echo_client_nonce() -> None:
     other_client = ClientHandshake(CLIENT, HelloOrder.CLIENT_FIRST, binding=CERT)
     answer = s.receive(other_client.initial(T0) or b"", T0)
     del hello
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         c.receive(answer or b"", T0)
+    assert exc_info.value.reason == "replayed_hello"
 
 
 def test_channel_binding_mismatch_both_sides() -> None:
     # client saw a relay's certificate; the server refuses
     c, s = pair(client_binding=channel_binding(b"relay"))
-    with pytest.raises(ChannelBindingMismatch):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s)
+    assert exc_info.value.reason == "channel_binding_mismatch"
     # the server answers with a binding that is not what the client saw
     c, _ = pair()
     hello = c.initial(T0)
@@ -221,14 +223,16 @@ def test_channel_binding_mismatch_both_sides() -> None:
     s_relay.binding = CERT  # accepts the client's
     answer = s_relay.receive(hello or b"", T0)
     c.binding = channel_binding(b"relay")
-    with pytest.raises(ChannelBindingMismatch):
+    with pytest.raises(HandshakeError) as exc_info:
         c.receive(answer or b"", T0)
+    assert exc_info.value.reason == "channel_binding_mismatch"
 
 
 def test_admission() -> None:
     c, s = pair(admission=lambda agent: agent != CLIENT.agent_id)
-    with pytest.raises(AdmissionDenied):
+    with pytest.raises(HandshakeError) as exc_info:
         exchange(c, s)
+    assert exc_info.value.reason == "admission_denied"
     c, s = pair(admission=lambda agent: agent == CLIENT.agent_id)
     exchange(c, s)
 
@@ -236,10 +240,12 @@ def test_admission() -> None:
 def test_second_hello_refused() -> None:
     c, s = pair()
     exchange(c, s)
-    with pytest.raises(UnexpectedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         s.receive(b"", T0)
-    with pytest.raises(UnexpectedHello):
+    assert exc_info.value.reason == "unexpected_hello"
+    with pytest.raises(HandshakeError) as exc_info:
         c.receive(b"", T0)
+    assert exc_info.value.reason == "unexpected_hello"
 
 
 def test_version_and_nonce_size() -> None:
@@ -259,13 +265,21 @@ def test_version_and_nonce_size() -> None:
 
 
 @pytest.mark.parametrize(
-    "cls",
-    [HelloSignatureInvalid, WrongPeer, StaleHello, ReplayedHello, ChannelBindingMismatch, AdmissionDenied],
+    "name",
+    [
+        "hello_bad_signature",
+        "wrong_peer",
+        "stale_hello",
+        "replayed_hello",
+        "channel_binding_mismatch",
+        "admission_denied",
+    ],
 )
-def test_close_code_maps_back(cls: type[HandshakeError]) -> None:
-    code, reason = decode_goaway(encode_goaway(cls.close_code, "because"))
+def test_close_code_maps_back(name: str) -> None:
+    sent = HandshakeError("x", reason=name)
+    code, reason = decode_goaway(encode_goaway(sent.close_code, "because"))
     err = error_from_close(code, reason)
-    assert type(err) is cls
+    assert type(err) is HandshakeError and err.reason == name and err.close_code == sent.close_code
     assert "because" in str(err)
 
 
@@ -288,8 +302,9 @@ def test_keys_the_admission_refuses_do_not_fill_the_nonce_cache() -> None:
         s = ServerHandshake(
             SERVER, HelloOrder.CLIENT_FIRST, binding=CERT, nonce_cache=cache, admission=admitted
         )
-        with pytest.raises(AdmissionDenied):
+        with pytest.raises(HandshakeError) as exc_info:
             s.receive(stranger.initial(T0) or b"", T0)
+        assert exc_info.value.reason == "admission_denied"
     assert len(cache) == 0
     c, s = pair(cache=cache, admission=admitted)
     exchange(c, s)
@@ -300,8 +315,9 @@ def test_a_nonce_is_kept_for_twice_the_larger_skew() -> None:
     cache = NonceCache(max_skew_us=1_000_000)
     cache.check_and_add(b"a" * 16, T0, max_skew_us=5_000_000)  # the handshake's skew is larger
     cache.expire(T0 + 9_999_999)
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         cache.check_and_add(b"a" * 16, T0 + 9_999_999)
+    assert exc_info.value.reason == "replayed_hello"
     cache.check_and_add(b"a" * 16, T0 + 10_000_001)  # expired, then recorded again
 
 

@@ -14,7 +14,7 @@ from conftest import EchoNode, roundtrip, run
 
 import iac.transport.quic.connection as quic_connection
 import iac.transport.session as session
-from iac.errors import AdmissionDenied, HelloSignatureInvalid, ReplayedHello
+from iac.errors import HandshakeError
 from iac.protocol.handshake import HelloDraft, NonceCache
 from iac.testing import eventually
 from iac.transport import dial, listen
@@ -51,9 +51,9 @@ def test_a_refused_hello_gets_one_goaway(
         return raw[:-1] + bytes([raw[-1] ^ 0x01])  # the signature is the last field
 
     if refuser == "server":
-        config, refusal = TransportConfig(admission=lambda agent_id: False), AdmissionDenied
+        config, refusal = TransportConfig(admission=lambda agent_id: False), "admission_denied"
     else:
-        config, refusal = TransportConfig(hello_hook=bad_signature), HelloSignatureInvalid
+        config, refusal = TransportConfig(hello_hook=bad_signature), "hello_bad_signature"
 
     async def serve(conn: Connection) -> None:
         await conn.close()
@@ -61,8 +61,9 @@ def test_a_refused_hello_gets_one_goaway(
     async def main() -> None:
         listener = await listen(f"{transport}://127.0.0.1:0", server, serve, config=config)
         try:
-            with pytest.raises(refusal):
+            with pytest.raises(HandshakeError) as err:
                 await dial(listener.addresses[0], client, config=TransportConfig(linger_timeout=0.2))
+            assert err.value.reason == refusal
         finally:
             await listener.close()
 
@@ -102,10 +103,11 @@ def test_keys_the_admission_refuses_cannot_deny_an_admitted_peer(transport: str,
         listener = await listen(_url(transport, sockdir), server, EchoNode(server), config=config)
         try:
             for _ in range(6):
-                with pytest.raises(AdmissionDenied):
+                with pytest.raises(HandshakeError) as exc_info:
                     await _dial_and_use(
                         listener.addresses[0], Identity.generate(), server.agent_id, client_config
                     )
+                assert exc_info.value.reason == "admission_denied"
             assert len(cache) == 1
             await _dial_and_use(listener.addresses[0], friend, server.agent_id, client_config)
             assert len(cache) == 2
@@ -155,10 +157,11 @@ def test_a_hello_accepted_on_tls_is_a_replay_on_quic() -> None:
             await _dial_and_use(
                 tls.addresses[0], client, server.agent_id, TransportConfig(hello_hook=capture)
             )
-            with pytest.raises(ReplayedHello):
+            with pytest.raises(HandshakeError) as exc_info:
                 await dial(
                     quic.addresses[0], client, config=TransportConfig(hello_hook=replay, linger_timeout=0.2)
                 )
+            assert exc_info.value.reason == "replayed_hello"
             assert tls_node.peers == [client.agent_id]
             assert quic_node.peers == []  # the QUIC listener refused the HELLO
             assert isinstance(quic, QuicListener) and quic.refused == {"replayed_hello": 1}
@@ -181,8 +184,9 @@ def test_refusals_are_counted_by_reason_and_logged(
     async def main() -> None:
         listener = await listen(_url(transport, sockdir), server, EchoNode(server), config=config)
         try:
-            with pytest.raises(AdmissionDenied):
+            with pytest.raises(HandshakeError) as exc_info:
                 await _dial_and_use(listener.addresses[0], client, server.agent_id, config)
+            assert exc_info.value.reason == "admission_denied"
             await eventually(lambda: getattr(listener, "refused", None) == {"admission_denied": 1})
         finally:
             await listener.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from iac.errors import HandshakeError, ReplayedHello
+from iac.errors import HandshakeError
 from iac.protocol.nonces import NonceCache, NonceStore
 from iac.protocol.tickets import MemoryTicketStore, TicketStore, check_cluster_stores
 from iac.stores.memory import MemoryReplayStore
@@ -75,11 +75,13 @@ def test_a_nonce_seen_by_one_server_is_a_replay_at_the_other(nonce_pair: Pair) -
     a, b = nonce_pair(max_skew_us=SKEW)
     assert a.shared and isinstance(a, NonceStore)
     a.check_and_add(b"n" * 16, T0)
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         b.check_and_add(b"n" * 16, T0 + 1)
+    assert exc_info.value.reason == "replayed_hello"
     b.check_and_add(b"m" * 16, T0 + 1)
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         a.check_and_add(b"m" * 16, T0 + 2)
+    assert exc_info.value.reason == "replayed_hello"
 
 
 def test_shared_nonce_cache_expires_after_twice_the_skew_and_is_bounded(nonce_pair: Pair) -> None:
@@ -88,8 +90,9 @@ def test_shared_nonce_cache_expires_after_twice_the_skew_and_is_bounded(nonce_pa
     b.check_and_add(b"2" * 16, T0)
     with pytest.raises(HandshakeError, match="busy"):  # full: refuses rather than forget early
         a.check_and_add(b"3" * 16, T0 + 2 * SKEW - 1)
-    with pytest.raises(ReplayedHello):
+    with pytest.raises(HandshakeError) as exc_info:
         b.check_and_add(b"1" * 16, T0 + 2 * SKEW - 1)
+    assert exc_info.value.reason == "replayed_hello"
     a.check_and_add(b"3" * 16, T0 + 2 * SKEW)  # the first two expired
     b.check_and_add(b"1" * 16, T0 + 2 * SKEW)
     assert len(a) == 2
@@ -103,7 +106,8 @@ def test_concurrent_check_and_add_lets_one_through(nonce_pair: Pair) -> None:
         try:
             store.check_and_add(b"x" * 16, T0)
             outcomes.append("new")
-        except ReplayedHello:
+        except HandshakeError as exc:
+            assert exc.reason == "replayed_hello"
             outcomes.append("replay")
 
     threads = [threading.Thread(target=attempt, args=(s,)) for s in (a, b) * 4]

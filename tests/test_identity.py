@@ -25,8 +25,9 @@ def test_agent_id_is_lowercase_hex_of_public_key():
 )
 def test_malformed_agent_ids_are_refused(bad):
     assert not iac.wire.is_agent_id(bad)
-    with pytest.raises(iac.errors.InvalidAgentId):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.check_agent_id(bad)
+    assert exc_info.value.reason == "invalid_agent_id"
 
 
 def test_sign_verify_round_trip_and_domain_separation():
@@ -36,14 +37,18 @@ def test_sign_verify_round_trip_and_domain_separation():
     # The same signature is worthless in any other role.
     for other in Domain:
         if other is not Domain.MESSAGE:
-            with pytest.raises(iac.errors.BadSignature):
+            with pytest.raises(iac.errors.MessageRejected) as exc_info:
                 iac.wire.verify(ident.agent_id, other, b"payload", sig)
-    with pytest.raises(iac.errors.BadSignature):
+            assert exc_info.value.reason == "bad_signature"
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.verify(ident.agent_id, Domain.MESSAGE, b"payloaD", sig)
-    with pytest.raises(iac.errors.BadSignature):
+    assert exc_info.value.reason == "bad_signature"
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.verify(Identity.generate().agent_id, Domain.MESSAGE, b"payload", sig)
-    with pytest.raises(iac.errors.BadSignature):
+    assert exc_info.value.reason == "bad_signature"
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.verify(ident.agent_id, Domain.MESSAGE, b"payload", sig[:63])
+    assert exc_info.value.reason == "bad_signature"
 
 
 def test_signature_input_is_domain_nul_data():
@@ -87,14 +92,17 @@ def test_bad_keys_are_what_their_names_say():
 @pytest.mark.parametrize("key", BAD_KEYS.values(), ids=BAD_KEYS.keys())
 def test_keys_that_are_not_points_of_the_prime_order_subgroup_are_refused_at_parse(key):
     assert not iac.wire.is_agent_id(key)
-    with pytest.raises(iac.errors.InvalidAgentId, match="not a valid Ed25519 public key"):
+    with pytest.raises(iac.errors.MessageRejected, match="not a valid Ed25519 public key") as exc_info:
         iac.wire.check_agent_id(key)
+    assert exc_info.value.reason == "invalid_agent_id"
     for _ in range(2):  # a refusal is not cached as a success
-        with pytest.raises(iac.errors.InvalidAgentId):
+        with pytest.raises(iac.errors.MessageRejected) as exc_info:
             check_agent_id_cached(key)
+        assert exc_info.value.reason == "invalid_agent_id"
     # refused as an AgentId before any signature is looked at
-    with pytest.raises(iac.errors.InvalidAgentId):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.verify(key, Domain.MESSAGE, b"x", bytes(64))
+    assert exc_info.value.reason == "invalid_agent_id"
 
 
 def test_a_mixed_order_key_is_refused_though_its_signature_verifies():
@@ -104,8 +112,9 @@ def test_a_mixed_order_key_is_refused_though_its_signature_verifies():
     )
     assert agent_id == BAD_KEYS["mixed_order"]
     nacl.bindings.crypto_sign_open(sig + data, bytes.fromhex(agent_id))  # accepted by the signature check
-    with pytest.raises(iac.errors.InvalidAgentId):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.verify(agent_id, Domain.MESSAGE, data[len(b"iac-msg-v1") + 1 :], sig)
+    assert exc_info.value.reason == "invalid_agent_id"
 
 
 def test_generated_keys_are_agent_ids():
@@ -118,8 +127,9 @@ def test_generated_keys_are_agent_ids():
 def test_agent_id_check_refuses_non_strings():
     for value in (None, 5, b"00" * 32, ["a" * 64]):
         assert not iac.wire.is_agent_id(value)  # type: ignore[arg-type]
-        with pytest.raises(iac.errors.InvalidAgentId):
+        with pytest.raises(iac.errors.MessageRejected) as exc_info:
             iac.wire.check_agent_id(value)  # type: ignore[arg-type]
+        assert exc_info.value.reason == "invalid_agent_id"
 
 
 def test_repr_never_shows_the_secret():
@@ -137,25 +147,29 @@ def test_save_load_mode_0600(tmp_path):
     ident.save(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert Identity.load(path).agent_id == ident.agent_id
-    with pytest.raises(iac.errors.KeyFileError, match="already exists"):
+    with pytest.raises(iac.errors.ConfigError, match="already exists") as exc_info:
         ident.save(path)
+    assert exc_info.value.reason == "key_file_error"
 
 
 def test_group_readable_key_is_refused_with_the_fix(tmp_path):
     path = tmp_path / "agent.key"
     Identity.generate().save(path)
     os.chmod(path, 0o640)
-    with pytest.raises(iac.errors.KeyFileError) as info:
+    with pytest.raises(iac.errors.ConfigError) as info:
         Identity.load(path)
+    assert info.value.reason == "key_file_error"
     assert str(path) in str(info.value)
     assert "chmod 600" in str(info.value)
 
 
 def test_missing_and_garbage_key_files(tmp_path):
-    with pytest.raises(iac.errors.KeyFileError, match="iac keygen"):
+    with pytest.raises(iac.errors.ConfigError, match="iac keygen") as exc_info:
         Identity.load(tmp_path / "nope.key")
+    assert exc_info.value.reason == "key_file_error"
     junk = tmp_path / "junk.key"
     junk.write_text("hello\n")
     os.chmod(junk, 0o600)
-    with pytest.raises(iac.errors.KeyFileError, match="not an IAC key file"):
+    with pytest.raises(iac.errors.ConfigError, match="not an IAC key file") as exc_info:
         Identity.load(junk)
+    assert exc_info.value.reason == "key_file_error"

@@ -320,7 +320,7 @@ def test_an_unanswered_probe_closes_the_core_within_its_bound() -> None:
     assert c.handle_timer(2.4) is TimerEvent.NONE and not c.closed
     assert c.handle_timer(2.5) is TimerEvent.DEAD
     assert c.closed and isinstance(c.error, ConnectionClosed)
-    assert c.error.code == CloseCode.IDLE_TIMEOUT and c.error.reason == SILENT_REASON
+    assert c.error.code == CloseCode.IDLE_TIMEOUT and c.error.peer_reason == SILENT_REASON
     assert c.error.args[0] == silent_error(1.5).args[0]
     assert not c.probe(3.0, 1.0)  # a closing connection is not probed
 

@@ -19,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_stdio_server import STATE, build
 
 from iac import Node, NodeConfig
+from iac.errors import PeerError
 from iac.integrations import mcp as im
 from iac.testing import UP, UnixTap, eventually, node_pair
 from iac.wire.frames import FrameType, encode_frame
@@ -191,9 +192,10 @@ def test_the_server_going_away_mid_call_answers_a_jsonrpc_error():
 def test_a_node_without_the_capability_is_not_sent_mcp():
     async def main():
         async with node_pair("unix") as pair:
-            with pytest.raises(im.McpUnsupported):
+            with pytest.raises(PeerError) as exc_info:
                 async with im.connect(pair.client, pair.server.agent_id):
                     pass
+            assert exc_info.value.reason == "mcp_unsupported"
             with pytest.raises(Exception, match="announce"):
                 im.serve(pair.server, build())
 

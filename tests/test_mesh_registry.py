@@ -11,19 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run
 
-from iac.errors import (
-    AdmissionDenied,
-    AliasTaken,
-    BadRecord,
-    BadSignature,
-    ConfigError,
-    KeyRotated,
-    RecordExpired,
-    RemoteError,
-    StaleSeq,
-    UncommittedSuccessor,
-    UnknownAgent,
-)
+from iac.errors import ConfigError, HandshakeError, MessageRejected, RemoteError
 from iac.mesh import (
     KeyBook,
     MeshClient,
@@ -86,8 +74,9 @@ def test_publish_and_lookup_by_id_alias_and_capability() -> None:
                 assert rec.aliases == ("writer.team-a",) and rec.capabilities == ("review", "write")
                 reply = await mb.request("writer.team-a", MessageType.RUN, {"x": 1}, timeout=5)
                 assert reply.payload == {"echo": {"x": 1}}
-                with pytest.raises(UnknownAgent):
+                with pytest.raises(MessageRejected) as exc_info:
                     await mb.resolve("nobody.team-a")
+                assert exc_info.value.reason == "unknown_agent"
                 assert reg.counts["publish"] == 1 and reg.counts["lookup"] >= 4
 
     run(main())
@@ -101,21 +90,26 @@ def test_forged_expired_stale_and_foreign_records_are_refused_over_the_wire() ->
                 rec = ma.make_record()
                 good = sign_record(a.identity, rec)
                 forged = SignedRecord(good.data, bytes(64))
-                with pytest.raises(BadSignature):
+                with pytest.raises(MessageRejected) as exc_info:
                     await ma.publish_signed(forged)
+                assert exc_info.value.reason == "bad_signature"
                 expired = dataclasses.replace(rec, seq=rec.seq + 1, expires_us=now_us() - 1)
-                with pytest.raises(RecordExpired):
+                with pytest.raises(MessageRejected) as exc_info:
                     await ma.publish_signed(sign_record(a.identity, expired))
+                assert exc_info.value.reason == "record_expired"
                 await ma.publish_signed(good)
-                with pytest.raises(StaleSeq):
+                with pytest.raises(MessageRejected) as exc_info:
                     await ma.publish_signed(good)  # a replay: same seq
+                assert exc_info.value.reason == "stale_seq"
                 older = dataclasses.replace(rec, seq=rec.seq - 5)
-                with pytest.raises(StaleSeq):
+                with pytest.raises(MessageRejected) as exc_info:
                     await ma.publish_signed(sign_record(a.identity, older))
+                assert exc_info.value.reason == "stale_seq"
                 other = Identity.generate()
                 foreign = sign_record(other, AgentRecord(other.agent_id, 1, now_us() + 60_000_000))
-                with pytest.raises(BadRecord, match="published by the key it describes"):
+                with pytest.raises(MessageRejected, match="published by the key it describes") as exc_info:
                     await ma.publish_signed(foreign)
+                assert exc_info.value.reason == "bad_record"
                 with pytest.raises(RemoteError, match="bad_request"):
                     await a.request(reg.node.agent_id, MessageType.REGISTER_KEY, {"op": "drop"}, timeout=5)
                 assert reg.state.lookup_id(other.agent_id, now_us()) is None
@@ -136,8 +130,9 @@ def test_an_alias_belongs_to_the_first_key() -> None:
             client(b, reg, publish=False) as mb,
         ):
             mc = client(c, reg, aliases=["planner"])
-            with pytest.raises(AliasTaken):
+            with pytest.raises(MessageRejected) as exc_info:
                 await mc.start()
+            assert exc_info.value.reason == "alias_taken"
             assert await mb.resolve("planner") == a.agent_id
 
     run(main())
@@ -174,8 +169,9 @@ def test_rotation_over_the_wire_moves_aliases_and_ends_the_old_key_after_the_gra
                 assert await mb.resolve("writer") == a.agent_id
                 await b.request(a.agent_id, MessageType.PING, timeout=5)
                 # a thief of the current key cannot rotate to a key that was not committed
-                with pytest.raises(UncommittedSuccessor):
+                with pytest.raises(MessageRejected) as exc_info:
                     await ma.rotate(thief, notify_peers=False)
+                assert exc_info.value.reason == "uncommitted_successor"
                 st = await ma.rotate(new_id, new_node=a2)
                 assert (st.old_agent_id, st.new_agent_id) == (old_id.agent_id, new_id.agent_id)
                 assert ma.node is a2 and ma.record is not None and ma.record.agent_id == new_id.agent_id
@@ -190,8 +186,9 @@ def test_rotation_over_the_wire_moves_aliases_and_ends_the_old_key_after_the_gra
                 stale = sign_record(
                     old_id, AgentRecord(old_id.agent_id, ma.next_seq(), clock.now_us() + 10**8)
                 )
-                with pytest.raises(KeyRotated):
+                with pytest.raises(MessageRejected) as exc_info:
                     await MeshClient(a, reg.node.agent_id, reg.node.addresses).publish_signed(stale)
+                assert exc_info.value.reason == "key_rotated"
                 assert (await mb.status(old_id.agent_id))["status"] == "rotating"
                 # inside the grace period the old key is still admitted, after it not
                 conn = await dial(gate.addresses[0], old_id, expect=gate.agent_id)
@@ -202,8 +199,9 @@ def test_rotation_over_the_wire_moves_aliases_and_ends_the_old_key_after_the_gra
                 guard = mb.book.guard(clock)
                 ping = await a.send(b.agent_id, MessageType.PING)
                 assert ping.peer == b.agent_id
-                with pytest.raises(AdmissionDenied):
+                with pytest.raises(HandshakeError) as exc_info:
                     await dial(gate.addresses[0], old_id, expect=gate.agent_id)
+                assert exc_info.value.reason == "admission_denied"
                 conn = await dial(gate.addresses[0], new_id, expect=gate.agent_id)
                 await conn.close()
                 msg = build_message(
@@ -227,8 +225,9 @@ def test_admission_mode_refuses_an_unregistered_dialer_at_hello() -> None:
                 cfg, transport=dataclasses.replace(cfg.transport, admission=registry_admission(state))
             )
             async with Node(listen=[TLS], config=cfg) as gate, Node() as x:
-                with pytest.raises(AdmissionDenied):
+                with pytest.raises(HandshakeError) as exc_info:
                     await dial(gate.addresses[0], x.identity, expect=gate.agent_id)
+                assert exc_info.value.reason == "admission_denied"
                 x.add_peer(gate.agent_id, *gate.addresses)
                 with pytest.raises(DialError) as info:
                     await x.send(gate.agent_id, MessageType.PING)
@@ -305,8 +304,9 @@ def test_delegation_by_capability_with_timeout_policy_and_fallback() -> None:
                 assert r.payload == {"by": "fallback"}
                 r = await mesh.delegate_capability("translate", task(3), timeout=0.5, fallback=fb.agent_id)
                 assert r.payload == {"by": "fallback"}
-                with pytest.raises(UnknownAgent):
+                with pytest.raises(MessageRejected) as exc_info:
                     await mesh.delegate_capability("translate", task(4), timeout=0.5)
+                assert exc_info.value.reason == "unknown_agent"
                 hang.set()
 
     run(main())
@@ -345,8 +345,9 @@ def test_refresh_before_expiry_with_an_injected_clock_and_sleep(tmp_path: Path) 
                 seqs = int((tmp_path / "seq").read_text())
                 assert ma.record is not None and seqs == ma.record.seq
             clock.advance(601)  # no refresh any more: the record expires
-            with pytest.raises(UnknownAgent):
+            with pytest.raises(MessageRejected) as exc_info:
                 await mb.resolve("fresh", fresh=True)
+            assert exc_info.value.reason == "unknown_agent"
 
     run(main())
 
@@ -357,8 +358,9 @@ def test_bootstrap_works_without_a_registry() -> None:
             a.expose(lambda x: x * 2, name="double")
             async with MeshClient(b, bootstrap={a.agent_id: a.addresses}) as mb:
                 assert await mb.call(a.agent_id, "double", 21) == 42
-                with pytest.raises(UnknownAgent):
+                with pytest.raises(MessageRejected) as exc_info:
                     await mb.resolve("someone")
+                assert exc_info.value.reason == "unknown_agent"
 
     run(main())
 
@@ -377,8 +379,9 @@ def test_serve_registry_on_sqlite_and_the_wire_schemas(tmp_path: Path) -> None:
                 assert set(obj) == {"aliases", "record", "rotations"}
                 assert verify_entry(entry_from_json(obj), now_us()) == entry.record
                 tampered = dict(obj, aliases=["a.b", "stolen"])
-                with pytest.raises(BadRecord):
+                with pytest.raises(MessageRejected) as exc_info:
                     verify_entry(entry_from_json(tampered), now_us())
+                assert exc_info.value.reason == "bad_record"
             svc.state.store.close()
 
     run(main())

@@ -75,18 +75,21 @@ def test_resigned_by_another_key_fails():
     msg = _msg()
     iac.wire.sign_message(ALICE, msg)
     msg.signature = BOB.sign(iac.wire.Domain.MESSAGE, iac.wire.unsigned_bytes(msg))
-    with pytest.raises(iac.errors.BadSignature):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.open_message(msg.SerializeToString())
+    assert exc_info.value.reason == "bad_signature"
 
 
 def test_bad_sender_id_refused_before_signature():
     msg = _msg()
     iac.wire.sign_message(ALICE, msg)
     setattr(msg, "from", ALICE.agent_id.upper())
-    with pytest.raises(iac.errors.InvalidAgentId):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.open_message(msg.SerializeToString())
-    with pytest.raises(iac.errors.InvalidAgentId):
+    assert exc_info.value.reason == "invalid_agent_id"
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         _msg(sender="alice")
+    assert exc_info.value.reason == "invalid_agent_id"
 
 
 def test_frame_round_trip_with_dictionary():
@@ -94,16 +97,18 @@ def test_frame_round_trip_with_dictionary():
     data = iac.wire.encode_message_frame(ALICE, _msg(), compress_with=d)
     out = iac.wire.decode_message_frame(data, dictionaries=iac.wire.DictionarySet([d]))
     assert out.payload_json == '{"name":"add","args":[1,2]}'
-    with pytest.raises(iac.errors.MessageFormatError):
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:
         iac.wire.decode_message_frame(iac.wire.encode_frame(iac.wire.FrameType.HELLO, b""))
+    assert exc_info.value.reason == "malformed_message"
 
 
 def test_hello_domains_cannot_be_swapped():
     hello = iac.wire.Hello(version=1, agent_id=ALICE.agent_id, nonce=b"n" * 16, timestamp=T0)
     data = iac.wire.sign_hello(ALICE, hello, iac.wire.Domain.HELLO_CLIENT)
     assert iac.wire.open_hello(data, iac.wire.Domain.HELLO_CLIENT).agent_id == ALICE.agent_id
-    with pytest.raises(iac.errors.BadSignature):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         iac.wire.open_hello(data, iac.wire.Domain.HELLO_SERVER)
+    assert exc_info.value.reason == "bad_signature"
 
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)

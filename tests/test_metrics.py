@@ -32,7 +32,6 @@ def _get(url: str, accept: str = "") -> tuple[int, str, str]:
 
 async def scrape(metrics: NodeMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Scrape with a real HTTP client (in a thread); samples by (name, sorted labels)."""
-    assert metrics.url is not None
     status, ctype, text = await asyncio.to_thread(_get, metrics.url)
     assert status == 200 and ctype.startswith("text/plain"), (status, ctype)
     out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -235,7 +234,9 @@ def test_bounds_hold_for_codes_a_peer_chooses() -> None:
         body, ctype = m.render("application/openmetrics-text; version=1.0.0")
         assert ctype.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
         detach()
-        assert node.removed and m.url is None
+        assert node.removed and m.address is None
+        with pytest.raises(ConfigError, match="serves no /metrics endpoint: it has no listen address"):
+            m.url  # noqa: B018
 
     run(main())
 

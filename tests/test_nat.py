@@ -161,7 +161,7 @@ def _tickets() -> Any:
 
 
 def test_record_candidates_round_trip_and_bounds() -> None:
-    from iac.errors import BadRecord
+    from iac.errors import MessageRejected
     from iac.protocol.records import AgentRecord, decode_record, open_record, sign_record
 
     ident = Identity.generate()
@@ -180,8 +180,9 @@ def test_record_candidates_round_trip_and_bounds() -> None:
         with pytest.raises(ConfigError):
             AgentRecord(ident.agent_id, 1, 2**40, candidates=(bad,))
     raw = rec.encode().replace(b'"kind":"relay"', b'"kind":"relayx"')
-    with pytest.raises(BadRecord):
+    with pytest.raises(MessageRejected) as exc_info:
         decode_record(raw)
+    assert exc_info.value.reason == "bad_record"
 
 
 def test_check_candidates_refuses_more_than_the_cap() -> None:

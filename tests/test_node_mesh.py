@@ -215,7 +215,7 @@ def test_loop_bad_path_and_needless_forward_are_refused() -> None:
             finally:
                 await conn.close()
             st = b.stats()
-            assert st.route_refused == {"loop": 1, "bad_path": 1}
+            assert st.route_refused == {"routing_loop": 1, "bad_forward_path": 1}
             assert st.refused == {"forward_not_relayed": 1}
 
     run(main())

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from conftest import message_of, run
 
-from iac.errors import ChannelBindingMismatch, ConnectionClosed, IacError, KeyFileError, TransportError
+from iac.errors import ConfigError, ConnectionClosed, IacError, TransportError
 from iac.node.config import NodeConfig, Topology
 from iac.node.node import Context, Node
 from iac.protocol.guards import prompt_injection_guard
@@ -49,7 +49,7 @@ from iac.wire.message import (
     sender_of,
     sign_message,
 )
-from iac.wire.seal import SealError, open_sealed, seal_payload
+from iac.wire.seal import MessageRejected, open_sealed, seal_payload
 
 SKEW_US = 60_000_000
 
@@ -201,7 +201,7 @@ def test_threat_stale_message_never_reaches_handler(offset_us: int) -> None:
             msg = peer.request(MessageType.RUN, "old", timestamp_us=node.clock.now_us() + offset_us)
             assert errors(await peer.exchange(msg)) == ["bad_request"]
             assert woke == []
-            assert refused(node) == {"stale": 1}
+            assert refused(node) == {"stale_message": 1}
 
     run(main())
 
@@ -258,7 +258,7 @@ def test_message_older_than_the_window_is_refused_silently() -> None:
             await peer.send(peer.message(MessageType.RUN, "new", msg_id=5000, session=s))
             assert await peer.exchange(peer.message(MessageType.RUN, "ancient", msg_id=10, session=s)) == []
             assert woke == ["new"]
-            assert refused(node) == {"replayed": 1}
+            assert refused(node) == {"replayed_message": 1}
 
     run(main())
 
@@ -361,7 +361,7 @@ def test_threat_resealed_ciphertext_is_refused() -> None:
             stolen = mallory.request(MessageType.RUN)
             stolen.sealed = original.sealed
             assert errors(await mallory.exchange(stolen)) == ["unauthorized"]
-            assert woke == [] and refused(node) == {"sealed_header": 1}
+            assert woke == [] and refused(node) == {"sealed_header_mismatch": 1}
 
     run(main())
 
@@ -415,8 +415,9 @@ def test_threat_sealed_payload_is_unreadable_by_a_relay() -> None:
                     assert msg.sealed and not msg.payload_json
                     raw = fwd.SerializeToString()
                     assert secret.encode() not in raw and secret[::-1].encode() not in raw
-                    with pytest.raises(SealError):
+                    with pytest.raises(MessageRejected) as exc_info:
                         open_sealed(bob.identity, msg)
+                    assert exc_info.value.reason == "unseal_failed"
                 assert json.loads(open_sealed(carol.identity, inner)[0]) == {"note": secret}
                 assert json.loads(open_sealed(alice.identity, back)[0]) == {"done": secret[::-1]}
 
@@ -529,7 +530,7 @@ def test_refused_error_ack_reply_get_no_error() -> None:
             for m in msgs:
                 assert await peer.exchange(m) == []
             r = refused(node)
-            assert r == {"unmatched_response": 1, "not_addressed": 1, "bad_payload": 1, "stale": 1}
+            assert r == {"unmatched_response": 1, "not_addressed": 1, "bad_payload": 1, "stale_message": 1}
             assert node.stats().errors_sent == {}
 
     run(main())
@@ -611,7 +612,10 @@ def test_threat_mitm_relay_with_its_own_certificate_is_refused() -> None:
             alice.add_peer(node.agent_id, f"tls://127.0.0.1:{mport}")
             with pytest.raises(TransportError) as e:
                 await alice.request(node.agent_id, MessageType.RUN, "x", timeout=5)
-            assert "channel_binding" in str(e.value) or isinstance(e.value.__cause__, ChannelBindingMismatch)
+            assert (
+                "channel_binding" in str(e.value)
+                or getattr(e.value.__cause__, "reason", "") == "channel_binding_mismatch"
+            )
             assert woke == []
             mitm.close()
 
@@ -622,8 +626,9 @@ def test_threat_local_process_cannot_use_a_readable_key_file(tmp_path: Path) -> 
     path = tmp_path / "agent.key"
     Identity.generate().save(path)
     os.chmod(path, 0o644)
-    with pytest.raises(KeyFileError):
+    with pytest.raises(ConfigError) as exc_info:
         Identity.load(path)
+    assert exc_info.value.reason == "key_file_error"
 
 
 def test_ordered_refusal_still_advances_the_reorder_buffer() -> None:

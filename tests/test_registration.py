@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import iac
-from iac.errors import FrameTooLarge
+from iac.errors import ProtocolError
 
 
 def test_a_second_handler_for_a_type_is_refused_unless_replace() -> None:
@@ -103,9 +103,10 @@ def test_a_message_too_large_for_a_frame_points_at_send_file_and_max_frame_size(
             alice.add_peer(bob.agent_id, *bob.addresses)
             big = "x" * (iac.NodeConfig().transport.max_frame_size + 1)
             with pytest.raises(
-                FrameTooLarge, match=r"above max_frame_size \d+: .*Node.send_file.*max_frame_size"
-            ):
+                ProtocolError, match=r"above max_frame_size \d+: .*Node.send_file.*max_frame_size"
+            ) as exc_info:
                 await alice.request(bob.agent_id, "RUN", big, timeout=5)
+            assert exc_info.value.reason == "frame_too_large"
             assert (await alice.request(bob.agent_id, "RUN", "small", timeout=5)).payload == 5
 
     asyncio.run(main())

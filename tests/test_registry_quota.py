@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from iac import Identity
-from iac.errors import RegistryFull, RegistryQuota
+from iac.errors import MessageRejected
 from iac.mesh.wire import handler_error
 from iac.protocol.record_store import MemoryRecordStore, RecordStore
 from iac.protocol.records import AgentRecord, SignedRecord, sign_record, sign_revocation
@@ -54,10 +54,10 @@ def test_a_neighbour_brings_in_at_most_its_quota_of_new_keys_an_hour(store: Reco
     keys = [Identity.generate() for _ in range(5)]
     for k in keys[:3]:
         reg.publish(signed(k), NOW, via=RELAY)
-    with pytest.raises(RegistryQuota, match="brought in 3 new keys within 3600 s") as err:
+    with pytest.raises(MessageRejected, match="brought in 3 new keys within 3600 s") as err:
         reg.publish(signed(keys[3]), NOW, via=RELAY)
+    assert err.value.reason == "registry_quota"
     assert handler_error(err.value).code == "busy"
-    assert isinstance(err.value, RegistryFull)
     assert reg.stats.quota_refused == 1 and reg.stats.brought_in == {RELAY: 3}
     reg.publish(signed(keys[0], 2), NOW, via=RELAY)  # a key it brought in before still refreshes
     reg.publish(signed(keys[3]), NOW, via=RELAY2)  # another neighbour has its own quota
@@ -65,8 +65,9 @@ def test_a_neighbour_brings_in_at_most_its_quota_of_new_keys_an_hour(store: Reco
     assert reg.key_status(keys[3].agent_id, NOW).status is KeyStatus.ACTIVE
     late = [Identity.generate() for _ in range(2)]
     reg.publish(signed(late[0]), NOW + HOUR // 3 + 1, via=RELAY)  # a third of an hour: one key more
-    with pytest.raises(RegistryQuota):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(late[1]), NOW + HOUR // 3 + 2, via=RELAY)
+    assert exc_info.value.reason == "registry_quota"
     assert reg.stats.quota_refused == 2 and reg.count() == 6
 
 
@@ -82,8 +83,9 @@ def test_a_direct_publish_into_a_full_registry_evicts_what_the_top_neighbour_bro
     reg.publish(signed(revoked), NOW, via=RELAY)
     reg.apply_revocation(sign_revocation(revoked, seq=2, issued_us=NOW), NOW)  # never evicted
     reg.publish(signed(Identity.generate()), NOW)  # full now
-    with pytest.raises(RegistryFull):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(throwaway[3]), NOW, via=RELAY)  # relayed: no eviction
+    assert exc_info.value.reason == "registry_full"
     reg.publish(signed(honest), NOW)  # direct: RELAY's oldest record makes room
     assert reg.count() == 6 and reg.stats.evicted == 1
     assert reg.key_status(throwaway[0].agent_id, NOW).status is KeyStatus.UNKNOWN
@@ -92,8 +94,9 @@ def test_a_direct_publish_into_a_full_registry_evicts_what_the_top_neighbour_bro
         reg.publish(signed(Identity.generate()), NOW)
     assert reg.key_status(revoked.agent_id, NOW).status is KeyStatus.REVOKED
     assert reg.key_status(other.agent_id, NOW).status is KeyStatus.UNKNOWN  # then RELAY2's
-    with pytest.raises(RegistryFull):  # nothing relayed is left to evict
+    with pytest.raises(MessageRejected) as exc_info:  # nothing relayed is left to evict
         reg.publish(signed(Identity.generate()), NOW)
+    assert exc_info.value.reason == "registry_full"
     assert reg.stats.evicted == 4
 
 

@@ -18,21 +18,7 @@ import pytest
 from redis_server import free_port
 
 from iac import ConfigError, Identity
-from iac.errors import (
-    AliasTaken,
-    BadRecord,
-    BadSignature,
-    CommitmentChanged,
-    KeyRevoked,
-    KeyRotated,
-    RecordExpired,
-    RegistryFull,
-    RotationRefused,
-    StaleSeq,
-    StoreUnavailable,
-    UncommittedSuccessor,
-    UnknownAgent,
-)
+from iac.errors import MessageRejected, StoreUnavailable
 from iac.protocol.record_store import AgentRow, MemoryRecordStore, RecordStore, RecordStoreTx
 from iac.protocol.records import (
     AgentRecord,
@@ -151,8 +137,9 @@ def test_publish_and_lookup_by_id_alias_and_capability(make_store: Callable[[], 
 @ALL_STORES
 def test_expired_records_are_not_stored_or_returned(make_store: Callable[[], RecordStore]) -> None:
     reg = state(make_store)
-    with pytest.raises(RecordExpired):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, expires_us=NOW), NOW)
+    assert exc_info.value.reason == "record_expired"
     reg.publish(signed(A, aliases=("a",), capabilities=("plan",), expires_us=NOW + SEC), NOW)
     later = NOW + SEC
     assert reg.lookup_id(A.agent_id, later) is None
@@ -167,8 +154,9 @@ def test_bad_signature_is_not_stored(make_store: Callable[[], RecordStore]) -> N
     reg = state(make_store)
     good = signed(A)
     forged = SignedRecord(good.data, THIEF.sign(Domain.RECORD, good.data))
-    with pytest.raises(BadSignature):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(forged, NOW)
+    assert exc_info.value.reason == "bad_signature"
     assert reg.lookup_id(A.agent_id, NOW) is None
     assert reg.count() == 0
 
@@ -178,13 +166,15 @@ def test_seq_only_grows_and_a_replayed_old_record_is_refused(make_store: Callabl
     reg = state(make_store)
     old = signed(A, 1, aliases=("old",))
     reg.publish(old, NOW)
-    with pytest.raises(StaleSeq):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(old, NOW)  # the same record again
+    assert exc_info.value.reason == "stale_seq"
     new = signed(A, 5, aliases=("new",))
     reg.publish(new, NOW)
     for stale in (old, signed(A, 4), signed(A, 5, aliases=("other",))):
-        with pytest.raises(StaleSeq):
+        with pytest.raises(MessageRejected) as exc_info:
             reg.publish(stale, NOW)
+        assert exc_info.value.reason == "stale_seq"
     entry = reg.lookup_id(A.agent_id, NOW)
     assert entry is not None and entry.record.seq == 5
     assert reg.lookup_alias("old", NOW) is None  # a newer record without the alias released it
@@ -196,14 +186,18 @@ def test_registry_limits(make_store: Callable[[], RecordStore]) -> None:
     reg = state(
         make_store, max_aliases=2, max_capabilities=1, max_ttl_us=HOUR, hold_us=HOUR, max_record_size=400
     )
-    with pytest.raises(BadRecord, match="aliases"):
+    with pytest.raises(MessageRejected, match="aliases") as exc_info:
         reg.publish(signed(A, aliases=("a", "b", "c")), NOW)
-    with pytest.raises(BadRecord, match="capabilities"):
+    assert exc_info.value.reason == "bad_record"
+    with pytest.raises(MessageRejected, match="capabilities") as exc_info:
         reg.publish(signed(A, capabilities=("x", "y")), NOW)
-    with pytest.raises(BadRecord, match="lifetime"):
+    assert exc_info.value.reason == "bad_record"
+    with pytest.raises(MessageRejected, match="lifetime") as exc_info:
         reg.publish(signed(A, expires_us=NOW + HOUR + 1), NOW)
-    with pytest.raises(BadRecord, match="over the limit"):
+    assert exc_info.value.reason == "bad_record"
+    with pytest.raises(MessageRejected, match="over the limit") as exc_info:
         reg.publish(signed(A, addresses=tuple(f"tls://host-{i}.example:1" for i in range(12))), NOW)
+    assert exc_info.value.reason == "bad_record"
     assert reg.count() == 0
 
 
@@ -214,8 +208,9 @@ def test_registry_limits(make_store: Callable[[], RecordStore]) -> None:
 def test_alias_belongs_to_the_first_key(make_store: Callable[[], RecordStore]) -> None:
     reg = state(make_store)
     reg.publish(signed(A, aliases=("planner", "a-only")), NOW)
-    with pytest.raises(AliasTaken):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(B, aliases=("b-only", "planner")), NOW)
+    assert exc_info.value.reason == "alias_taken"
     assert reg.lookup_alias("b-only", NOW) is None  # the refused record left nothing behind
     assert reg.lookup_id(B.agent_id, NOW) is None
     entry = reg.lookup_alias("planner", NOW)
@@ -225,8 +220,9 @@ def test_alias_belongs_to_the_first_key(make_store: Callable[[], RecordStore]) -
     reg.publish(signed(B, aliases=("planner",)), NOW)
     entry = reg.lookup_alias("planner", NOW)
     assert entry is not None and entry.agent_id == B.agent_id
-    with pytest.raises(AliasTaken):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 3, aliases=("planner",)), NOW)
+    assert exc_info.value.reason == "alias_taken"
 
 
 @ALL_STORES
@@ -234,8 +230,9 @@ def test_alias_is_held_after_expiry_until_purged(make_store: Callable[[], Record
     reg = state(make_store, max_ttl_us=HOUR, hold_us=HOUR)
     reg.publish(signed(A, aliases=("planner",), expires_us=NOW + SEC), NOW)
     t = NOW + 2 * SEC
-    with pytest.raises(AliasTaken):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(B, aliases=("planner",), expires_us=t + SEC), t)
+    assert exc_info.value.reason == "alias_taken"
     assert reg.purge(t) == 0
     t = NOW + SEC + HOUR + 1
     assert reg.purge(t) == 1
@@ -255,8 +252,9 @@ def test_alias_policy_can_grant_a_taken_alias(make_store: Callable[[], RecordSto
 
     reg = state(make_store, alias_policy=policy)
     reg.publish(signed(A, aliases=("x.shared", "mine")), NOW)
-    with pytest.raises(AliasTaken):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(B, aliases=("mine",)), NOW)
+    assert exc_info.value.reason == "alias_taken"
     reg.publish(signed(B, aliases=("x.shared",)), NOW)
     assert ("x.shared", A.agent_id, B.agent_id) in calls
     entry = reg.lookup_alias("x.shared", NOW)
@@ -293,14 +291,18 @@ def test_rotation_moves_record_and_aliases_and_the_old_key_expires_after_grace(
     assert reg.key_status(A.agent_id, NOW + GRACE).status is KeyStatus.ROTATED
     assert reg.is_key_valid(A2.agent_id, NOW + GRACE)
 
-    with pytest.raises(StaleSeq):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(rotation, NOW)  # replayed statement
-    with pytest.raises(KeyRotated):
+    assert exc_info.value.reason == "stale_seq"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 9, aliases=("planner",)), NOW)
-    with pytest.raises(StaleSeq):
+    assert exc_info.value.reason == "key_rotated"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 3, aliases=("planner",), next_key=A2), NOW)  # replayed old record
-    with pytest.raises(StaleSeq):
+    assert exc_info.value.reason == "stale_seq"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A2, 4, aliases=("planner",)), NOW)  # the successor continues the seq
+    assert exc_info.value.reason == "stale_seq"
     reg.publish(signed(A2, 5, aliases=("planner",), capabilities=("plan",)), NOW)
     entry = reg.lookup_alias("planner", NOW)
     assert entry is not None and entry.rotations == () and entry.record.seq == 5
@@ -312,19 +314,23 @@ def test_a_stolen_current_key_cannot_rotate_to_a_key_that_was_not_committed(
 ) -> None:
     reg = state(make_store)
     reg.publish(signed(A, 1, aliases=("planner",), next_key=A2), NOW)
-    with pytest.raises(UncommittedSuccessor):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(sign_rotation(A, THIEF, seq=2, issued_us=NOW), NOW)
+    assert exc_info.value.reason == "uncommitted_successor"
     # nor re-commit first: a later record must keep the committed digest
-    with pytest.raises(CommitmentChanged):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 2, aliases=("planner",), next_key=THIEF), NOW)
-    with pytest.raises(CommitmentChanged):
+    assert exc_info.value.reason == "commitment_changed"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 2, aliases=("planner",)), NOW)
+    assert exc_info.value.reason == "commitment_changed"
     # nor name the committed key without holding it (no countersignature)
     good = sign_rotation(A, A2, seq=2, issued_us=NOW)
-    with pytest.raises(BadSignature):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(
             SignedRotation(good.data, good.old_signature, THIEF.sign(Domain.ROTATE, good.data)), NOW
         )
+    assert exc_info.value.reason == "bad_signature"
     assert reg.key_status(A.agent_id, NOW).status is KeyStatus.ACTIVE
     entry = reg.lookup_alias("planner", NOW)
     assert entry is not None and entry.agent_id == A.agent_id
@@ -348,21 +354,27 @@ def test_rotation_without_commitment_and_chained_rotations(make_store: Callable[
 @ALL_STORES
 def test_rotation_refusals(make_store: Callable[[], RecordStore]) -> None:
     reg = state(make_store, max_rotation_chain=1)
-    with pytest.raises(UnknownAgent):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(sign_rotation(A, A2, seq=2, issued_us=NOW), NOW)
+    assert exc_info.value.reason == "unknown_agent"
     reg.publish(signed(A, 5), NOW)
     reg.publish(signed(B, 1), NOW)
-    with pytest.raises(StaleSeq):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(sign_rotation(A, A2, seq=5, issued_us=NOW), NOW)
-    with pytest.raises(RotationRefused, match="already known"):
+    assert exc_info.value.reason == "stale_seq"
+    with pytest.raises(MessageRejected, match="already known") as exc_info:
         reg.apply_rotation(sign_rotation(A, B, seq=6, issued_us=NOW), NOW)
-    with pytest.raises(BadRecord, match="future"):
+    assert exc_info.value.reason == "rotation_refused"
+    with pytest.raises(MessageRejected, match="future") as exc_info:
         reg.apply_rotation(sign_rotation(A, A2, seq=6, issued_us=NOW + HOUR), NOW)
+    assert exc_info.value.reason == "bad_record"
     reg.apply_rotation(sign_rotation(A, A2, seq=6, issued_us=NOW), NOW)
-    with pytest.raises(RotationRefused, match="rotations"):
+    with pytest.raises(MessageRejected, match="rotations") as exc_info:
         reg.apply_rotation(sign_rotation(A2, C, seq=7, issued_us=NOW), NOW)
-    with pytest.raises(KeyRotated):
+    assert exc_info.value.reason == "rotation_refused"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(sign_rotation(A, C, seq=8, issued_us=NOW), NOW)
+    assert exc_info.value.reason == "key_rotated"
 
 
 # --- revocation --------------------------------------------------------------------------------
@@ -373,8 +385,9 @@ def test_revocation_ends_a_key_at_once(make_store: Callable[[], RecordStore]) ->
     reg = state(make_store)
     reg.publish(signed(A, 3, aliases=("planner",), capabilities=("plan",)), NOW)
     old_revocation = sign_revocation(A, seq=2, issued_us=NOW)
-    with pytest.raises(StaleSeq):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_revocation(old_revocation, NOW)  # older than the stored record: a replay
+    assert exc_info.value.reason == "stale_seq"
     revocation = sign_revocation(A, seq=4, issued_us=NOW, reason="compromised")
     reg.apply_revocation(revocation, NOW)
     assert reg.key_status(A.agent_id, NOW).status is KeyStatus.REVOKED
@@ -382,14 +395,18 @@ def test_revocation_ends_a_key_at_once(make_store: Callable[[], RecordStore]) ->
     assert reg.lookup_id(A.agent_id, NOW) is None
     assert reg.lookup_alias("planner", NOW) is None
     assert reg.lookup_capability("plan", NOW) == []
-    with pytest.raises(KeyRevoked):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 9, aliases=("planner",)), NOW)
-    with pytest.raises(StaleSeq):
+    assert exc_info.value.reason == "key_revoked"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_revocation(revocation, NOW)
-    with pytest.raises(AliasTaken):  # a dead key's alias is not up for grabs
+    assert exc_info.value.reason == "stale_seq"
+    with pytest.raises(MessageRejected) as exc_info:  # a dead key's alias is not up for grabs
         reg.publish(signed(THIEF, 1, aliases=("planner",)), NOW)
-    with pytest.raises(KeyRevoked):  # no commitment: a revoked key cannot rotate
+    assert exc_info.value.reason == "alias_taken"
+    with pytest.raises(MessageRejected) as exc_info:  # no commitment: a revoked key cannot rotate
         reg.apply_rotation(sign_rotation(A, A2, seq=5, issued_us=NOW), NOW)
+    assert exc_info.value.reason == "key_revoked"
 
 
 @ALL_STORES
@@ -409,10 +426,12 @@ def test_revocation_cuts_the_rotation_grace_short(make_store: Callable[[], Recor
 def test_revoking_an_unknown_key_blocks_its_registration(make_store: Callable[[], RecordStore]) -> None:
     reg = state(make_store)
     reg.apply_revocation(sign_revocation(A, seq=1, issued_us=NOW), NOW)
-    with pytest.raises(KeyRevoked):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 2), NOW)
-    with pytest.raises(StaleSeq):
+    assert exc_info.value.reason == "key_revoked"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(A, 1), NOW)
+    assert exc_info.value.reason == "stale_seq"
 
 
 @ALL_STORES
@@ -422,8 +441,9 @@ def test_a_revoked_key_may_still_rotate_to_its_committed_successor(
     reg = state(make_store)
     reg.publish(signed(A, 1, aliases=("planner",), capabilities=("plan",), next_key=A2), NOW)
     reg.apply_revocation(sign_revocation(A, seq=2, issued_us=NOW), NOW)
-    with pytest.raises(UncommittedSuccessor):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_rotation(sign_rotation(A, THIEF, seq=3, issued_us=NOW), NOW)
+    assert exc_info.value.reason == "uncommitted_successor"
     reg.apply_rotation(sign_rotation(A, A2, seq=3, issued_us=NOW), NOW)
     assert reg.key_status(A.agent_id, NOW).status is KeyStatus.REVOKED  # no grace for a revoked key
     entry = reg.lookup_alias("planner", NOW)
@@ -439,10 +459,12 @@ def test_max_keys_and_purge_make_room(make_store: Callable[[], RecordStore]) -> 
     reg = state(make_store, max_keys=2, max_ttl_us=HOUR, hold_us=HOUR)
     reg.publish(signed(A, expires_us=NOW + SEC), NOW)
     reg.publish(signed(B), NOW)
-    with pytest.raises(RegistryFull):
+    with pytest.raises(MessageRejected) as exc_info:
         reg.publish(signed(C), NOW)
-    with pytest.raises(RegistryFull):
+    assert exc_info.value.reason == "registry_full"
+    with pytest.raises(MessageRejected) as exc_info:
         reg.apply_revocation(sign_revocation(C, seq=1, issued_us=NOW), NOW)
+    assert exc_info.value.reason == "registry_full"
     reg.publish(signed(B, 2), NOW)  # a known key still refreshes
     t = NOW + SEC + HOUR + 1  # A's record is past expiry + hold: purged to make room
     reg.publish(signed(C, expires_us=t + SEC), t)
@@ -483,10 +505,12 @@ def test_two_registries_on_one_store_share_one_view(make_store: Callable[[], Rec
     entry = two.lookup_alias("planner", NOW)
     assert entry is not None and entry.record.seq == 2
     assert [e.agent_id for e in two.lookup_capability("plan", NOW)] == [A.agent_id]
-    with pytest.raises(StaleSeq):
+    with pytest.raises(MessageRejected) as exc_info:
         two.publish(signed(A, 1, aliases=("planner",)), NOW)
-    with pytest.raises(AliasTaken):
+    assert exc_info.value.reason == "stale_seq"
+    with pytest.raises(MessageRejected) as exc_info:
         two.publish(signed(B, 1, aliases=("planner",)), NOW)
+    assert exc_info.value.reason == "alias_taken"
     two.apply_revocation(sign_revocation(A, seq=3, issued_us=NOW), NOW)
     assert one.key_status(A.agent_id, NOW).status is KeyStatus.REVOKED
 
@@ -504,7 +528,8 @@ def test_concurrent_claims_of_one_alias_have_one_winner(make_store: Callable[[],
         try:
             reg.publish(rec, NOW)
             results.append("ok")
-        except AliasTaken:
+        except MessageRejected as exc:
+            assert exc.reason == "alias_taken"
             results.append("taken")
 
     threads = [threading.Thread(target=claim, args=pair) for pair in zip(registries, records, strict=True)]
@@ -562,7 +587,7 @@ for seed, seq, alias in ((1, 1, "planner"), (3, 1, "child")):
         reg.publish(sign_record(who, rec), now)
         print("ok")
     except Exception as exc:
-        print(getattr(exc, "name", repr(exc)))
+        print(getattr(exc, "reason", repr(exc)))
 """
 
 

@@ -9,15 +9,13 @@ import nacl.public
 import pytest
 
 from iac import Identity, MessageType
-from iac.errors import BadSignature, ConfigError, InvalidAgentId, MessageRejected
+from iac.errors import ConfigError, MessageRejected
 from iac.wire import Session
 from iac.wire.message import build_message, open_message, sender_of, sign_message
 from iac.wire.seal import (
     SEAL_HEADER_SIZE,
     SEAL_MAGIC,
     SEAL_OVERHEAD,
-    SealError,
-    SealHeaderMismatch,
     open_sealed,
     seal_payload,
 )
@@ -74,11 +72,12 @@ def test_each_seal_is_fresh():
 
 def test_only_the_recipient_can_open():
     msg = open_message(wire(ALICE, sealed_message()))
-    with pytest.raises(SealError, match="not addressed") as ei:
+    with pytest.raises(MessageRejected, match="not addressed") as ei:
         open_sealed(MALLORY, msg)
-    assert ei.value.name == "bad_seal"
-    with pytest.raises(SealError, match="not addressed"):
+    assert ei.value.reason == "unseal_failed"
+    with pytest.raises(MessageRejected, match="not addressed") as exc_info:
         open_sealed(ALICE, msg)  # not even the sender
+    assert exc_info.value.reason == "unseal_failed"
     # Mallory re-addresses the ciphertext to herself (and signs as herself): it does not decrypt
     stolen = build_message(
         sender=MALLORY.agent_id,
@@ -89,8 +88,9 @@ def test_only_the_recipient_can_open():
         msg_id=7,
         sealed=msg.sealed,
     )
-    with pytest.raises(SealError, match="does not decrypt"):
+    with pytest.raises(MessageRejected, match="does not decrypt") as exc_info:
         open_sealed(MALLORY, open_message(wire(MALLORY, stolen)))
+    assert exc_info.value.reason == "unseal_failed"
 
 
 @pytest.mark.parametrize(
@@ -115,10 +115,10 @@ def test_third_party_cannot_re_sign_someone_elses_ciphertext(change, field):
     )
     msg = open_message(wire(MALLORY, forged))  # her signature is valid...
     assert sender_of(msg) == MALLORY.agent_id
-    with pytest.raises(SealHeaderMismatch, match=f"does not match the message \\({field}\\)") as ei:
+    with pytest.raises(MessageRejected, match=f"does not match the message \\({field}\\)") as ei:
         open_sealed(BOB, msg)  # ...but the inner header names Alice
-    assert isinstance(ei.value, SealError) and isinstance(ei.value, MessageRejected)
-    assert ei.value.name == "sealed_header_mismatch"
+    assert ei.value.reason == "sealed_header_mismatch"
+    assert type(ei.value) is MessageRejected and ei.value.row.error == "unauthorized"
     assert ei.value.mismatched == tuple(field.split(", "))
 
 
@@ -134,8 +134,9 @@ def test_ciphertext_moved_to_other_ids_is_refused_even_by_its_author():
         msg_id=8,
         sealed=original.sealed,
     )
-    with pytest.raises(SealHeaderMismatch, match=r"\(msg_id\)"):
+    with pytest.raises(MessageRejected, match=r"\(msg_id\)") as exc_info:
         open_sealed(BOB, open_message(wire(ALICE, moved)))
+    assert exc_info.value.reason == "sealed_header_mismatch"
 
 
 def test_signature_covers_the_sealed_bytes():
@@ -143,8 +144,9 @@ def test_signature_covers_the_sealed_bytes():
     data = bytearray(wire(ALICE, msg))
     i = bytes(data).index(msg.sealed) + len(msg.sealed) // 2
     data[i] ^= 0x01
-    with pytest.raises(BadSignature):
+    with pytest.raises(MessageRejected) as exc_info:
         open_message(bytes(data))
+    assert exc_info.value.reason == "bad_signature"
 
 
 def test_tampered_ciphertext_refused():
@@ -154,11 +156,13 @@ def test_tampered_ciphertext_refused():
     sealed[-1] ^= 0x80
     msg.sealed = bytes(sealed)
     received = open_message(wire(ALICE, msg))
-    with pytest.raises(SealError, match="does not decrypt"):
+    with pytest.raises(MessageRejected, match="does not decrypt") as exc_info:
         open_sealed(BOB, received)
+    assert exc_info.value.reason == "unseal_failed"
     msg.sealed = msg.sealed[: SEAL_OVERHEAD + SEAL_HEADER_SIZE - 1]
-    with pytest.raises(SealError, match="shorter"):
+    with pytest.raises(MessageRejected, match="shorter") as exc_info:
         open_sealed(BOB, open_message(wire(ALICE, msg)))
+    assert exc_info.value.reason == "unseal_failed"
 
 
 def _box_to_bob(plain: bytes) -> bytes:
@@ -188,8 +192,9 @@ def test_malformed_inner_plaintext_refused(plain, match):
         msg_id=7,
         sealed=_box_to_bob(plain),
     )
-    with pytest.raises(SealError, match=match):
+    with pytest.raises(MessageRejected, match=match) as exc_info:
         open_sealed(BOB, open_message(wire(ALICE, msg)))
+    assert exc_info.value.reason == "unseal_failed"
 
 
 def test_header_layout_is_as_documented():
@@ -212,13 +217,15 @@ def test_header_layout_is_as_documented():
 def test_outer_message_must_not_carry_a_clear_payload_too():
     msg = sealed_message()
     msg.payload_json = '{"decoy": true}'
-    with pytest.raises(SealError, match="must not also carry"):
+    with pytest.raises(MessageRejected, match="must not also carry") as exc_info:
         open_sealed(BOB, open_message(wire(ALICE, msg)))
+    assert exc_info.value.reason == "unseal_failed"
     plain = build_message(
         sender=ALICE.agent_id, to=BOB.agent_id, msg_type=MessageType.PING, session=Session(), timestamp_us=T0
     )
-    with pytest.raises(SealError, match="not sealed"):
+    with pytest.raises(MessageRejected, match="not sealed") as exc_info:
         open_sealed(BOB, open_message(wire(ALICE, plain)))
+    assert exc_info.value.reason == "unseal_failed"
 
 
 def test_seal_refuses_misuse():
@@ -248,8 +255,9 @@ def test_seal_refuses_misuse():
         seal_payload(ALICE, fresh(), BOB.agent_id, "\ud800")
     # a well-formed id that is not a valid curve point cannot be sealed to
     bad = "00" * 32
-    with pytest.raises(InvalidAgentId):
+    with pytest.raises(MessageRejected) as exc_info:
         seal_payload(ALICE, fresh(to=bad), bad, "{}")
+    assert exc_info.value.reason == "invalid_agent_id"
 
 
 def test_seal_then_sign_order_keeps_signature_valid():

@@ -21,15 +21,7 @@ from hypothesis import strategies as st
 from redis_server import free_port as _free_port
 from redis_server import start_redis
 
-from iac.errors import (
-    ConfigError,
-    MessageRejected,
-    ReplayedMessage,
-    ReplayStoreFull,
-    StaleMessage,
-    StoreUnavailable,
-    TransportError,
-)
+from iac.errors import ConfigError, MessageRejected, StoreUnavailable, TransportError
 from iac.protocol.replay import (
     DEFAULT_RESERVATION_LEASE_US,
     ReplayConfig,
@@ -295,8 +287,9 @@ def test_expired_window_cannot_reopen_a_replay(make_store):
     ts = T0 + SKEW
     assert guard.check_and_mark(A, 1, 1, ts, T0) is Verdict.NEW
     assert guard.check_and_mark(A, 1, 1, ts, T0 + 2 * SKEW) is Verdict.DUPLICATE
-    with pytest.raises(StaleMessage):
+    with pytest.raises(MessageRejected) as exc_info:
         guard.check_and_mark(A, 1, 1, ts, T0 + 3 * SKEW + 1)
+    assert exc_info.value.reason == "stale_message"
 
 
 def test_clock_stepping_back_never_expires_early(make_store):
@@ -312,12 +305,14 @@ def test_session_cap_refuses_new_sessions_without_evicting(make_store):
     s = make_store(max_sessions=3, sessions_per_tenant=3)
     for k in range(3):
         s.check_and_mark(A, k, 1, T0)
-    with pytest.raises(ReplayStoreFull) as ei:
+    with pytest.raises(MessageRejected) as ei:
         s.check_and_mark(A, 99, 1, T0 + 1)
+    assert ei.value.reason == "replay_store_full"
     assert isinstance(ei.value, MessageRejected)
-    assert ei.value.name == "replay_store_full"
-    with pytest.raises(ReplayStoreFull):
+    assert ei.value.reason == "replay_store_full"
+    with pytest.raises(MessageRejected) as exc_info:
         s.reserve(A, 99, 1, T0 + 1)
+    assert exc_info.value.reason == "replay_store_full"
     assert s.check_and_mark(A, 0, 1, T0 + 1) is Verdict.DUPLICATE
     assert s.check_and_mark(A, 0, 2, T0 + 1) is Verdict.NEW
     assert s.check_and_mark(A, 99, 1, T0 + 2 * SKEW + 1) is Verdict.NEW
@@ -330,16 +325,20 @@ def test_one_tenant_holds_at_most_its_share_of_the_sessions(make_store):
     s = make_store(max_sessions=1000)  # the default share: 1 %, 10 sessions
     for k in range(10):
         assert s.reserve(A, k, 1, T0) is Verdict.NEW
-    with pytest.raises(ReplayStoreFull, match=r"sender aaaa.* holds 10 sessions.*sessions_per_tenant 10"):
+    with pytest.raises(
+        MessageRejected, match=r"sender aaaa.* holds 10 sessions.*sessions_per_tenant 10"
+    ) as exc_info:
         s.reserve(A, 10, 1, T0)
+    assert exc_info.value.reason == "replay_store_full"
     assert s.check_and_mark(A, 3, 2, T0) is Verdict.NEW  # its live sessions go on
     assert s.reserve(B, 0, 1, T0) is Verdict.NEW  # another sender's first session
     # a neighbour's FORWARDs: sessions of many senders count toward the relay that brought them
     relay, others = "r" * 64, [f"{i:064x}" for i in range(1, 13)]
     for sender in others[:10]:
         assert s.check_and_mark(sender, 0, 1, T0, via=relay) is Verdict.NEW
-    with pytest.raises(ReplayStoreFull, match=r"neighbour rrrr.* brought in 10 sessions"):
+    with pytest.raises(MessageRejected, match=r"neighbour rrrr.* brought in 10 sessions") as exc_info:
         s.check_and_mark(others[10], 0, 1, T0, via=relay)
+    assert exc_info.value.reason == "replay_store_full"
     assert s.check_and_mark(others[11], 0, 1, T0) is Verdict.NEW  # the same sender, directly
     assert count(s) == 22
     # sessions kept alive keep counting (also when a message of one comes by another path) ...
@@ -347,10 +346,12 @@ def test_one_tenant_holds_at_most_its_share_of_the_sessions(make_store):
         assert s.check_and_mark(A, k, 5, T0 + SKEW) is Verdict.NEW
     for sender in others[:10]:
         assert s.check_and_mark(sender, 0, 5, T0 + SKEW) is Verdict.NEW
-    with pytest.raises(ReplayStoreFull):
+    with pytest.raises(MessageRejected) as exc_info:
         s.reserve(A, 10, 1, T0 + 2 * SKEW + 1)
-    with pytest.raises(ReplayStoreFull):
+    assert exc_info.value.reason == "replay_store_full"
+    with pytest.raises(MessageRejected) as exc_info:
         s.reserve(others[10], 0, 1, T0 + 2 * SKEW + 1, via=relay)
+    assert exc_info.value.reason == "replay_store_full"
     # ... and leave the share once they expired
     assert s.reserve(A, 10, 1, T0 + 4 * SKEW + 2) is Verdict.NEW
     assert s.reserve(others[10], 0, 1, T0 + 4 * SKEW + 2, via=relay) is Verdict.NEW
@@ -436,14 +437,17 @@ def test_commit_or_release_after_expiry_is_a_noop(make_store):
 def test_guard_two_phase_and_require_new(make_store):
     guard = ReplayGuard(make_store())
     assert guard.reserve(A, 1, 1, T0, T0) is Verdict.NEW
-    with pytest.raises(ReplayedMessage, match="being handled"):
+    with pytest.raises(MessageRejected, match="being handled") as exc_info:
         require_new(guard.reserve(A, 1, 1, T0, T0), A, 1, 1)
+    assert exc_info.value.reason == "replayed_message"
     guard.commit(A, 1, 1, T0)
-    with pytest.raises(ReplayedMessage, match="already accepted"):
+    with pytest.raises(MessageRejected, match="already accepted") as exc_info:
         require_new(guard.check_and_mark(A, 1, 1, T0, T0))
+    assert exc_info.value.reason == "replayed_message"
     require_new(guard.check_and_mark(A, 1, 5000, T0, T0))
-    with pytest.raises(ReplayedMessage, match="older than the replay window"):
+    with pytest.raises(MessageRejected, match="older than the replay window") as exc_info:
         require_new(guard.check_and_mark(A, 1, 2, T0, T0))
+    assert exc_info.value.reason == "replayed_message"
     assert guard.expire(T0 + 2 * SKEW + 1) == 1
 
 
@@ -532,10 +536,12 @@ def test_reopened_store_refuses_what_it_saw_before(persistent):
     assert guard.check_and_mark(A, 9, 42, T0, T0) is Verdict.NEW
     first.close()  # type: ignore[attr-defined]
     again = ReplayGuard(persistent())
-    with pytest.raises(ReplayedMessage):
+    with pytest.raises(MessageRejected) as exc_info:
         require_new(again.check_and_mark(A, 9, 41, T0, T0 + 1_000_000))
-    with pytest.raises(ReplayedMessage):
+    assert exc_info.value.reason == "replayed_message"
+    with pytest.raises(MessageRejected) as exc_info:
         require_new(again.check_and_mark(A, 9, 42, T0, T0 + 1_000_000))
+    assert exc_info.value.reason == "replayed_message"
     assert again.check_and_mark(A, 9, 43, T0, T0 + 1_000_000) is Verdict.NEW
 
 
@@ -701,8 +707,9 @@ def test_sqlite_records_a_start_only_when_it_creates_the_file(tmp_path):
         assert s.history_start_us == T0
     with SqliteReplayStore(path, started_at_us=T0 + 99) as s:
         assert s.history_start_us == T0  # the recorded start stays
-    with pytest.raises(StaleMessage, match="before the replay store started"):
+    with pytest.raises(MessageRejected, match="before the replay store started") as exc_info:
         ReplayGuard(SqliteReplayStore(tmp_path / "other.db", started_at_us=T0)).check_fresh(T0 - 1, T0)
+    assert exc_info.value.reason == "stale_message"
 
 
 def test_sqlite_file_from_before_the_tenant_shares_is_kept(tmp_path):
@@ -772,8 +779,9 @@ def test_redis_another_process_accepted_it_first(redis_url):
     with RedisReplayStore(redis_url, key_prefix=prefix) as s:
         guard = ReplayGuard(s)
         for i in (1, 2, 3):
-            with pytest.raises(ReplayedMessage):
+            with pytest.raises(MessageRejected) as exc_info:
                 require_new(guard.check_and_mark(A, 5, i, T0, T0 + 1))
+            assert exc_info.value.reason == "replayed_message"
         assert s.check_and_mark(A, 5, 4, T0 + 1) is Verdict.NEW
 
 
@@ -821,12 +829,14 @@ def test_redis_lost_history_is_detected(redis_url, redis_client):
         keys = list(redis_client.scan_iter(match=f"{s.key_prefix}:*"))
         redis_client.delete(*keys)  # what a restart without persistence does
         now = T0 + 5_000_000
-        with pytest.raises(StaleMessage, match="lost its history"):
+        with pytest.raises(MessageRejected, match="lost its history") as exc_info:
             s.check_and_mark(A, 1, 1, now)
+        assert exc_info.value.reason == "stale_message"
         assert s.history_start_us == now
         guard = ReplayGuard(s)
-        with pytest.raises(StaleMessage, match="before the replay store started"):
+        with pytest.raises(MessageRejected, match="before the replay store started") as exc_info:
             guard.check_and_mark(A, 1, 1, T0, now)  # the old capture is refused as stale
+        assert exc_info.value.reason == "stale_message"
         assert guard.check_and_mark(A, 1, 1, now, now) is Verdict.NEW
 
 
@@ -835,7 +845,7 @@ def test_redis_unreachable_is_a_typed_transport_error(redis_url):
     with pytest.raises(StoreUnavailable) as ei:
         RedisReplayStore(f"redis://127.0.0.1:{port}/0", timeout_s=0.5)
     assert isinstance(ei.value, TransportError)
-    assert ei.value.name == "store_unavailable"
+    assert ei.value.reason == "store_unavailable"
 
 
 def test_redis_server_restart_mid_use(tmp_path):
@@ -850,11 +860,13 @@ def test_redis_server_restart_mid_use(tmp_path):
             assert isinstance(ei.value, TransportError)
             assert server.start(), "redis-server did not come back on its port"
             now = T0 + 1_000_000
-            with pytest.raises(StaleMessage, match="lost its history"):
+            with pytest.raises(MessageRejected, match="lost its history") as exc_info:
                 s.check_and_mark(A, 1, 1, now)  # the script is loaded again (EVALSHA falls back)
+            assert exc_info.value.reason == "stale_message"
             guard = ReplayGuard(s)
-            with pytest.raises(StaleMessage):
+            with pytest.raises(MessageRejected) as exc_info:
                 guard.check_and_mark(A, 1, 1, T0, now)  # captured before the restart: refused
+            assert exc_info.value.reason == "stale_message"
             assert guard.check_and_mark(A, 1, 1, now, now) is Verdict.NEW
     finally:
         server.stop()

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased,
 from opentelemetry.trace import SpanKind, StatusCode
 
 import iac
-from iac.errors import FieldRepeated, IacError
+from iac.errors import IacError, ProtocolError
 from iac.integrations.tracing import MAX_TRACESTATE, Tracing, carried, extract, inject
 from iac.wire import Session, build_message, sign_message
 from iac.wire._pb.iac_pb2 import Message
@@ -56,8 +56,9 @@ def test_field_16_is_signed_and_survives_the_round_trip():
     got = open_message(data)
     assert (got.trace.traceparent, got.trace.tracestate) == (TP, "vendor=abc")
     tampered = data.replace(b"vendor=abc", b"vendor=abd")
-    with pytest.raises(iac.errors.BadSignature):
+    with pytest.raises(iac.errors.MessageRejected) as exc_info:
         open_message(tampered)  # a relay cannot change it
+    assert exc_info.value.reason == "bad_signature"
     assert not open_message(sign_message(A, message())).HasField("trace")
 
 
@@ -68,13 +69,16 @@ def _len_field(number: int, value: bytes) -> bytes:
 def test_a_repeated_trace_context_is_refused_like_every_singular_field():
     data = sign_message(A, message(TP))
     field = _len_field(16, _len_field(1, TP.encode()))
-    with pytest.raises(FieldRepeated):
+    with pytest.raises(ProtocolError) as exc_info:
         excise_signature(data + field)
+    assert exc_info.value.reason == "field_repeated"
     inner_twice = _len_field(16, _len_field(1, TP.encode()) + _len_field(1, TP.encode()))
-    with pytest.raises(FieldRepeated):
+    with pytest.raises(ProtocolError) as exc_info:
         excise_signature(sign_message(A, message()) + inner_twice)
-    with pytest.raises(iac.errors.MessageFormatError):  # field 16 is length-delimited, nothing else
+    assert exc_info.value.reason == "field_repeated"
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:  # field 16 is length-delimited, nothing else
         excise_signature(sign_message(A, message()) + b"\x80\x01\x05")
+    assert exc_info.value.reason == "malformed_message"
     # Unknown fields inside the trace context are skipped (and may repeat), as in a Message.
     extra = _len_field(16, _len_field(5, b"x") + _len_field(5, b"y"))
     excise_signature(sign_message(A, message()) + extra)
@@ -99,7 +103,7 @@ def _full(data: bytes) -> tuple[str, object]:
     try:
         return ("ok", _scan(data, 0, len(data), MESSAGE_SCHEMA))
     except IacError as exc:
-        return ("err", exc.name)
+        return ("err", exc.reason)
 
 
 @settings(max_examples=500, deadline=None)

@@ -22,12 +22,15 @@ def test_varint_round_trip(value):
 
 
 def test_varint_faults():
-    with pytest.raises(iac.errors.TruncatedFrame):
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:
         decode_varint(b"\x80\x80", 0, 2)
-    with pytest.raises(iac.errors.BadVarint):
+    assert exc_info.value.reason == "truncated_frame"
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:
         decode_varint(b"\xff" * 11, 0, 11)
-    with pytest.raises(iac.errors.BadVarint):  # 10 bytes but above 2**64
+    assert exc_info.value.reason == "bad_varint"
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:  # 10 bytes but above 2**64
         decode_varint(b"\xff" * 9 + b"\x7f", 0, 10)
+    assert exc_info.value.reason == "bad_varint"
 
 
 def _field(number: int, wire_type: int, value: bytes) -> bytes:
@@ -59,28 +62,29 @@ def test_signature_may_stand_anywhere_and_unknown_fields_survive():
 @pytest.mark.parametrize(
     ("data", "error"),
     [
-        (_len_field(4, b"{}"), iac.errors.SignatureFieldMissing),
-        (_len_field(8, SIG) + _len_field(8, SIG), iac.errors.SignatureFieldRepeated),
-        (_len_field(8, SIG[:63]), iac.errors.SignatureFieldInvalid),
-        (_len_field(8, SIG + b"x"), iac.errors.SignatureFieldInvalid),
-        (_field(8, 0, b"\x01"), iac.errors.SignatureFieldInvalid),
-        (_len_field(8, SIG) + _len_field(4, b"a") + _len_field(4, b"b"), iac.errors.FieldRepeated),
-        (_len_field(8, SIG) + _field(6, 0, b"\x01") + _field(6, 0, b"\x02"), iac.errors.FieldRepeated),
-        (_len_field(8, SIG) + _field(6, 2, b"\x01\x00"), iac.errors.MessageFormatError),  # wrong wire type
-        (_len_field(8, SIG) + _field(4, 3, b""), iac.errors.MessageFormatError),  # group
-        (_len_field(8, SIG) + _field(4, 7, b""), iac.errors.MessageFormatError),  # invalid wire type
-        (_len_field(8, SIG) + b"\x22\x05ab", iac.errors.MessageFormatError),  # runs past the end
-        (_len_field(8, SIG) + b"\x00\x00", iac.errors.MessageFormatError),  # field number 0
+        (_len_field(4, b"{}"), "signature_missing"),
+        (_len_field(8, SIG) + _len_field(8, SIG), "signature_repeated"),
+        (_len_field(8, SIG[:63]), "signature_invalid"),
+        (_len_field(8, SIG + b"x"), "signature_invalid"),
+        (_field(8, 0, b"\x01"), "signature_invalid"),
+        (_len_field(8, SIG) + _len_field(4, b"a") + _len_field(4, b"b"), "field_repeated"),
+        (_len_field(8, SIG) + _field(6, 0, b"\x01") + _field(6, 0, b"\x02"), "field_repeated"),
+        (_len_field(8, SIG) + _field(6, 2, b"\x01\x00"), "malformed_message"),  # wrong wire type
+        (_len_field(8, SIG) + _field(4, 3, b""), "malformed_message"),  # group
+        (_len_field(8, SIG) + _field(4, 7, b""), "malformed_message"),  # invalid wire type
+        (_len_field(8, SIG) + b"\x22\x05ab", "malformed_message"),  # runs past the end
+        (_len_field(8, SIG) + b"\x00\x00", "malformed_message"),  # field number 0
         # TaskState is checked too: step repeated inside field 11.
         (
             _len_field(8, SIG) + _len_field(11, _field(3, 0, b"\x01") + _field(3, 0, b"\x02")),
-            iac.errors.FieldRepeated,
+            "field_repeated",
         ),
     ],
 )
 def test_ambiguous_messages_are_refused(data, error):
-    with pytest.raises(error):
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:
         excise_signature(data, MESSAGE_SCHEMA)
+    assert exc_info.value.reason == error
 
 
 def test_hello_repeated_fields_are_allowed_and_field_15_is_the_signature():
@@ -95,10 +99,12 @@ def test_hello_repeated_fields_are_allowed_and_field_15_is_the_signature():
     unsigned, sig = excise_signature(data, HELLO_SCHEMA)
     assert sig == SIG
     assert unsigned == data[: -len(_len_field(15, SIG))]
-    with pytest.raises(iac.errors.SignatureFieldMissing):
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:
         excise_signature(_len_field(2, b"y" * 64), HELLO_SCHEMA)
-    with pytest.raises(iac.errors.MessageFormatError):  # field 8 of a Hello is a varint
+    assert exc_info.value.reason == "signature_missing"
+    with pytest.raises(iac.errors.ProtocolError) as exc_info:  # field 8 of a Hello is a varint
         excise_signature(_len_field(8, SIG), HELLO_SCHEMA)
+    assert exc_info.value.reason == "malformed_message"
 
 
 @given(st.binary(max_size=300))
@@ -123,7 +129,7 @@ def _full_scan(data):
     try:
         return ("ok", _scan(data, 0, len(data), MESSAGE_SCHEMA))
     except iac.IacError as exc:
-        return ("err", exc.name)
+        return ("err", exc.reason)
 
 
 def _fast_agrees(data):

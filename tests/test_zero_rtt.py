@@ -21,7 +21,7 @@ import pytest
 from conftest import HERE, ROOT, message_of, run
 from cryptography import x509
 
-from iac.errors import AdmissionDenied, IacError
+from iac.errors import HandshakeError, IacError
 from iac.testing import UdpRelay, eventually
 from iac.transport.base import Connection, TransportConfig
 from iac.transport.certs import CertAuthority, init_ca
@@ -284,8 +284,9 @@ def test_ca_mode_refuses_a_resumption_whose_ticket_proves_no_client_certificate(
         assert conn.early_data
         with contextlib.suppress(IacError):
             await conn.send(message(client, node.identity.agent_id, Session(), "early"))
-        with pytest.raises(AdmissionDenied, match="client certificate required"):
+        with pytest.raises(HandshakeError, match="client certificate required") as exc_info:
             await conn.recv()
+        assert exc_info.value.reason == "admission_denied"
         assert ca_node.delivered == [] and ca_node.conns == []
         assert ca_node.listener is not None and ca_node.listener.refused == {"admission_denied": 1}
         for n in (node, ca_node):
@@ -320,8 +321,9 @@ def test_ca_mode_refuses_a_resumption_once_the_client_certificate_expired(tmp_pa
         assert conn.early_data
         with contextlib.suppress(IacError):
             await conn.send(message(client, node.identity.agent_id, Session(), "late"))
-        with pytest.raises(AdmissionDenied, match="client certificate refused"):
+        with pytest.raises(HandshakeError, match="client certificate refused") as exc_info:
             await conn.recv()
+        assert exc_info.value.reason == "admission_denied"
         assert node.delivered == []
         assert node.listener is not None
         await node.listener.close()

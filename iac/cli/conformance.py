@@ -19,7 +19,7 @@ from typing import Any
 from iac.cli.options import integer, print_error, seconds
 from iac.conformance import DEFAULT_TIMEOUT, CaseResult, Report, all_cases, run_server_suite
 from iac.conformance.listen import DEFAULT_WAIT, run_client_suite
-from iac.errors import ConfigError, InvalidAgentId
+from iac.errors import ConfigError, MessageRejected
 from iac.transport.base import parse_address
 from iac.wire.identity import Identity, check_agent_id
 
@@ -45,7 +45,9 @@ def _finish(args: argparse.Namespace, report: Report) -> int:
 def _cmd(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except (ConfigError, InvalidAgentId) as exc:  # a usage error: exit 2, as for arguments the parser refuses
+    except (ConfigError, MessageRejected) as exc:  # a usage error: exit 2, as for a bad argument
+        if isinstance(exc, MessageRejected) and exc.reason != "invalid_agent_id":
+            raise
         print_error("conformance", exc)
         return 2
 

@@ -151,9 +151,9 @@ async def run_connect(args: argparse.Namespace) -> int:
         )  # fmt: skip
         try:
             await transport.check()
-        except mcp.McpUnsupported:
-            raise
         except IacError as exc:
+            if exc.reason == "mcp_unsupported":
+                raise
             gone(exc)
         async with transport as (iac_read, iac_write), stdio_server() as (host_read, host_write):
 

@@ -380,7 +380,7 @@ async def _serve(j: _Judge, peer: Peer, me: Identity, h: Hello, *, deadline: flo
         try:
             msg = open_message(got.body)
         except IacError as exc:
-            j.put("client.message.signed", False, "MESSAGEs that verify", f"{exc.name}: {exc}")
+            j.put("client.message.signed", False, "MESSAGEs that verify", f"{exc.reason}: {exc}")
             continue
         sender = sender_of(msg)
         ok = sender == h.agent_id and msg.to == me.agent_id

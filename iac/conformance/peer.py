@@ -72,7 +72,7 @@ class Peer:
         try:
             frames = dec.feed(ev.data, final=ev.end)
         except IacError as exc:
-            self.local_fault = f"undecodable frame from the implementation: {exc.name}: {exc}"
+            self.local_fault = f"undecodable frame from the implementation: {exc.reason}: {exc}"
             self.closed = Closed(None, self.local_fault, "end")
             return []
         if ev.end:
@@ -124,7 +124,7 @@ class Peer:
             try:
                 msg = open_message(got.body)
             except IacError as exc:
-                self.local_fault = f"a MESSAGE from the implementation does not verify: {exc.name}"
+                self.local_fault = f"a MESSAGE from the implementation does not verify: {exc.reason}"
                 continue
             if match(msg):
                 return msg
@@ -241,7 +241,7 @@ async def read_hello(peer: Peer, sender: Role, deadline: float) -> HelloSeen | C
     try:
         seen.hello = open_hello(got.body, sender.domain)
     except IacError as exc:
-        seen.error = f"{exc.name}: {exc}"
+        seen.error = f"{exc.reason}: {exc}"
     return seen
 
 

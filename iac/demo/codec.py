@@ -140,7 +140,7 @@ def run_codec_demo(args: argparse.Namespace) -> int:
         refused = "ACCEPTED (bug!)"
         tamper_ok = False
     except IacError as exc:
-        refused = f"refused: {type(exc).__name__} ({exc.name})"
+        refused = f"refused: {type(exc).__name__} ({exc.reason})"
         tamper_ok = True
 
     n = len(payloads)

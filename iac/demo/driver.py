@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from iac.demo.codec import run_codec_demo
+from iac.demo.runtime import DemoError
 from iac.errors import IacError
 from iac.wire.identity import Identity
 
@@ -69,10 +70,6 @@ FILE_CHUNK_SIZE = 16 * 1024
 
 
 # --- the driver --------------------------------------------------------------------------------------
-
-
-class DemoFailure(Exception):
-    """The demo failed: the message is the one line printed."""
 
 
 @dataclass
@@ -188,13 +185,13 @@ class _Driver:
     def _handle(self, role: str, ev: dict[str, Any]) -> None:
         kind = ev.get("event")
         if kind == "error":
-            raise DemoFailure(f"{role}: {ev.get('message', 'failed')}")
+            raise DemoError(f"{role}: {ev.get('message', 'failed')}")
         if kind == "exit":
             self.children[role].exited = True
             code = ev.get("code")
             if not self.stopping or code != 0:
                 child = self.children[role]
-                raise DemoFailure(f"{role} exited with code {code} ({child.last_error_line()})")
+                raise DemoError(f"{role} exited with code {code} ({child.last_error_line()})")
         elif kind == "ready":
             self.ready[role] = ev
         elif kind == "row":
@@ -256,14 +253,14 @@ class _Driver:
         await self.until("the agents to stop", lambda: all(c.exited for c in self.children.values()))
         missing = [r for r in ROLES if r not in self.byes]
         if missing:
-            raise DemoFailure(f"{', '.join(missing)} stopped without reporting")
+            raise DemoError(f"{', '.join(missing)} stopped without reporting")
         twice = [r for r in receivers if self.byes[r].get("broadcasts") != 1]
         if twice:
-            raise DemoFailure(f"the broadcast did not reach {', '.join(twice)} exactly once")
+            raise DemoError(f"the broadcast did not reach {', '.join(twice)} exactly once")
         if not self.verified.get("sha256_ok") or self.received.get("sha256") is None:
-            raise DemoFailure("the checker did not verify the draft's SHA-256")
+            raise DemoError("the checker did not verify the draft's SHA-256")
         if self.relayed < 4:
-            raise DemoFailure(f"the writer relayed {self.relayed} messages, expected at least 4")
+            raise DemoError(f"the writer relayed {self.relayed} messages, expected at least 4")
 
     # --- the table ---------------------------------------------------------------------------------
 
@@ -346,7 +343,7 @@ async def run_mesh(workdir: Path, *, module: str = AGENT_MODULE, timeout: float 
             await driver.run()
     except TimeoutError:
         failure = f"timed out after {timeout:g} s waiting for {driver.waiting}"
-    except (DemoFailure, OSError, IacError) as exc:
+    except (DemoError, OSError, IacError) as exc:
         failure = str(exc)
     except asyncio.CancelledError:
         if not terminated or me is None:
@@ -384,7 +381,6 @@ __all__ = [
     "ROLES",
     "ROWS",
     "STOP_GRACE",
-    "DemoFailure",
     "run_demo",
     "run_mesh",
 ]

@@ -1,137 +1,54 @@
-"""One error tree for the whole library, split by whose fault it is.
+"""One error tree for the whole library, organised by what a caller does about an error.
 
 ::
 
     IacError
-    ├── LocalError              you misused the API or the configuration is wrong
-    │   ├── ConfigError, KeyFileError, SourceChanged, DiskError
-    ├── PeerError               the other side sent something wrong
-    │   ├── ProtocolError       malformed input: closes that connection (has close_code)
-    │   │   ├── FrameError ...  framing, limits, compression
-    │   │   ├── MessageFormatError ...  the field-8 scan and the protobuf parse
-    │   │   └── HandshakeError ...      HELLO checks
-    │   └── MessageRejected     a well-formed message that failed a check: refused,
-    │       ├── BadSignature    counted, the connection goes on
-    │       ├── InvalidAgentId
-    │       ├── StaleMessage
-    │       ├── ReplayedMessage, ReplayStoreFull
-    │       ├── SealError → SealHeaderMismatch
-    │       ├── BadRecord, StaleSeq, AliasTaken, KeyEnded → KeyRotated, KeyRevoked, ...
-    │       └── FileTransferError ..., RoutingError ...
-    ├── TransportError          the network failed (connect, reset, timeout)
-    │   ├── ConnectionClosed, DialError, DeliveryError, RequestTimeout
-    │   └── StoreUnavailable
-    ├── RemoteError             the peer answered a request with ERROR
+    ├── LocalError          this side failed (a worker, the file being sent, a child process)
+    │   ├── ConfigError     an argument, a configuration value or a key file is wrong: fix it
+    │   └── DiskError       a file of this side cannot be read or written (``path``)
+    ├── PeerError           the other side sent something wrong, or cannot do what was asked
+    │   ├── ProtocolError   malformed input: that connection is closed (``close_code``)
+    │   │   └── HandshakeError      a HELLO failed a check
+    │   └── MessageRejected a well-formed message failed a check: refused, counted, the
+    │       │               connection goes on
+    │       ├── FileTransferError   a chunk or a transfer refused (``fatal``, ``transfer_id``)
+    │       ├── RoutingError        a FORWARD refused by routing or the relay policy
+    │       └── McpBindingError     MCP over IAC broke the binding (``code``: JSON-RPC)
+    ├── TransportError      the network failed: retry, or try elsewhere
+    │   ├── ConnectionClosed, DialError, DeliveryError, StoreUnavailable
+    │   └── RequestTimeout  (also a ``TimeoutError``)
+    ├── RemoteError         the peer answered a request with ERROR (``code``)
     │   └── TransferRefused
-    └── HandlerError            a handler on this side answers a request with ERROR
+    └── HandlerError        a handler on this side answers a request with ERROR
 
-Every class has a stable snake_case ``name`` that test vectors and logs use, so
-another implementation can match errors without knowing Python class names.
+Every error carries its fine ``reason`` (``stale_message``, ``wrong_peer``,
+``routing_loop``, …): the one spelling that test vectors, logs, counters and
+metrics use. :data:`REASONS` maps each reason to its class, the ERROR code it is
+answered with, the close code of its connection and the counter it is counted
+under. ``name`` is a class's own (default) reason.
 
-The modules follow the tree: :mod:`~iac.errors.base` (the root and the close
-codes), :mod:`~iac.errors.local`, :mod:`~iac.errors.peer`,
-:mod:`~iac.errors.transport` and :mod:`~iac.errors.answers` (ERROR codes,
-refusal reasons, :class:`HandlerError` and :class:`RemoteError`). Import from
-``iac.errors``; the split is for readers.
+The modules follow the tree: :mod:`~iac.errors.base` (the root, the close and
+ERROR codes), :mod:`~iac.errors.local`, :mod:`~iac.errors.peer`,
+:mod:`~iac.errors.transport`, :mod:`~iac.errors.answers` (refusals,
+:class:`HandlerError`, :class:`RemoteError`) and :mod:`~iac.errors.reasons` (the
+table). Import from ``iac.errors``; the split is for readers.
 """
 
 from __future__ import annotations
 
-from iac.errors.answers import (
-    ERROR_CODES,
-    ErrorCode,
-    HandlerError,
-    Refusal,
-    RemoteError,
-    TransferRefused,
-)
-from iac.errors.base import (
-    CloseCode,
-    IacError,
-)
-from iac.errors.local import (
-    ConfigError,
-    DiskError,
-    KeyFileError,
-    LocalError,
-    McpChildFailed,
-    SourceChanged,
-    WorkerFailed,
-)
+from iac.errors.answers import HandlerError, Refusal, RemoteError, TransferRefused
+from iac.errors.base import ERROR_CODES, CloseCode, ErrorCode, IacError, Reason
+from iac.errors.local import ConfigError, DiskError, LocalError
 from iac.errors.peer import (
-    AdmissionDenied,
-    AliasTaken,
-    BadChunkLength,
-    BadDictionary,
-    BadForwardPath,
-    BadRecord,
-    BadSignature,
-    BadTransferPayload,
-    BadVarint,
-    BufferExceeded,
-    ChannelBindingMismatch,
-    ChunkHashMismatch,
-    ChunkOutOfRange,
-    CommitmentChanged,
-    CompressionError,
-    DecompressionBomb,
-    FieldRepeated,
-    FileExistsInInbox,
-    FileHashMismatch,
-    FileTooLarge,
     FileTransferError,
-    FrameError,
-    FrameTooLarge,
     HandshakeError,
-    HelloSignatureInvalid,
-    HopLimitExhausted,
-    Impersonation,
-    InvalidAgentId,
-    KeyEnded,
-    KeyRevoked,
-    KeyRotated,
     McpBindingError,
-    McpUnsupported,
-    MessageFormatError,
     MessageRejected,
-    MissingContentSize,
-    NoRoute,
     PeerError,
     ProtocolError,
-    RecordExpired,
-    RegistryFull,
-    RegistryQuota,
-    RelayDenied,
-    ReplayedHello,
-    ReplayedMessage,
-    ReplayStoreFull,
-    RotationRefused,
     RoutingError,
-    RoutingLoop,
-    SealError,
-    SealHeaderMismatch,
-    SeenCacheFull,
-    SignatureFieldInvalid,
-    SignatureFieldMissing,
-    SignatureFieldRepeated,
-    StaleHello,
-    StaleMessage,
-    StaleSeq,
-    StreamOverrun,
-    TooManyTransfers,
-    TrailingData,
-    TransferMismatch,
-    TruncatedFrame,
-    UncommittedSuccessor,
-    UnexpectedHello,
-    UnknownAgent,
-    UnknownDictionary,
-    UnknownFrameFlag,
-    UnknownFrameType,
-    UnsafeFileName,
-    WrongPeer,
-    ZeroContentSize,
 )
+from iac.errors.reasons import REASONS, reasons_of
 from iac.errors.transport import (
     Attempt,
     ConnectionClosed,
@@ -144,7 +61,7 @@ from iac.errors.transport import (
 
 
 def all_error_classes() -> list[type[IacError]]:
-    """Every error class, root first (for docs and the test-vector name table)."""
+    """Every error class, root first (for docs and the reason table)."""
     out: list[type[IacError]] = []
     todo: list[type[IacError]] = [IacError]
     while todo:
@@ -157,98 +74,32 @@ def all_error_classes() -> list[type[IacError]]:
 
 __all__ = [
     "ERROR_CODES",
-    "AdmissionDenied",
-    "AliasTaken",
+    "REASONS",
     "Attempt",
-    "BadChunkLength",
-    "BadDictionary",
-    "BadForwardPath",
-    "BadRecord",
-    "BadSignature",
-    "BadTransferPayload",
-    "BadVarint",
-    "BufferExceeded",
-    "ChannelBindingMismatch",
-    "ChunkHashMismatch",
-    "ChunkOutOfRange",
     "CloseCode",
-    "CommitmentChanged",
-    "CompressionError",
     "ConfigError",
     "ConnectionClosed",
-    "DecompressionBomb",
     "DeliveryError",
     "DialError",
     "DiskError",
     "ErrorCode",
-    "FieldRepeated",
-    "FileExistsInInbox",
-    "FileHashMismatch",
-    "FileTooLarge",
     "FileTransferError",
-    "FrameError",
-    "FrameTooLarge",
     "HandlerError",
     "HandshakeError",
-    "HelloSignatureInvalid",
-    "HopLimitExhausted",
     "IacError",
-    "Impersonation",
-    "InvalidAgentId",
-    "KeyEnded",
-    "KeyFileError",
-    "KeyRevoked",
-    "KeyRotated",
     "LocalError",
     "McpBindingError",
-    "McpChildFailed",
-    "McpUnsupported",
-    "MessageFormatError",
     "MessageRejected",
-    "MissingContentSize",
-    "NoRoute",
     "PeerError",
     "ProtocolError",
-    "RecordExpired",
+    "Reason",
     "Refusal",
-    "RegistryFull",
-    "RegistryQuota",
-    "RelayDenied",
     "RemoteError",
-    "ReplayStoreFull",
-    "ReplayedHello",
-    "ReplayedMessage",
     "RequestTimeout",
-    "RotationRefused",
     "RoutingError",
-    "RoutingLoop",
-    "SealError",
-    "SealHeaderMismatch",
-    "SeenCacheFull",
-    "SignatureFieldInvalid",
-    "SignatureFieldMissing",
-    "SignatureFieldRepeated",
-    "SourceChanged",
-    "StaleHello",
-    "StaleMessage",
-    "StaleSeq",
     "StoreUnavailable",
-    "StreamOverrun",
-    "TooManyTransfers",
-    "TrailingData",
-    "TransferMismatch",
     "TransferRefused",
     "TransportError",
-    "TruncatedFrame",
-    "UncommittedSuccessor",
-    "UnexpectedHello",
-    "UnknownAgent",
-    "UnknownDictionary",
-    "UnknownFrameFlag",
-    "UnknownFrameType",
-    "UnsafeFileName",
-    "WorkerFailed",
-    "WrongPeer",
-    "ZeroContentSize",
     "all_error_classes",
+    "reasons_of",
 ]

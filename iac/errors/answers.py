@@ -1,46 +1,25 @@
-"""ERROR answers: the closed list of codes, why a message was refused, and the two errors
-that carry an answer (:class:`HandlerError` on the answering side, :class:`RemoteError` on the
-asking side)."""
+"""ERROR answers: why a message was refused, and the two errors that carry an answer
+(:class:`HandlerError` on the answering side, :class:`RemoteError` on the asking side)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from iac.errors.base import IacError
+from iac.errors.base import ERROR_CODES, ROWS, ErrorCode, IacError
 from iac.errors.local import ConfigError
-
-
-class ErrorCode(StrEnum):
-    """The closed list of ERROR codes (``{"code": ..., "message": ...}`` in ``payload_json``)."""
-
-    NO_HANDLER = "no_handler"  # no handler for this msg_type, or the remote call name is not exposed
-    TIMEOUT = "timeout"  # the request's deadline passed before it was started, or while it ran
-    UNAUTHORIZED = "unauthorized"  # the sender may not do this (delegation allow-list, sealed header)
-    BAD_SIGNATURE = "bad_signature"  # the signature (or the `from` AgentId) did not verify
-    POLICY_DENIED = (
-        "policy_denied"  # topology policy; a MESSAGE frame addressed elsewhere (relays take FORWARD)
-    )
-    CONTENT_BLOCKED = "content_blocked"  # a content guard refused the payload
-    BAD_REQUEST = "bad_request"  # schema: type, JSON, task envelope, call shape, stale timestamp
-    BUSY = "busy"  # a bound is hit (handler backlog, per-peer quota, replay store, draining)
-    CANCELLED = "cancelled"  # the caller sent CANCEL
-    INTERNAL = "internal"  # the handler raised something else
-
-
-#: The closed list of ERROR codes as strings (the values of :class:`ErrorCode`).
-ERROR_CODES: frozenset[str] = frozenset(c.value for c in ErrorCode)
 
 
 class Refusal(StrEnum):
     """Why the receive pipeline refused a message: the keys of ``NodeStats.refused``.
 
-    In pipeline order. ``code`` is the ERROR code answered, or None where
-    nothing is answered (replays, duplicates, refused ERROR/ACK/REPLY).
+    In pipeline order. Each value is a reason of :data:`~iac.errors.REASONS`, spelled as errors,
+    logs and metrics spell it. ``code`` is the ERROR code answered, or None where nothing is
+    answered (replays, duplicates, refused ERROR/ACK/REPLY).
     """
 
     BAD_SIGNATURE = "bad_signature"
-    STALE = "stale"
-    REPLAYED = "replayed"  # older than the replay window
+    STALE = "stale_message"
+    REPLAYED = "replayed_message"  # older than the replay window
     DUPLICATE = "duplicate"  # already handled (re-answered) or being handled
     REPLAY_STORE_FULL = "replay_store_full"
     #: the replay store failed; a plain request is answered ``busy`` (retry), an ACK_REQUESTED
@@ -55,7 +34,7 @@ class Refusal(StrEnum):
     FORWARD_NOT_RELAYED = "forward_not_relayed"
     POLICY_DENIED = "policy_denied"
     UNSEAL_FAILED = "unseal_failed"
-    SEALED_HEADER = "sealed_header"
+    SEALED_HEADER = "sealed_header_mismatch"
     BAD_TYPE = "bad_type"
     BAD_PAYLOAD = "bad_payload"
     BAD_TASK = "bad_task"
@@ -71,30 +50,7 @@ class Refusal(StrEnum):
 
     @property
     def code(self) -> ErrorCode | None:
-        return _REFUSAL_CODES.get(self)
-
-
-_REFUSAL_CODES: dict[Refusal, ErrorCode] = {
-    Refusal.BAD_SIGNATURE: ErrorCode.BAD_SIGNATURE,
-    Refusal.STALE: ErrorCode.BAD_REQUEST,
-    Refusal.REPLAY_STORE_FULL: ErrorCode.BUSY,
-    Refusal.STORE_UNAVAILABLE: ErrorCode.BUSY,
-    Refusal.BEFORE_HISTORY: ErrorCode.BUSY,
-    Refusal.NOT_ADDRESSED: ErrorCode.POLICY_DENIED,
-    Refusal.POLICY_DENIED: ErrorCode.POLICY_DENIED,
-    Refusal.UNSEAL_FAILED: ErrorCode.BAD_REQUEST,
-    Refusal.SEALED_HEADER: ErrorCode.UNAUTHORIZED,
-    Refusal.BAD_TYPE: ErrorCode.BAD_REQUEST,
-    Refusal.BAD_PAYLOAD: ErrorCode.BAD_REQUEST,
-    Refusal.BAD_TASK: ErrorCode.BAD_REQUEST,
-    Refusal.DELEGATION_DENIED: ErrorCode.UNAUTHORIZED,
-    Refusal.DEADLINE_PASSED: ErrorCode.TIMEOUT,
-    Refusal.CONTENT_BLOCKED: ErrorCode.CONTENT_BLOCKED,
-    Refusal.NO_HANDLER: ErrorCode.NO_HANDLER,
-    Refusal.BAD_CALL: ErrorCode.BAD_REQUEST,
-    Refusal.BUSY: ErrorCode.BUSY,
-    Refusal.FILE_TRANSFER: ErrorCode.BAD_REQUEST,
-}
+        return ROWS[self.value].error
 
 
 class HandlerError(IacError):
@@ -116,17 +72,17 @@ class HandlerError(IacError):
 
 
 class RemoteError(IacError):
-    """The peer answered a request with an ERROR message."""
+    """The peer answered a request with an ERROR message (``code``, from the closed list)."""
 
     name = "remote_error"
 
-    def __init__(self, code: str, message: str = "") -> None:
-        super().__init__(f"{code}: {message}" if message else code)
+    def __init__(self, code: str, message: str = "", *, reason: str | None = None) -> None:
+        super().__init__(f"{code}: {message}" if message else code, reason=reason)
         self.code = code
         self.message = message
 
 
 class TransferRefused(RemoteError):
-    """The receiver answered with a ``failed`` ack; ``code`` is its error name."""
+    """The receiver answered with a ``failed`` ack; ``code`` is its error's reason."""
 
     name = "transfer_refused"

@@ -1,4 +1,4 @@
-"""Local faults: the caller misused the API or gave a bad configuration."""
+"""Local faults: the caller misused the API, the configuration is wrong, or this side failed."""
 
 from __future__ import annotations
 
@@ -6,28 +6,20 @@ from iac.errors.base import IacError
 
 
 class LocalError(IacError):
-    """The caller misused the API or gave a bad configuration."""
+    """This side failed, not the peer nor the network: a worker thread, the file being sent,
+    a child process it runs, a state machine driven out of order (``reason`` says which)."""
 
     name = "local_error"
 
 
 class ConfigError(LocalError):
-    """A configuration value or argument is invalid."""
+    """A configuration value, an argument or a key file is invalid: fix it and call again.
+
+    ``reason`` is ``config_error``, or ``key_file_error`` for a key file that is missing,
+    malformed or has unsafe permissions.
+    """
 
     name = "config_error"
-
-
-class KeyFileError(LocalError):
-    """A key file is missing, malformed or has unsafe permissions."""
-
-    name = "key_file_error"
-
-
-class WorkerFailed(LocalError):
-    """A worker thread of this side failed (not a verdict on any message): what it was doing is
-    not done, and the caller sees this error instead of waiting forever."""
-
-    name = "worker_failed"
 
 
 class DiskError(LocalError):
@@ -36,19 +28,6 @@ class DiskError(LocalError):
 
     name = "disk_error"
 
-    def __init__(self, message: str, path: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, message: str, path: str = "", *, reason: str | None = None) -> None:
+        super().__init__(message, reason=reason)
         self.path = path
-
-
-class SourceChanged(LocalError):
-    """The file being sent changed size while it was sent."""
-
-    name = "source_changed"
-
-
-class McpChildFailed(LocalError):
-    """The stdio MCP server a bridge runs exited, wrote what is not JSON-RPC, or did not answer
-    ``initialize`` in time (``iac mcp serve --stdio``)."""
-
-    name = "mcp_child_failed"

@@ -9,20 +9,22 @@ from iac.errors.base import IacError
 
 
 class TransportError(IacError):
-    """The network failed: connect refused, reset, timeout, closed."""
+    """The network failed: connect refused, reset, timeout, closed. Retry, or try elsewhere."""
 
     name = "transport_error"
 
 
 class ConnectionClosed(TransportError):
-    """The connection closed; ``code`` and ``reason`` say why when the peer told us."""
+    """The connection closed; ``code`` and ``peer_reason`` say why when the peer told us."""
 
     name = "connection_closed"
 
-    def __init__(self, message: str, code: int | None = None, reason: str = "") -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, code: int | None = None, peer_reason: str = "", *, reason: str | None = None
+    ) -> None:
+        super().__init__(message, reason=reason)
         self.code = code
-        self.reason = reason
+        self.peer_reason = peer_reason
 
 
 class StoreUnavailable(TransportError):
@@ -54,7 +56,7 @@ class Attempt:
 
     url: str
     transport: str
-    outcome: str  # "ok", or the error's name ("timeout", "transport_error", "wrong_peer", ...)
+    outcome: str  # "ok", or the error's reason ("timeout", "transport_error", "wrong_peer", ...)
     detail: str = ""
     elapsed: float = 0.0
 

@@ -330,10 +330,12 @@ class NodeMetrics:
         return self._server.address if self._server is not None else None
 
     @property
-    def url(self) -> str | None:
-        """The scrape URL while the endpoint serves, else None."""
+    def url(self) -> str:
+        """The scrape URL of the endpoint, which serves while the node runs (:class:`ConfigError`
+        when it does not: made without ``listen``, or its node is not started)."""
         if self._server is None:
-            return None
+            why = "it has no listen address" if self._listen is None else "its node is not running"
+            raise ConfigError(f"this NodeMetrics serves no /metrics endpoint: {why}")
         host, port = self._server.address
         return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
 

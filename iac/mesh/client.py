@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import Any, TypeAlias
 
 from iac.errors import (
-    BadRecord,
     ConfigError,
     DeliveryError,
     IacError,
@@ -26,7 +25,6 @@ from iac.errors import (
     RemoteError,
     RequestTimeout,
     TransportError,
-    UnknownAgent,
 )
 from iac.mesh.dispatch import RegisterKeyDispatcher
 from iac.mesh.keybook import KeyBook
@@ -327,7 +325,7 @@ class MeshClient:
         answer = await self._to_registries(payload)
         entries = answer.get("entries")
         if not isinstance(entries, list):
-            raise BadRecord("a lookup reply carries entries")
+            raise MessageRejected("a lookup reply carries entries", reason="bad_record")
         now = self.clock.now_us()
         out: list[AgentRecord] = []
         for obj in entries[: limit or len(entries)]:
@@ -357,7 +355,7 @@ class MeshClient:
         """An AgentId for ``name`` (an AgentId or an alias) with addresses in the peer book.
 
         Uses the key book unless ``fresh``; asks the registry otherwise, or when nothing is known.
-        Follows rotations the client knows of. :class:`UnknownAgent` when nobody has the alias.
+        Follows rotations the client knows of. ``unknown_agent`` when nobody has the alias.
         """
         now = self.clock.now_us()
         if is_agent_id(name):
@@ -371,7 +369,9 @@ class MeshClient:
                         raise
                     found = []
                 if not found and not known:
-                    raise UnknownAgent(f"the registry has no live record of {aid[:16]}…")
+                    raise MessageRejected(
+                        f"the registry has no live record of {aid[:16]}…", reason="unknown_agent"
+                    )
             return aid
         if not is_alias(name):
             raise ConfigError(f"{name!r:.80} is neither an AgentId nor an alias")
@@ -379,10 +379,10 @@ class MeshClient:
         if cached is not None and (cached in self.node.peer_book or self.node.connected(cached)):
             return cached
         if not self.registries:
-            raise UnknownAgent(f"no registry to resolve the alias {name!r}")
+            raise MessageRejected(f"no registry to resolve the alias {name!r}", reason="unknown_agent")
         found = await self.lookup(alias=name)
         if not found:
-            raise UnknownAgent(f"no agent has the alias {name!r}")
+            raise MessageRejected(f"no agent has the alias {name!r}", reason="unknown_agent")
         return found[0].agent_id
 
     async def find(self, capability: str, *, limit: int | None = None) -> list[str]:
@@ -456,7 +456,10 @@ class MeshClient:
         fallbacks = [fallback] if isinstance(fallback, str) else list(fallback or ())
         targets = [*candidates, *fallbacks]
         if not targets:
-            raise UnknownAgent(f"no agent offers the capability {capability!r} and no fallback is given")
+            raise MessageRejected(
+                f"no agent offers the capability {capability!r} and no fallback is given",
+                reason="unknown_agent",
+            )
         last: IacError | None = None
         tried: set[str] = set()
         for target in targets:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from iac.errors import BadRecord, ConfigError, IacError
+from iac.errors import ConfigError, IacError, MessageRejected
 from iac.node.node import Node
 from iac.protocol.clock import SYSTEM_CLOCK, Clock
 from iac.protocol.records import (
@@ -62,7 +62,7 @@ class KeyBook:
         """Verify a lookup result (:func:`verify_entry`) and keep it."""
         record = verify_entry(entry, now_us)
         if record.agent_id in self._ended and self._ended[record.agent_id].successor == "":
-            raise BadRecord(f"{record.agent_id[:16]}… is revoked")
+            raise MessageRejected(f"{record.agent_id[:16]}… is revoked", reason="bad_record")
         for rot in entry.rotations:  # the proof says these keys handed over
             st = decode_rotation(rot.data)
             self._end(st.old_agent_id, _Ended(st.new_agent_id, min(st.issued_us, now_us)))
@@ -123,9 +123,13 @@ class KeyBook:
         st = open_rotation(signed, now_us, next_key_digest=old.next_key_digest if old else None)
         prev = self._ended.get(st.old_agent_id)
         if prev is not None and prev.successor != st.new_agent_id and prev.successor:
-            raise BadRecord(f"{st.old_agent_id[:16]}… already rotated to another key")
+            raise MessageRejected(
+                f"{st.old_agent_id[:16]}… already rotated to another key", reason="bad_record"
+            )
         if old is not None and st.seq <= old.seq:
-            raise BadRecord(f"rotation seq {st.seq} is not above the record's {old.seq}")
+            raise MessageRejected(
+                f"rotation seq {st.seq} is not above the record's {old.seq}", reason="bad_record"
+            )
         self._end(st.old_agent_id, _Ended(st.new_agent_id, min(st.issued_us, now_us)))
         if old is not None and st.new_agent_id not in self._records:
             self._records[st.new_agent_id] = replace(

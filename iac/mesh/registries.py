@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import BadRecord, ConfigError, IacError, RemoteError, TransportError
+from iac.errors import ConfigError, IacError, MessageRejected, RemoteError, TransportError
 from iac.mesh.wire import raise_remote
 from iac.node.node import Node
 from iac.transport.base import parse_address
@@ -58,7 +58,7 @@ async def ask_registry(node: Node, reg: RegistryAddr, payload: dict[str, Any], *
     except RemoteError as exc:
         raise_remote(exc)
     if not isinstance(reply.payload, dict) or reply.payload.get("op") != payload["op"]:
-        raise BadRecord("the registry's reply does not answer the request")
+        raise MessageRejected("the registry's reply does not answer the request", reason="bad_record")
     return reply.payload
 
 

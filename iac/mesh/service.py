@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from iac.errors import BadRecord, ConfigError, IacError
+from iac.errors import ConfigError, IacError, MessageRejected
 from iac.mesh.client import MeshClient  # re-exported for importers not yet updated
 from iac.mesh.dispatch import RegisterKeyDispatcher
 from iac.mesh.wire import (
@@ -152,7 +152,10 @@ class RegistryService:
             signed = SignedRecord.from_json_obj(payload_field(payload, "record"))
             claimed = decode_record(signed.data, max_size=state.config.max_record_size)
             if claimed.agent_id != sender:
-                raise BadRecord("a record must be published by the key it describes (from != agent_id)")
+                raise MessageRejected(
+                    "a record must be published by the key it describes (from != agent_id)",
+                    reason="bad_record",
+                )
             record: AgentRecord = await self._run(lambda: state.publish(signed, now, via=via))
             if len(self._live) < state.config.max_keys or record.agent_id in self._live:
                 self._live[record.agent_id] = record.expires_us
@@ -169,18 +172,20 @@ class RegistryService:
         if op == OP_STATUS:
             aid = payload_field(payload, "agent_id")
             if not isinstance(aid, str) or not is_agent_id(aid):
-                raise BadRecord("status needs an AgentId")
+                raise MessageRejected("status needs an AgentId", reason="bad_record")
             info = await self._run(lambda: state.key_status(aid, now))
             return {"op": op, "agent_id": aid, "status": info.status.value, "seq": info.seq,
                     "successor": info.successor}  # fmt: skip
         # lookup
         keys = {"agent_id", "alias", "capability"} & set(payload)
         if len(keys) != 1 or set(payload) - {"op", "agent_id", "alias", "capability", "limit"}:
-            raise BadRecord("a lookup names exactly one of agent_id, alias, capability (and limit)")
+            raise MessageRejected(
+                "a lookup names exactly one of agent_id, alias, capability (and limit)", reason="bad_record"
+            )
         key = keys.pop()
         value = payload[key]
         if not isinstance(value, str):
-            raise BadRecord(f"lookup {key} must be a string")
+            raise MessageRejected(f"lookup {key} must be a string", reason="bad_record")
         try:
             if key == "agent_id":
                 check_agent_id(value)
@@ -192,10 +197,10 @@ class RegistryService:
             else:
                 limit = payload.get("limit")
                 if limit is not None and (type(limit) is not int or limit < 1):
-                    raise BadRecord("limit must be a positive integer")
+                    raise MessageRejected("limit must be a positive integer", reason="bad_record")
                 entries = await self._run(lambda: state.lookup_capability(value, now, limit))
         except ConfigError as exc:
-            raise BadRecord(str(exc)) from None
+            raise MessageRejected(str(exc), reason="bad_record") from None
         return {"op": op, "entries": [entry_to_json(e) for e in entries]}
 
     def close(self) -> None:

@@ -22,14 +22,14 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from iac.errors import (
-    BadRecord,
+    REASONS,
     ConfigError,
     ErrorCode,
     HandlerError,
     IacError,
     MessageRejected,
-    RegistryQuota,
     RemoteError,
+    RoutingError,
     StoreUnavailable,
 )
 from iac.protocol.records import (
@@ -56,36 +56,28 @@ OPS = frozenset({OP_PUBLISH, OP_ROTATE, OP_REVOKE, OP_LOOKUP, OP_STATUS})
 # --- errors over the wire ----------------------------------------------------------------------
 
 
-def _error_classes() -> dict[str, type[IacError]]:
-    """Refusals a registry may answer, by stable name (only classes built from one message)."""
-    out: dict[str, type[IacError]] = {}
-    todo: list[type[IacError]] = [MessageRejected, StoreUnavailable]
-    while todo:
-        cls = todo.pop()
-        if cls.__init__ is Exception.__init__:
-            out.setdefault(cls.name, cls)
-        todo.extend(cls.__subclasses__())
-    return out
+#: The classes a registry refusal is rebuilt as on the asking side (built from one message).
+_REMOTE_CLASSES: tuple[type[IacError], ...] = (MessageRejected, RoutingError, StoreUnavailable)
 
 
 def handler_error(exc: IacError) -> HandlerError:
     """A registry refusal as the ERROR the node answers: closed-list code, ``"name: text"``."""
-    if isinstance(exc, StoreUnavailable | RegistryQuota):
+    if isinstance(exc, StoreUnavailable) or exc.reason == "registry_quota":
         code = ErrorCode.BUSY
     elif isinstance(exc, MessageRejected | ConfigError):
         code = ErrorCode.BAD_REQUEST
     else:
         code = ErrorCode.INTERNAL
-    return HandlerError(code, f"{exc.name}: {exc}")
+    return HandlerError(code, f"{exc.reason}: {exc}")
 
 
 def raise_remote(exc: RemoteError) -> NoReturn:
     """Raise the typed error a registry named in an ERROR (``"stale_seq: ..."``), else ``exc``."""
     name, sep, text = exc.message.partition(": ")
-    cls = _error_classes().get(name) if sep else None
-    if cls is None:
+    row = REASONS.get(name) if sep else None
+    if row is None or row.cls not in _REMOTE_CLASSES:
         raise exc
-    raise cls(text) from exc
+    raise row.cls(text, reason=name) from exc
 
 
 # --- payloads ----------------------------------------------------------------------------------
@@ -130,9 +122,9 @@ def lookup_request(
 
 
 def payload_field(payload: dict[str, Any], key: str) -> Any:
-    """``payload[key]``, or :class:`BadRecord` naming the op that lacks it."""
+    """``payload[key]``, or ``bad_record`` naming the op that lacks it."""
     if key not in payload:
-        raise BadRecord(f"{payload.get('op')} needs {key!r}")
+        raise MessageRejected(f"{payload.get('op')} needs {key!r}", reason="bad_record")
     return payload[key]
 
 
@@ -148,12 +140,12 @@ def entry_to_json(entry: RegistryEntry) -> dict[str, Any]:
 def entry_from_json(obj: object) -> RegistryEntry:
     """Rebuild a :class:`RegistryEntry` (not yet verified: call :func:`~iac.verify_entry`)."""
     if not isinstance(obj, dict) or set(obj) != {"aliases", "record", "rotations"}:
-        raise BadRecord("an entry is {aliases, record, rotations}")
+        raise MessageRejected("an entry is {aliases, record, rotations}", reason="bad_record")
     aliases, rotations_obj = obj["aliases"], obj["rotations"]
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        raise BadRecord("entry aliases must be an array of strings")
+        raise MessageRejected("entry aliases must be an array of strings", reason="bad_record")
     if not isinstance(rotations_obj, list) or len(rotations_obj) > 64:
-        raise BadRecord("entry rotations must be an array (at most 64)")
+        raise MessageRejected("entry rotations must be an array (at most 64)", reason="bad_record")
     signed = SignedRecord.from_json_obj(obj["record"])
     rotations = tuple(SignedRotation.from_json_obj(r) for r in rotations_obj)
     base = decode_record(signed.data)
@@ -166,7 +158,7 @@ def entry_from_json(obj: object) -> RegistryEntry:
         else:
             record = replace(base, aliases=tuple(aliases))
     except ConfigError as exc:
-        raise BadRecord(str(exc)) from None
+        raise MessageRejected(str(exc), reason="bad_record") from None
     return RegistryEntry(record, signed, rotations)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from iac.errors import ErrorCode, FrameTooLarge, IacError, Refusal
+from iac.errors import ErrorCode, IacError, ProtocolError, Refusal
 from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
 from iac.node.pipeline import Item
@@ -114,7 +114,9 @@ class Answers:
         self._remember(item.key, ans)
         try:
             await self._outbox.send_to(sender, ans, item.conn)
-        except FrameTooLarge as exc:
+        except ProtocolError as exc:
+            if exc.reason != "frame_too_large":
+                raise
             # Never lost in silence: the caller gets ERROR internal at once, this side logs it.
             self.cache.pop(item.key, None)
             self._c.answers_too_large += 1

@@ -56,10 +56,6 @@ def _qualname(func: Callable[..., Any]) -> str:
     return str(getattr(func, "__qualname__", None) or repr(func))
 
 
-class _NotJson(Exception):
-    """A streaming handler yielded a value that is not JSON."""
-
-
 class Dispatcher:
     """Runs handlers for delivered messages and answers with their outcome."""
 
@@ -241,7 +237,10 @@ class Dispatcher:
             try:
                 text = dumps(value)
             except (TypeError, ValueError) as exc:
-                raise _NotJson(str(exc)) from None
+                # answered as a handler's chosen error: internal, with the reason
+                raise HandlerError(
+                    ErrorCode.INTERNAL, f"a part of the stream is not JSON: {exc}"[:200]
+                ) from None
             await out.wait_for(item.parts + 1)
             await self._answers.part(item, text)
 
@@ -269,8 +268,6 @@ class Dispatcher:
                 log.info("stream to %s… ended: its connection is gone", item.key[0][:16])
                 return
             await self._failed(item, TimeoutError())
-        except _NotJson as exc:
-            await self._outcome(item, ErrorCode.INTERNAL, f"a part of the stream is not JSON: {exc}"[:200])
         except Exception as exc:
             await self._failed(item, exc)
         else:

@@ -48,7 +48,6 @@ from iac.protocol.files import (
     ChunkHeader,
     FileReceiver,
     FileSender,
-    TooManyTransfers,
     TransferProgress,
     default_chunk_size,
     failure_ack,
@@ -397,7 +396,7 @@ class Files:
             parsed = parse_payload(msg.payload_json)
         except FileTransferError as exc:
             commit(self._clock.now_us())
-            await self._answers.refuse(item.conn, msg, Refusal.FILE_TRANSFER, f"{exc.name}: {exc}")
+            await self._answers.refuse(item.conn, msg, Refusal.FILE_TRANSFER, f"{exc.reason}: {exc}")
             return
         if isinstance(parsed, AckPayload):
             commit(self._clock.now_us())
@@ -433,8 +432,8 @@ class Files:
             commit(self._clock.now_us())
             self._c.refused[Refusal.FILE_TRANSFER.value] += 1
             if not exc.fatal:  # only this chunk: the sender sends it again after its timeout
-                code = ErrorCode.BUSY if isinstance(exc, TooManyTransfers) else ErrorCode.BAD_REQUEST
-                await self._answers.send_error(item.conn, origin, msg, code, f"{exc.name}: {exc}")
+                code = exc.row.error or ErrorCode.BAD_REQUEST  # busy for too_many_transfers
+                await self._answers.send_error(item.conn, origin, msg, code, f"{exc.reason}: {exc}")
                 return
             ack = failure_ack(exc, parsed.transfer_id)
         except DiskError as exc:

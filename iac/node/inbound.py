@@ -141,7 +141,7 @@ class Inbound:
         """Close a connection whose reading failed on this side (not the peer's fault), with
         INTERNAL_ERROR, so that the peer reconnects instead of waiting on a connection nobody
         reads; the node goes on serving every other one."""
-        name = exc.name
+        name = exc.reason
         peer = conn.peer.agent_id
         log.warning("closing the connection from %s…: %s: %s", peer[:16], name, exc,
                     extra={"peer": peer[:16], "transport": conn.peer.transport, "reason": name,

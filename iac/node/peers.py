@@ -8,7 +8,7 @@ import contextlib
 import inspect
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, LocalError, TransportError
@@ -61,6 +61,7 @@ class Peers:
         self.table = ConnectionTable(identity.agent_id)
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._dialer: Dialer | None = None
+        self._transport: TransportConfig | None = None
         self._live: set[str] = set()
         #: (peer, instance) pairs already logged as a second live process with one key: one line
         #: each (bounded: cleared when full).
@@ -88,6 +89,16 @@ class Peers:
             for lst in self._quic_listeners():
                 lst.check_dial()  # ConfigError on a QUIC library other than aioquic 1.7
         self._dialer = Dialer(self.identity, transport, dial_fn=self._dial_one)
+        self._transport = transport
+        self._prepare(url for urls in self.book.values() for url in urls)
+
+    def _prepare(self, urls: Iterable[str]) -> None:
+        """Build what the first dial of a TLS address would (its SSL context), so that the first
+        request of a process costs what a later dial does."""
+        if self._transport is not None and any(u.startswith("tls://") for u in urls):
+            from iac.transport.tls import prepare_dial
+
+            prepare_dial(self.identity, self._transport)
 
     def _quic_listeners(self) -> list[Any]:
         return [lst for lst in self.listeners if hasattr(lst, "can_dial")]
@@ -113,6 +124,7 @@ class Peers:
             parse_address(url)
         known = self.book.setdefault(agent_id, [])
         known.extend(u for u in urls if u not in known)
+        self._prepare(urls)
 
     def add_route(self, dest: str, via: str) -> None:
         check_agent_id(dest)

@@ -72,13 +72,10 @@ class Out:
         self.early = early
 
 
-class _Expired(Exception):
-    """A request's timer fired before its answer came (becomes :class:`RequestTimeout`)."""
-
-
 def _expire(future: asyncio.Future[Any]) -> None:
+    """A request's timer fired before its answer came (becomes :class:`RequestTimeout`)."""
     if not future.done():
-        future.set_exception(_Expired())
+        future.set_exception(TimeoutError())
 
 
 class Pending:
@@ -214,14 +211,14 @@ class Pending:
             )
             out = self._track(peer, msg, reliable=ack, is_request=True, via=via, early=early)
             await self._first_send(out)
-            # One timer instead of wait_for(shield(...)): on expiry it fails the future with _Expired.
+            # One timer instead of wait_for(shield(...)): on expiry it fails the future with TimeoutError.
             # A cancelled caller cancels the future itself; the out stays tracked until `finally`,
             # which is how the handler below tells "not answered yet" (send CANCEL) from answered.
             if not out.future.done():
                 timer = loop.call_later(left, _expire, out.future)
             result: Reply = await out.future
             return result
-        except (_Expired, TimeoutError):
+        except TimeoutError:
             if out is not None:
                 self._tasks.spawn(self._send_cancel(out))
             raise RequestTimeout(f"no answer from {peer[:16]}… within {timeout:g} s") from None

@@ -19,12 +19,10 @@ from typing import Any
 
 from iac.errors import (
     IacError,
-    Impersonation,
     LocalError,
+    MessageRejected,
+    ProtocolError,
     Refusal,
-    ReplayStoreFull,
-    SealHeaderMismatch,
-    StaleMessage,
     StoreUnavailable,
 )
 from iac.node.config import NodeConfig
@@ -134,14 +132,15 @@ class ReceivePipeline:
         """A MESSAGE frame's body: the field-8 scan, parse, ``from`` and signature (raise
         :class:`~iac.errors.MessageRejected` for a well-formed message that fails them, another
         :class:`~iac.errors.ProtocolError` for a malformed one); then the sender must be the peer
-        whose HELLO proved this connection (:class:`~iac.errors.Impersonation`: other origins travel
+        whose HELLO proved this connection (``impersonation``: other origins travel
         inside FORWARD)."""
         msg = open_message(body)
         sender = sender_of(msg)
         if sender != peer:
-            raise Impersonation(
+            raise ProtocolError(
                 f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
-                f"{peer[:16]}… (other origins travel inside FORWARD)"
+                f"{peer[:16]}… (other origins travel inside FORWARD)",
+                reason="impersonation",
             )
         return msg
 
@@ -155,7 +154,7 @@ class ReceivePipeline:
         guard = self.store.guard
         try:
             guard.check_fresh(msg.timestamp, now)
-        except StaleMessage as exc:
+        except MessageRejected as exc:
             retried = bool(msg.flags & FLAG_ACK_REQUESTED)
             if abs(now - msg.timestamp) > guard.store.max_skew_us:
                 # An ACK_REQUESTED message is not answered: its sender retransmits, each copy
@@ -185,7 +184,7 @@ class ReceivePipeline:
         if isinstance(verdict, IacError):
             if is_response and isinstance(verdict, StoreUnavailable):
                 return self._response(msg, sender)  # unmarked: the pending table takes one answer only
-            if isinstance(verdict, ReplayStoreFull):
+            if verdict.reason == Refusal.REPLAY_STORE_FULL:
                 return Refuse(Refusal.REPLAY_STORE_FULL, str(verdict), answer)
             # A plain request gets ``busy`` now; an ACK_REQUESTED message is retransmitted by its sender.
             retried = bool(msg.flags & FLAG_ACK_REQUESTED)
@@ -249,10 +248,9 @@ class ReceivePipeline:
         ``payload_json`` and ``extra_data`` (``sealed`` emptied)."""
         try:
             text, extra = open_sealed(self.identity, msg)
-        except SealHeaderMismatch as exc:
-            return msg, (Refusal.SEALED_HEADER, str(exc))
         except IacError as exc:
-            return msg, (Refusal.UNSEAL_FAILED, str(exc))
+            refusal = Refusal.SEALED_HEADER if exc.reason == Refusal.SEALED_HEADER else Refusal.UNSEAL_FAILED
+            return msg, (refusal, str(exc))
         clear = Message()
         clear.CopyFrom(msg)
         clear.sealed = b""

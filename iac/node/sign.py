@@ -9,7 +9,7 @@ without the GIL, so a second core does the Ed25519 while the loop goes on. After
 ``idle_turns`` batches in a row too small to send, it goes back to signing on the loop.
 
 A worker that cannot take work hands signing back to the loop; a batch whose job raised fails
-its senders with :class:`~iac.errors.WorkerFailed`. Order is kept: batches finish in the order
+its senders with ``worker_failed``. Order is kept: batches finish in the order
 they were made (one worker thread, and a small batch waits behind a batch still out), and each
 batch wakes its senders in the order they signed, so what one connection sends leaves in the
 order it was signed. The protobuf message itself never leaves the loop: the worker signs its
@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Sequence
 from functools import partial
 
-from iac.errors import ConfigError, WorkerFailed
+from iac.errors import ConfigError, LocalError
 from iac.node.verify import CryptoWorker
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.identity import Domain, Identity
@@ -106,7 +106,9 @@ class Signer:
         assert self.worker is not None
         try:
             job = self.worker.submit("signing", sign_all, self.identity, [data for data, _ in batch])
-        except WorkerFailed:  # it cannot take work: sign this batch here (later ones too: sign())
+        except LocalError as exc:  # it cannot take work: sign this batch here (later ones too: sign())
+            if exc.reason != "worker_failed":
+                raise
             for data, fut in batch:
                 if not fut.done():
                     fut.set_result(self.identity.sign(Domain.MESSAGE, data))
@@ -119,18 +121,21 @@ class Signer:
     def _done(self, batch: _Batch, job: asyncio.Future[list[bytes]]) -> None:
         self._out -= 1
         if job.cancelled():
-            self._fail(batch, WorkerFailed("the signing worker was shut down"))
+            self._fail(batch, LocalError("the signing worker was shut down", reason="worker_failed"))
             return
         exc = job.exception()
         if exc is not None:
-            self._fail(batch, WorkerFailed(f"the signing worker failed: {type(exc).__name__}: {exc}"))
+            self._fail(
+                batch,
+                LocalError(f"the signing worker failed: {type(exc).__name__}: {exc}", reason="worker_failed"),
+            )
             return
         for (_, fut), signature in zip(batch, job.result(), strict=True):
             if not fut.done():
                 fut.set_result(signature)
 
     @staticmethod
-    def _fail(batch: _Batch, exc: WorkerFailed) -> None:
+    def _fail(batch: _Batch, exc: LocalError) -> None:
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(exc)

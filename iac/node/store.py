@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import IacError, StoreUnavailable, WorkerFailed
+from iac.errors import IacError, LocalError, StoreUnavailable
 from iac.node.types import Key
 from iac.protocol.clock import Clock
 from iac.protocol.replay import ReplayGuard, Verdict
@@ -155,7 +155,7 @@ class StoreRunner:
                     verdict = call(sender, session_id, msg_id, now)
                 else:
                     verdict = call(sender, session_id, msg_id, now, via=c.via)
-            except IacError as exc:  # StoreUnavailable, ReplayStoreFull: typed by the store
+            except IacError as exc:  # StoreUnavailable, replay_store_full: typed by the store
                 if isinstance(exc, StoreUnavailable):
                     self.failures += 1
                 out.append(exc)
@@ -207,7 +207,9 @@ class StoreRunner:
         try:
             job = asyncio.get_running_loop().run_in_executor(self._pool_or_new(), fn, *args)
         except (RuntimeError, concurrent.futures.BrokenExecutor) as exc:
-            raise WorkerFailed(f"the replay-store worker cannot take work: {exc}") from exc
+            raise LocalError(
+                f"the replay-store worker cannot take work: {exc}", reason="worker_failed"
+            ) from exc
         return await job
 
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from iac.errors import ConfigError, IacError, RemoteError, RequestTimeout, StreamOverrun
+from iac.errors import ConfigError, IacError, MessageRejected, RemoteError, RequestTimeout
 from iac.node.observe import Observers
 from iac.node.outbox import Outbox
 from iac.node.pending import Pending
@@ -57,7 +57,9 @@ class StreamIn:
         if seq < self.next_seq or seq in self.held:
             return  # a duplicate: the replay window stops these first
         if seq > self.granted + 1:  # beyond the credit (+1: the END or ERROR that closes it)
-            self.fail(StreamOverrun(f"part {seq} came with credit for {self.granted}"))
+            self.fail(
+                MessageRejected(f"part {seq} came with credit for {self.granted}", reason="stream_overrun")
+            )
             return
         if msg.flags & FLAG_END:
             self.end_seq = seq

@@ -7,7 +7,7 @@ core while the loop goes on with the transport. A lone frame is opened (and a lo
 :mod:`iac.node.sign`) right on the loop: a thread hop would cost more than the operation. Results
 come back in the order of the frames. A worker that cannot take work (shut down, or its thread
 could not start) hands Ed25519 back to the loop, with a warning; a job that raised is a
-:class:`~iac.errors.WorkerFailed` for the caller (the read loop closes that connection with
+``worker_failed`` for the caller (the read loop closes that connection with
 INTERNAL_ERROR), never a wait without end.
 """
 
@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from iac.errors import IacError, WorkerFailed
+from iac.errors import IacError, LocalError
 from iac.node.pipeline import ReceivePipeline
 from iac.wire._pb.iac_pb2 import Message
 
@@ -56,9 +56,9 @@ class CryptoWorker:
         return not (self._closed or self._broken)
 
     def submit(self, what: str, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        """Run ``fn(*args)`` on the thread; :class:`WorkerFailed` if it cannot take work."""
+        """Run ``fn(*args)`` on the thread; ``worker_failed`` if it cannot take work."""
         if self._closed:
-            raise WorkerFailed(f"the {what} worker cannot take work: it was shut down")
+            raise LocalError(f"the {what} worker cannot take work: it was shut down", reason="worker_failed")
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iac-crypto")
         try:
@@ -67,17 +67,19 @@ class CryptoWorker:
             if not self._broken:
                 log.warning("the %s worker cannot take work (%s): Ed25519 runs on the event loop", what, exc)
             self._broken = True
-            raise WorkerFailed(f"the {what} worker cannot take work: {exc}") from exc
+            raise LocalError(f"the {what} worker cannot take work: {exc}", reason="worker_failed") from exc
 
     async def run(self, what: str, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(*args)`` on the thread and wait for it; whatever it raises is a WorkerFailed."""
+        """Run ``fn(*args)`` on the thread and wait for it; whatever it raises is a worker_failed."""
         job = self.submit(what, fn, *args)
         try:
             return await job
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise WorkerFailed(f"the {what} worker failed: {type(exc).__name__}: {exc}") from exc
+            raise LocalError(
+                f"the {what} worker failed: {type(exc).__name__}: {exc}", reason="worker_failed"
+            ) from exc
 
     def close(self) -> None:
         self._closed = True

@@ -16,7 +16,7 @@ Two orders exist:
 
 HELLOs are signed by role (``iac-hello-client-v1`` / ``iac-hello-server-v1``), so a
 HELLO reflected back at its sender fails its signature check. Every check raises
-a :class:`~iac.errors.HandshakeError` subclass whose ``close_code`` is what the
+a :class:`~iac.errors.HandshakeError` (its ``reason`` says which check) whose ``close_code`` is what the
 refusing side sends in GOAWAY; :func:`error_from_close` turns that code back into
 the same class on the other side.
 
@@ -34,19 +34,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from iac.errors import (
-    AdmissionDenied,
-    ChannelBindingMismatch,
+    REASONS,
     CloseCode,
     ConfigError,
     ConnectionClosed,
     HandshakeError,
-    HelloSignatureInvalid,
     IacError,
     MessageRejected,
-    ReplayedHello,
-    StaleHello,
-    UnexpectedHello,
-    WrongPeer,
 )
 from iac.protocol.nonces import DEFAULT_MAX_SKEW_US, DEFAULT_NONCE_CACHE_SIZE, NonceCache, NonceStore
 from iac.wire._pb.iac_pb2 import GoAway, Hello
@@ -175,8 +169,8 @@ def _finish(identity: Identity, draft: HelloDraft, hook: HelloHook | None) -> by
 def _open(data: bytes, role_of_sender: Role) -> Hello:
     try:
         return open_hello(data, role_of_sender.domain)
-    except MessageRejected as exc:  # BadSignature, InvalidAgentId
-        raise HelloSignatureInvalid(f"{role_of_sender.value} HELLO: {exc}") from None
+    except MessageRejected as exc:  # bad_signature, invalid_agent_id
+        raise HandshakeError(f"{role_of_sender.value} HELLO: {exc}", reason="hello_bad_signature") from None
 
 
 def _check_common(hello: Hello, *, now_us: int, max_skew_us: int, binding: bytes, sender: Role) -> None:
@@ -184,16 +178,18 @@ def _check_common(hello: Hello, *, now_us: int, max_skew_us: int, binding: bytes
         raise HandshakeError(f"unsupported protocol version {hello.version} (this side speaks 1)")
     skew = hello.timestamp - now_us
     if abs(skew) > max_skew_us:
-        raise StaleHello(
+        raise HandshakeError(
             f"{sender.value} HELLO timestamp is {skew / 1e6:+.1f} s from this side's clock "
-            f"(max {max_skew_us / 1e6:.0f} s)"
+            f"(max {max_skew_us / 1e6:.0f} s)",
+            reason="stale_hello",
         )
     if len(hello.nonce) != NONCE_SIZE:
         raise HandshakeError(f"HELLO nonce is {len(hello.nonce)} bytes, not {NONCE_SIZE}")
     if not secrets.compare_digest(hello.channel_binding, binding):
-        raise ChannelBindingMismatch(
+        raise HandshakeError(
             f"{sender.value} HELLO is bound to another certificate than this connection's "
-            "(a relay in the middle?)"
+            "(a relay in the middle?)",
+            reason="channel_binding_mismatch",
         )
     if hello.max_frame_size and hello.max_frame_size < 1024:
         raise HandshakeError(f"HELLO announces max_frame_size {hello.max_frame_size}, below 1024")
@@ -224,7 +220,7 @@ class _Base:
     def _open_checked(self, data: bytes, now_us: int, sender: Role) -> Hello:
         """The peer's HELLO, once: signature in ``sender``'s domain and the checks both sides share."""
         if self.peer_hello is not None:
-            raise UnexpectedHello("a second HELLO on this connection")
+            raise HandshakeError("a second HELLO on this connection", reason="unexpected_hello")
         hello = _open(data, sender)
         _check_common(hello, now_us=now_us, max_skew_us=self.max_skew_us, binding=self.binding, sender=sender)
         return hello
@@ -263,12 +259,18 @@ class ClientHandshake(_Base):
     def receive(self, data: bytes, now_us: int) -> bytes | None:
         hello = self._open_checked(data, now_us, Role.SERVER)
         if self.expect is not None and hello.agent_id != self.expect:
-            raise WrongPeer(f"dialed {self.expect[:16]}…, but the peer is {hello.agent_id[:16]}…")
+            raise HandshakeError(
+                f"dialed {self.expect[:16]}…, but the peer is {hello.agent_id[:16]}…", reason="wrong_peer"
+            )
         if self.order is HelloOrder.CLIENT_FIRST:
             if not secrets.compare_digest(hello.peer_nonce, self.nonce):
-                raise ReplayedHello("server HELLO does not echo this connection's client nonce")
+                raise HandshakeError(
+                    "server HELLO does not echo this connection's client nonce", reason="replayed_hello"
+                )
             if hello.peer_agent_id != self.identity.agent_id:
-                raise WrongPeer("server HELLO names another client in peer_agent_id")
+                raise HandshakeError(
+                    "server HELLO names another client in peer_agent_id", reason="wrong_peer"
+                )
             self.peer_hello = hello
             return None
         if hello.peer_nonce:
@@ -318,23 +320,31 @@ class ServerHandshake(_Base):
         me = self.identity.agent_id
         if self.order is HelloOrder.SERVER_FIRST:
             if hello.peer_agent_id != me:
-                raise WrongPeer("client HELLO does not name this node in peer_agent_id")
+                raise HandshakeError(
+                    "client HELLO does not name this node in peer_agent_id", reason="wrong_peer"
+                )
             if not secrets.compare_digest(hello.peer_nonce, self.nonce):
-                raise ReplayedHello("client HELLO does not echo this connection's server nonce")
+                raise HandshakeError(
+                    "client HELLO does not echo this connection's server nonce", reason="replayed_hello"
+                )
         else:
             if hello.peer_agent_id and hello.peer_agent_id != me:
-                raise WrongPeer(f"client dialed {hello.peer_agent_id[:16]}…, this node is {me[:16]}…")
+                raise HandshakeError(
+                    f"client dialed {hello.peer_agent_id[:16]}…, this node is {me[:16]}…", reason="wrong_peer"
+                )
             if hello.peer_nonce:
                 raise HandshakeError("a client HELLO that goes first carries no peer_nonce")
         if self.admission is not None and not self.admission(hello.agent_id):
-            raise AdmissionDenied(f"{hello.agent_id[:16]}… is not admitted by this node's policy")
+            raise HandshakeError(
+                f"{hello.agent_id[:16]}… is not admitted by this node's policy", reason="admission_denied"
+            )
         return hello
 
     def accept(self, hello: Hello, data: bytes, now_us: int) -> bytes | None:
         """Accept a HELLO that passed :meth:`check` and whose nonce is recorded; return the
         answer (CLIENT_FIRST) or None."""
         if self.peer_hello is not None:
-            raise UnexpectedHello("a second HELLO on this connection")
+            raise HandshakeError("a second HELLO on this connection", reason="unexpected_hello")
         self.peer_hello = hello
         if self.order is HelloOrder.SERVER_FIRST:
             return None
@@ -354,18 +364,9 @@ class ServerHandshake(_Base):
 
 # --- GOAWAY and close codes -------------------------------------------------------------------
 
-_HANDSHAKE_ERRORS: dict[int, type[HandshakeError]] = {
-    cls.close_code: cls
-    for cls in (
-        HandshakeError,
-        HelloSignatureInvalid,
-        WrongPeer,
-        StaleHello,
-        ReplayedHello,
-        ChannelBindingMismatch,
-        AdmissionDenied,
-        UnexpectedHello,
-    )
+#: The reason of each close code that means "the handshake was refused".
+_HANDSHAKE_REASONS: dict[int, str] = {
+    r.close: r.name for r in REASONS.values() if r.cls is HandshakeError and r.close is not None
 }
 
 
@@ -395,11 +396,11 @@ def error_from_close(code: int, reason: str, *, during_handshake: bool = False) 
 
     A handshake refusal (one of the HELLO close codes) becomes the same
     :class:`HandshakeError` subclass the refusing side raised; anything else is a
-    :class:`ConnectionClosed` carrying ``code`` and ``reason``.
+    :class:`ConnectionClosed` carrying ``code`` and ``peer_reason``.
     """
-    cls = _HANDSHAKE_ERRORS.get(code)
-    if cls is not None:
-        err: IacError = cls(f"peer refused the handshake ({cls.name}): {reason}")
+    name = _HANDSHAKE_REASONS.get(code)
+    if name is not None:
+        err: IacError = HandshakeError(f"peer refused the handshake ({name}): {reason}", reason=name)
     else:
         where = "during the handshake" if during_handshake else ""
         text = f"peer closed the connection {where} ({close_code_name(code)})".replace("  ", " ")
@@ -409,7 +410,7 @@ def error_from_close(code: int, reason: str, *, during_handshake: bool = False) 
 
 def handshake_codes() -> Sequence[int]:
     """Close codes that mean "the handshake was refused"."""
-    return sorted(_HANDSHAKE_ERRORS)
+    return sorted(_HANDSHAKE_REASONS)
 
 
 __all__ = [

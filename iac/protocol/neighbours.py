@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from iac.errors import RegistryQuota
+from iac.errors import MessageRejected
 from iac.protocol.record_store import KeyState, RecordStoreTx
 
 
@@ -22,7 +22,7 @@ from iac.protocol.record_store import KeyState, RecordStoreTx
 class RegistryStats:
     """What a :class:`RegistryState` refused or evicted for the neighbour bounds."""
 
-    #: publishes of new keys refused: their neighbour's quota was spent (:class:`RegistryQuota`)
+    #: publishes of new keys refused: their neighbour's quota was spent (``registry_quota``)
     quota_refused: int = 0
     #: records a direct publish evicted (brought in through the neighbour that brought in most)
     evicted: int = 0
@@ -52,11 +52,12 @@ class Neighbours:
         self.lock = threading.Lock()
 
     def check(self, via: str | None, now_us: int) -> None:
-        """Raise :class:`RegistryQuota` if ``via`` (None: a direct publish) spent its quota."""
+        """Raise ``registry_quota`` if ``via`` (None: a direct publish) spent its quota."""
         if via is not None and self.tokens(via, now_us) < 1:
-            raise RegistryQuota(
+            raise MessageRejected(
                 f"neighbour {via[:16]}… brought in {self.quota} new keys within "
-                f"{self.period_us // 1_000_000} s (forwarded_keys); publish directly"
+                f"{self.period_us // 1_000_000} s (forwarded_keys); publish directly",
+                reason="registry_quota",
             )
 
     def run(
@@ -68,8 +69,9 @@ class Neighbours:
         with self.lock:
             try:
                 new = publish()
-            except RegistryQuota:
-                self.stats.quota_refused += 1
+            except MessageRejected as exc:
+                if exc.reason == "registry_quota":
+                    self.stats.quota_refused += 1
                 raise
             for victim in evicted:
                 self.forget(victim)

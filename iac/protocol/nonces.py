@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from typing import Protocol, runtime_checkable
 
-from iac.errors import ConfigError, HandshakeError, ReplayedHello
+from iac.errors import ConfigError, HandshakeError
 
 DEFAULT_MAX_SKEW_US = 60_000_000
 #: Nonces remembered at most (the cache refuses new HELLOs rather than forget early).
@@ -37,7 +37,7 @@ class NonceStore(Protocol):
     def check_and_add(self, nonce: bytes, now_us: int, *, max_skew_us: int | None = None) -> None:
         """Record ``nonce`` until ``now_us + 2 × max_skew``, atomically.
 
-        Raises :class:`~iac.errors.ReplayedHello` if it is already recorded, and
+        Raises ``replayed_hello`` if it is already recorded, and
         :class:`~iac.errors.HandshakeError` (``busy``) when the store is full of
         unexpired nonces. ``max_skew_us``: the handshake's skew (the store keeps a
         nonce for twice the larger of it and its own ``max_skew_us``).
@@ -85,10 +85,12 @@ class NonceCache:
             self._seen.pop(nonce, None)
 
     def check_and_add(self, nonce: bytes, now_us: int, *, max_skew_us: int | None = None) -> None:
-        """Record ``nonce``; :class:`ReplayedHello` if it was seen within the window."""
+        """Record ``nonce``; ``replayed_hello`` if it was seen within the window."""
         self.expire(now_us)
         if nonce in self._seen:
-            raise ReplayedHello("HELLO nonce was already used within the freshness window")
+            raise HandshakeError(
+                "HELLO nonce was already used within the freshness window", reason="replayed_hello"
+            )
         if len(self._seen) >= self.max_entries:
             raise nonce_busy(self.max_entries)
         skew = self.max_skew_us if max_skew_us is None else max(self.max_skew_us, max_skew_us)

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import BadRecord, ConfigError, InvalidAgentId, RecordExpired
+from iac.errors import ConfigError, MessageRejected
 from iac.protocol.canonical import (
     HEX64_RE,
     MAX_SAFE_INT,  # re-exported for importers not yet updated
     SignedPayload,
     as_bad_record,
+    bad_record,
     canonical_json,
     check_fields,
     check_int,
@@ -128,7 +130,7 @@ def is_ip_address(value: str) -> bool:
     return m is not None and is_address(value) and is_ip_literal(m.group(2))
 
 
-def _check_candidate(kind: Any, value: Any, exc: type[Exception]) -> None:
+def _check_candidate(kind: Any, value: Any, exc: Callable[[str], Exception]) -> None:
     if kind not in CANDIDATE_KINDS:
         raise exc(f"candidate kind must be one of {', '.join(CANDIDATE_KINDS)}: {kind!r:.40}")
     if kind == "relay":
@@ -138,7 +140,7 @@ def _check_candidate(kind: Any, value: Any, exc: type[Exception]) -> None:
         raise exc(f"a {kind} candidate is a quic:// or tls:// address: {value!r:.80}")
 
 
-def _check_unique(name: str, values: tuple[str, ...], exc: type[Exception]) -> None:
+def _check_unique(name: str, values: tuple[str, ...], exc: Callable[[str], Exception]) -> None:
     if len(set(values)) != len(values):
         raise exc(f"{name} contains a repeated value")
 
@@ -146,9 +148,11 @@ def _check_unique(name: str, values: tuple[str, ...], exc: type[Exception]) -> N
 def _str_list(obj: dict[str, Any], key: str, limit: int) -> tuple[str, ...]:
     value = obj.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRecord(f"{key} must be an array of strings")
+        raise MessageRejected(f"{key} must be an array of strings", reason="bad_record")
     if len(value) > limit:
-        raise BadRecord(f"{key} has {len(value)} entries, over the limit of {limit}")
+        raise MessageRejected(
+            f"{key} has {len(value)} entries, over the limit of {limit}", reason="bad_record"
+        )
     return tuple(value)
 
 
@@ -162,7 +166,7 @@ class AgentRecord:
     ``aliases`` and ``capabilities`` are sets: they are stored sorted (the
     constructor sorts them) and may not repeat. ``addresses`` keep their order
     (the agent's preference) and may not repeat. A bad field raises
-    :class:`~iac.ConfigError`; the same fault in received bytes is :class:`BadRecord`.
+    :class:`~iac.ConfigError`; the same fault in received bytes is ``bad_record``.
     """
 
     agent_id: str
@@ -244,14 +248,18 @@ _RECORD_OPTIONAL = frozenset({"next_key_digest", "candidates"})
 def _candidates(obj: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     value = obj.get("candidates", [])
     if "candidates" in obj and (not isinstance(value, list) or not value):
-        raise BadRecord("candidates must be a non-empty array (left out when there are none)")
+        raise MessageRejected(
+            "candidates must be a non-empty array (left out when there are none)", reason="bad_record"
+        )
     if len(value) > MAX_CANDIDATES:
-        raise BadRecord(f"candidates has {len(value)} entries, over the limit of {MAX_CANDIDATES}")
+        raise MessageRejected(
+            f"candidates has {len(value)} entries, over the limit of {MAX_CANDIDATES}", reason="bad_record"
+        )
     out: list[tuple[str, str]] = []
     for item in value:
         if not isinstance(item, dict) or set(item) != {"kind", "value"}:
-            raise BadRecord('a candidate is {"kind": ..., "value": ...}')
-        _check_candidate(item["kind"], item["value"], BadRecord)
+            raise MessageRejected('a candidate is {"kind": ..., "value": ...}', reason="bad_record")
+        _check_candidate(item["kind"], item["value"], bad_record)
         out.append((item["kind"], item["value"]))
     return tuple(out)
 
@@ -262,15 +270,19 @@ def decode_record(data: bytes, *, max_size: int = MAX_RECORD_SIZE) -> AgentRecor
     check_fields(obj, _RECORD_REQUIRED, _RECORD_OPTIONAL, "record")
     agent_id = str_field(obj, "agent_id")
     if not is_agent_id(agent_id):
-        raise InvalidAgentId(f"record agent_id is not an AgentId: {agent_id!r:.80}")
+        raise MessageRejected(
+            f"record agent_id is not an AgentId: {agent_id!r:.80}", reason="invalid_agent_id"
+        )
     digest = obj.get("next_key_digest")
     if "next_key_digest" in obj and not isinstance(digest, str):
-        raise BadRecord("next_key_digest must be a string (left out when there is none)")
+        raise MessageRejected(
+            "next_key_digest must be a string (left out when there is none)", reason="bad_record"
+        )
     try:
         record = AgentRecord(
             agent_id=agent_id,
-            seq=check_int("seq", obj["seq"], BadRecord),
-            expires_us=check_int("expires_us", obj["expires_us"], BadRecord),
+            seq=check_int("seq", obj["seq"], bad_record),
+            expires_us=check_int("expires_us", obj["expires_us"], bad_record),
             aliases=_str_list(obj, "aliases", MAX_ALIASES),
             addresses=_str_list(obj, "addresses", MAX_ADDRESSES),
             capabilities=_str_list(obj, "capabilities", MAX_CAPABILITIES),
@@ -280,7 +292,7 @@ def decode_record(data: bytes, *, max_size: int = MAX_RECORD_SIZE) -> AgentRecor
     except ConfigError as exc:
         raise as_bad_record(exc) from None
     if record.encode() != bytes(data):
-        raise BadRecord("aliases and capabilities must be sorted arrays")
+        raise MessageRejected("aliases and capabilities must be sorted arrays", reason="bad_record")
     return record
 
 
@@ -307,14 +319,16 @@ def open_record(
 ) -> AgentRecord:
     """Verify a signed record and return it.
 
-    Order: size, canonical JSON and schema (:class:`BadRecord`,
-    :class:`~iac.InvalidAgentId`), expiry (:class:`RecordExpired` unless
+    Order: size, canonical JSON and schema (``bad_record``,
+    ``invalid_agent_id``), expiry (``record_expired`` unless
     ``expires_us > now_us``), signature by ``agent_id`` in ``iac-record-v1``
-    (:class:`~iac.BadSignature`). Whether ``seq`` is new is the registry's check.
+    (``bad_signature``). Whether ``seq`` is new is the registry's check.
     """
     record = decode_record(data, max_size=max_size)
     if record.expires_us <= now_us:
-        raise RecordExpired(f"record of {record.agent_id[:16]}… expired at {record.expires_us}")
+        raise MessageRejected(
+            f"record of {record.agent_id[:16]}… expired at {record.expires_us}", reason="record_expired"
+        )
     verify(record.agent_id, Domain.RECORD, bytes(data), signature_bytes(signature, "record signature"))
     return record
 

@@ -20,7 +20,7 @@ Rules (docs/PROTOCOL.md, "Registry rules"):
   as that key's stored record lists it (a newer record without it releases it),
   including ``hold_us`` after the record expires and while the key is revoked
   (so nobody can grab the name of a dead key). An ``alias_policy`` hook may grant
-  a taken alias to the claimant; otherwise :class:`AliasTaken`.
+  a taken alias to the claimant; otherwise ``alias_taken``.
 * **Rotation.** Signed by the old key and countersigned by the new one, ``seq``
   above the old key's, the new key matching the committed ``next_key_digest``
   (if any) and unknown to the registry. The old key's record, aliases and
@@ -32,7 +32,7 @@ Rules (docs/PROTOCOL.md, "Registry rules"):
   key at once (also a rotated key's grace). A revocation of a key the registry
   does not know is kept, so that key can never register later.
 * **Neighbours** (:mod:`iac.protocol.neighbours`). A neighbour brings in at most
-  ``forwarded_keys`` new keys an hour by FORWARD (:class:`RegistryQuota`); in a full registry
+  ``forwarded_keys`` new keys an hour by FORWARD (``registry_quota``); in a full registry
   a direct publish evicts a record brought in through the neighbour that brought in the most.
 * **Bounds.** ``max_keys`` rows (rotated and revoked keys count and are kept),
   records of at most ``max_record_size`` bytes, ``max_aliases``,
@@ -48,18 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from iac.errors import (
-    AliasTaken,
-    BadRecord,
-    CommitmentChanged,
-    ConfigError,
-    KeyRevoked,
-    KeyRotated,
-    RegistryFull,
-    RotationRefused,
-    StaleSeq,
-    UnknownAgent,
-)
+from iac.errors import ConfigError, MessageRejected
 from iac.protocol.neighbours import Neighbours, RegistryStats
 from iac.protocol.record_store import AgentRow, KeyState, MemoryRecordStore, RecordStore, RecordStoreTx
 from iac.protocol.records import (
@@ -139,7 +128,7 @@ class RegistryConfig:
     #: most rotations between a stored record and the key serving it
     max_rotation_chain: int = 8
     #: most new keys one neighbour may bring in by FORWARD (publishes it relayed for keys the
-    #: registry did not hold) per ``forwarded_keys_period_us``; beyond, :class:`RegistryQuota`
+    #: registry did not hold) per ``forwarded_keys_period_us``; beyond, ``registry_quota``
     forwarded_keys: int = 100
     forwarded_keys_period_us: int = 60 * _MINUTE_US
 
@@ -194,19 +183,19 @@ def verify_entry(entry: RegistryEntry, now_us: int) -> AgentRecord:
     rotation is signed by the key before it (and countersigned), follows its ``seq`` and, for the
     first one, matches the record's ``next_key_digest``; the served record is what they prove.
 
-    Returns ``entry.record``; raises :class:`BadRecord` (or the check's own error) otherwise.
+    Returns ``entry.record``; raises ``bad_record`` (or the check's own error) otherwise.
     """
     base = open_record(entry.signed.data, entry.signed.signature, now_us)
     current, digest, seq = base.agent_id, base.next_key_digest, base.seq
     for rotation in entry.rotations:
         statement = open_rotation(rotation, now_us, next_key_digest=digest)
         if statement.old_agent_id != current or statement.seq <= seq:
-            raise BadRecord("the rotations do not chain from the signed record")
+            raise MessageRejected("the rotations do not chain from the signed record", reason="bad_record")
         current, digest, seq = statement.new_agent_id, None, statement.seq
     served = entry.record
     expected = replace(base, agent_id=current, seq=seq, next_key_digest=digest, aliases=served.aliases)
     if served != expected or not set(served.aliases) <= set(base.aliases):
-        raise BadRecord("the served record is not the one its signatures prove")
+        raise MessageRejected("the served record is not the one its signatures prove", reason="bad_record")
     return served
 
 
@@ -252,9 +241,14 @@ class RegistryState:
             ("capabilities", record.capabilities, cfg.max_capabilities),
         ):
             if len(values) > limit:
-                raise BadRecord(f"{name}: {len(values)} entries, over this registry's limit of {limit}")
+                raise MessageRejected(
+                    f"{name}: {len(values)} entries, over this registry's limit of {limit}",
+                    reason="bad_record",
+                )
         if record.expires_us - now_us > cfg.max_ttl_us:
-            raise BadRecord(f"record lifetime is over this registry's limit of {cfg.max_ttl_us} µs")
+            raise MessageRejected(
+                f"record lifetime is over this registry's limit of {cfg.max_ttl_us} µs", reason="bad_record"
+            )
         row = AgentRow(
             agent_id=record.agent_id,
             seq=record.seq,
@@ -274,10 +268,15 @@ class RegistryState:
             old = tx.get(record.agent_id)
             if old is not None:
                 if record.seq <= old.seq:
-                    raise StaleSeq(f"seq {record.seq} is not above the stored {old.seq}")
+                    raise MessageRejected(
+                        f"seq {record.seq} is not above the stored {old.seq}", reason="stale_seq"
+                    )
                 _refuse_ended(old)
                 if old.next_key_digest and record.next_key_digest != old.next_key_digest:
-                    raise CommitmentChanged("a committed next_key_digest can only be used by a rotation")
+                    raise MessageRejected(
+                        "a committed next_key_digest can only be used by a rotation",
+                        reason="commitment_changed",
+                    )
             else:
                 self._neighbours.check(relayed, now_us)
                 self._make_room(tx, now_us, evicted if relayed is None else None)
@@ -292,7 +291,7 @@ class RegistryState:
                 if self._alias_policy is not None and self._alias_policy(alias, owner, record.agent_id):
                     losers.setdefault(owner, []).append(alias)
                     continue
-                raise AliasTaken(f"alias {alias!r} belongs to {owner[:16]}…")
+                raise MessageRejected(f"alias {alias!r} belongs to {owner[:16]}…", reason="alias_taken")
             for owner, lost in losers.items():
                 owner_row = tx.get(owner)
                 if owner_row is not None:
@@ -315,18 +314,28 @@ class RegistryState:
         def txn(tx: RecordStoreTx) -> RotationStatement:
             old = tx.get(statement.old_agent_id)
             if old is None:
-                raise UnknownAgent(f"no record of {statement.old_agent_id[:16]}…")
+                raise MessageRejected(f"no record of {statement.old_agent_id[:16]}…", reason="unknown_agent")
             if statement.seq <= old.seq:
-                raise StaleSeq(f"rotation seq {statement.seq} is not above the stored {old.seq}")
+                raise MessageRejected(
+                    f"rotation seq {statement.seq} is not above the stored {old.seq}", reason="stale_seq"
+                )
             if old.state is KeyState.ROTATED:
-                raise KeyRotated(f"{old.agent_id[:16]}… was already rotated")
+                raise MessageRejected(f"{old.agent_id[:16]}… was already rotated", reason="key_rotated")
             if old.state is KeyState.REVOKED and not old.next_key_digest:
-                raise KeyRevoked(f"{old.agent_id[:16]}… is revoked and committed to no successor")
+                raise MessageRejected(
+                    f"{old.agent_id[:16]}… is revoked and committed to no successor", reason="key_revoked"
+                )
             check_successor(statement, old.next_key_digest or None)
             if tx.get(statement.new_agent_id) is not None:
-                raise RotationRefused(f"the successor {statement.new_agent_id[:16]}… is already known")
+                raise MessageRejected(
+                    f"the successor {statement.new_agent_id[:16]}… is already known",
+                    reason="rotation_refused",
+                )
             if len(old.proof) >= cfg.max_rotation_chain:
-                raise RotationRefused(f"more than {cfg.max_rotation_chain} rotations since the last record")
+                raise MessageRejected(
+                    f"more than {cfg.max_rotation_chain} rotations since the last record",
+                    reason="rotation_refused",
+                )
             self._make_room(tx, now_us)
             capabilities = decode_record(old.record).capabilities if old.record else ()
             ended = min(statement.issued_us, now_us)
@@ -373,9 +382,11 @@ class RegistryState:
                 tx.put(AgentRow(revocation.agent_id, revocation.seq, KeyState.REVOKED, ended_us=ended))
                 return revocation
             if revocation.seq <= row.seq:
-                raise StaleSeq(f"revocation seq {revocation.seq} is not above the stored {row.seq}")
+                raise MessageRejected(
+                    f"revocation seq {revocation.seq} is not above the stored {row.seq}", reason="stale_seq"
+                )
             if row.state is KeyState.REVOKED:
-                raise KeyRevoked(f"{row.agent_id[:16]}… is already revoked")
+                raise MessageRejected(f"{row.agent_id[:16]}… is already revoked", reason="key_revoked")
             ended_at = min(row.ended_us, ended) if row.state is KeyState.ROTATED else ended
             # The record and aliases stay (reserved; a rotation to the committed successor
             # can still claim them); capabilities leave the index at once.
@@ -477,16 +488,18 @@ class RegistryState:
             return
         victim = self._neighbours.victim(tx) if evicted is not None else None
         if victim is None or evicted is None:
-            raise RegistryFull(f"the registry holds {self.config.max_keys} keys")
+            raise MessageRejected(f"the registry holds {self.config.max_keys} keys", reason="registry_full")
         tx.delete(victim)
         evicted.append(victim)
 
 
 def _refuse_ended(row: AgentRow) -> None:
     if row.state is KeyState.REVOKED:
-        raise KeyRevoked(f"{row.agent_id[:16]}… is revoked")
+        raise MessageRejected(f"{row.agent_id[:16]}… is revoked", reason="key_revoked")
     if row.state is KeyState.ROTATED:
-        raise KeyRotated(f"{row.agent_id[:16]}… was rotated to {row.successor[:16]}…")
+        raise MessageRejected(
+            f"{row.agent_id[:16]}… was rotated to {row.successor[:16]}…", reason="key_rotated"
+        )
 
 
 def _entry(row: AgentRow | None, now_us: int) -> RegistryEntry | None:

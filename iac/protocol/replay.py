@@ -7,7 +7,7 @@ A message is accepted once per ``(from, session_id, msg_id)``:
 
 * **Freshness** (:func:`check_freshness`): ``|now - timestamp| <= max_skew``,
   and a store without history (in-memory) also refuses a timestamp older than
-  its own start. Failing either raises :class:`~iac.StaleMessage`.
+  its own start. Failing either raises ``stale_message``.
 * **Window** (every :class:`ReplayStore`; the in-memory one is
   :class:`~iac.stores.memory.MemoryReplayStore`): per session, the highest msg_id seen
   and a bitmap of the ``window_size`` ids ending at it (bit ``i`` is id
@@ -20,13 +20,13 @@ A message is accepted once per ``(from, session_id, msg_id)``:
   timestamp at least ``max_skew`` old and is refused by freshness, so dropping
   the window re-opens nothing. Memory is bounded by active senders, with a hard
   cap (``max_sessions``): when it is reached and nothing has expired, a *new*
-  session is refused with :class:`ReplayStoreFull`; live windows are never
+  session is refused with ``replay_store_full``; live windows are never
   evicted, because evicting one would re-open its replays. So that one tenant
   cannot fill the cap, one sender, and one neighbour (the key whose HELLO
   proved the connection a message came on: a relay's FORWARDs count toward it),
   may hold at most ``ReplayConfig.tenant_sessions`` windows (1 % of
   ``max_sessions`` by default); a new session beyond that share is refused
-  with :class:`ReplayStoreFull` while other tenants' sessions are admitted.
+  with ``replay_store_full`` while other tenants' sessions are admitted.
 
 Check-and-set is one atomic call, either single-phase (:meth:`~ReplayStore.check_and_mark`)
 or two-phase (:meth:`~ReplayStore.reserve`, then :meth:`~ReplayStore.commit` once the
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
-from iac.errors import ConfigError, ReplayedMessage, StaleMessage
+from iac.errors import ConfigError, MessageRejected
 
 SERIAL_BITS = 64
 _MOD = 1 << SERIAL_BITS
@@ -118,7 +118,7 @@ class ReplayConfig:
             ``via`` of :meth:`ReplayStore.reserve`: the key whose HELLO proved the
             connection, so a relay's FORWARDs count toward it). None (default):
             1 % of ``max_sessions`` (:data:`DEFAULT_TENANT_SHARE_PERCENT`), at least 1.
-            A tenant over its share gets :class:`~iac.errors.ReplayStoreFull`
+            A tenant over its share gets ``replay_store_full``
             for a new session of its own while others' are admitted.
     """
 
@@ -168,25 +168,28 @@ class Verdict(Enum):
 def check_freshness(
     timestamp_us: int, now_us: int, max_skew_us: int, history_start_us: int | None = None
 ) -> None:
-    """Raise :class:`StaleMessage` unless the timestamp is fresh.
+    """Raise ``stale_message`` unless the timestamp is fresh.
 
     Fresh means ``|now_us - timestamp_us| <= max_skew_us`` and, for a store
     without history (``history_start_us`` is not None), ``timestamp_us >=
     history_start_us``.
     """
     if timestamp_us < now_us - max_skew_us:
-        raise StaleMessage(
-            f"timestamp {timestamp_us} is {now_us - timestamp_us} us in the past (max_skew {max_skew_us} us)"
+        raise MessageRejected(
+            f"timestamp {timestamp_us} is {now_us - timestamp_us} us in the past (max_skew {max_skew_us} us)",
+            reason="stale_message",
         )
     if timestamp_us > now_us + max_skew_us:
-        raise StaleMessage(
+        raise MessageRejected(
             f"timestamp {timestamp_us} is {timestamp_us - now_us} us in the future "
-            f"(max_skew {max_skew_us} us)"
+            f"(max_skew {max_skew_us} us)",
+            reason="stale_message",
         )
     if history_start_us is not None and timestamp_us < history_start_us:
-        raise StaleMessage(
+        raise MessageRejected(
             f"timestamp {timestamp_us} is before the replay store started ({history_start_us}); "
-            "it has no history to check it against"
+            "it has no history to check it against",
+            reason="stale_message",
         )
 
 
@@ -217,7 +220,7 @@ class ReplayStore(Protocol):
 
         A new session counts toward the share of ``sender`` and of ``via`` (the neighbour that
         delivered the message; None: the sender itself): over either,
-        :class:`~iac.errors.ReplayStoreFull` (``ReplayConfig.tenant_sessions``).
+        ``replay_store_full`` (``ReplayConfig.tenant_sessions``).
         """
         ...
 
@@ -298,7 +301,7 @@ class ReplayGuard:
     Freshness is checked first (cheap, and a stale message never creates a
     window); the skew and the history start come from the store, so the two
     cannot disagree. Methods return the store's :class:`Verdict`; use
-    :func:`require_new` to turn a refusal into :class:`~iac.ReplayedMessage`.
+    :func:`require_new` to turn a refusal into ``replayed_message``.
     """
 
     def __init__(self, store: ReplayStore) -> None:
@@ -309,7 +312,7 @@ class ReplayGuard:
         return self._store
 
     def check_fresh(self, timestamp_us: int, now_us: int) -> None:
-        """Raise :class:`~iac.StaleMessage` unless ``timestamp_us`` is fresh for this store."""
+        """Raise ``stale_message`` unless ``timestamp_us`` is fresh for this store."""
         check_freshness(timestamp_us, now_us, self._store.max_skew_us, self._store.history_start_us)
 
     def check_and_mark(
@@ -355,7 +358,7 @@ class ReplayGuard:
 
 
 def require_new(verdict: Verdict, sender: str = "", session_id: int = 0, msg_id: int = 0) -> None:
-    """Raise :class:`~iac.ReplayedMessage` for any verdict but NEW."""
+    """Raise ``replayed_message`` for any verdict but NEW."""
     if verdict is Verdict.NEW:
         return
     what = {
@@ -363,4 +366,4 @@ def require_new(verdict: Verdict, sender: str = "", session_id: int = 0, msg_id:
         Verdict.IN_PROGRESS: "already being handled",
         Verdict.TOO_OLD: "older than the replay window",
     }[verdict]
-    raise ReplayedMessage(f"message {sender}/{session_id}/{msg_id} {what}")
+    raise MessageRejected(f"message {sender}/{session_id}/{msg_id} {what}", reason="replayed_message")

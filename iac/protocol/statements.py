@@ -14,11 +14,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import BadRecord, ConfigError, UncommittedSuccessor
+from iac.errors import ConfigError, MessageRejected
 from iac.protocol.canonical import (
     PRINTABLE_RE,
     SignedPayload,
     as_bad_record,
+    bad_record,
     canonical_json,
     check_fields,
     check_int,
@@ -115,8 +116,8 @@ def decode_rotation(data: bytes) -> RotationStatement:
         return RotationStatement(
             old,
             new,
-            check_int("seq", obj["seq"], BadRecord),
-            check_int("issued_us", obj["issued_us"], BadRecord),
+            check_int("seq", obj["seq"], bad_record),
+            check_int("issued_us", obj["issued_us"], bad_record),
         )
     except ConfigError as exc:
         raise as_bad_record(exc) from None
@@ -133,15 +134,15 @@ def open_rotation(
 
     ``next_key_digest`` is what the old key's record committed to (``None`` when
     it committed to nothing; then any successor that countersigns is accepted).
-    Checks: schema (:class:`BadRecord`), ``issued_us`` not more than
-    ``max_skew_us`` in the future (:class:`BadRecord`), the successor's digest
-    (:class:`UncommittedSuccessor`), the old key's signature and the new key's
-    countersignature (:class:`~iac.BadSignature`). ``seq`` against the stored
+    Checks: schema (``bad_record``), ``issued_us`` not more than
+    ``max_skew_us`` in the future (``bad_record``), the successor's digest
+    (``uncommitted_successor``), the old key's signature and the new key's
+    countersignature (``bad_signature``). ``seq`` against the stored
     state is the caller's check.
     """
     statement = decode_rotation(signed.data)
     if statement.issued_us > now_us + max_skew_us:
-        raise BadRecord("rotation issued in the future")
+        raise MessageRejected("rotation issued in the future", reason="bad_record")
     check_successor(statement, next_key_digest)
     verify(
         statement.old_agent_id,
@@ -159,11 +160,12 @@ def open_rotation(
 
 
 def check_successor(statement: RotationStatement, next_key_digest: str | None) -> None:
-    """Raise :class:`UncommittedSuccessor` unless the successor matches the commitment (if any)."""
+    """Raise ``uncommitted_successor`` unless the successor matches the commitment (if any)."""
     if next_key_digest is not None and key_digest(statement.new_agent_id) != next_key_digest:
-        raise UncommittedSuccessor(
+        raise MessageRejected(
             f"{statement.old_agent_id[:16]}… committed to a successor other than "
-            f"{statement.new_agent_id[:16]}…"
+            f"{statement.new_agent_id[:16]}…",
+            reason="uncommitted_successor",
         )
 
 
@@ -226,8 +228,8 @@ def decode_revocation(data: bytes) -> Revocation:
     try:
         return Revocation(
             agent_id,
-            check_int("seq", obj["seq"], BadRecord),
-            check_int("issued_us", obj["issued_us"], BadRecord),
+            check_int("seq", obj["seq"], bad_record),
+            check_int("issued_us", obj["issued_us"], bad_record),
             str_field(obj, "reason"),
         )
     except ConfigError as exc:
@@ -240,7 +242,7 @@ def open_revocation(
     """Verify a revocation: schema, not issued in the future, signature by the revoked key."""
     revocation = decode_revocation(signed.data)
     if revocation.issued_us > now_us + max_skew_us:
-        raise BadRecord("revocation issued in the future")
+        raise MessageRejected("revocation issued in the future", reason="bad_record")
     verify(
         revocation.agent_id,
         Domain.REVOKE,

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from iac.errors import ReplayStoreFull
+from iac.errors import MessageRejected
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_u64, share_refusal
 
@@ -177,14 +177,17 @@ class MemoryReplayStore(StoreSettings):
         if w is None:
             via = sender if via is None else via
             if len(self._windows) >= self._config.max_sessions:
-                raise ReplayStoreFull(
+                raise MessageRejected(
                     f"replay store tracks {len(self._windows)} sessions (max_sessions); "
-                    "new session refused until one expires"
+                    "new session refused until one expires",
+                    reason="replay_store_full",
                 )
             cap = self._tenant_cap
             held_sender, held_via = self._by_sender.get(sender, 0), self._by_via.get(via, 0)
             if held_sender >= cap or held_via >= cap:
-                raise ReplayStoreFull(share_refusal(sender, via, held_sender, held_via, cap))
+                raise MessageRejected(
+                    share_refusal(sender, via, held_sender, held_via, cap), reason="replay_store_full"
+                )
             self._by_sender[sender] = held_sender + 1
             self._by_via[via] = held_via + 1
             w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us, via=via)

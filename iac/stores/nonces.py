@@ -2,7 +2,7 @@
 
 Both implement :class:`~iac.protocol.nonces.NonceStore` with the in-memory
 cache's semantics: a nonce is recorded until ``now + 2 × max_skew`` in one atomic
-check-and-set, a nonce already recorded is :class:`~iac.errors.ReplayedHello`,
+check-and-set, a nonce already recorded is ``replayed_hello``,
 and a store full of unexpired nonces refuses new ones (``busy``) rather than
 forget one early. Servers of a 0-RTT cluster (one identity, shared session
 tickets) must use one such store, or a replayed early flight sent to a second
@@ -21,7 +21,7 @@ import sqlite3
 import threading
 from typing import TYPE_CHECKING, Any
 
-from iac.errors import ConfigError, ReplayedHello, StoreUnavailable
+from iac.errors import ConfigError, HandshakeError, StoreUnavailable
 from iac.protocol.nonces import DEFAULT_MAX_SKEW_US, DEFAULT_NONCE_CACHE_SIZE, nonce_busy
 
 if TYPE_CHECKING:
@@ -80,7 +80,10 @@ class SqliteNonceCache:
                 try:
                     db.execute("DELETE FROM iac_hello_nonce WHERE expires_us <= ?", (now_us,))
                     if db.execute("SELECT 1 FROM iac_hello_nonce WHERE nonce = ?", (nonce,)).fetchone():
-                        raise ReplayedHello("HELLO nonce was already used within the freshness window")
+                        raise HandshakeError(
+                            "HELLO nonce was already used within the freshness window",
+                            reason="replayed_hello",
+                        )
                     (count,) = db.execute("SELECT count(*) FROM iac_hello_nonce").fetchone()
                     if count >= self.max_entries:
                         raise nonce_busy(self.max_entries)
@@ -181,7 +184,9 @@ class RedisNonceCache:
         ]
         code = int(self._call(self._script, [self._key], args))
         if code == 1:
-            raise ReplayedHello("HELLO nonce was already used within the freshness window")
+            raise HandshakeError(
+                "HELLO nonce was already used within the freshness window", reason="replayed_hello"
+            )
         if code == 2:
             raise nonce_busy(self.max_entries)
 

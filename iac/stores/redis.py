@@ -18,7 +18,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from iac.errors import ConfigError, ReplayStoreFull, StaleMessage, StoreUnavailable
+from iac.errors import ConfigError, MessageRejected, StoreUnavailable
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of
 from iac.stores.common import check_args, check_store_config, check_via, share_refusal
 from iac.stores.redis_scripts import CHECK, FRONTIER, RENEW
@@ -54,7 +54,7 @@ class RedisReplayStore(StoreSettings):
     * ``P:epoch`` — string, no TTL: when this prefix's history began (receiver
       clock, us). If it disappears (Redis restarted without persistence, or
       evicted it), the next call re-creates it, refuses its message with
-      :class:`~iac.StaleMessage` and :attr:`history_start_us` moves to then.
+      ``stale_message`` and :attr:`history_start_us` moves to then.
     * ``P:clock`` — string: the high-water mark of ``now_us`` (TTL ``2 * max_skew``).
     * ``P:sessions`` — sorted set of ``S`` scored by newest arrival: the live
       session count for ``max_sessions`` and expiry (TTL ``2 * max_skew``).
@@ -78,7 +78,7 @@ class RedisReplayStore(StoreSettings):
     snapshot and forget recent ids while ``P:epoch`` survives; use AOF
     (``appendonly yes``, ``appendfsync always``) or no persistence at all (the
     epoch check then covers the restart). ``maxmemory-policy noeviction`` is
-    recommended; a Redis out of memory refuses new ids with :class:`~iac.ReplayStoreFull`.
+    recommended; a Redis out of memory refuses new ids with ``replay_store_full``.
 
     Args:
         redis: a ``redis://`` URL or a ``redis.Redis`` client (synchronous). A
@@ -259,7 +259,7 @@ class RedisReplayStore(StoreSettings):
             return fn(*args)
         except self._errors.ResponseError as exc:
             if str(exc).startswith("OOM"):
-                raise ReplayStoreFull(f"Redis is out of memory: {exc}") from None
+                raise MessageRejected(f"Redis is out of memory: {exc}", reason="replay_store_full") from None
             raise StoreUnavailable(f"Redis refused the replay store's command: {exc}") from None
         except self._errors.RedisError as exc:
             raise StoreUnavailable(f"Redis replay store unavailable: {exc}") from None
@@ -314,17 +314,21 @@ class RedisReplayStore(StoreSettings):
         if code == _LOST:
             self._history_start_us = value
             if op in ("mark", "reserve"):
-                raise StaleMessage(
+                raise MessageRejected(
                     "the Redis replay store lost its history (restart without persistence, or eviction); "
-                    f"it starts again at {value} and cannot vouch for this message"
+                    f"it starts again at {value} and cannot vouch for this message",
+                    reason="stale_message",
                 )
         if code in (_SENDER_SHARE, _VIA_SHARE):
             held = (value, 0) if code == _SENDER_SHARE else (0, value)
-            raise ReplayStoreFull(share_refusal(sender, via, *held, self._config.tenant_sessions))
+            raise MessageRejected(
+                share_refusal(sender, via, *held, self._config.tenant_sessions), reason="replay_store_full"
+            )
         if code == _FULL:
-            raise ReplayStoreFull(
+            raise MessageRejected(
                 f"replay store tracks {self._config.max_sessions} sessions (max_sessions); "
-                "new session refused until one expires"
+                "new session refused until one expires",
+                reason="replay_store_full",
             )
         return code, value
 

@@ -7,7 +7,7 @@ ids ending at it, RFC 1982 serial arithmetic on 64 bits, two-phase
 reserve/commit/release, expiry ``2 * max_skew`` after the session's newest
 arrival (by the high-water mark of the ``now_us`` values the store was given, so
 a clock stepping back never expires a window early) and a hard cap of
-``max_sessions`` live windows (:class:`~iac.errors.ReplayStoreFull`). Each call
+``max_sessions`` live windows (``replay_store_full``). Each call
 is one ``BEGIN IMMEDIATE`` transaction, atomic across processes.
 
 What it adds over the in-memory store:
@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from iac.errors import ConfigError, ReplayStoreFull, StoreUnavailable
+from iac.errors import ConfigError, MessageRejected, StoreUnavailable
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_args, check_store_config, check_via, share_refusal
 
@@ -349,9 +349,10 @@ class SqliteReplayStore(StoreSettings):
         if st is None:
             (sessions,) = db.execute("SELECT sessions FROM iac_replay_state").fetchone()
             if sessions >= self._config.max_sessions:
-                raise ReplayStoreFull(
+                raise MessageRejected(
                     f"replay store tracks {sessions} sessions (max_sessions); "
-                    "new session refused until one expires"
+                    "new session refused until one expires",
+                    reason="replay_store_full",
                 )
             via = sender if via is None else via
             cap = self._config.tenant_sessions
@@ -359,7 +360,9 @@ class SqliteReplayStore(StoreSettings):
             (held_sender,) = db.execute(count + "sender = ?", (sender,)).fetchone()
             (held_via,) = db.execute(count + "via = ?", (via,)).fetchone()
             if held_sender >= cap or held_via >= cap:
-                raise ReplayStoreFull(share_refusal(sender, via, held_sender, held_via, cap))
+                raise MessageRejected(
+                    share_refusal(sender, via, held_sender, held_via, cap), reason="replay_store_full"
+                )
             st = _State(highest=msg_id, bitmap=0, last_seen_us=clock, pending={}, via=via)
             self._mark(st, msg_id, 0, clock, reserve)
             self._save(db, sender, session_id, st)

@@ -58,7 +58,7 @@ def unavailable() -> str | None:
 
 
 class LabError(RuntimeError):
-    """A step of building the lab failed (the message names it)."""
+    """A step of building the lab or a link failed (the message names it)."""
 
 
 def run(*argv: str, ns: str | None = None, check: bool = True) -> str:

@@ -81,6 +81,7 @@ from iac.testing.impair import Bottleneck as Bottleneck
 from iac.testing.impair import Impairer as Impairer
 from iac.testing.impair import ImpairStats as ImpairStats
 from iac.testing.impair import Shaper as Shaper
+from iac.testing.nat import LabError as LabError
 from iac.testing.nat import enter_netns
 from iac.testing.relay import Impairment
 
@@ -236,14 +237,10 @@ def unavailable() -> str | None:
     return None
 
 
-class LinkError(RuntimeError):
-    """The link could not be built (the message says which step failed)."""
-
-
 def _ip(*args: str) -> None:
     res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=False)
     if res.returncode != 0:
-        raise LinkError(f"`ip {' '.join(args)}` failed: {res.stderr.strip() or res.returncode}")
+        raise LabError(f"`ip {' '.join(args)}` failed: {res.stderr.strip() or res.returncode}")
 
 
 _LIVE: list[Link] = []
@@ -271,7 +268,7 @@ class Link:
         self.ns_a, self.ns_b = f"iacb{tag}a", f"iacb{tag}b"
         self.tun_a, self.tun_b = self.ns_a, self.ns_b
         if len(self.tun_a) > 15:
-            raise LinkError("tag too long for an interface name")
+            raise LabError("tag too long for an interface name")
         self.addr_a, self.addr_b = ADDR_A, ADDR_B
         self.seed = seed
         self.impairment = impairment or Impairment()
@@ -290,7 +287,7 @@ class Link:
     def start(self) -> None:
         reason = unavailable()
         if reason:
-            raise LinkError(reason)
+            raise LabError(reason)
         _LIVE.append(self)
         try:
             for ns, tun, addr in ((self.ns_a, self.tun_a, ADDR_A), (self.ns_b, self.tun_b, ADDR_B)):
@@ -321,7 +318,7 @@ class Link:
             )
             line = self._read_line(10.0)
             if not json.loads(line).get("ready"):
-                raise LinkError(f"forwarder did not start: {line!r}")
+                raise LabError(f"forwarder did not start: {line!r}")
         except BaseException:
             self.close()
             raise
@@ -329,19 +326,19 @@ class Link:
     def _read_line(self, timeout: float) -> str:
         fw = self.forwarder
         if fw is None or fw.stdout is None:
-            raise LinkError("no forwarder")
+            raise LabError("no forwarder")
         ready, _, _ = select.select([fw.stdout], [], [], timeout)
         if not ready:
-            raise LinkError("forwarder did not answer in time")
+            raise LabError("forwarder did not answer in time")
         line = fw.stdout.readline()
         if not line:
-            raise LinkError(f"forwarder exited (code {fw.poll()})")
+            raise LabError(f"forwarder exited (code {fw.poll()})")
         return line
 
     def _ask(self, cmd: dict[str, Any]) -> Any:
         fw = self.forwarder
         if fw is None or fw.stdin is None:
-            raise LinkError("no forwarder")
+            raise LabError("no forwarder")
         fw.stdin.write(json.dumps(cmd) + "\n")
         fw.stdin.flush()
         return json.loads(self._read_line(10.0))
@@ -380,7 +377,7 @@ class Link:
         self.procs.clear()
         self.forwarder = None
         for ns in reversed(self._made):
-            with contextlib.suppress(LinkError, OSError, subprocess.SubprocessError):
+            with contextlib.suppress(LabError, OSError, subprocess.SubprocessError):
                 _ip("netns", "del", ns)
         self._made.clear()
         if self in _LIVE:
@@ -469,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with Link(tag=f"c{os.getpid()}"):
                     pass
-            except LinkError as exc:
+            except LabError as exc:
                 reason = str(exc)
         print("available" if reason is None else f"unavailable: {reason}")
         return 0 if reason is None else 1

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from iac.errors import AdmissionDenied, ConfigError
+from iac.errors import ConfigError, HandshakeError
 from iac.protocol.handshake import channel_binding
 from iac.wire.private import write_private
 
@@ -262,18 +262,23 @@ def _ca_store(ca_file: str) -> Store:
 
 def verify_client_chain(chain: Sequence[bytes], ca_file: str, now: dt.datetime | None = None) -> None:
     """Check a client's certificate chain (DER, leaf first) against the CA in ``ca_file`` at
-    ``now``; :class:`AdmissionDenied` saying why when there is none or it does not verify."""
+    ``now``; ``admission_denied`` saying why when there is none or it does not verify."""
     if not chain:
-        raise AdmissionDenied("client certificate required: this node admits only certificates of its CA")
+        raise HandshakeError(
+            "client certificate required: this node admits only certificates of its CA",
+            reason="admission_denied",
+        )
     try:
         leaf, *rest = (x509.load_der_x509_certificate(der) for der in chain)
     except ValueError as exc:
-        raise AdmissionDenied(f"client certificate refused: cannot parse it ({exc})") from None
+        raise HandshakeError(
+            f"client certificate refused: cannot parse it ({exc})", reason="admission_denied"
+        ) from None
     verifier = PolicyBuilder().store(_ca_store(ca_file)).time(now or _now()).build_client_verifier()
     try:
         verifier.verify(leaf, rest)
     except VerificationError as exc:
-        raise AdmissionDenied(f"client certificate refused: {exc}") from None
+        raise HandshakeError(f"client certificate refused: {exc}", reason="admission_denied") from None
 
 
 def _write_private(path: Path, data: bytes, overwrite: bool) -> None:

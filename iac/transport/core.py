@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 
-from iac.errors import CloseCode, ConnectionClosed, IacError
+from iac.errors import CloseCode, ConnectionClosed, IacError, LocalError
 from iac.transport.queues import Inbox
 from iac.transport.session import PeerGoaway, SessionLogic, peer_closed_error
 
@@ -53,7 +53,7 @@ class Event(enum.Enum):
 
 
 #: The one transition table. A pair that is not here is a bug of the adapter
-#: (:class:`InvalidTransition`), never a state a connection gets into.
+#: (:class:`~iac.errors.LocalError`, reason ``invalid_transition``), never a state a connection gets into.
 TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.HANDSHAKING, Event.VERIFIED): State.OPEN,
     (State.HANDSHAKING, Event.CLOSE): State.CLOSING,
@@ -66,10 +66,6 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.CLOSED, Event.CLOSE): State.CLOSED,
     (State.CLOSED, Event.TERMINATED): State.CLOSED,
 }
-
-
-class InvalidTransition(RuntimeError):
-    """An adapter asked for a transition the table does not have (a bug, not a peer's fault)."""
 
 
 class Judged(enum.Enum):
@@ -186,7 +182,9 @@ class ConnectionCore:
         try:
             new = TRANSITIONS[(self._state, event)]
         except KeyError:
-            raise InvalidTransition(f"{event.value} in state {self._state.value}") from None
+            raise LocalError(
+                f"{event.value} in state {self._state.value}", reason="invalid_transition"
+            ) from None
         self._state = new
         self.closed = new is State.CLOSING or new is State.CLOSED
         self.ended = new is State.CLOSED
@@ -347,7 +345,6 @@ __all__ = [
     "TRANSITIONS",
     "ConnectionCore",
     "Event",
-    "InvalidTransition",
     "Judged",
     "State",
     "TimerEvent",

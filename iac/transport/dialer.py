@@ -153,7 +153,7 @@ def _failed(addr: Address, exc: BaseException, elapsed: float, timeout: float) -
         return Attempt(addr.url, addr.scheme, "timeout", f"no connection within {timeout:g} s", elapsed)
     if isinstance(exc, IacError):
         detail = str(exc).removeprefix(addr.url + ": ")
-        return Attempt(addr.url, addr.scheme, exc.name, detail, elapsed)
+        return Attempt(addr.url, addr.scheme, exc.reason, detail, elapsed)
     return Attempt(addr.url, addr.scheme, type(exc).__name__, str(exc), elapsed)
 
 

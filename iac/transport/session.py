@@ -28,8 +28,6 @@ import zstandard
 from google.protobuf.message import DecodeError
 
 from iac.errors import (
-    BadDictionary,
-    BufferExceeded,
     CloseCode,
     ConfigError,
     ConnectionClosed,
@@ -37,7 +35,6 @@ from iac.errors import (
     IacError,
     ProtocolError,
     StoreUnavailable,
-    UnexpectedHello,
 )
 from iac.protocol.clock import Clock
 from iac.protocol.handshake import (
@@ -258,11 +255,11 @@ def _cache_put(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
 
 
 def _dict_body(body: bytes, frame: str) -> Dict:
-    """The ``Dict`` message in a DICT or DICT_ACK frame body (:class:`BadDictionary` if it is not one)."""
+    """The ``Dict`` message in a DICT or DICT_ACK frame body (``bad_dictionary`` if it is not one)."""
     try:
         return Dict.FromString(body)
     except DecodeError:
-        raise BadDictionary(f"{frame} body is not a Dict message") from None
+        raise ProtocolError(f"{frame} body is not a Dict message", reason="bad_dictionary") from None
 
 
 class DictState:
@@ -308,7 +305,7 @@ class DictState:
                 frame = encode_frame(
                     FrameType.DICT, body.SerializeToString(), compress_with=base, max_frame_size=limit
                 )
-            except IacError:  # too large for the peer (FrameTooLarge) or for a dictionary (ConfigError)
+            except IacError:  # too large for the peer (frame_too_large) or for a dictionary (ConfigError)
                 return None
             cached = (derived, frame)
             _cache_put(_push_cache, key, cached)
@@ -322,26 +319,35 @@ class DictState:
         msg = _dict_body(body, "DICT")
         content = msg.content
         if len(content) > MAX_DICT_SIZE:
-            raise BadDictionary(f"pushed dictionary is {len(content)} bytes, above {MAX_DICT_SIZE}")
+            raise ProtocolError(
+                f"pushed dictionary is {len(content)} bytes, above {MAX_DICT_SIZE}", reason="bad_dictionary"
+            )
         if hashlib.sha256(content).digest() != msg.sha256:
-            raise BadDictionary("pushed dictionary does not match its sha256")
+            raise ProtocolError("pushed dictionary does not match its sha256", reason="bad_dictionary")
         known = self.decode.get(msg.dict_id)
         if known is None or known.sha256 != msg.sha256:
             if len(self.installed) >= MAX_PUSHED_DICTS:
-                raise BadDictionary(f"more than {MAX_PUSHED_DICTS} dictionaries pushed on one connection")
+                raise ProtocolError(
+                    f"more than {MAX_PUSHED_DICTS} dictionaries pushed on one connection",
+                    reason="bad_dictionary",
+                )
             d: Dictionary | None = _cache_get(_install_cache, msg.sha256)
             if d is None:
                 try:
                     d = Dictionary(content)
                 except (ConfigError, zstandard.ZstdError) as exc:
-                    raise BadDictionary(f"pushed dictionary refused: {exc}") from None
+                    raise ProtocolError(
+                        f"pushed dictionary refused: {exc}", reason="bad_dictionary"
+                    ) from None
                 _cache_put(_install_cache, msg.sha256, d)
             if d.dict_id != msg.dict_id:
-                raise BadDictionary(f"DICT names id {msg.dict_id}, its content has id {d.dict_id}")
+                raise ProtocolError(
+                    f"DICT names id {msg.dict_id}, its content has id {d.dict_id}", reason="bad_dictionary"
+                )
             try:
                 self.decode.add(d)
             except ConfigError as exc:
-                raise BadDictionary(str(exc)) from None
+                raise ProtocolError(str(exc), reason="bad_dictionary") from None
             self.installed.append(d)
         ack = Dict(dict_id=msg.dict_id, sha256=msg.sha256).SerializeToString()
         if self.send_control is not None:
@@ -354,7 +360,10 @@ class DictState:
         msg = _dict_body(body, "DICT_ACK")
         pushed = self.pushed
         if pushed is None or msg.dict_id != pushed.dict_id or msg.sha256 != pushed.sha256:
-            raise BadDictionary(f"DICT_ACK for dictionary {msg.dict_id}, which this side did not push")
+            raise ProtocolError(
+                f"DICT_ACK for dictionary {msg.dict_id}, which this side did not push",
+                reason="bad_dictionary",
+            )
         self.send_dictionary = pushed
         self.acked.set()
 
@@ -370,12 +379,12 @@ class PeerGoaway:
 class SessionLogic:
     """Judges frames on an established connection (sans-IO).
 
-    * HELLO again → :class:`UnexpectedHello` (close).
+    * HELLO again → ``unexpected_hello`` (close).
     * MESSAGE and FORWARD → delivered as :class:`Incoming`, unopened: the node's receive
       pipeline verifies signatures (and that a MESSAGE's ``from`` is the HELLO peer).
     * GOAWAY → :class:`PeerGoaway`.
     * DICT / DICT_ACK → :class:`DictState` (install and acknowledge; switch to the
-      pushed dictionary), None. A refused push raises :class:`BadDictionary` (close).
+      pushed dictionary), None. A refused push raises ``bad_dictionary`` (close).
       Without a ``DictState`` (or with ``push_dictionaries`` off) both are ignored.
     * Unknown types and flags never get here: the frame decoder raises.
     """
@@ -408,7 +417,7 @@ class SessionLogic:
         if ftype == FrameType.GOAWAY:
             return PeerGoaway(*decode_goaway(frame.body))
         if ftype == FrameType.HELLO:
-            raise UnexpectedHello("a second HELLO on this connection")
+            raise HandshakeError("a second HELLO on this connection", reason="unexpected_hello")
         if self.dicts is not None:
             if ftype == FrameType.DICT:
                 self.dicts.on_dict(frame.body)
@@ -420,7 +429,7 @@ class SessionLogic:
 class EarlyFrames:
     """Frames that arrived before the HELLO verified (QUIC uni streams), kept as they came
     (compressed: nothing is decompressed before the peer is known). Bounded in count
-    (``limit``) and in wire bytes (``max_bytes``); one more is :class:`BufferExceeded`."""
+    (``limit``) and in wire bytes (``max_bytes``); one more is ``buffer_exceeded``."""
 
     def __init__(self, limit: int, max_bytes: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.limit = limit
@@ -431,10 +440,13 @@ class EarlyFrames:
     def hold(self, frame: PackedFrame | Frame) -> None:
         size = frame.wire_size or len(frame.payload if isinstance(frame, PackedFrame) else frame.body)
         if len(self._frames) >= self.limit:
-            raise BufferExceeded(f"more than {self.limit} frames arrived before the HELLO verified")
+            raise ProtocolError(
+                f"more than {self.limit} frames arrived before the HELLO verified", reason="buffer_exceeded"
+            )
         if self.nbytes + size > self.max_bytes:
-            raise BufferExceeded(
-                f"more than {self.max_bytes} bytes of frames arrived before the HELLO verified"
+            raise ProtocolError(
+                f"more than {self.max_bytes} bytes of frames arrived before the HELLO verified",
+                reason="buffer_exceeded",
             )
         self.nbytes += size
         self._frames.append(frame)
@@ -457,7 +469,7 @@ def peer_closed_error(code: int, reason: str) -> IacError:
 
 def local_protocol_error(exc: ProtocolError) -> ConnectionClosed:
     """The error ``recv``/``send`` raise after this side closed for the peer's fault."""
-    err = ConnectionClosed(f"connection closed: {exc.name}: {exc}", exc.close_code, str(exc))
+    err = ConnectionClosed(f"connection closed: {exc.reason}: {exc}", exc.close_code, str(exc))
     err.__cause__ = exc
     return err
 

@@ -23,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import socket
 import ssl
 from asyncio import sslproto
+from collections import OrderedDict
 from typing import Any, cast
 
-from iac.errors import ConfigError, ConnectionClosed, TransportError
+from iac.errors import ConfigError, ConnectionClosed, IacError, TransportError
 from iac.protocol.handshake import ALPN, HelloOrder, ServerHandshake, channel_binding
 from iac.transport.base import (
     Address,
@@ -40,7 +42,7 @@ from iac.transport.base import (
     format_host,
 )
 from iac.transport.certs import NodeCertificate, node_certificate
-from iac.transport.debug import set_tls_keylog
+from iac.transport.debug import keylog_path, set_tls_keylog
 from iac.transport.session import client_handshake, server_handshake
 from iac.transport.stream.connection import connect_errors, establish
 from iac.transport.stream.listener import StreamListener
@@ -75,7 +77,55 @@ def server_context(cert: NodeCertificate, config: TransportConfig) -> ssl.SSLCon
     return ctx
 
 
+#: The client contexts built, most recently used last (a dial builds none: see client_context).
+_CLIENT_CONTEXTS: OrderedDict[tuple[object, ...], ssl.SSLContext] = OrderedDict()
+#: At most this many are kept (one per identity and configuration a process dials with).
+MAX_CLIENT_CONTEXTS = 16
+
+
+def _file_key(path: str | None) -> tuple[object, ...] | None:
+    """A file as a context depends on it: its path, and its size and mtime (a rewritten CA,
+    certificate or key file builds a new context)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, st.st_size, st.st_mtime_ns)
+
+
 def client_context(identity: Identity, config: TransportConfig) -> ssl.SSLContext:
+    """The context this side dials with, built once per identity, CA mode files (while they
+    are unchanged) and key log file, and then shared by every dial: building one is work of
+    OpenSSL's that the first dial of a process would otherwise pay (the node builds it at
+    ``start()`` and ``add_peer``, :func:`prepare_dial`)."""
+    key = (
+        identity.agent_id,
+        _file_key(config.ca_file),
+        _file_key(config.cert_file),
+        _file_key(config.key_file),
+        keylog_path(),
+    )
+    ctx = _CLIENT_CONTEXTS.get(key)
+    if ctx is not None:
+        _CLIENT_CONTEXTS.move_to_end(key)
+        return ctx
+    ctx = _new_client_context(identity, config)
+    _CLIENT_CONTEXTS[key] = ctx
+    while len(_CLIENT_CONTEXTS) > MAX_CLIENT_CONTEXTS:
+        _CLIENT_CONTEXTS.popitem(last=False)
+    return ctx
+
+
+def prepare_dial(identity: Identity, config: TransportConfig) -> None:
+    """Build the context a TLS dial of ``identity`` with ``config`` uses, before the first dial
+    (what fails is the dial's to report: it builds the context again)."""
+    with contextlib.suppress(IacError, OSError, ValueError):
+        client_context(identity, config)
+
+
+def _new_client_context(identity: Identity, config: TransportConfig) -> ssl.SSLContext:
     ctx = _base_context(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     if config.ca_file:
@@ -283,4 +333,12 @@ async def listen_tls(
     return listener
 
 
-__all__ = ["client_context", "dial_tls", "listen_tls", "server_context", "set_keepalive"]
+__all__ = [
+    "MAX_CLIENT_CONTEXTS",
+    "client_context",
+    "dial_tls",
+    "listen_tls",
+    "prepare_dial",
+    "server_context",
+    "set_keepalive",
+]

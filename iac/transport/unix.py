@@ -24,7 +24,7 @@ import stat
 import struct
 from pathlib import Path
 
-from iac.errors import AdmissionDenied, ConfigError, ProtocolError, TransportError
+from iac.errors import ConfigError, HandshakeError, ProtocolError, TransportError
 from iac.protocol.handshake import HelloOrder, ServerHandshake
 from iac.transport.base import (
     Address,
@@ -132,7 +132,7 @@ async def listen_unix(
     def precheck(transport: asyncio.BaseTransport) -> ProtocolError | None:
         uid = peer_uid(transport.get_extra_info("socket"))
         if uid is None or uid not in allowed:
-            return AdmissionDenied(f"uid {uid} is not allowed on this socket")
+            return HandshakeError(f"uid {uid} is not allowed on this socket", reason="admission_denied")
         return None
 
     listener = _UnixListener(

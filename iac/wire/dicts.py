@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zstandard
 
-from iac.errors import ConfigError, UnknownDictionary
+from iac.errors import ConfigError, ProtocolError
 from iac.wire._pb.iac_pb2 import Message
 
 ZSTD_DICT_MAGIC = b"\x37\xa4\x30\xec"
@@ -130,12 +130,15 @@ class DictionarySet:
         return self._by_id.get(dict_id)
 
     def require(self, dict_id: int) -> Dictionary | _NoDictionary:
-        """The decompressor for ``dict_id`` (0: none); :class:`UnknownDictionary` if absent."""
+        """The decompressor for ``dict_id`` (0: none); ``unknown_dictionary`` if absent."""
         if dict_id == 0:
             return NO_DICTIONARY
         d = self._by_id.get(dict_id)
         if d is None:
-            raise UnknownDictionary(f"zstd frame names dictionary {dict_id}, which this side does not have")
+            raise ProtocolError(
+                f"zstd frame names dictionary {dict_id}, which this side does not have",
+                reason="unknown_dictionary",
+            )
         return d
 
     def ids(self) -> list[int]:

@@ -20,19 +20,7 @@ from enum import IntEnum
 
 import zstandard
 
-from iac.errors import (
-    BadVarint,
-    CompressionError,
-    DecompressionBomb,
-    FrameError,
-    FrameTooLarge,
-    MissingContentSize,
-    TrailingData,
-    TruncatedFrame,
-    UnknownFrameFlag,
-    UnknownFrameType,
-    ZeroContentSize,
-)
+from iac.errors import ProtocolError
 from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
 from iac.wire.elide import restore
 from iac.wire.scan import decode_varint, encode_varint
@@ -123,9 +111,10 @@ def encode_frame(
     one; with neither the body goes raw.
     """
     if len(body) > max_frame_size:
-        raise FrameTooLarge(
+        raise ProtocolError(
             f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}: send large data "
-            "as a file (Node.send_file, in chunks), or raise TransportConfig.max_frame_size on both sides"
+            "as a file (Node.send_file, in chunks), or raise TransportConfig.max_frame_size on both sides",
+            reason="frame_too_large",
         )
     flags = 0
     if compress_with is not None or plain_zstd:
@@ -142,15 +131,15 @@ def encode_frame(
 def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     """Check a zstd frame's header and block layout; return ``(dict_id, content_size)``.
 
-    Raises a :class:`CompressionError` subclass when the body is not exactly one
+    Raises ``compression_error`` (or a finer reason) when the body is not exactly one
     zstd frame that declares its content size, at most ``max_size``.
     """
     n = len(body)
     if n < 6 or body[0:4] != _ZSTD_MAGIC_BYTES:
-        raise CompressionError("compressed body is not a zstd frame")
+        raise ProtocolError("compressed body is not a zstd frame", reason="compression_error")
     fhd = body[4]
     if fhd & 0x08:
-        raise CompressionError("zstd frame header has the reserved bit set")
+        raise ProtocolError("zstd frame header has the reserved bit set", reason="compression_error")
     fcs_flag = fhd >> 6
     single_segment = (fhd >> 5) & 1
     has_checksum = (fhd >> 2) & 1
@@ -158,42 +147,45 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     fcs_size = (single_segment, 2, 4, 8)[fcs_flag]
     pos = 5 + (0 if single_segment else 1)
     if pos + did_size + fcs_size > n:
-        raise CompressionError("zstd frame header is truncated")
+        raise ProtocolError("zstd frame header is truncated", reason="compression_error")
     dict_id = int.from_bytes(body[pos : pos + did_size], "little")
     pos += did_size
     if fcs_size == 0:
-        raise MissingContentSize("zstd frame does not declare its content size")
+        raise ProtocolError("zstd frame does not declare its content size", reason="missing_content_size")
     content_size = int.from_bytes(body[pos : pos + fcs_size], "little")
     if fcs_size == 2:
         content_size += 256
     pos += fcs_size
     if content_size == 0:
-        raise ZeroContentSize("zstd frame declares a content size of 0")
+        raise ProtocolError("zstd frame declares a content size of 0", reason="zero_content_size")
     if content_size > max_size:
-        raise DecompressionBomb(f"zstd frame declares {content_size} bytes, above max_frame_size {max_size}")
+        raise ProtocolError(
+            f"zstd frame declares {content_size} bytes, above max_frame_size {max_size}",
+            reason="decompression_bomb",
+        )
     while True:
         if pos + 3 > n:
-            raise CompressionError("zstd frame is truncated inside a block header")
+            raise ProtocolError("zstd frame is truncated inside a block header", reason="compression_error")
         header = int.from_bytes(body[pos : pos + 3], "little")
         pos += 3
         last = header & 1
         btype = (header >> 1) & 3
         bsize = header >> 3
         if btype == 3:
-            raise CompressionError("zstd block of reserved type")
+            raise ProtocolError("zstd block of reserved type", reason="compression_error")
         if bsize > _ZSTD_BLOCK_MAX:
-            raise CompressionError("zstd block larger than 128 KiB")
+            raise ProtocolError("zstd block larger than 128 KiB", reason="compression_error")
         pos += 1 if btype == 1 else bsize
         if pos > n:
-            raise CompressionError("zstd frame is truncated inside a block")
+            raise ProtocolError("zstd frame is truncated inside a block", reason="compression_error")
         if last:
             break
     if has_checksum:
         pos += 4
         if pos > n:
-            raise CompressionError("zstd frame is truncated inside its checksum")
+            raise ProtocolError("zstd frame is truncated inside its checksum", reason="compression_error")
     if pos != n:
-        raise TrailingData(f"{n - pos} bytes follow the zstd frame")
+        raise ProtocolError(f"{n - pos} bytes follow the zstd frame", reason="trailing_data")
     return dict_id, content_size
 
 
@@ -209,17 +201,19 @@ def _inflate(body: bytes, dict_id: int, content_size: int, dictionaries: Diction
     try:
         plain = dctx.decompress(body)
     except zstandard.ZstdError as exc:
-        raise CompressionError(f"zstd frame does not decompress: {exc}") from None
+        raise ProtocolError(f"zstd frame does not decompress: {exc}", reason="compression_error") from None
     if len(plain) != content_size:
-        raise CompressionError("zstd frame content differs from its declared size")
+        raise ProtocolError("zstd frame content differs from its declared size", reason="compression_error")
     return plain
 
 
 def _check_header(ftype: int, flags: int) -> FrameType:
     if ftype not in _FRAME_TYPES:
-        raise UnknownFrameType(f"unknown frame type 0x{ftype:02x}")
+        raise ProtocolError(f"unknown frame type 0x{ftype:02x}", reason="unknown_frame_type")
     if flags & ~_KNOWN_FLAGS:
-        raise UnknownFrameFlag(f"unknown frame flag bits 0x{flags & ~_KNOWN_FLAGS:02x}")
+        raise ProtocolError(
+            f"unknown frame flag bits 0x{flags & ~_KNOWN_FLAGS:02x}", reason="unknown_frame_flag"
+        )
     return FrameType(ftype)
 
 
@@ -244,33 +238,45 @@ def _parse_header(
         ftype = _TYPE_BY_CODE.get(hdr[0])
         if ftype is not None and not hdr[1] & ~_KNOWN_FLAGS:
             if hdr[2] > max_frame_size:
-                raise FrameTooLarge(f"frame declares {hdr[2]} bytes, above max_frame_size {max_frame_size}")
+                raise ProtocolError(
+                    f"frame declares {hdr[2]} bytes, above max_frame_size {max_frame_size}",
+                    reason="frame_too_large",
+                )
             return ftype, hdr[1], hdr[2], 3
     if n >= 4 and hdr[2] >= 0x80 and hdr[3] < 0x80:  # two-byte length (128 B .. 16 KiB)
         ftype = _TYPE_BY_CODE.get(hdr[0])
         if ftype is not None and not hdr[1] & ~_KNOWN_FLAGS:
             length = (hdr[2] & 0x7F) | (hdr[3] << 7)
             if length > max_frame_size:
-                raise FrameTooLarge(f"frame declares {length} bytes, above max_frame_size {max_frame_size}")
+                raise ProtocolError(
+                    f"frame declares {length} bytes, above max_frame_size {max_frame_size}",
+                    reason="frame_too_large",
+                )
             return ftype, hdr[1], length, 4
     if n == 0:
         return None
     if hdr[0] not in _FRAME_TYPES:
-        raise UnknownFrameType(f"unknown frame type 0x{hdr[0]:02x}")
+        raise ProtocolError(f"unknown frame type 0x{hdr[0]:02x}", reason="unknown_frame_type")
     if n == 1:
         return None
     flags = hdr[1]
     if flags & ~_KNOWN_FLAGS:
-        raise UnknownFrameFlag(f"unknown frame flag bits 0x{flags & ~_KNOWN_FLAGS:02x}")
+        raise ProtocolError(
+            f"unknown frame flag bits 0x{flags & ~_KNOWN_FLAGS:02x}", reason="unknown_frame_flag"
+        )
     end = min(n, MAX_HEADER_SIZE)
     try:
         length, hend = decode_varint(hdr, 2, end)
-    except TruncatedFrame:
+    except ProtocolError as exc:
+        if exc.reason != "truncated_frame":
+            raise
         if end == MAX_HEADER_SIZE:
-            raise BadVarint("frame length varint longer than 10 bytes") from None
+            raise ProtocolError("frame length varint longer than 10 bytes", reason="bad_varint") from None
         return None
     if length > max_frame_size:
-        raise FrameTooLarge(f"frame declares {length} bytes, above max_frame_size {max_frame_size}")
+        raise ProtocolError(
+            f"frame declares {length} bytes, above max_frame_size {max_frame_size}", reason="frame_too_large"
+        )
     return _TYPE_BY_CODE[hdr[0]], flags, length, hend
 
 
@@ -281,13 +287,13 @@ def _whole_frame(data: bytes, max_frame_size: int) -> tuple[FrameType, int, int]
     """Check that ``data`` is exactly one frame; return ``(type, flags, header_size)``."""
     parsed = _parse_header(data, max_frame_size)
     if parsed is None:
-        raise TruncatedFrame("input ends inside a frame header")
+        raise ProtocolError("input ends inside a frame header", reason="truncated_frame")
     ftype, flags, length, hend = parsed
     end = hend + length
     if end > len(data):
-        raise TruncatedFrame("input ends inside a frame body")
+        raise ProtocolError("input ends inside a frame body", reason="truncated_frame")
     if end < len(data):
-        raise FrameError(f"{len(data) - end} bytes follow the frame")
+        raise ProtocolError(f"{len(data) - end} bytes follow the frame", reason="frame_error")
     return ftype, flags, hend
 
 
@@ -362,11 +368,11 @@ class FrameDecoder:
         """Add bytes; return the frames they completed, not decompressed. ``final=True``:
         the stream ended here."""
         if self._failed:
-            raise FrameError("frame decoder used after an error")
+            raise ProtocolError("frame decoder used after an error", reason="frame_error")
         try:
             out = self._feed(memoryview(data))
             if final and not self.idle:
-                raise TruncatedFrame("stream ends inside a frame")
+                raise ProtocolError("stream ends inside a frame", reason="truncated_frame")
             return out
         except BaseException:
             self.discard()

@@ -17,7 +17,7 @@ import nacl.bindings
 import nacl.exceptions
 import nacl.signing
 
-from iac.errors import BadSignature, InvalidAgentId, KeyFileError
+from iac.errors import ConfigError, MessageRejected
 from iac.wire.private import write_private
 
 _AGENT_ID_RE = re.compile(r"[0-9a-f]{64}")
@@ -44,13 +44,13 @@ def is_agent_id(value: str) -> bool:
     """True when ``value`` is an AgentId (see :func:`check_agent_id`)."""
     try:
         _key_of(value)
-    except InvalidAgentId:
+    except MessageRejected:
         return False
     return True
 
 
 def check_agent_id(value: str) -> str:
-    """Return ``value`` if it is an AgentId, else raise :class:`InvalidAgentId`.
+    """Return ``value`` if it is an AgentId, else raise ``invalid_agent_id``.
 
     An AgentId is 64 lowercase hex characters whose 32 bytes are the canonical
     encoding of an Ed25519 point of the prime-order subgroup other than the
@@ -70,10 +70,12 @@ def check_agent_id_cached(value: str) -> str:
 
 
 def _key_of(value: object) -> bytes:
-    """The 32-byte key of an AgentId, else :class:`InvalidAgentId`."""
+    """The 32-byte key of an AgentId, else ``invalid_agent_id``."""
     if not isinstance(value, str) or len(value) != 64:  # before the cache hashes a long string
         shown = value[:80] if isinstance(value, str) else type(value).__name__
-        raise InvalidAgentId(f"not an AgentId (64 lowercase hex characters): {shown!r}")
+        raise MessageRejected(
+            f"not an AgentId (64 lowercase hex characters): {shown!r}", reason="invalid_agent_id"
+        )
     return _public_key(value)
 
 
@@ -85,12 +87,15 @@ def _public_key(agent_id: str) -> bytes:
     much as a signature check; only valid ids are kept (a failure raises).
     """
     if _AGENT_ID_RE.fullmatch(agent_id) is None:
-        raise InvalidAgentId(f"not an AgentId (64 lowercase hex characters): {agent_id!r}")
+        raise MessageRejected(
+            f"not an AgentId (64 lowercase hex characters): {agent_id!r}", reason="invalid_agent_id"
+        )
     key = bytes.fromhex(agent_id)
     if not nacl.bindings.crypto_core_ed25519_is_valid_point(key):
-        raise InvalidAgentId(
+        raise MessageRejected(
             f"not an AgentId: {agent_id[:16]}… is not a valid Ed25519 public key "
-            "(small order, a non-canonical encoding, or not a point of the prime-order subgroup)"
+            "(small order, a non-canonical encoding, or not a point of the prime-order subgroup)",
+            reason="invalid_agent_id",
         )
     return key
 
@@ -98,17 +103,19 @@ def _public_key(agent_id: str) -> bytes:
 def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None:
     """Check ``signature`` by ``agent_id`` over ``data`` in ``domain``.
 
-    Raises :class:`InvalidAgentId` for an id that :func:`check_agent_id` refuses
-    (before the signature is looked at) and :class:`BadSignature` for anything
+    Raises ``invalid_agent_id`` for an id that :func:`check_agent_id` refuses
+    (before the signature is looked at) and ``bad_signature`` for anything
     that libsodium refuses (wrong key, non-canonical signature, small-order ``R``).
     """
     key = _key_of(agent_id)
     if len(signature) != 64:
-        raise BadSignature(f"signature must be 64 bytes, got {len(signature)}")
+        raise MessageRejected(f"signature must be 64 bytes, got {len(signature)}", reason="bad_signature")
     try:
         nacl.bindings.crypto_sign_open(b"".join((signature, domain, b"\x00", data)), key)
     except nacl.exceptions.BadSignatureError:
-        raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
+        raise MessageRejected(
+            f"signature does not verify for {agent_id[:16]}…", reason="bad_signature"
+        ) from None
 
 
 def verify_signed(agent_id: str, signed: bytes) -> None:
@@ -117,7 +124,9 @@ def verify_signed(agent_id: str, signed: bytes) -> None:
     try:
         nacl.bindings.crypto_sign_open(signed, key)
     except nacl.exceptions.BadSignatureError:
-        raise BadSignature(f"signature does not verify for {agent_id[:16]}…") from None
+        raise MessageRejected(
+            f"signature does not verify for {agent_id[:16]}…", reason="bad_signature"
+        ) from None
 
 
 class Identity:
@@ -138,7 +147,7 @@ class Identity:
     def from_seed(cls, seed: bytes) -> Identity:
         """Deterministic identity from a 32-byte seed (test vectors, derived keys)."""
         if len(seed) != 32:
-            raise KeyFileError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
+            raise ConfigError(f"an Ed25519 seed is 32 bytes, got {len(seed)}", reason="key_file_error")
         return cls(nacl.signing.SigningKey(seed))
 
     @property
@@ -169,9 +178,13 @@ class Identity:
         try:
             write_private(p, text.encode("ascii"), overwrite=overwrite)
         except FileExistsError:
-            raise KeyFileError(f"{p}: already exists (refusing to overwrite a key)") from None
+            raise ConfigError(
+                f"{p}: already exists (refusing to overwrite a key)", reason="key_file_error"
+            ) from None
         except OSError as exc:
-            raise KeyFileError(f"{p}: cannot write key file: {exc.strerror or exc}") from None
+            raise ConfigError(
+                f"{p}: cannot write key file: {exc.strerror or exc}", reason="key_file_error"
+            ) from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Identity:
@@ -180,18 +193,21 @@ class Identity:
         try:
             st = p.stat()
         except FileNotFoundError:
-            raise KeyFileError(f"{p}: no such key file (create one with `iac keygen --out {p}`)") from None
+            raise ConfigError(
+                f"{p}: no such key file (create one with `iac keygen --out {p}`)", reason="key_file_error"
+            ) from None
         except OSError as exc:
-            raise KeyFileError(f"{p}: cannot read key file: {exc.strerror}") from None
+            raise ConfigError(f"{p}: cannot read key file: {exc.strerror}", reason="key_file_error") from None
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyFileError(
+            raise ConfigError(
                 f"{p}: key file is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"fix with `chmod 600 {p}`"
+                f"fix with `chmod 600 {p}`",
+                reason="key_file_error",
             )
         try:
             text = p.read_text(encoding="ascii")
         except (OSError, UnicodeDecodeError) as exc:
-            raise KeyFileError(f"{p}: cannot read key file: {exc}") from None
+            raise ConfigError(f"{p}: cannot read key file: {exc}", reason="key_file_error") from None
         for line in text.splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[0] == _KEY_FILE_TAG:
@@ -202,7 +218,9 @@ class Identity:
                 if len(seed) == 32:
                     return cls.from_seed(seed)
                 break
-        raise KeyFileError(f"{p}: not an IAC key file (expected a line '{_KEY_FILE_TAG} <64 hex>')")
+        raise ConfigError(
+            f"{p}: not an IAC key file (expected a line '{_KEY_FILE_TAG} <64 hex>')", reason="key_file_error"
+        )
 
     def __repr__(self) -> str:
         return f"Identity(agent_id={self._agent_id!r})"

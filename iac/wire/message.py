@@ -12,7 +12,7 @@ import secrets
 
 from google.protobuf.message import DecodeError
 
-from iac.errors import ConfigError, MessageFormatError
+from iac.errors import ConfigError, ProtocolError
 from iac.wire._pb.iac_pb2 import Hello, Message, TaskState
 from iac.wire.dicts import Dictionary, DictionarySet
 from iac.wire.enums import MessageType
@@ -133,14 +133,14 @@ def open_message(data: bytes) -> Message:
     """Parse and verify signed Message bytes; return the message.
 
     Order: field-8 scan, protobuf parse, ``from`` is a valid AgentId, signature.
-    Raises :class:`MessageFormatError` (closes the connection), or
-    :class:`InvalidAgentId` / :class:`BadSignature` (the message is refused).
+    Raises ``malformed_message`` (closes the connection), or
+    ``invalid_agent_id`` / ``bad_signature`` (the message is refused).
     """
     s, e = signature_span(data, MESSAGE_SCHEMA)
     try:
         msg = Message.FromString(data)
     except DecodeError as exc:
-        raise MessageFormatError(f"Message does not parse: {exc}") from None
+        raise ProtocolError(f"Message does not parse: {exc}", reason="malformed_message") from None
     mv = memoryview(data)
     # one copy: signature || "iac-msg-v1" 0x00 || the bytes around field 8 (what libsodium's open takes)
     verify_signed(sender_of(msg), b"".join((mv[e - SIGNATURE_SIZE : e], _MSG_PREFIX, mv[:s], mv[e:])))
@@ -175,7 +175,7 @@ def decode_message_frame(
     """Decode one MESSAGE frame and verify the message inside."""
     ftype, body = decode_frame_body(data, dictionaries or _NO_DICTIONARIES, max_frame_size)
     if ftype is not FrameType.MESSAGE:
-        raise MessageFormatError(f"expected a MESSAGE frame, got {ftype.name}")
+        raise ProtocolError(f"expected a MESSAGE frame, got {ftype.name}", reason="malformed_message")
     return open_message(body)
 
 
@@ -197,7 +197,7 @@ def open_hello(data: bytes, domain: Domain) -> Hello:
     try:
         hello = Hello.FromString(data)
     except DecodeError as exc:
-        raise MessageFormatError(f"Hello does not parse: {exc}") from None
+        raise ProtocolError(f"Hello does not parse: {exc}", reason="malformed_message") from None
     verify(check_agent_id(hello.agent_id), domain, unsigned, signature)
     return hello
 

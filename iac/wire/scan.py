@@ -14,16 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from iac.errors import (
-    BadVarint,
-    FieldRepeated,
-    IacError,
-    MessageFormatError,
-    SignatureFieldInvalid,
-    SignatureFieldMissing,
-    SignatureFieldRepeated,
-    TruncatedFrame,
-)
+from iac.errors import IacError, ProtocolError
 
 VARINT = 0
 I64 = 1
@@ -48,24 +39,24 @@ def encode_varint(value: int) -> bytes:
 def decode_varint(data: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int]:
     """Read a varint at ``pos``; return ``(value, new_pos)``.
 
-    Raises :class:`TruncatedFrame` when the input ends inside it and
-    :class:`BadVarint` when it runs past 10 bytes or 64 bits.
+    Raises ``truncated_frame`` when the input ends inside it and
+    ``bad_varint`` when it runs past 10 bytes or 64 bits.
     """
     result = 0
     shift = 0
     while True:
         if pos >= end:
-            raise TruncatedFrame("input ends inside a varint")
+            raise ProtocolError("input ends inside a varint", reason="truncated_frame")
         b = data[pos]
         pos += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
             if result >> 64:
-                raise BadVarint("varint overflows 64 bits")
+                raise ProtocolError("varint overflows 64 bits", reason="bad_varint")
             return result, pos
         shift += 7
         if shift >= 70:
-            raise BadVarint("varint longer than 10 bytes")
+            raise ProtocolError("varint longer than 10 bytes", reason="bad_varint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +121,10 @@ def _scan(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tup
     """Validate fields in ``data[start:end]``; return the signature field's (start, end) span."""
     try:
         return _scan_fields(data, start, end, schema)
-    except (TruncatedFrame, BadVarint) as exc:
-        raise MessageFormatError(f"{schema.name}: {exc}") from None
+    except ProtocolError as exc:
+        if exc.reason not in ("truncated_frame", "bad_varint"):
+            raise
+        raise ProtocolError(f"{schema.name}: {exc}", reason="malformed_message") from None
 
 
 def _scan_fields(data: bytes | memoryview, start: int, end: int, schema: Schema) -> tuple[int, int] | None:
@@ -153,22 +146,28 @@ def _scan_fields(data: bytes | memoryview, start: int, end: int, schema: Schema)
         number = tag >> 3
         wt = tag & 7
         if number == 0:
-            raise MessageFormatError(f"{schema.name}: field number 0")
+            raise ProtocolError(f"{schema.name}: field number 0", reason="malformed_message")
         value_start = pos
         if wt == VARINT:
             limit = pos + 10
             while True:
                 if pos >= end:
-                    raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+                    raise ProtocolError(
+                        f"{schema.name}: field {number} runs past the end", reason="malformed_message"
+                    )
                 if pos >= limit:
-                    raise MessageFormatError(f"{schema.name}: varint longer than 10 bytes")
+                    raise ProtocolError(
+                        f"{schema.name}: varint longer than 10 bytes", reason="malformed_message"
+                    )
                 b = data[pos]
                 pos += 1
                 if b < 0x80:
                     break
         elif wt == LEN:
             if pos >= end:
-                raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+                raise ProtocolError(
+                    f"{schema.name}: field {number} runs past the end", reason="malformed_message"
+                )
             length = data[pos]
             if length < 0x80:
                 pos += 1
@@ -177,7 +176,9 @@ def _scan_fields(data: bytes | memoryview, start: int, end: int, schema: Schema)
             value_start = pos
             pos += length
             if pos > end:
-                raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+                raise ProtocolError(
+                    f"{schema.name}: field {number} runs past the end", reason="malformed_message"
+                )
             if nested:
                 sub = nested.get(number)
                 if sub is not None:
@@ -187,28 +188,41 @@ def _scan_fields(data: bytes | memoryview, start: int, end: int, schema: Schema)
         elif wt == I32:
             pos += 4
         else:
-            raise MessageFormatError(f"{schema.name}: field {number} has wire type {wt}")
+            raise ProtocolError(
+                f"{schema.name}: field {number} has wire type {wt}", reason="malformed_message"
+            )
         if pos > end:
-            raise MessageFormatError(f"{schema.name}: field {number} runs past the end")
+            raise ProtocolError(
+                f"{schema.name}: field {number} runs past the end", reason="malformed_message"
+            )
         allowed = masks[number] if number < n_masks else 0
         if not allowed:
             continue  # unknown field: skipped by every parser alike
         if number == sig_field:
             if sig_span is not None:
-                raise SignatureFieldRepeated(f"{schema.name}: signature field occurs twice")
+                raise ProtocolError(
+                    f"{schema.name}: signature field occurs twice", reason="signature_repeated"
+                )
             if wt != LEN:
-                raise SignatureFieldInvalid(f"{schema.name}: signature field is not bytes")
+                raise ProtocolError(
+                    f"{schema.name}: signature field is not bytes", reason="signature_invalid"
+                )
             if pos - value_start != SIGNATURE_SIZE:
-                raise SignatureFieldInvalid(
-                    f"{schema.name}: signature is {pos - value_start} bytes, not {SIGNATURE_SIZE}"
+                raise ProtocolError(
+                    f"{schema.name}: signature is {pos - value_start} bytes, not {SIGNATURE_SIZE}",
+                    reason="signature_invalid",
                 )
             sig_span = (field_start, pos)
             continue
         if not allowed >> wt & 1:
-            raise MessageFormatError(f"{schema.name}: field {number} has wire type {wt}")
+            raise ProtocolError(
+                f"{schema.name}: field {number} has wire type {wt}", reason="malformed_message"
+            )
         bit = 1 << number
         if seen & bit and not repeat_bits & bit:
-            raise FieldRepeated(f"{schema.name}: field {number} occurs more than once")
+            raise ProtocolError(
+                f"{schema.name}: field {number} occurs more than once", reason="field_repeated"
+            )
         seen |= bit
     return sig_span
 
@@ -293,7 +307,7 @@ def signature_span(data: bytes, schema: Schema = MESSAGE_SCHEMA) -> tuple[int, i
             return fast
     span = _scan(data, 0, len(data), schema)
     if span is None:
-        raise SignatureFieldMissing(f"{schema.name}: no signature field")
+        raise ProtocolError(f"{schema.name}: no signature field", reason="signature_missing")
     return span
 
 
@@ -301,6 +315,6 @@ def excise_signature(data: bytes, schema: Schema = MESSAGE_SCHEMA) -> tuple[byte
     """Split signed message bytes into ``(unsigned_bytes, signature)`` without re-serializing."""
     span = _scan(data, 0, len(data), schema)
     if span is None:
-        raise SignatureFieldMissing(f"{schema.name}: no signature field")
+        raise ProtocolError(f"{schema.name}: no signature field", reason="signature_missing")
     s, e = span
     return data[:s] + data[e:], data[e - SIGNATURE_SIZE : e]

@@ -38,7 +38,7 @@ import nacl.bindings
 import nacl.exceptions
 import nacl.public
 
-from iac.errors import ConfigError, InvalidAgentId, SealError, SealHeaderMismatch
+from iac.errors import ConfigError, MessageRejected
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.identity import Identity, check_agent_id
 from iac.wire.message import sender_of
@@ -58,7 +58,9 @@ def _x25519_public(agent_id: str) -> bytes:
             bytes.fromhex(check_agent_id(agent_id))
         )
     except nacl.exceptions.RuntimeError:
-        raise InvalidAgentId(f"{agent_id[:16]}… is not a valid Ed25519 key; cannot seal to it") from None
+        raise MessageRejected(
+            f"{agent_id[:16]}… is not a valid Ed25519 key; cannot seal to it", reason="invalid_agent_id"
+        ) from None
     return key
 
 
@@ -78,7 +80,7 @@ def seal_payload(
 
     Raises :class:`~iac.ConfigError` when ``msg`` is not from ``identity``, is not
     addressed to ``recipient_agent_id`` (a broadcast cannot be sealed), already
-    has a payload, or is already sealed; :class:`~iac.InvalidAgentId` when the
+    has a payload, or is already sealed; ``invalid_agent_id`` when the
     recipient is not a valid key.
     """
     sender = sender_of(msg)
@@ -116,29 +118,37 @@ def open_sealed(identity: Identity, msg: Message) -> tuple[str, bytes]:
     """Open a sealed message addressed to ``identity``; return ``(payload_json, extra_data)``.
 
     Run it after the message's signature verified (the outer ``from`` is then
-    proved). Raises :class:`SealHeaderMismatch` (a :class:`SealError`) when the
+    proved). Raises ``sealed_header_mismatch`` when the
     inner header does not repeat the outer ``from``, ``to``, ``session_id`` and
-    ``msg_id``, and :class:`SealError` (name ``bad_seal``) when the message is not
+    ``msg_id``, and ``unseal_failed`` when the message is not
     sealed, carries a clear payload beside the seal, is not addressed to
     ``identity``, does not decrypt, or its plaintext is malformed.
     """
     if not msg.sealed:
-        raise SealError("message is not sealed")
+        raise MessageRejected("message is not sealed", reason="unseal_failed")
     if msg.payload_json or msg.extra_data:
-        raise SealError("a sealed message must not also carry payload_json or extra_data")
+        raise MessageRejected(
+            "a sealed message must not also carry payload_json or extra_data", reason="unseal_failed"
+        )
     if msg.to != identity.agent_id:
-        raise SealError("sealed message is not addressed to this agent")
+        raise MessageRejected("sealed message is not addressed to this agent", reason="unseal_failed")
     if len(msg.sealed) < SEAL_OVERHEAD + SEAL_HEADER_SIZE:
-        raise SealError(f"sealed payload is {len(msg.sealed)} bytes, shorter than its fixed parts")
+        raise MessageRejected(
+            f"sealed payload is {len(msg.sealed)} bytes, shorter than its fixed parts", reason="unseal_failed"
+        )
     try:
         plain = nacl.public.SealedBox(_x25519_private(identity)).decrypt(msg.sealed)
     except nacl.exceptions.CryptoError:
-        raise SealError("sealed payload does not decrypt with this agent's key") from None
+        raise MessageRejected(
+            "sealed payload does not decrypt with this agent's key", reason="unseal_failed"
+        ) from None
     if len(plain) < SEAL_HEADER_SIZE:
-        raise SealError("sealed plaintext is shorter than its header")
+        raise MessageRejected("sealed plaintext is shorter than its header", reason="unseal_failed")
     magic, inner_from, inner_to, session_id, msg_id, payload_len = _HEADER.unpack_from(plain)
     if magic != SEAL_MAGIC:
-        raise SealError("sealed plaintext has an unknown header (expected iac-seal-v1)")
+        raise MessageRejected(
+            "sealed plaintext has an unknown header (expected iac-seal-v1)", reason="unseal_failed"
+        )
     mismatched = [
         name
         for name, inner, outer in (
@@ -150,18 +160,21 @@ def open_sealed(identity: Identity, msg: Message) -> tuple[str, bytes]:
         if inner != outer
     ]
     if mismatched:
-        raise SealHeaderMismatch(
+        raise MessageRejected(
             f"sealed header does not match the message ({', '.join(mismatched)}): "
             "the ciphertext was made for another message",
-            tuple(mismatched),
+            reason="sealed_header_mismatch",
+            mismatched=tuple(mismatched),
         )
     end = SEAL_HEADER_SIZE + payload_len
     if end > len(plain):
-        raise SealError(f"sealed payload_len {payload_len} runs past the plaintext")
+        raise MessageRejected(
+            f"sealed payload_len {payload_len} runs past the plaintext", reason="unseal_failed"
+        )
     try:
         payload_json = plain[SEAL_HEADER_SIZE:end].decode("utf-8")
     except UnicodeDecodeError:
-        raise SealError("sealed payload_json is not valid UTF-8") from None
+        raise MessageRejected("sealed payload_json is not valid UTF-8", reason="unseal_failed") from None
     return payload_json, plain[end:]
 
 
@@ -169,8 +182,6 @@ __all__ = [
     "SEAL_HEADER_SIZE",
     "SEAL_MAGIC",
     "SEAL_OVERHEAD",
-    "SealError",
-    "SealHeaderMismatch",
     "open_sealed",
     "seal_payload",
 ]

@@ -67,7 +67,7 @@ class Finding(AssertionError):
 def check_error(exc: IacError, allowed: tuple[type[IacError], ...] = (PeerError,)) -> None:
     """(a) for one error that a target let escape (or caught to go on): raise :class:`Finding`."""
     if not isinstance(exc, allowed):
-        raise Finding(f"{type(exc).__name__} ({exc.name}) is not the peer's fault: {exc}") from exc
+        raise Finding(f"{type(exc).__name__} ({exc.reason}) is not the peer's fault: {exc}") from exc
     link: BaseException = exc
     while True:  # the first exception that is not a typed one is what the check caught
         inner = link.__cause__ or link.__context__
@@ -167,7 +167,7 @@ class Checked:
         except IacError as exc:
             check_error(exc, self.allowed)
             st.refused += 1
-            st.errors[exc.name] = st.errors.get(exc.name, 0) + 1
+            st.errors[exc.reason] = st.errors.get(exc.reason, 0) + 1
         elapsed = time.perf_counter() - start
         st.inputs += 1
         st.slowest = max(st.slowest, elapsed)

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from iac.errors import BadForwardPath, BadSignature, HopLimitExhausted, RoutingLoop
 from iac.protocol import files as ft
 from iac.protocol.replay import DEFAULT_MAX_SKEW_US
 from iac.protocol.routing import (
@@ -89,7 +88,7 @@ def mesh_test_vectors() -> dict[str, Any]:
             "vector-transfer-1",
             (),
             ft.AckStatus.FAILED,
-            ft.FileHashMismatch.name,
+            "file_hash_mismatch",
             "'notes.txt': the received file does not match its sha256",
         ),
         ft.AckPayload("vector-transfer-2", (), ft.AckStatus.UNKNOWN),
@@ -111,27 +110,25 @@ def mesh_test_vectors() -> dict[str, Any]:
     first = content[:chunk_size]
     tampered = bytes([first[0] ^ 1]) + first[1:]
     chunk_negative = [
-        neg("absolute path", {"name": "/etc/passwd"}, first, ft.UnsafeFileName.name),
-        neg("parent directory", {"name": ".."}, first, ft.UnsafeFileName.name),
-        neg("path separator", {"name": "../outside.txt"}, first, ft.UnsafeFileName.name),
-        neg("backslash", {"name": "..\\outside.txt"}, first, ft.UnsafeFileName.name),
-        neg("NUL in name", {"name": "a\u0000b"}, first, ft.UnsafeFileName.name),
-        neg("hidden file", {"name": ".bashrc"}, first, ft.UnsafeFileName.name),
-        neg("empty name", {"name": ""}, first, ft.UnsafeFileName.name),
-        neg("name over 255 bytes", {"name": "é" * 128}, first, ft.UnsafeFileName.name),
-        neg("size over max_size", {"size": (1 << 20) + 1, "total": 1025}, first, ft.FileTooLarge.name),
-        neg("index not below total", {"index": 3}, first, ft.ChunkOutOfRange.name),
-        neg("total inconsistent with size", {"total": 4}, first, ft.TransferMismatch.name),
-        neg("chunk one byte short", {}, first[:-1], ft.BadChunkLength.name),
-        neg("tampered chunk", {}, tampered, ft.ChunkHashMismatch.name),
-        neg(
-            "chunk_size below 1024", {"chunk_size": 512, "total": 5}, first[:512], ft.BadTransferPayload.name
-        ),
-        neg("index is a string", {"index": "0"}, first, ft.BadTransferPayload.name),
-        neg("size is a float", {"size": 2051.0}, first, ft.BadTransferPayload.name),
-        neg("sha256 uppercase", {"sha256": file_sha.upper()}, first, ft.BadTransferPayload.name),
-        neg("transfer_id with a slash", {"transfer_id": "a/b"}, first, ft.BadTransferPayload.name),
-        neg("no sha256", {}, first, ft.BadTransferPayload.name, drop="sha256"),
+        neg("absolute path", {"name": "/etc/passwd"}, first, "unsafe_file_name"),
+        neg("parent directory", {"name": ".."}, first, "unsafe_file_name"),
+        neg("path separator", {"name": "../outside.txt"}, first, "unsafe_file_name"),
+        neg("backslash", {"name": "..\\outside.txt"}, first, "unsafe_file_name"),
+        neg("NUL in name", {"name": "a\u0000b"}, first, "unsafe_file_name"),
+        neg("hidden file", {"name": ".bashrc"}, first, "unsafe_file_name"),
+        neg("empty name", {"name": ""}, first, "unsafe_file_name"),
+        neg("name over 255 bytes", {"name": "é" * 128}, first, "unsafe_file_name"),
+        neg("size over max_size", {"size": (1 << 20) + 1, "total": 1025}, first, "file_too_large"),
+        neg("index not below total", {"index": 3}, first, "chunk_out_of_range"),
+        neg("total inconsistent with size", {"total": 4}, first, "transfer_mismatch"),
+        neg("chunk one byte short", {}, first[:-1], "bad_chunk_length"),
+        neg("tampered chunk", {}, tampered, "chunk_hash_mismatch"),
+        neg("chunk_size below 1024", {"chunk_size": 512, "total": 5}, first[:512], "bad_transfer_payload"),
+        neg("index is a string", {"index": "0"}, first, "bad_transfer_payload"),
+        neg("size is a float", {"size": 2051.0}, first, "bad_transfer_payload"),
+        neg("sha256 uppercase", {"sha256": file_sha.upper()}, first, "bad_transfer_payload"),
+        neg("transfer_id with a slash", {"transfer_id": "a/b"}, first, "bad_transfer_payload"),
+        neg("no sha256", {}, first, "bad_transfer_payload", drop="sha256"),
     ]
 
     bsession = Session(session_id=0xFEDCBA9876543210)
@@ -202,50 +199,50 @@ def mesh_test_vectors() -> dict[str, Any]:
             Forward(hop_limit=0, path=[o, r], message=unicast).SerializeToString(deterministic=True),
             r,
             RouteRefusal.HOP_LIMIT_EXHAUSTED,
-            HopLimitExhausted.name,
+            "hop_limit_exhausted",
         ),
-        fneg("loop", wrap_forward(unicast, 5, [o, c, r]), r, RouteRefusal.LOOP, RoutingLoop.name),
+        fneg("loop", wrap_forward(unicast, 5, [o, c, r]), r, RouteRefusal.LOOP, "routing_loop"),
         fneg(
             "altered byte in the origin's message",
             wrap_forward(bytes(altered), 7, [o, r]),
             r,
             RouteRefusal.BAD_SIGNATURE,
-            BadSignature.name,
+            "bad_signature",
         ),
         fneg(
             "path does not end with the neighbour",
             wrap_forward(unicast, 7, [o]),
             r,
             RouteRefusal.BAD_PATH,
-            BadForwardPath.name,
+            "bad_forward_path",
         ),
         fneg(
             "path does not start with the origin",
             wrap_forward(unicast, 7, [r]),
             r,
             RouteRefusal.BAD_PATH,
-            BadForwardPath.name,
+            "bad_forward_path",
         ),
         fneg(
             "uppercase AgentId in path",
             Forward(hop_limit=7, path=[o, r.upper()], message=unicast).SerializeToString(deterministic=True),
             r,
             RouteRefusal.BAD_PATH,
-            BadForwardPath.name,
+            "bad_forward_path",
         ),
         fneg(
             "small-order AgentId in path",
             Forward(hop_limit=7, path=[o, order_8, r], message=unicast).SerializeToString(deterministic=True),
             r,
             RouteRefusal.BAD_PATH,
-            BadForwardPath.name,
+            "bad_forward_path",
         ),
         fneg(
             "small-order origin",
             Forward(hop_limit=7, path=[order_8, r], message=forged).SerializeToString(deterministic=True),
             r,
             RouteRefusal.BAD_PATH,
-            BadForwardPath.name,
+            "bad_forward_path",
         ),
         fneg(
             "hop_limit twice",

@@ -276,7 +276,7 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
     try:
         link = netem.Link(Impairment(delay=settings[0].rtt / 2), seed=seed, tag=f"c{os.getpid() % 100000}")
         link.start()
-    except netem.LinkError as exc:
+    except netem.LabError as exc:
         return {"status": "skipped", "reason": f"link emulator unavailable: {exc}"}
     bench = None
     try:

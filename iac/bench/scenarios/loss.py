@@ -69,7 +69,7 @@ def run_loss(
         try:
             link = netem.Link(Impairment(delay=plan.one_way_delay), seed=seed)
             link.start()
-        except netem.LinkError as exc:
+        except netem.LabError as exc:
             return {"status": "skipped", "reason": f"link emulator unavailable: {exc}"}
         try:
             for c in contenders:

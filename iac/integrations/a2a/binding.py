@@ -109,19 +109,15 @@ _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 
 class IacBindingError(A2AClientError):
     """An A2A call over IAC failed below A2A: the peer could not be reached, refused the call with
-    an IAC ERROR (``code``: ``no_handler``, ``unauthorized``, ``busy``, …) or broke the binding."""
+    an IAC ERROR (``code``: ``no_handler``, ``unauthorized``, ``busy``, …) or broke the binding.
+
+    ``code`` is ``wrong_peer`` when the agent card's IAC interface names an AgentId that is not
+    the one the peer proved (its HELLO, or the signature of what it answered).
+    """
 
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)
         self.code = code
-
-
-class PeerMismatch(IacBindingError):
-    """The agent card's IAC interface names an AgentId that is not the one the peer proved (its
-    HELLO, or the signature of what it answered)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "wrong_peer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +359,6 @@ __all__ = [
     "Endpoint",
     "IacBindingError",
     "Method",
-    "PeerMismatch",
     "answer_error",
     "call_payload",
     "check_principal",

@@ -30,7 +30,14 @@ from a2a.utils.errors import (
 )
 from google.protobuf.message import Message as ProtoMessage
 
-from iac.errors import DialError, ErrorCode, IacError, RemoteError, RequestTimeout, WrongPeer
+from iac.errors import (
+    DialError,
+    ErrorCode,
+    HandshakeError,
+    IacError,
+    RemoteError,
+    RequestTimeout,
+)
 from iac.integrations.a2a import principal as _principal
 from iac.integrations.a2a.binding import (
     BINDING,
@@ -39,7 +46,6 @@ from iac.integrations.a2a.binding import (
     MSG_TYPE,
     PRINCIPAL_STATE,
     IacBindingError,
-    PeerMismatch,
     answer_error,
     call_payload,
     check_principal,
@@ -122,7 +128,9 @@ class IacCaller:
                     except StopAsyncIteration:
                         return
                 if part.sender != self.peer:  # the node matched the answer to the peer it asked
-                    raise PeerMismatch(f"an answer came from {part.sender[:16]}…, not {self.peer[:16]}…")
+                    raise IacBindingError(
+                        f"an answer came from {part.sender[:16]}…, not {self.peer[:16]}…", "wrong_peer"
+                    )
                 yield part.payload
         finally:
             with contextlib.suppress(IacError, OSError), _principal.stamping(self.peer, principal):
@@ -177,19 +185,23 @@ class IacCaller:
                 raise A2AClientTimeoutError(f"A2A over IAC: the agent answered {exc}") from exc
             what = "serves no A2A over IAC" if exc.code == ErrorCode.NO_HANDLER else "refused the call"
             raise IacBindingError(f"{self.peer[:16]}… {what}: {exc}", exc.code) from exc
-        except (WrongPeer, DialError) as exc:
-            wrong = isinstance(exc, WrongPeer) or any(a.outcome == "wrong_peer" for a in exc.attempts)
+        except (HandshakeError, DialError) as exc:
+            if isinstance(exc, HandshakeError):
+                wrong = exc.reason == "wrong_peer"
+            else:
+                wrong = any(a.outcome == "wrong_peer" for a in exc.attempts)
             if wrong:
                 self.stats.failed["wrong_peer"] += 1
-                raise PeerMismatch(
+                raise IacBindingError(
                     f"the card names {self.peer[:16]}…, but the peer at its addresses proved another "
-                    f"AgentId in its HELLO: {exc}"
+                    f"AgentId in its HELLO: {exc}",
+                    "wrong_peer",
                 ) from exc
-            self.stats.failed[exc.name] += 1
-            raise IacBindingError(f"A2A over IAC: {exc}", exc.name) from exc
+            self.stats.failed[exc.reason] += 1
+            raise IacBindingError(f"A2A over IAC: {exc}", exc.reason) from exc
         except IacError as exc:
-            self.stats.failed[exc.name] += 1
-            raise IacBindingError(f"A2A over IAC: {exc}", exc.name) from exc
+            self.stats.failed[exc.reason] += 1
+            raise IacBindingError(f"A2A over IAC: {exc}", exc.reason) from exc
 
 
 class IacTransport(ClientTransport):
@@ -333,7 +345,8 @@ def client(node: Node, card: pb.AgentCard, *, config: ClientConfig | None = None
 async def fetch_card(node: Node, agent_id: str, *addresses: str, timeout: float = 30.0) -> pb.AgentCard:
     """The public card of the A2A agent behind IAC agent ``agent_id`` (the binding's
     ``GetAgentCard``). A card whose IAC interfaces name another AgentId than the one that answered
-    (and so proved itself in its HELLO and signature) raises :class:`PeerMismatch`."""
+    (and so proved itself in its HELLO and signature) raises :class:`IacBindingError` with
+    ``code`` ``wrong_peer``."""
     if addresses:
         node.add_peer(agent_id, *addresses)
     caller = IacCaller(node, agent_id, timeout=timeout)
@@ -342,8 +355,9 @@ async def fetch_card(node: Node, agent_id: str, *addresses: str, timeout: float 
     named = {e.agent_id for e in iac_endpoints(card)}
     if named and agent_id not in named:
         caller.stats.failed["wrong_peer"] += 1
-        raise PeerMismatch(
-            f"the card {agent_id[:16]}… served names {', '.join(n[:16] + '…' for n in sorted(named))}"
+        raise IacBindingError(
+            f"the card {agent_id[:16]}… served names {', '.join(n[:16] + '…' for n in sorted(named))}",
+            "wrong_peer",
         )
     return card
 

@@ -12,7 +12,7 @@ The wire format is docs/PROTOCOL.md, "Extension: MCP over IAC"; a node that serv
 ``mcp/1`` in its HELLO (:func:`announce`).
 """
 
-from iac.errors import McpBindingError, McpChildFailed, McpUnsupported
+from iac.errors import McpBindingError
 from iac.integrations.mcp.binding import (
     BUSY,
     CAPABILITY,
@@ -42,11 +42,9 @@ __all__ = [
     "Limits",
     "McpBindingError",
     "McpCaller",
-    "McpChildFailed",
     "McpClientTransport",
     "McpEndpoint",
     "McpServer",
-    "McpUnsupported",
     "StdioBridge",
     "announce",
     "caller_of",

@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac-mesh[mcp]'") from exc
 
-from iac.errors import ConfigError, McpChildFailed
+from iac.errors import ConfigError, LocalError
 from iac.integrations.mcp.binding import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
@@ -81,7 +81,7 @@ class StdioBackend:
         self.proc: asyncio.subprocess.Process | None = None
         self.initialize_result: dict[str, Any] = {}
         self.tools: list[str] = []
-        self.failed: asyncio.Future[McpChildFailed] | None = None
+        self.failed: asyncio.Future[LocalError] | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._by_caller: dict[tuple[tuple[str, str], Any], int] = {}
@@ -102,7 +102,9 @@ class StdioBackend:
                 env=self.env, cwd=self.cwd, limit=MAX_CHILD_LINE,
             )  # fmt: skip
         except OSError as exc:
-            raise McpChildFailed(f"cannot start {self.argv[0]!r}: {exc.strerror or exc}") from None
+            raise LocalError(
+                f"cannot start {self.argv[0]!r}: {exc.strerror or exc}", reason="mcp_child_failed"
+            ) from None
         self._reader = loop.create_task(self._read())
         try:
             async with asyncio.timeout(self.init_timeout):
@@ -116,16 +118,18 @@ class StdioBackend:
                 )
         except TimeoutError:
             await self.stop()
-            raise McpChildFailed(
-                f"the stdio MCP server did not answer initialize within {self.init_timeout:g} s"
+            raise LocalError(
+                f"the stdio MCP server did not answer initialize within {self.init_timeout:g} s",
+                reason="mcp_child_failed",
             ) from None
-        except McpChildFailed:
+        except LocalError:
             await self.stop()
             raise
         if "error" in init or not isinstance(init.get("result"), dict):
             await self.stop()
-            raise McpChildFailed(
-                f"the stdio MCP server refused initialize: {json.dumps(init.get('error'))[:200]}"
+            raise LocalError(
+                f"the stdio MCP server refused initialize: {json.dumps(init.get('error'))[:200]}",
+                reason="mcp_child_failed",
             )
         self.initialize_result = init["result"]
         await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -137,9 +141,11 @@ class StdioBackend:
                 self.tools = sorted(
                     str(t.get("name")) for t in tools if isinstance(t, dict) and t.get("name")
                 )
-            except (TimeoutError, McpChildFailed) as exc:
+            except (TimeoutError, LocalError) as exc:
                 await self.stop()
-                raise McpChildFailed(f"the stdio MCP server did not list its tools: {exc}") from None
+                raise LocalError(
+                    f"the stdio MCP server did not list its tools: {exc}", reason="mcp_child_failed"
+                ) from None
 
     async def _startup_request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         bid = next(self._ids)
@@ -178,7 +184,7 @@ class StdioBackend:
 
     def _fail(self, why: str) -> None:
         if self.failed is not None and not self.failed.done():
-            self.failed.set_result(McpChildFailed(why))
+            self.failed.set_result(LocalError(why, reason="mcp_child_failed"))
         for pending in list(self._pending.values()):
             task = asyncio.get_running_loop().create_task(self._answer_error(pending, why))
             self._tasks.add(task)
@@ -192,7 +198,7 @@ class StdioBackend:
     async def _write(self, message: dict[str, Any]) -> None:
         proc = self.proc
         if proc is None or proc.stdin is None or proc.returncode is not None:
-            raise McpChildFailed("the stdio MCP server is not running")
+            raise LocalError("the stdio MCP server is not running", reason="mcp_child_failed")
         line = json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n"
         async with self._write_lock:
             try:
@@ -200,7 +206,7 @@ class StdioBackend:
                 await proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 self._fail(f"the stdio MCP server closed its stdin: {exc}")
-                raise McpChildFailed("the stdio MCP server closed its stdin") from None
+                raise LocalError("the stdio MCP server closed its stdin", reason="mcp_child_failed") from None
 
     async def _read(self) -> None:
         proc = self.proc
@@ -225,9 +231,9 @@ class StdioBackend:
                 return
             try:
                 await self._from_child(message)
-            except McpChildFailed:
-                return
-            except Exception:
+            except Exception as exc:
+                if isinstance(exc, LocalError) and exc.reason == "mcp_child_failed":
+                    return
                 log.exception("routing a message of the stdio MCP server failed")
 
     async def _from_child(self, message: dict[str, Any]) -> None:
@@ -315,7 +321,7 @@ class StdioBackend:
                 forward["params"] = params
             try:
                 await self._write(forward)
-            except McpChildFailed as exc:
+            except LocalError as exc:
                 self._pending.pop(bid, None)
                 await endpoint.route(session, error_message(rid, INTERNAL_ERROR, str(exc)), None)
             return
@@ -349,7 +355,7 @@ class StdioBackend:
             task.add_done_callback(self._tasks.discard)
 
     async def _quiet_write(self, message: dict[str, Any]) -> None:
-        with contextlib.suppress(McpChildFailed):
+        with contextlib.suppress(LocalError):
             await self._write(message)
 
     async def close(self, session: Session) -> None:
@@ -363,7 +369,7 @@ class StdioBackend:
 
 class StdioBridge(McpEndpoint):
     """A stdio MCP server (``argv``) answering MCP over IAC on ``node``: ``await bridge.start()``
-    (raises :class:`McpChildFailed`), then ``await bridge.failed`` says when the child broke;
+    (raises ``mcp_child_failed``), then ``await bridge.failed`` says when the child broke;
     ``await bridge.stop()`` stops it."""
 
     def __init__(
@@ -389,7 +395,7 @@ class StdioBridge(McpEndpoint):
         return self
 
     @property
-    def failed(self) -> asyncio.Future[McpChildFailed]:
+    def failed(self) -> asyncio.Future[LocalError]:
         assert self.child.failed is not None, "start() first"
         return self.child.failed
 

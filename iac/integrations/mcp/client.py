@@ -34,7 +34,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("iac.integrations.mcp needs the MCP SDK: pip install 'iac-mesh[mcp]'") from exc
 
-from iac.errors import ConfigError, IacError, McpUnsupported, RemoteError, RequestTimeout
+from iac.errors import ConfigError, IacError, PeerError, RemoteError, RequestTimeout
 from iac.integrations.mcp.binding import (
     CAPABILITY,
     INTERNAL_ERROR,
@@ -153,13 +153,16 @@ class McpClientTransport:
             await self._read_send.aclose()
 
     async def check(self) -> None:
-        """Dial the agent; :class:`McpUnsupported` when its HELLO does not announce ``mcp/1``. (An
+        """Dial the agent; ``mcp_unsupported`` when its HELLO does not announce ``mcp/1``. (An
         agent reached through a relay has no HELLO here: its registry record is the announcement.)"""
         with contextlib.suppress(ConfigError):  # not in the peer book: a route or a relay reaches it
             await self.node.connect(self.peer)
         conn = self.node.connection(self.peer)
         if conn is not None and CAPABILITY not in conn.peer.hello.capabilities:
-            raise McpUnsupported(f"agent {self.peer[:16]}… does not announce {CAPABILITY} in its HELLO")
+            raise PeerError(
+                f"agent {self.peer[:16]}… does not announce {CAPABILITY} in its HELLO",
+                reason="mcp_unsupported",
+            )
 
     async def has_tool(self, tool: str) -> bool:
         """Ask the agent whether it serves ``tool`` to this caller (the discovery lookup)."""

@@ -21,21 +21,7 @@ moves the payloads; this package decides.
 * :mod:`iac.protocol.files.partials`: the receiver's temporary files in the inbox.
 """
 
-from iac.errors import (
-    BadChunkLength,
-    BadTransferPayload,
-    ChunkHashMismatch,
-    ChunkOutOfRange,
-    FileExistsInInbox,
-    FileHashMismatch,
-    FileTooLarge,
-    FileTransferError,
-    SourceChanged,
-    TooManyTransfers,
-    TransferMismatch,
-    TransferRefused,
-    UnsafeFileName,
-)
+from iac.errors import FileTransferError, TransferRefused
 from iac.protocol.files.partials import PART_PREFIX
 from iac.protocol.files.payloads import (
     MAX_ACK_RANGES,
@@ -80,25 +66,14 @@ __all__ = [
     "PART_PREFIX",
     "AckPayload",
     "AckStatus",
-    "BadChunkLength",
-    "BadTransferPayload",
-    "ChunkHashMismatch",
     "ChunkHeader",
-    "ChunkOutOfRange",
     "ChunkToSend",
-    "FileExistsInInbox",
-    "FileHashMismatch",
     "FileReceiver",
     "FileSender",
-    "FileTooLarge",
     "FileTransferError",
-    "SourceChanged",
     "StateQuery",
-    "TooManyTransfers",
-    "TransferMismatch",
     "TransferProgress",
     "TransferRefused",
-    "UnsafeFileName",
     "check_file_name",
     "chunk_count",
     "chunk_length",

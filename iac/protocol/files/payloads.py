@@ -50,7 +50,7 @@ an ACK acknowledges one message of one session, while a transfer outlives
 sessions and connections: the transfer state (ranges, verdict) must be
 answerable by ``transfer_id`` after a reconnect.
 
-File names: a name is one path component. Refused (:class:`UnsafeFileName`):
+File names: a name is one path component. Refused (``unsafe_file_name``):
 empty, ``.``/``..``, any ``/`` or ``\\``, NUL or another control character,
 more than 255 bytes of UTF-8, and names starting with ``.`` (hidden files, and
 the receiver's own ``.iac-part-*`` temporaries). The target's resolved parent
@@ -68,19 +68,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from iac.errors import (
-    BadChunkLength,
-    BadTransferPayload,
-    ChunkHashMismatch,
-    ChunkOutOfRange,
-    FileExistsInInbox,
-    FileHashMismatch,
-    FileTooLarge,
-    FileTransferError,
-    TooManyTransfers,
-    TransferMismatch,
-    UnsafeFileName,
-)
+from iac.errors import REASONS, FileTransferError
 from iac.protocol.canonical import HEX64_RE, MAX_SAFE_INT
 from iac.wire.jsonutil import dumps_compact
 
@@ -95,25 +83,6 @@ MAX_PAYLOAD_JSON = 4096
 #: Integers in the payloads stay below 2**53 so that every JSON implementation reads them exactly.
 MAX_JSON_INT = MAX_SAFE_INT
 _TRANSFER_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}")
-
-
-#: Error classes by name, for turning a ``failed`` ack back into a typed error.
-_ERRORS_BY_NAME: dict[str, type[FileTransferError]] = {
-    cls.name: cls
-    for cls in (
-        FileTransferError,
-        BadTransferPayload,
-        UnsafeFileName,
-        FileTooLarge,
-        TransferMismatch,
-        ChunkOutOfRange,
-        BadChunkLength,
-        ChunkHashMismatch,
-        FileHashMismatch,
-        TooManyTransfers,
-        FileExistsInInbox,
-    )
-}
 
 
 class AckStatus(StrEnum):
@@ -152,30 +121,45 @@ def transfer_id_for(sender: str, receiver: str, name: str, size: int, chunk_size
 
 def check_transfer_id(value: object) -> str:
     if not isinstance(value, str) or _TRANSFER_ID_RE.fullmatch(value) is None:
-        raise BadTransferPayload(f"transfer_id must be 1-64 characters of [A-Za-z0-9._~-], got {value!r:.80}")
+        raise FileTransferError(
+            f"transfer_id must be 1-64 characters of [A-Za-z0-9._~-], got {value!r:.80}",
+            reason="bad_transfer_payload",
+        )
     return value
 
 
 def check_file_name(name: object) -> str:
-    """Return ``name`` if it is a safe single file name for the inbox, else raise :class:`UnsafeFileName`."""
+    """Return ``name`` if it is a safe single file name for the inbox, else raise ``unsafe_file_name``."""
     if not isinstance(name, str):
-        raise UnsafeFileName(f"file name must be a string, got {type(name).__name__}")
+        raise FileTransferError(
+            f"file name must be a string, got {type(name).__name__}", reason="unsafe_file_name"
+        )
     if not name:
-        raise UnsafeFileName("file name is empty")
+        raise FileTransferError("file name is empty", reason="unsafe_file_name")
     if name in (".", ".."):
-        raise UnsafeFileName(f"file name {name!r} names a directory")
+        raise FileTransferError(f"file name {name!r} names a directory", reason="unsafe_file_name")
     if "/" in name or "\\" in name:
-        raise UnsafeFileName(f"file name {name[:80]!r} contains a path separator")
+        raise FileTransferError(
+            f"file name {name[:80]!r} contains a path separator", reason="unsafe_file_name"
+        )
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise UnsafeFileName(f"file name {name[:80]!r} contains NUL or a control character")
+        raise FileTransferError(
+            f"file name {name[:80]!r} contains NUL or a control character", reason="unsafe_file_name"
+        )
     if name.startswith("."):
-        raise UnsafeFileName(f"file name {name[:80]!r} is hidden (starts with '.')")
+        raise FileTransferError(
+            f"file name {name[:80]!r} is hidden (starts with '.')", reason="unsafe_file_name"
+        )
     try:
         encoded = name.encode("utf-8")
     except UnicodeEncodeError:
-        raise UnsafeFileName(f"file name {name[:80]!r} is not valid Unicode") from None
+        raise FileTransferError(
+            f"file name {name[:80]!r} is not valid Unicode", reason="unsafe_file_name"
+        ) from None
     if len(encoded) > MAX_NAME_BYTES:
-        raise UnsafeFileName(f"file name is {len(encoded)} bytes of UTF-8, above {MAX_NAME_BYTES}")
+        raise FileTransferError(
+            f"file name is {len(encoded)} bytes of UTF-8, above {MAX_NAME_BYTES}", reason="unsafe_file_name"
+        )
     return name
 
 
@@ -197,8 +181,10 @@ def max_chunk_size_for(max_frame_size: int) -> int:
 def _int_field(obj: Mapping[str, Any], key: str, transfer_id: str, minimum: int = 0) -> int:
     value = obj.get(key)
     if type(value) is not int or not minimum <= value <= MAX_JSON_INT:
-        raise BadTransferPayload(
-            f"{key} must be an integer in [{minimum}, 2**53 - 1], got {value!r:.40}", transfer_id
+        raise FileTransferError(
+            f"{key} must be an integer in [{minimum}, 2**53 - 1], got {value!r:.40}",
+            transfer_id,
+            reason="bad_transfer_payload",
         )
     return value
 
@@ -206,19 +192,24 @@ def _int_field(obj: Mapping[str, Any], key: str, transfer_id: str, minimum: int 
 def _hex64_field(obj: Mapping[str, Any], key: str, transfer_id: str) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or HEX64_RE.fullmatch(value) is None:
-        raise BadTransferPayload(f"{key} must be 64 lowercase hex digits", transfer_id)
+        raise FileTransferError(
+            f"{key} must be 64 lowercase hex digits", transfer_id, reason="bad_transfer_payload"
+        )
     return value
 
 
 def load_payload_json(payload_json: str) -> dict[str, Any]:
     if len(payload_json) > MAX_PAYLOAD_JSON:
-        raise BadTransferPayload(f"payload_json is {len(payload_json)} characters, above {MAX_PAYLOAD_JSON}")
+        raise FileTransferError(
+            f"payload_json is {len(payload_json)} characters, above {MAX_PAYLOAD_JSON}",
+            reason="bad_transfer_payload",
+        )
     try:
         obj = json.loads(payload_json)
     except (ValueError, RecursionError):
-        raise BadTransferPayload("payload_json is not JSON") from None
+        raise FileTransferError("payload_json is not JSON", reason="bad_transfer_payload") from None
     if not isinstance(obj, dict):
-        raise BadTransferPayload("payload_json is not a JSON object")
+        raise FileTransferError("payload_json is not a JSON object", reason="bad_transfer_payload")
     return obj
 
 
@@ -258,7 +249,7 @@ class ChunkHeader:
         tid = check_transfer_id(obj.get("transfer_id"))
         name = obj.get("name")
         if not isinstance(name, str):
-            raise BadTransferPayload("name must be a string", tid)
+            raise FileTransferError("name must be a string", tid, reason="bad_transfer_payload")
         index = _int_field(obj, "index", tid)
         total = _int_field(obj, "total", tid, 1)
         size = _int_field(obj, "size", tid)
@@ -306,7 +297,9 @@ class AckPayload:
         tid = check_transfer_id(obj.get("transfer_id"))
         raw = obj.get("ack")
         if not isinstance(raw, list) or len(raw) > MAX_ACK_RANGES:
-            raise BadTransferPayload(f"ack must be a list of at most {MAX_ACK_RANGES} ranges", tid)
+            raise FileTransferError(
+                f"ack must be a list of at most {MAX_ACK_RANGES} ranges", tid, reason="bad_transfer_payload"
+            )
         ranges: list[Range] = []
         prev_end = -1
         for item in raw:
@@ -317,24 +310,28 @@ class AckPayload:
                 or not item[0] < item[1]
                 or item[0] <= prev_end
             ):
-                raise BadTransferPayload(
-                    "ack ranges must be sorted, disjoint, non-adjacent [start, end) pairs", tid
+                raise FileTransferError(
+                    "ack ranges must be sorted, disjoint, non-adjacent [start, end) pairs",
+                    tid,
+                    reason="bad_transfer_payload",
                 )
             ranges.append((item[0], item[1]))
             prev_end = item[1]
         try:
             status = AckStatus(str(obj.get("status")))
         except ValueError:
-            raise BadTransferPayload(f"unknown ack status {obj.get('status')!r:.40}", tid) from None
+            raise FileTransferError(
+                f"unknown ack status {obj.get('status')!r:.40}", tid, reason="bad_transfer_payload"
+            ) from None
         truncated = obj.get("truncated", False)
         if not isinstance(truncated, bool):
-            raise BadTransferPayload("truncated must be a boolean", tid)
+            raise FileTransferError("truncated must be a boolean", tid, reason="bad_transfer_payload")
         error = obj.get("error", "")
         message = obj.get("message", "")
         if not isinstance(error, str) or not isinstance(message, str):
-            raise BadTransferPayload("error and message must be strings", tid)
+            raise FileTransferError("error and message must be strings", tid, reason="bad_transfer_payload")
         if status is AckStatus.FAILED and not error:
-            raise BadTransferPayload("a failed ack names its error", tid)
+            raise FileTransferError("a failed ack names its error", tid, reason="bad_transfer_payload")
         return cls(tid, tuple(ranges), status, error[:100], message[:500], truncated)
 
     @property
@@ -370,7 +367,7 @@ def parse_payload(payload_json: str) -> ChunkHeader | AckPayload | StateQuery:
         tid = check_transfer_id(obj.get("transfer_id"))
         start = obj.get("start", False)
         if not isinstance(start, bool):
-            raise BadTransferPayload("start must be a boolean", tid)
+            raise FileTransferError("start must be a boolean", tid, reason="bad_transfer_payload")
         return StateQuery(tid, start)
     return ChunkHeader.from_obj(obj)
 
@@ -378,7 +375,7 @@ def parse_payload(payload_json: str) -> ChunkHeader | AckPayload | StateQuery:
 def failure_ack(error: FileTransferError, transfer_id: str = "") -> AckPayload:
     """The ``failed`` ack that answers a fatal :class:`FileTransferError`."""
     tid = error.transfer_id or transfer_id
-    return AckPayload(check_transfer_id(tid), (), AckStatus.FAILED, error.name, str(error)[:500])
+    return AckPayload(check_transfer_id(tid), (), AckStatus.FAILED, error.reason, str(error)[:500])
 
 
 def ranges_of(held: bytearray, limit: int = MAX_ACK_RANGES) -> tuple[tuple[Range, ...], bool]:
@@ -399,5 +396,6 @@ def ranges_of(held: bytearray, limit: int = MAX_ACK_RANGES) -> tuple[tuple[Range
 
 def error_for(ack: AckPayload) -> FileTransferError:
     """The typed error a ``failed`` ack names (``file_transfer_error`` for a name not known here)."""
-    cls = _ERRORS_BY_NAME.get(ack.error, FileTransferError)
-    return cls(ack.message or ack.error, ack.transfer_id)
+    row = REASONS.get(ack.error)
+    reason = ack.error if row is not None and row.cls is FileTransferError else None
+    return FileTransferError(ack.message or ack.error, ack.transfer_id, reason=reason)

@@ -27,21 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from iac.errors import (
-    BadChunkLength,
-    BadTransferPayload,
-    ChunkHashMismatch,
-    ChunkOutOfRange,
-    ConfigError,
-    DiskError,
-    FileExistsInInbox,
-    FileHashMismatch,
-    FileTooLarge,
-    FileTransferError,
-    TooManyTransfers,
-    TransferMismatch,
-    UnsafeFileName,
-)
+from iac.errors import ConfigError, DiskError, FileTransferError
 from iac.protocol.files.partials import (
     idle_partials,
     part_paths,
@@ -160,7 +146,9 @@ class FileReceiver:
                 self._finished.pop((sender, parsed.transfer_id), None)
             return self.state(parsed.transfer_id, sender=sender)
         if isinstance(parsed, AckPayload):
-            raise BadTransferPayload("an ack is not for a receiver", parsed.transfer_id)
+            raise FileTransferError(
+                "an ack is not for a receiver", parsed.transfer_id, reason="bad_transfer_payload"
+            )
         return self._on_header(parsed, data, sender, now)
 
     def on_chunk(self, payload_json: str, data: bytes, *, sender: str = "", now: float = 0.0) -> AckPayload:
@@ -172,8 +160,8 @@ class FileReceiver:
         """
         try:
             header = ChunkHeader.from_obj(load_payload_json(payload_json))
-        except BadTransferPayload:
-            self._count(BadTransferPayload.name)
+        except FileTransferError as exc:
+            self._count(exc.reason)
             raise
         try:
             return self._on_header(header, data, sender, now)
@@ -265,7 +253,7 @@ class FileReceiver:
         done = self._finished.get(key)
         if done is not None:
             if isinstance(done, FileTransferError):
-                raise type(done)(str(done), header.transfer_id)
+                raise FileTransferError(str(done), header.transfer_id, reason=done.reason)
             self.stats.duplicates += 1
             return done
         try:
@@ -274,9 +262,10 @@ class FileReceiver:
             if inc is None:
                 inc = self._open(key, header)
             elif not inc.header.same_file(header):
-                raise TransferMismatch(
+                raise FileTransferError(
                     "chunk header differs from the transfer's (name, size, total, chunk_size or sha256)",
                     header.transfer_id,
+                    reason="transfer_mismatch",
                 )
             inc.last_seen = now
             if inc.held[header.index]:
@@ -289,7 +278,7 @@ class FileReceiver:
             self._save_state(inc)
             return inc.ack()
         except FileTransferError as exc:
-            self._count(exc.name)
+            self._count(exc.reason)
             if exc.fatal:
                 inc = self._active.pop(key, None)
                 if inc is not None:
@@ -302,35 +291,53 @@ class FileReceiver:
         tid = header.transfer_id
         try:
             check_file_name(header.name)
-        except UnsafeFileName as exc:
-            raise UnsafeFileName(str(exc), tid) from None
+        except FileTransferError as exc:
+            raise FileTransferError(str(exc), tid, reason="unsafe_file_name") from None
         if header.size > self.max_size:
-            raise FileTooLarge(f"file is {header.size} bytes, above the limit {self.max_size}", tid)
+            raise FileTransferError(
+                f"file is {header.size} bytes, above the limit {self.max_size}", tid, reason="file_too_large"
+            )
         if not MIN_CHUNK_SIZE <= header.chunk_size <= self.max_chunk_size:
-            raise BadTransferPayload(
-                f"chunk_size {header.chunk_size} is outside [{MIN_CHUNK_SIZE}, {self.max_chunk_size}]", tid
+            raise FileTransferError(
+                f"chunk_size {header.chunk_size} is outside [{MIN_CHUNK_SIZE}, {self.max_chunk_size}]",
+                tid,
+                reason="bad_transfer_payload",
             )
         expected_total = chunk_count(header.size, header.chunk_size)
         if header.total != expected_total:
-            raise TransferMismatch(
-                f"total {header.total} does not match size and chunk_size (expected {expected_total})", tid
+            raise FileTransferError(
+                f"total {header.total} does not match size and chunk_size (expected {expected_total})",
+                tid,
+                reason="transfer_mismatch",
             )
         if header.index >= header.total:
-            raise ChunkOutOfRange(f"chunk index {header.index} is not below total {header.total}", tid)
+            raise FileTransferError(
+                f"chunk index {header.index} is not below total {header.total}",
+                tid,
+                reason="chunk_out_of_range",
+            )
         expected = chunk_length(header.index, header.size, header.chunk_size)
         if len(data) != expected:
-            raise BadChunkLength(f"chunk {header.index} is {len(data)} bytes, expected {expected}", tid)
+            raise FileTransferError(
+                f"chunk {header.index} is {len(data)} bytes, expected {expected}",
+                tid,
+                reason="bad_chunk_length",
+            )
         if header.chunk_sha256 is not None and hashlib.sha256(data).hexdigest() != header.chunk_sha256:
-            raise ChunkHashMismatch(f"chunk {header.index} does not match its chunk_sha256", tid)
+            raise FileTransferError(
+                f"chunk {header.index} does not match its chunk_sha256", tid, reason="chunk_hash_mismatch"
+            )
 
     def _open(self, key: tuple[str, str], header: ChunkHeader) -> _Incoming:
         tid = header.transfer_id
         target = self.inbox / header.name
         # Belt and braces after check_file_name: the lexical target must sit directly in the inbox.
         if Path(os.path.normpath(self._inbox_real / header.name)).parent != self._inbox_real:
-            raise UnsafeFileName(f"file name {header.name!r} resolves outside the inbox", tid)
+            raise FileTransferError(
+                f"file name {header.name!r} resolves outside the inbox", tid, reason="unsafe_file_name"
+            )
         if not self.overwrite and os.path.lexists(target):
-            raise FileExistsInInbox(f"{header.name!r} is already in the inbox", tid)
+            raise FileTransferError(f"{header.name!r} is already in the inbox", tid, reason="file_exists")
         part, state_path = self._paths(key)
         stored = self._read_state(key)
         if stored is not None and stored[0].same_file(header):
@@ -340,7 +347,9 @@ class FileReceiver:
                 self._active[key] = inc
                 return inc
         if len(self._active) >= self.max_transfers:
-            raise TooManyTransfers(f"already receiving {len(self._active)} files", tid)
+            raise FileTransferError(
+                f"already receiving {len(self._active)} files", tid, reason="too_many_transfers"
+            )
         unlink(part)
         unlink(state_path)
         fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -363,7 +372,11 @@ class FileReceiver:
         ranges: tuple[Range, ...],
     ) -> _Incoming | None:
         if len(self._active) >= self.max_transfers:
-            raise TooManyTransfers(f"already receiving {len(self._active)} files", header.transfer_id)
+            raise FileTransferError(
+                f"already receiving {len(self._active)} files",
+                header.transfer_id,
+                reason="too_many_transfers",
+            )
         try:
             fd = os.open(part, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -406,7 +419,11 @@ class FileReceiver:
             inc.hashed_upto = 0
             self._advance_hash(inc)
         if inc.hasher.hexdigest() != h.sha256:
-            raise FileHashMismatch(f"{h.name!r}: the received file does not match its sha256", h.transfer_id)
+            raise FileTransferError(
+                f"{h.name!r}: the received file does not match its sha256",
+                h.transfer_id,
+                reason="file_hash_mismatch",
+            )
         if self.durable:
             os.fsync(inc.fd)
         os.close(inc.fd)
@@ -431,12 +448,16 @@ class FileReceiver:
         try:
             os.link(part, target)  # atomic and never replaces an existing file
         except FileExistsError:
-            raise FileExistsInInbox(f"{target.name!r} is already in the inbox") from None
+            raise FileTransferError(
+                f"{target.name!r} is already in the inbox", reason="file_exists"
+            ) from None
         except OSError as exc:
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                 raise
             if os.path.lexists(target):  # no hard links here: check, then rename
-                raise FileExistsInInbox(f"{target.name!r} is already in the inbox") from None
+                raise FileTransferError(
+                    f"{target.name!r} is already in the inbox", reason="file_exists"
+                ) from None
             os.replace(part, target)
             return
         unlink(part)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from iac.errors import BadTransferPayload, ConfigError, SourceChanged, TransferRefused, UnsafeFileName
+from iac.errors import ConfigError, FileTransferError, LocalError, TransferRefused
 from iac.protocol.canonical import HEX64_RE
 from iac.protocol.files.payloads import (
     MAX_JSON_INT,
@@ -128,7 +128,7 @@ class FileSender:
     ) -> None:
         try:
             self.transfer_id = check_transfer_id(transfer_id)
-        except BadTransferPayload as exc:
+        except FileTransferError as exc:
             raise ConfigError(str(exc)) from None
         limit = max_chunk_size_for(max_frame_size)
         if chunk_size is None:
@@ -157,7 +157,7 @@ class FileSender:
                 raise ConfigError("name is required when the source is a file object")
         try:
             self.name = check_file_name(name)
-        except UnsafeFileName as exc:
+        except FileTransferError as exc:
             self.close()
             raise ConfigError(str(exc)) from None
         try:
@@ -270,7 +270,10 @@ class FileSender:
         self._file.seek(offset)
         data = self._file.read(length)
         if len(data) != length:
-            raise SourceChanged(f"{self.name}: read {len(data)} bytes at offset {offset}, expected {length}")
+            raise LocalError(
+                f"{self.name}: read {len(data)} bytes at offset {offset}, expected {length}",
+                reason="source_changed",
+            )
         attempt = self._attempts.get(index, 0) + 1
         self._attempts[index] = attempt
         self._in_flight[index] = now
@@ -363,14 +366,20 @@ class FileSender:
         if isinstance(payload, str):
             parsed = parse_payload(payload)
             if not isinstance(parsed, AckPayload):
-                raise BadTransferPayload("expected an ack payload", self.transfer_id)
+                raise FileTransferError(
+                    "expected an ack payload", self.transfer_id, reason="bad_transfer_payload"
+                )
             payload = parsed
         if payload.transfer_id != self.transfer_id:
-            raise BadTransferPayload(
-                f"ack is for transfer {payload.transfer_id!r}, not {self.transfer_id!r}", self.transfer_id
+            raise FileTransferError(
+                f"ack is for transfer {payload.transfer_id!r}, not {self.transfer_id!r}",
+                self.transfer_id,
+                reason="bad_transfer_payload",
             )
         if payload.ranges and payload.ranges[-1][1] > self.total:
-            raise BadTransferPayload(f"ack names chunks beyond total {self.total}", self.transfer_id)
+            raise FileTransferError(
+                f"ack names chunks beyond total {self.total}", self.transfer_id, reason="bad_transfer_payload"
+            )
         return payload
 
     def _fail(self, ack: AckPayload) -> None:

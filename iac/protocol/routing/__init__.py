@@ -8,15 +8,7 @@
   relays unicast and routes replies back the way the request came.
 """
 
-from iac.errors import (
-    BadForwardPath,
-    HopLimitExhausted,
-    NoRoute,
-    RelayDenied,
-    RoutingError,
-    RoutingLoop,
-    SeenCacheFull,
-)
+from iac.errors import RoutingError
 from iac.protocol.routing.decisions import (
     MAX_HOP_LIMIT,
     RelayPolicy,
@@ -49,19 +41,13 @@ __all__ = [
     "FORWARD_SCHEMA",
     "MAX_HOP_LIMIT",
     "MAX_PATH",
-    "BadForwardPath",
     "ForwardEnvelope",
-    "HopLimitExhausted",
-    "NoRoute",
-    "RelayDenied",
     "RelayPolicy",
     "RouteDecision",
     "RouteRefusal",
     "Router",
     "RouterStats",
     "RoutingError",
-    "RoutingLoop",
-    "SeenCacheFull",
     "Send",
     "open_forward",
     "parse_forward",

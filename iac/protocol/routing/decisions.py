@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from iac.errors import ConfigError, IacError
+from iac.errors import REASONS, ConfigError, IacError
 from iac.protocol.routing.forward import U32, require_agent_id
 from iac.wire._pb.iac_pb2 import Message
 
@@ -26,12 +26,12 @@ class RouteRefusal(StrEnum):
     are never answered.
     """
 
-    MALFORMED = "malformed"
+    MALFORMED = "malformed_message"
     BAD_SIGNATURE = "bad_signature"
-    STALE = "stale"
+    STALE = "stale_message"
     HOP_LIMIT_EXHAUSTED = "hop_limit_exhausted"
-    LOOP = "loop"
-    BAD_PATH = "bad_path"
+    LOOP = "routing_loop"
+    BAD_PATH = "bad_forward_path"
     RELAY_DENIED = "relay_denied"
     NO_ROUTE = "no_route"
     SEEN_CACHE_FULL = "seen_cache_full"
@@ -40,20 +40,8 @@ class RouteRefusal(StrEnum):
 
     @property
     def code(self) -> str | None:
-        return _REFUSAL_CODES.get(self)
-
-
-_REFUSAL_CODES: dict[RouteRefusal, str] = {
-    RouteRefusal.BAD_SIGNATURE: "bad_signature",
-    RouteRefusal.STALE: "bad_request",
-    RouteRefusal.HOP_LIMIT_EXHAUSTED: "bad_request",
-    RouteRefusal.LOOP: "bad_request",
-    RouteRefusal.BAD_PATH: "bad_request",
-    RouteRefusal.RELAY_DENIED: "policy_denied",
-    RouteRefusal.NO_ROUTE: "bad_request",
-    RouteRefusal.SEEN_CACHE_FULL: "busy",
-    RouteRefusal.RELAY_RATE: "busy",
-}
+        code = REASONS[self.value].error
+        return None if code is None else code.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from iac.errors import BadForwardPath, ConfigError, MessageFormatError
+from iac.errors import ConfigError, ProtocolError, RoutingError
 from iac.wire._pb.iac_pb2 import Forward, Message
 from iac.wire.identity import Domain, is_agent_id, verify
 from iac.wire.message import sender_of
@@ -74,21 +74,21 @@ def wrap_forward(message: bytes, hop_limit: int, path: Sequence[str]) -> bytes:
 def parse_forward(data: bytes) -> ForwardEnvelope:
     """Parse Forward bytes without verifying the inner message.
 
-    Raises :class:`MessageFormatError` for bytes that are not one unambiguous
+    Raises ``malformed_message`` for bytes that are not one unambiguous
     Forward (a singular field twice, a wrong wire type) and
-    :class:`BadForwardPath` for a path that is too long or holds a malformed id.
+    ``bad_forward_path`` for a path that is too long or holds a malformed id.
     """
     validate(data, FORWARD_SCHEMA)
     try:
         fwd = Forward.FromString(data)
     except DecodeError as exc:
-        raise MessageFormatError(f"Forward does not parse: {exc}") from None
+        raise ProtocolError(f"Forward does not parse: {exc}", reason="malformed_message") from None
     path = tuple(fwd.path)
     if len(path) > MAX_PATH:
-        raise BadForwardPath(f"path holds {len(path)} ids, above {MAX_PATH}")
+        raise RoutingError(f"path holds {len(path)} ids, above {MAX_PATH}", reason="bad_forward_path")
     for hop in path:
         if not is_agent_id(hop):
-            raise BadForwardPath(f"path holds a malformed AgentId {hop[:80]!r}")
+            raise RoutingError(f"path holds a malformed AgentId {hop[:80]!r}", reason="bad_forward_path")
     return ForwardEnvelope(fwd.hop_limit, path, fwd.message)
 
 
@@ -98,7 +98,7 @@ def parse_inner_message(data: bytes) -> tuple[Message, bytes, bytes]:
     try:
         msg = Message.FromString(data)
     except DecodeError as exc:
-        raise MessageFormatError(f"Message does not parse: {exc}") from None
+        raise ProtocolError(f"Message does not parse: {exc}", reason="malformed_message") from None
     return msg, unsigned, signature
 
 

@@ -37,20 +37,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from iac.errors import (
-    BadForwardPath,
-    BadSignature,
-    ConfigError,
-    HopLimitExhausted,
-    IacError,
-    InvalidAgentId,
-    MessageFormatError,
-    NoRoute,
-    RelayDenied,
-    RoutingLoop,
-    SeenCacheFull,
-    StaleMessage,
-)
+from iac.errors import ConfigError, IacError, MessageRejected, ProtocolError, RoutingError
 from iac.protocol.replay import DEFAULT_MAX_SKEW_US, check_freshness
 from iac.protocol.routing.decisions import RelayPolicy, RouteDecision, RouteRefusal, RouterStats, Send
 from iac.protocol.routing.forward import (
@@ -204,7 +191,7 @@ class Router:
         if sender_of(msg) != self.me:
             raise ConfigError("a node originates only its own messages")
         if not self._remember(("b", self.me, msg.session_id, msg.msg_id), now_us):
-            raise SeenCacheFull("the broadcast seen-cache is full")
+            raise RoutingError("the broadcast seen-cache is full", reason="seen_cache_full")
         limit = min(hop_limit or self.broadcast_hop_limit, self.policy.max_hop_limit)
         body = wrap_forward(message, limit, (self.me,))
         sends = [Send(p, body) for p in sorted(set(peers)) if p != self.me]
@@ -225,7 +212,7 @@ class Router:
 
         The first hop is ``via`` when given, else ``to`` when connected, else
         the route table's next hop (a learned reverse route for a reply).
-        Raises :class:`NoRoute` when there is none.
+        Raises ``no_route`` when there is none.
         """
         msg, _, _ = parse_inner_message(message)
         to = msg.to
@@ -235,7 +222,7 @@ class Router:
             raise ConfigError("a node originates only its own messages")
         hop = via if via is not None else self.next_hop(to, peers, now_us)
         if hop is None or hop not in peers:
-            raise NoRoute(f"no connected peer or route toward {to[:16]}…")
+            raise RoutingError(f"no connected peer or route toward {to[:16]}…", reason="no_route")
         limit = min(hop_limit or self.unicast_hop_limit, self.policy.max_hop_limit)
         self.stats.originated += 1
         self.stats.forwarded += 1
@@ -255,13 +242,17 @@ class Router:
         """
         try:
             env = parse_forward(data)
-        except MessageFormatError as exc:
+        except ProtocolError as exc:
+            if exc.row.counter != RouteRefusal.MALFORMED:
+                raise
             return self._refuse(RouteRefusal.MALFORMED, exc)
-        except BadForwardPath as exc:
+        except RoutingError as exc:
             return self._refuse(RouteRefusal.BAD_PATH, exc)
         try:
             msg, unsigned, signature = parse_inner_message(env.message)
-        except MessageFormatError as exc:
+        except ProtocolError as exc:
+            if exc.row.counter != RouteRefusal.MALFORMED:
+                raise
             return self._refuse(RouteRefusal.MALFORMED, exc, env)
         origin = sender_of(msg)
         broadcast = not msg.to
@@ -278,20 +269,26 @@ class Router:
             )
         if env.hop_limit == 0:
             return self._refuse(
-                RouteRefusal.HOP_LIMIT_EXHAUSTED, HopLimitExhausted("Forward arrived with hop_limit 0"), env
+                RouteRefusal.HOP_LIMIT_EXHAUSTED,
+                RoutingError("Forward arrived with hop_limit 0", reason="hop_limit_exhausted"),
+                env,
             )
         if self.me in env.path:
-            return self._refuse(RouteRefusal.LOOP, RoutingLoop("this node is already in the path"), env)
+            return self._refuse(
+                RouteRefusal.LOOP,
+                RoutingError("this node is already in the path", reason="routing_loop"),
+                env,
+            )
         bad_path = self._check_path(env.path, origin, from_peer)
         if bad_path is not None:
-            return self._refuse(RouteRefusal.BAD_PATH, BadForwardPath(bad_path), env)
+            return self._refuse(RouteRefusal.BAD_PATH, RoutingError(bad_path, reason="bad_forward_path"), env)
         try:
             verify(origin, Domain.MESSAGE, unsigned, signature)
-        except (BadSignature, InvalidAgentId) as exc:
+        except MessageRejected as exc:
             return self._refuse(RouteRefusal.BAD_SIGNATURE, exc, env)
         try:
             check_freshness(msg.timestamp, now_us, self.max_skew_us)
-        except StaleMessage as exc:
+        except MessageRejected as exc:
             return self._refuse(RouteRefusal.STALE, exc, env)
         if broadcast:
             return self._on_broadcast(env, msg, key, from_peer, peers, now_us)
@@ -328,7 +325,9 @@ class Router:
                 message_bytes=env.message,
                 sends=sends,
                 refusal=refusal,
-                error=RelayDenied("this node does not re-flood broadcasts from this origin")
+                error=RoutingError(
+                    "this node does not re-flood broadcasts from this origin", reason="relay_denied"
+                )
                 if refusal
                 else None,
                 origin=origin,
@@ -364,7 +363,9 @@ class Router:
         to = msg.to
         if to != self.me and not self._relay_allowed(msg, origin, to):
             return self._refuse(
-                RouteRefusal.RELAY_DENIED, RelayDenied("this node does not relay that message"), env
+                RouteRefusal.RELAY_DENIED,
+                RoutingError("this node does not relay that message", reason="relay_denied"),
+                env,
             )
         if to == self.me:
             if not self._remember(key, now_us):
@@ -377,14 +378,20 @@ class Router:
         limit = self._relay_limit(env)
         if limit < 1:
             return self._refuse(
-                RouteRefusal.HOP_LIMIT_EXHAUSTED, HopLimitExhausted("no hop left to relay on"), env
+                RouteRefusal.HOP_LIMIT_EXHAUSTED,
+                RoutingError("no hop left to relay on", reason="hop_limit_exhausted"),
+                env,
             )
         hop = self.next_hop(to, peers, now_us)
         if hop is None or hop == from_peer or hop in env.path:
-            return self._refuse(RouteRefusal.NO_ROUTE, NoRoute(f"no route toward {to[:16]}…"), env)
+            return self._refuse(
+                RouteRefusal.NO_ROUTE, RoutingError(f"no route toward {to[:16]}…", reason="no_route"), env
+            )
         if not self._take_share(origin, len(env.message), now_us):
             return self._refuse(
-                RouteRefusal.RELAY_RATE, RelayDenied(f"{origin[:16]}… spent its share of this relay"), env
+                RouteRefusal.RELAY_RATE,
+                RoutingError(f"{origin[:16]}… spent its share of this relay", reason="relay_rate"),
+                env,
             )
         if not self._remember(key, now_us):
             return self._seen_cache_full(env)
@@ -458,7 +465,9 @@ class Router:
         return self._seen.add(key, now_us + self.retention_us, now_us)
 
     def _seen_cache_full(self, env: ForwardEnvelope) -> RouteDecision:
-        return self._refuse(RouteRefusal.SEEN_CACHE_FULL, SeenCacheFull("seen-cache is full"), env)
+        return self._refuse(
+            RouteRefusal.SEEN_CACHE_FULL, RoutingError("seen-cache is full", reason="seen_cache_full"), env
+        )
 
     def _refuse(
         self, refusal: RouteRefusal, error: IacError, env: ForwardEnvelope | None = None

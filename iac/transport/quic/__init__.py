@@ -24,7 +24,7 @@ How IAC maps onto QUIC (docs/PROTOCOL.md, "QUIC mapping"):
   ``memory_budget_bytes``. A receiver whose budget is spent withholds new stream
   credit; partly received frames, the stream data the library holds behind
   gaps and unjudged frames beyond ``recv_budget_bytes`` close the connection
-  (:class:`~iac.errors.BufferExceeded`). Frames that overtake the HELLO are
+  (``buffer_exceeded``). Frames that overtake the HELLO are
   held compressed (``early_frames_limit``, ``early_frames_bytes``) until it
   verifies.
 * Refusals close the connection with the close code as QUIC application error

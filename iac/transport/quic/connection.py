@@ -704,7 +704,7 @@ class QuicConn(Connection):
             async with asyncio.timeout(config.handshake_timeout):
                 hello = await perform_handshake(hs, self._control, clock=config.clock, precheck=precheck)
         except ProtocolError as exc:
-            on_refused(self, exc.name, str(exc))
+            on_refused(self, exc.reason, str(exc))
             self._refused(exc)
             return
         except TimeoutError:
@@ -713,7 +713,7 @@ class QuicConn(Connection):
             self._fail(error, CloseCode.HANDSHAKE_FAILED, "HELLO timeout", goaway=True)
             return
         except IacError as exc:
-            on_refused(self, exc.name, str(exc))
+            on_refused(self, exc.reason, str(exc))
             self._fail(exc, CloseCode.HANDSHAKE_FAILED, "handshake failed", goaway=False)
             return
         self._hello_verified(hs, hello)

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from iac.errors import BufferExceeded, ProtocolError, UnexpectedHello
+from iac.errors import HandshakeError, ProtocolError
 from iac.transport.base import TransportConfig
 from iac.transport.budget import RecvBudget
 from iac.transport.queues import Inbox
@@ -96,14 +96,14 @@ class QuicInbound:
         """Frames that overtook the HELLO: held compressed (and counted) until it verifies."""
         for frame in frames:
             if frame.type == FrameType.HELLO:
-                raise UnexpectedHello("HELLO on a unidirectional stream")
+                raise HandshakeError("HELLO on a unidirectional stream", reason="unexpected_hello")
             self.early.hold(frame)
             self.inbox.budget.take(frame.wire_size)
         self.stats.early_frames += len(frames)
 
     def count_reassembly(self) -> None:
         """Count the stream data the QUIC library holds behind gaps; raises
-        :class:`BufferExceeded` past the budget."""
+        ``buffer_exceeded`` past the budget."""
         held = self.backend.reassembly_bytes(self.quic)
         if held != self.reassembly:
             self.reassembly = held
@@ -117,14 +117,17 @@ class QuicInbound:
         config = self.config
         wire = self.streams.buffered + self.reassembly + self.inbox.backlog_bytes
         if wire > config.recv_budget_bytes:
-            raise BufferExceeded(
-                f"partly received and unjudged frames exceed recv_budget_bytes ({config.recv_budget_bytes})"
+            raise ProtocolError(
+                f"partly received and unjudged frames exceed recv_budget_bytes ({config.recv_budget_bytes})",
+                reason="buffer_exceeded",
             )
         if self.session is None:
             early = self.streams.buffered + self.reassembly + self.early.nbytes + self.ctl_bytes
             if early > config.early_frames_bytes + config.max_frame_size:
-                raise BufferExceeded(
-                    f"more than {config.early_frames_bytes} bytes of frames arrived before the HELLO verified"
+                raise ProtocolError(
+                    f"more than {config.early_frames_bytes} bytes of frames arrived "
+                    "before the HELLO verified",
+                    reason="buffer_exceeded",
                 )
 
     def read_control(self) -> Frame | None:

@@ -27,12 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import (
-    AdmissionDenied,
-    CloseCode,
-    ConfigError,
-    TransportError,
-)
+from iac.errors import CloseCode, ConfigError, HandshakeError, TransportError
 from iac.protocol.handshake import channel_binding
 from iac.protocol.records import is_ip_literal
 from iac.transport.base import Address, Listener, OnConnection, TransportConfig, parse_address
@@ -417,7 +412,7 @@ class QuicListener(Listener):
         if self.ca_file is not None:
             try:
                 verify_client_chain(issued.client_chain, self.ca_file)
-            except AdmissionDenied as exc:
+            except HandshakeError as exc:
                 log.info("quic session ticket not resumed: %s", exc)
                 return None
             auth.resumed_chain = issued.client_chain
@@ -438,7 +433,7 @@ class QuicListener(Listener):
                 chain = tuple(lib.peer_certificate_chain(quic))
                 try:
                     verify_client_chain(chain, self.ca_file)
-                except AdmissionDenied:
+                except HandshakeError:
                     return  # the HELLO exchange refuses the connection
         self.tickets.add(ticket, chain)
 
@@ -455,7 +450,9 @@ class QuicListener(Listener):
         def check() -> None:
             if lib.session_resumed(conn.quic):
                 if auth.resumed_chain is None:
-                    raise AdmissionDenied("resumed session without a verified client certificate")
+                    raise HandshakeError(
+                        "resumed session without a verified client certificate", reason="admission_denied"
+                    )
                 return
             verify_client_chain(chain_of(conn.quic), ca_file)
 

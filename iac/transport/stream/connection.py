@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
-from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError, TruncatedFrame
+from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
 from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, map_network_errors
 from iac.transport.budget import RecvBudget
@@ -300,8 +300,8 @@ class StreamConnection(Connection):
     def _protocol_fault(self, exc: ProtocolError) -> None:
         exc = exc.with_traceback(None)  # kept as the close error's cause: it must hold no frames
         log.info(
-            "closing connection to %s: %s: %s", self.peer.agent_id[:16], exc.name, exc,
-            extra={"peer": self.peer.agent_id[:16], "transport": self.peer.transport, "reason": exc.name,
+            "closing connection to %s: %s: %s", self.peer.agent_id[:16], exc.reason, exc,
+            extra={"peer": self.peer.agent_id[:16], "transport": self.peer.transport, "reason": exc.reason,
                    "code": exc.close_code.name},
         )  # fmt: skip
         self._start_close(local_protocol_error(exc), goaway=(exc.close_code, str(exc)), graceful=False)
@@ -413,7 +413,7 @@ class StreamConnection(Connection):
 
 
 def decoder_truncated() -> ProtocolError:
-    return TruncatedFrame("the peer hung up inside a frame")
+    return ProtocolError("the peer hung up inside a frame", reason="truncated_frame")
 
 
 __all__ = ["FRAMES_PER_TURN", "StreamConnection", "decoder_truncated", "establish"]

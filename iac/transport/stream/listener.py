@@ -201,14 +201,14 @@ class StreamListener(Listener):
                 deadline=deadline,
             )
         except ProtocolError as exc:
-            self.count_refusal(exc.name)
+            self.count_refusal(exc.reason)
             log.info(
-                "refused %s connection from %s: %s: %s", self.transport, peer_url, exc.name, exc,
-                extra={"transport": self.transport, "reason": exc.name, "code": exc.close_code.name},
+                "refused %s connection from %s: %s: %s", self.transport, peer_url, exc.reason, exc,
+                extra={"transport": self.transport, "reason": exc.reason, "code": exc.close_code.name},
             )  # fmt: skip
             await self._refuse(proto, exc)
         except IacError as exc:
-            self.count_refusal(exc.name)
+            self.count_refusal(exc.reason)
             log.info("%s connection from %s failed: %s", self.transport, peer_url, exc)
         except NETWORK_ERRORS as exc:
             self.count_refusal("network_error")

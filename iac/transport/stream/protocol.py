@@ -176,7 +176,7 @@ class FrameProtocol(HandshakeChannel, asyncio.Protocol):
             if self.read_error is not None:
                 raise self.read_error
             if self.eof or self.lost:
-                self.decoder.feed(b"", final=True)  # a partial frame: TruncatedFrame
+                self.decoder.feed(b"", final=True)  # a partial frame: truncated_frame
                 if self.lost_exc is not None:
                     raise self._lost_error()
                 raise ConnectionClosed("peer closed the connection")

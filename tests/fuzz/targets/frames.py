@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from iac.errors import FrameError, IacError
+from iac.errors import IacError, ProtocolError
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary
 from iac.wire.frames import Frame, FrameDecoder
 from tests.fuzz.bounds import Finding, check_error
@@ -78,7 +78,7 @@ def decode(pieces: list[bytes], *, packed: bool = False) -> tuple[list[Any], typ
         check_error(exc)
         try:
             feed(b"")
-        except FrameError:
+        except ProtocolError:
             return frames, type(exc)
         raise Finding("the decoder takes input after an error") from exc
     for frame in frames:

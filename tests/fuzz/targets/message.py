@@ -48,7 +48,7 @@ def check_scan(data: bytes) -> None:
         full = _scan(data, 0, len(data), MESSAGE_SCHEMA)
     except IacError as exc:
         check_error(exc)
-        raise Finding(f"the scan's fast path takes bytes that the full scan refuses ({exc.name})") from exc
+        raise Finding(f"the scan's fast path takes bytes that the full scan refuses ({exc.reason})") from exc
     if full != fast:
         raise Finding(f"the scan's fast path finds the signature at {fast}, the full scan at {full}")
 
