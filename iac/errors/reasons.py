@@ -43,6 +43,7 @@ def _rows() -> list[Reason]:
     rows = [Reason(c.name, c) for c in own]
     rows += [Reason(n, LocalError) for n in ("worker_failed", "source_changed", "mcp_child_failed")]
     rows += [Reason("invalid_transition", LocalError)]
+    rows += [Reason("stateless_reset", ConnectionClosed)]  # the peer no longer knows the connection
     rows += [Reason(n, ConfigError) for n in ("config_error", "key_file_error")]
     rows += [Reason("mcp_unsupported", PeerError)]
     # Protocol errors: the connection is closed.

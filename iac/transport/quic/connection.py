@@ -477,7 +477,7 @@ class QuicConn(Connection):
             "quic connection %s ended: %s", self.address or "?", RESET_MESSAGE,
             extra={"transport": "quic", "reason": "stateless_reset"},
         )  # fmt: skip
-        self._core.close(ConnectionClosed(RESET_MESSAGE, None, "stateless_reset"))
+        self._core.close(ConnectionClosed(RESET_MESSAGE, reason="stateless_reset"))
         resets.drop(quic)
         self._proto.process_events()  # ConnectionTerminated: the connection finishes
         self._proto.transmit()  # nothing to send; the library's timer goes
