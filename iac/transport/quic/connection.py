@@ -49,6 +49,7 @@ from iac.transport.core import (
 )
 from iac.transport.queues import SendQueue
 from iac.transport.quic.inbound import QuicInbound
+from iac.transport.quic.pathmtu import PmtuDriver
 from iac.transport.quic.protocol import QuicProtocol
 from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, write_streams
 from iac.transport.session import (
@@ -227,6 +228,12 @@ class QuicConn(Connection):
 
     def received(self) -> int:
         return len(self._inbox)
+
+    @property
+    def path_mtu(self) -> PmtuDriver | None:
+        """Path MTU discovery on this connection (its ``mtu``, search state and counts); None
+        when it is off (``TransportConfig.quic_pmtud``) or the QUIC library lacks the hooks."""
+        return self._proto.pmtu
 
     @property
     def quic(self) -> Any:

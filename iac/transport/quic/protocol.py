@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
+from iac.transport.quic.pathmtu import PmtuDriver, driver_for
 
 
 class ConnectionEvents(Protocol):
@@ -50,10 +51,13 @@ class QuicProtocol(asyncio.DatagramProtocol):
     _transmit_task: asyncio.Handle | None
     _transport: asyncio.DatagramTransport | None
     _cc_hooks: TransmitHooks | None = None
+    #: Path MTU discovery (:mod:`iac.transport.quic.pathmtu`); None: packets stay at 1,200 bytes.
+    pmtu: PmtuDriver | None = None
 
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
         self._cc_hooks = attach(quic, self.backend)
+        self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
 
     if TYPE_CHECKING:  # provided by the library's QuicConnectionProtocol
 
@@ -126,6 +130,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
         hooks = self._cc_hooks
         if hooks is not None:
             hooks.before_transmit(self._loop.time())
+        if self.pmtu is not None:
+            self.pmtu.before_transmit(self._transport)
         try:
             super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
         except OSError as exc:  # the network boundary: as if the socket reported it
@@ -136,6 +142,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
             conn.after_transmit()
 
     def error_received(self, exc: Exception) -> None:
+        if self.pmtu is not None and isinstance(exc, OSError) and self.pmtu.on_send_error(exc):
+            return  # a probe larger than the local interface: that size fails, nothing else
         if self.conn is not None and isinstance(exc, OSError):
             self.conn.on_socket_error(exc)
 
