@@ -223,3 +223,18 @@ def test_bounds_are_refused() -> None:
         Impairment(mtu=20)
     assert TransportConfig().quic_pmtud is True
     assert TransportConfig().quic_max_datagram_size == 1472
+
+
+def test_command_line_option() -> None:
+    import argparse
+
+    from iac.cli.options import add_transport_options, transport_config
+
+    p = argparse.ArgumentParser()
+    add_transport_options(p)
+    assert transport_config(p.parse_args([])).quic_max_datagram_size == 1472
+    assert transport_config(p.parse_args(["--max-datagram-size", "9000"])).quic_max_datagram_size == 9000
+    off = transport_config(p.parse_args(["--max-datagram-size", "0"]))
+    assert off.quic_pmtud is False
+    with pytest.raises(ConfigError, match="quic_max_datagram_size"):
+        transport_config(p.parse_args(["--max-datagram-size", "900"]))

@@ -60,7 +60,8 @@ def test_packets_grow_to_what_the_probe_confirmed() -> None:
             await conn.send(_frame(conn, payload))
             await eventually(lambda: relay.stats.forwarded_large >= large_before + 150, timeout=5)
             assert relay.stats.largest_forwarded == 1472
-            assert pmtu.path.stats.probes_acked == 1 and pmtu.path.stats.fallbacks == 0
+            # a loss on the loaded loopback may be confirmed again (a probe acknowledged), never fall back
+            assert pmtu.path.stats.probes_acked >= 1 and pmtu.path.stats.fallbacks == 0 and pmtu.mtu == 1472
         finally:
             await conn.close()
             await listener.close()

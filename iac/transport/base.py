@@ -186,6 +186,9 @@ class TransportConfig:
     #: The largest UDP payload probed for, 1,200..65,527 (default 1,472: a 1,500-byte IPv4
     #: path; jumbo-frame LANs and loopback carry more, IPv6 on 1,500 bytes 1,452).
     quic_max_datagram_size: int = 1472
+    #: UDP segmentation offload (Linux ``UDP_SEGMENT``, detected at start; off elsewhere): a
+    #: QUIC flush's train of same-size datagrams to one address leaves in one ``sendmsg``.
+    quic_gso: bool = True
 
     @property
     def connections(self) -> ConnectionBound:

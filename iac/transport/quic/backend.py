@@ -173,6 +173,9 @@ class Backend:
     attach_dialed: Callable[[Any, Any], Callable[[], None]] | None = None
     #: Path MTU discovery hooks; None where unsupported (the path stays at 1,200 bytes).
     pmtu: PmtuHooks | None = None
+    #: ``(quic, transport) -> socket``: the raw UDP socket under ``transport`` when the
+    #: connection's configuration asks for segmentation offload (:mod:`.gso`), else None.
+    gso_socket: Callable[[Any, Any], Any] | None = None
 
 
 # --- aioquic 1.7 ---------------------------------------------------------------------------------
@@ -297,9 +300,19 @@ def _aioquic() -> Backend:
         server._protocols[proto._quic.host_cid] = proto
         return terminated
 
+    def gso_socket(quic: Any, transport: Any) -> Any:
+        # The library flushes through the asyncio transport's sendto; a train needs sendmsg,
+        # which asyncio's socket wrapper (TransportSocket) does not offer: its socket, then.
+        if not getattr(quic._configuration, "iac_gso", False) or transport is None:
+            return None
+        wrapper = transport.get_extra_info("socket")
+        sock = getattr(wrapper, "_sock", wrapper)
+        return sock if hasattr(sock, "sendmsg") else None
+
     pinned = str(aioquic.__version__).startswith(AIOQUIC_PINNED + ".")
     return Backend(
         pmtu=_aioquic_pmtu() if pinned else None,
+        gso_socket=gso_socket,
         name="aioquic",
         version=str(aioquic.__version__),
         QuicConnectionProtocol=QuicConnectionProtocol,

@@ -78,11 +78,13 @@ def server_configuration(identity: Identity, config: TransportConfig, backend: B
 
 
 def _configure_pmtud(qc: Any, config: TransportConfig) -> None:
-    """Path MTU discovery's settings travel with the library's configuration to each of its
-    connections (the asyncio protocol reads them, :mod:`iac.transport.quic.pathmtu`); the
-    library itself keeps building 1,200-byte packets until a probe allows more."""
+    """Path MTU discovery's and segmentation offload's settings travel with the library's
+    configuration to each of its connections (the asyncio protocol reads them,
+    :mod:`iac.transport.quic.pathmtu`, :mod:`iac.transport.quic.gso`); the library itself
+    keeps building 1,200-byte packets until a probe allows more."""
     with contextlib.suppress(AttributeError):  # a library whose configuration has slots
         qc.iac_pmtud = PmtuSettings(enabled=config.quic_pmtud, max_size=config.quic_max_datagram_size)
+        qc.iac_gso = config.quic_gso
 
 
 def _load_certificate(

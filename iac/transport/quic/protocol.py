@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
+from iac.transport.quic.gso import GsoSender, supported
 from iac.transport.quic.pathmtu import PmtuDriver, driver_for
 
 
@@ -53,6 +54,9 @@ class QuicProtocol(asyncio.DatagramProtocol):
     _cc_hooks: TransmitHooks | None = None
     #: Path MTU discovery (:mod:`iac.transport.quic.pathmtu`); None: packets stay at 1,200 bytes.
     pmtu: PmtuDriver | None = None
+    #: Segmentation offload (:mod:`iac.transport.quic.gso`); None: one ``sendto`` per datagram.
+    gso: GsoSender | None = None
+    _gso_checked = False
 
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
@@ -132,14 +136,35 @@ class QuicProtocol(asyncio.DatagramProtocol):
             hooks.before_transmit(self._loop.time())
         if self.pmtu is not None:
             self.pmtu.before_transmit(self._transport)
+        gso = self.gso if self._gso_checked else self._start_gso()
         try:
-            super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+            if gso is None:
+                super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+            else:  # the library's flush gathers into the sender, which sends trains
+                transport, self._transport = self._transport, cast(Any, gso)
+                try:
+                    super().transmit()  # type: ignore[misc]
+                finally:
+                    self._transport = transport
+                gso.flush()
         except OSError as exc:  # the network boundary: as if the socket reported it
             self.error_received(exc)
         if hooks is not None:
             hooks.after_transmit(self._loop.time())
         if conn is not None:
             conn.after_transmit()
+
+    def _start_gso(self) -> GsoSender | None:
+        """The connection's GSO sender, made at its first flush with a socket (None: off)."""
+        transport = self._transport
+        if transport is None:
+            return None
+        self._gso_checked = True
+        hook = self.backend.gso_socket
+        sock = hook(self._quic, transport) if hook is not None and supported() else None
+        if sock is not None:
+            self.gso = GsoSender(sock, transport)
+        return self.gso
 
     def error_received(self, exc: Exception) -> None:
         if self.pmtu is not None and isinstance(exc, OSError) and self.pmtu.on_send_error(exc):
