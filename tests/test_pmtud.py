@@ -93,7 +93,7 @@ def test_lossy_path_still_converges_and_never_exceeds_the_limit() -> None:
         drive(pm, FakePath(1400, loss=0.1, seed=seed), 0.0, 120.0)
         assert pm.state == COMPLETE
         assert pm.mtu <= 1400
-        assert pm.mtu >= 1400 - 2 * SEARCH_GRANULARITY or pm.stats.probes_lost >= MAX_PROBES
+        assert pm.mtu >= 1400 - 2 * SEARCH_GRANULARITY  # seeded, so the same 20 paths every run
 
 
 def test_peer_that_never_acknowledges_probes_stays_at_base() -> None:

@@ -359,6 +359,8 @@ def _aioquic_pmtu() -> PmtuHooks:
         if not handshake_confirmed(quic) or not crypto.send.is_valid() or not quic._network_paths:
             return []
         path = quic._network_paths[0]
+        if not path.is_validated:  # the anti-amplification limit holds: no probe beyond it
+            return []
         builder = QuicPacketBuilder(
             host_cid=quic.host_cid,
             is_client=quic._is_client,

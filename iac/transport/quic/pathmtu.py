@@ -51,6 +51,10 @@ def probe_mode(sock: Any) -> bool:
     return True
 
 
+#: The size changes a driver remembers (the latest).
+MAX_CHANGES = 32
+
+
 class PmtuDriver:
     """Path MTU discovery for one library connection ``quic`` (see the module docstring)."""
 
@@ -151,6 +155,7 @@ class PmtuDriver:
             self.hooks.set_datagram_size(self.quic, mtu)
             self._applied = mtu
             self.changes.append((now, mtu))
+            del self.changes[:-MAX_CHANGES]
 
     def _on_loss(self, largest: int, sent_at: float | None, now: float) -> None:
         if largest > 1200:
