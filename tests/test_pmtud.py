@@ -238,3 +238,17 @@ def test_command_line_option() -> None:
     assert off.quic_pmtud is False
     with pytest.raises(ConfigError, match="quic_max_datagram_size"):
         transport_config(p.parse_args(["--max-datagram-size", "900"]))
+
+
+def test_a_large_data_packet_acknowledged_after_the_loss_ends_the_suspicion() -> None:
+    pm = PathMtu(1472)
+    pm.start(0.0)
+    now = drive(pm, FakePath(1500), 0.0, 10.0)
+    pm.on_large_loss(now)  # a full receive buffer, say
+    pm.on_large_acked(1472, now - 0.01, now + 0.02)  # sent before the loss was noticed: proves nothing
+    assert pm.confirming
+    pm.on_large_acked(1300, now + 0.01, now + 0.03)  # smaller than the current size: proves nothing
+    assert pm.confirming
+    pm.on_large_acked(1472, now + 0.01, now + 0.03)
+    assert not pm.confirming and pm.next_probe(now + 0.03) is None
+    assert pm.mtu == 1472 and pm.stats.fallbacks == 0

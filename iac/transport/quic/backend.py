@@ -100,6 +100,9 @@ class PmtuHooks:
     #: in-flight packets lost (probes excluded): the largest lost packet's size and the send
     #: time of the latest lost packet larger than 1,200 bytes (None: none was).
     watch_losses: Callable[[Any, Callable[[int, float | None, float], None]], None]
+    #: ``(quic, on_acked)``: ``on_acked(size, sent_time)`` for each in-flight packet larger than
+    #: 1,200 bytes that is acknowledged (probes excluded: they are not in flight).
+    watch_acks: Callable[[Any, Callable[[int, float], None]], None]
     #: The peer's ``max_udp_payload_size`` transport parameter (None: not sent or not known yet).
     peer_max_udp_payload: Callable[[Any], int | None]
     #: The connection's probe timeout (PTO) now, seconds.
@@ -418,6 +421,17 @@ def _aioquic_pmtu() -> PmtuHooks:
 
         loss._on_packets_lost = hooked
 
+    def watch_acks(quic: Any, on_acked: Callable[[int, float], None]) -> None:
+        cc = quic._loss._cc
+        acked = cc.on_packet_acked  # called by recovery for each acknowledged in-flight packet
+
+        def hooked(*, now: float, packet: Any) -> None:
+            acked(now=now, packet=packet)
+            if packet.sent_bytes > 1200:
+                on_acked(packet.sent_bytes, packet.sent_time)
+
+        cc.on_packet_acked = hooked
+
     def peer_max_udp_payload(quic: Any) -> int | None:
         for ext_type, ext_data in quic.tls.received_extensions or ():
             if ext_type == ExtensionType.QUIC_TRANSPORT_PARAMETERS:
@@ -430,6 +444,7 @@ def _aioquic_pmtu() -> PmtuHooks:
         send_probe=send_probe,
         set_datagram_size=set_datagram_size,
         watch_losses=watch_losses,
+        watch_acks=watch_acks,
         peer_max_udp_payload=peer_max_udp_payload,
         probe_timeout=lambda quic: float(quic._loss.get_probe_timeout()),
         handshake_confirmed=handshake_confirmed,

@@ -82,6 +82,7 @@ class PmtuDriver:
         #: (time, size) each time the size packets may use changed, for tests and reports.
         self.changes: list[tuple[float, int]] = []
         hooks.watch_losses(quic, self._on_loss)
+        hooks.watch_acks(quic, self._on_acked)
 
     @property
     def mtu(self) -> int:
@@ -160,6 +161,10 @@ class PmtuDriver:
     def _on_loss(self, largest: int, sent_at: float | None, now: float) -> None:
         if largest > 1200:
             self.path.on_large_loss(now, sent_at)
+
+    def _on_acked(self, size: int, sent_at: float) -> None:
+        if self.path.confirming:  # only then does an acknowledged data packet tell anything
+            self.path.on_large_acked(size, sent_at, self.loop.time())
 
     def _arm(self, at: float | None) -> None:
         if at == self._timer_at:

@@ -19,10 +19,11 @@ Black holes (RFC 8899 section 4.3): when a packet larger than the base is lost w
 path runs above the base (:meth:`PathMtu.on_large_loss`; a lost data packet or a probe
 timeout of the connection's own loss recovery), the path is confirmed with a probe of the
 current size. A confirmation probe acknowledged clears the suspicion (the loss was
-congestion); :data:`MAX_PROBES` confirmation probes lost in a row fall back to the base at
-once, so that a path whose MTU dropped moves data again at most :data:`MAX_PROBES` probe
-timeouts after the first loss was noticed. A fallen-back path searches again after
-``raise_interval``.
+congestion), and so does a data packet of the current size sent after the loss was noticed
+and acknowledged (:meth:`PathMtu.on_large_acked`); :data:`MAX_PROBES` confirmation probes
+lost in a row fall back to the base at once, so that a path whose MTU dropped moves data
+again at most :data:`MAX_PROBES` probe timeouts after the first loss was noticed. A
+fallen-back path searches again after ``raise_interval``.
 
 One :class:`PathMtu` serves one network path: a connection that moves to a new path (a
 NAT-punched one, a migration) calls :meth:`PathMtu.reset`, and the new path starts at the
@@ -252,6 +253,17 @@ class PathMtu:
         # A probe still out left before the loss was noticed: it may have passed before the
         # path changed, so only probes sent from now on confirm (or refute) the size.
         self._probe = None
+
+    def on_large_acked(self, size: int, sent_at: float, now: float) -> None:
+        """A data packet of ``size`` bytes, sent at ``sent_at``, was acknowledged: if it was sent
+        after the suspicion began and is as large as the current size, the path still carries
+        that size (the loss was congestion, such as a full receive buffer) and the suspicion ends."""
+        if not self._confirming or size < self.mtu or self.stats.suspected_at is None:
+            return
+        if sent_at >= self.stats.suspected_at:
+            self._confirming = self._recheck = False
+            self._probe = None  # the confirmation probe still out proves nothing more
+            self._losses = 0
 
     def on_timer(self, now: float) -> None:
         """The time reached :meth:`timer`: an outstanding probe expired."""
