@@ -296,6 +296,8 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
         if report.get("datagram_bytes"):
             res.add(label, "datagram size PMTUD settled on", "B", report["datagram_bytes"])
             res.add(label, "CPU s per MB, both ends", "s", report["cpu_s_per_mb"])
+            if report.get("ack_frames_per_mb"):
+                res.add(label, "ACK frames the sender processed per MB", "", report["ack_frames_per_mb"])
             trains, segments = sum(report["gso_trains"]), sum(report["gso_segments"])
             if trains:
                 res.add(label, "datagrams per GSO sendmsg", "datagrams", [segments / trains])

@@ -62,8 +62,9 @@ async def bench_iac_file(
     file is checked for size and removed. ``link``: ``TransportConfig`` fields for both nodes
     (``quic_pmtud``, ``quic_gso``, ``quic_max_datagram_size``); ``report`` (QUIC) gets the
     datagram size path MTU discovery settled on (``datagram_bytes``), the trains segmentation
-    offload sent (``gso_trains``, ``gso_segments``) and the process's CPU seconds per MB, both
-    ends together (``cpu_s_per_mb``)."""
+    offload sent (``gso_trains``, ``gso_segments``), the process's CPU seconds per MB, both
+    ends together (``cpu_s_per_mb``), and the ACK frames the sender processed per MB
+    (``ack_frames_per_mb``)."""
     from dataclasses import replace
 
     scheme = url.split(":", 1)[0]
@@ -86,9 +87,13 @@ async def bench_iac_file(
                     if pmtu.path.state != "searching":
                         break
                     await asyncio.sleep(0.01)
+            hook = getattr(getattr(conn, "backend", None), "ack_counter", None)
+            acks = hook(getattr(conn, "quic", None)) if hook is not None else None
             t0, c0 = time.perf_counter(), time.process_time()
             res = await tx.send_file(rx.agent_id, path, window=window)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if report is not None and acks is not None:
+                report.setdefault("ack_frames_per_mb", []).append(acks() / (res.size / 1e6))
             if report is not None and scheme == "quic":
                 report.setdefault("datagram_bytes", []).append(pmtu.mtu if pmtu is not None else 1200)
                 sender = getattr(conn, "gso", None)
