@@ -135,8 +135,8 @@ def add_registry_option(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_transport_options(p: argparse.ArgumentParser) -> None:
-    """``--ca``, ``--cert`` and ``--cert-key`` (CA mode), ``--qlog DIR`` and ``--congestion`` (see
-    :func:`transport_config`)."""
+    """``--ca``, ``--cert`` and ``--cert-key`` (CA mode), ``--qlog DIR``, ``--congestion`` and
+    ``--max-datagram-size`` (see :func:`transport_config`)."""
     p.add_argument("--ca", default=None, help="CA mode: CA certificate (PEM) that peers must chain to")
     p.add_argument("--cert", default=None, help="CA mode: this node's certificate (PEM)")
     p.add_argument("--cert-key", default=None, help="CA mode: this node's certificate key (PEM)")
@@ -152,6 +152,15 @@ def add_transport_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"QUIC congestion control (default {DEFAULT_CONGESTION}; bbr: paced, model-based, "
         "for lossy or deep-buffered links)",
+    )
+    p.add_argument(
+        "--max-datagram-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help=f"QUIC path MTU discovery probes up to this UDP payload (default "
+        f"{TransportConfig.quic_max_datagram_size}, a 1,500-byte IPv4 path; 1200..65527; "
+        "0: no probing, every packet 1,200 bytes)",
     )
 
 
@@ -203,6 +212,11 @@ def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
     congestion = getattr(args, "congestion", None)
     if congestion is not None:
         extra["congestion"] = congestion
+    datagram = getattr(args, "max_datagram_size", None)
+    if datagram == 0:
+        extra["quic_pmtud"] = False
+    elif datagram is not None:
+        extra["quic_max_datagram_size"] = datagram
     extra.setdefault("dictionaries", DictionarySet([default_dictionary()]))
     return TransportConfig(ca_file=ca, cert_file=cert, key_file=cert_key, **extra)
 

@@ -25,6 +25,7 @@ class ImpairStats:
     delivered: int = 0
     delivered_bytes: int = 0
     dropped_queue: int = 0
+    dropped_mtu: int = 0  # larger than the link's MTU
     dropped_bottleneck: int = 0  # the bottleneck's queue was full
     max_queued_bytes: int = 0
 
@@ -96,6 +97,9 @@ class Impairer:
         imp, rng, st = self.impairment, self.rng, self.stats
         st.packets += 1
         st.bytes += size
+        if imp.mtu is not None and size > imp.mtu:
+            st.dropped_mtu += 1
+            return []
         if imp.loss and rng.random() < imp.loss:
             st.dropped += 1
             return []

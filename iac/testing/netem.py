@@ -19,7 +19,9 @@ one and writes them to the other after :class:`Impairer` decided their fate: see
 loss, delay, jitter, reordering and duplication, one generator per direction, applied
 to every IP packet whatever the protocol (TCP, UDP, ICMP). ``delay`` is one way: a
 ``delay`` of 10 ms gives a 20 ms round trip. Loss, reordering and duplication apply to
-each direction independently.
+each direction independently. ``mtu`` silently drops every IP packet larger than it
+(the TUN devices themselves carry 1,500 bytes), as a path with that MTU does to packets
+with Don't Fragment set; it can be lowered mid-run with ``set``.
 
 **Bottleneck** (:class:`Bottleneck`, optional): before the impairment, each direction can
 pass a rate limit with a bounded drop-tail queue (:class:`Shaper`): a packet waits until
@@ -170,6 +172,10 @@ def forward(
                         break
                     raise
                 now = time.monotonic()
+                mtu = impairer.impairment.mtu
+                if mtu is not None and len(packet) > mtu:  # dropped before it takes queue space
+                    impairer.schedule(now, len(packet))  # counted as dropped_mtu
+                    continue
                 if shaper is not None:  # the bottleneck's queue, then the impairment
                     leaves = shaper.admit(now, len(packet))
                     if leaves is None:

@@ -33,6 +33,10 @@ from iac.errors import ConfigError
 Address = tuple[str, int]
 
 
+#: Bytes an IPv4 header and a UDP header add to a datagram's payload.
+UDP_IPV4_OVERHEAD = 28
+
+
 @dataclass(frozen=True)
 class Impairment:
     """What the relay does to each datagram in one direction.
@@ -40,7 +44,11 @@ class Impairment:
     ``delay`` and ``jitter`` are seconds (the delay of one datagram is
     ``delay + uniform(0, jitter)``); ``loss``, ``reorder`` and ``duplicate``
     are probabilities. A reordered datagram is held back by an extra
-    ``reorder_delay`` so that later ones overtake it.
+    ``reorder_delay`` so that later ones overtake it. ``mtu`` (bytes, None: no
+    limit) silently drops every packet larger than it, as a path whose MTU is
+    ``mtu`` drops packets with Don't Fragment set: the link emulator compares it with
+    the IP packet, this relay with the UDP payload plus 28 bytes (IPv4 and UDP
+    headers), so that one value means the same path on both.
     """
 
     delay: float = 0.0
@@ -49,6 +57,7 @@ class Impairment:
     reorder: float = 0.0
     reorder_delay: float = 0.005
     duplicate: float = 0.0
+    mtu: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("loss", "reorder", "duplicate"):
@@ -58,6 +67,8 @@ class Impairment:
         for name in ("delay", "jitter", "reorder_delay"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
+        if self.mtu is not None and self.mtu < UDP_IPV4_OVERHEAD + 1:
+            raise ConfigError(f"mtu must be more than {UDP_IPV4_OVERHEAD} bytes, got {self.mtu}")
 
 
 @dataclass
@@ -68,6 +79,10 @@ class RelayStats:
     forwarded: int = 0
     dropped_loss: int = 0
     dropped_queue: int = 0
+    dropped_mtu: int = 0
+    #: The largest datagram forwarded, and how many were larger than QUIC's 1,200 bytes.
+    largest_forwarded: int = 0
+    forwarded_large: int = 0
     duplicated: int = 0
     reordered: int = 0
     replayed: int = 0
@@ -247,6 +262,9 @@ class UdpRelay:
     def _impair(self, direction: _Direction, data: bytes, via: _Leg, dest: Address) -> None:
         imp = direction.impairment
         rng = self._rng
+        if imp.mtu is not None and len(data) + UDP_IPV4_OVERHEAD > imp.mtu:
+            self.stats.dropped_mtu += 1
+            return
         if imp.loss and rng.random() < imp.loss:
             self.stats.dropped_loss += 1
             return
@@ -289,7 +307,12 @@ class UdpRelay:
             self.stats.dropped_queue += 1
             return
         via.transport.sendto(data, dest)
-        self.stats.forwarded += 1
+        st = self.stats
+        st.forwarded += 1
+        if len(data) > st.largest_forwarded:
+            st.largest_forwarded = len(data)
+        if len(data) > 1200:
+            st.forwarded_large += 1
 
 
 __all__ = ["Captured", "Impairment", "RelayStats", "UdpRelay"]

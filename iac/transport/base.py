@@ -178,6 +178,17 @@ class TransportConfig:
     #: The counter behind ``memory_budget_bytes``. None: a new one is made; copies made with
     #: ``dataclasses.replace`` keep sharing it (unless they change ``memory_budget_bytes``).
     memory_budget: MemoryBudget | None = field(default=None, compare=False, repr=False)
+    #: QUIC path MTU discovery (DPLPMTUD, RFC 8899; docs/PROTOCOL.md, "Path MTU"): every path
+    #: starts at 1,200 bytes of UDP payload and probes upward to ``quic_max_datagram_size``;
+    #: packets grow once a probe of their size was acknowledged, and fall back to 1,200 when
+    #: the path stops carrying them. False: every packet stays at 1,200 bytes, no probes.
+    quic_pmtud: bool = True
+    #: The largest UDP payload probed for, 1,200..65,527 (default 1,472: a 1,500-byte IPv4
+    #: path; jumbo-frame LANs and loopback carry more, IPv6 on 1,500 bytes 1,452).
+    quic_max_datagram_size: int = 1472
+    #: UDP segmentation offload (Linux ``UDP_SEGMENT``, detected at start; off elsewhere): a
+    #: QUIC flush's train of same-size datagrams to one address leaves in one ``sendmsg``.
+    quic_gso: bool = True
 
     @property
     def connections(self) -> ConnectionBound:
@@ -226,6 +237,10 @@ class TransportConfig:
                 raise ConfigError(f"{name} must be a positive, finite number of seconds")
         if self.retry_threshold <= 0:
             raise ConfigError("retry_threshold must be positive")
+        if not 1200 <= self.quic_max_datagram_size <= 65527:
+            raise ConfigError(
+                f"quic_max_datagram_size must be in [1200, 65527], not {self.quic_max_datagram_size}"
+            )
         if self.congestion not in CONGESTION_CONTROLS:
             raise ConfigError(
                 f"congestion must be one of {', '.join(CONGESTION_CONTROLS)}, not {self.congestion!r}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -214,7 +215,14 @@ class _QuicCounters:
 
 
 async def flow(
-    role: str, target: dict[str, Any], transport: str, cc: str, seconds: float, run: str, warmup: float
+    role: str,
+    target: dict[str, Any],
+    transport: str,
+    cc: str,
+    seconds: float,
+    run: str,
+    warmup: float,
+    link: bool = True,
 ) -> int:
     """``bulk`` or ``requests``: dial, say ready, run on "go", report, exit at once."""
     from iac.transport import dial
@@ -226,6 +234,8 @@ async def flow(
     config = TransportConfig(
         congestion=cc if transport == "quic" else DEFAULT_CONGESTION, send_queue_bytes=1 << 20
     )
+    if not link:  # path MTU discovery and segmentation offload off (fields of newer versions)
+        config = dataclasses.replace(config, quic_pmtud=False, quic_gso=False)
     conn = await dial(url, Identity.generate(), expect=target["agent_id"], config=config)
     counters: _QuicCounters | None = None
     if transport == "tls":
@@ -270,6 +280,9 @@ async def flow(
                     lat.append((time.perf_counter() - t) * 1e3)
         out["lat_ms"] = [round(x, 3) for x in lat]
     out["cpu_s"] = time.process_time() - cpu0
+    pmtu = getattr(conn, "path_mtu", None)
+    if transport == "quic":
+        out["datagram_bytes"] = pmtu.mtu if pmtu is not None else 1200
     out.update(counters.report() if counters is not None else _tcp_counters(conn))
     sock = _tcp_socket(conn)
     if sock is not None:  # end now: no lingering send buffer reaches the next run
@@ -292,11 +305,16 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--seconds", type=float, required=True)
         f.add_argument("--run", default="r0")
         f.add_argument("--warmup", type=float, default=1.0)
+        f.add_argument("--link", choices=("on", "off"), default="on", help="QUIC PMTUD and GSO")
     args = ap.parse_args(argv)
     if args.role in ("sink", "echo"):
         return asyncio.run(serve(args.role, args.host))
     target = json.loads(args.target)
-    return asyncio.run(flow(args.role, target, args.transport, args.cc, args.seconds, args.run, args.warmup))
+    return asyncio.run(
+        flow(
+            args.role, target, args.transport, args.cc, args.seconds, args.run, args.warmup, args.link == "on"
+        )
+    )
 
 
 if __name__ == "__main__":

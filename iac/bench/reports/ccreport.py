@@ -247,6 +247,13 @@ def fill_result(data: dict[str, Any], result: Any) -> None:
                 better="higher",
                 iac=False,
             )
+    sizes: dict[tuple[str, str], list[float]] = {}
+    for run in data["runs"]:
+        size = run["flows"][0].get("datagram_bytes")
+        if size is not None:
+            sizes.setdefault((run["contender"], label(run["setting"])), []).append(size)
+    for (who, where), values in sizes.items():
+        result.add(who, f"datagram size PMTUD settled on, {where}", "B", values)
     summary = target_summary(targets(data))
     for t in summary:
         if t["worst"] is not None:

@@ -61,6 +61,8 @@ class Contender:
     label: str
     transport: str  # quic | tls
     cc: str
+    #: QUIC path MTU discovery and segmentation offload (``TransportConfig.quic_pmtud``, ``quic_gso``).
+    link: bool = True
 
 
 BBR = Contender("IAC-QUIC BBR", "quic", "bbr")
@@ -68,6 +70,7 @@ CUBIC = Contender("IAC-QUIC CUBIC", "quic", "cubic")
 RENO = Contender("IAC-QUIC Reno", "quic", "reno")
 TCP_CUBIC = Contender("IAC-TLS/TCP cubic", "tls", "cubic")
 TCP_BBR = Contender("IAC-TLS/TCP bbr", "tls", "bbr")
+BBR_LINK_OFF = Contender("IAC-QUIC BBR, PMTUD and GSO off", "quic", "bbr", link=False)
 CONTENDERS = (BBR, CUBIC, RENO, TCP_CUBIC, TCP_BBR)
 #: The aioquic controller class each QUIC contender must be running (checked per run).
 QUIC_CLASSES = {
@@ -153,8 +156,20 @@ TARGETS_PLAN = Plan(
     share_settings=(Setting(10.0, 0.02, 0.0, "deep"),),
     share_reps=1,
 )
+#: The QUIC link mechanisms (path MTU discovery, GSO) on and off, with BBR, at 50 and 100 Mbit/s,
+#: 20 ms, no loss and 1 %, both buffers, one run each: about 8 minutes.
+LINK_PLAN = Plan(
+    name="link",
+    rates=(50.0, 100.0),
+    rtts=(0.02,),
+    losses=(0.0, 0.01),
+    contenders=(BBR, BBR_LINK_OFF, CUBIC, TCP_BBR),
+    reps=1,
+    share_pairs=(),
+    share_settings=(),
+)
 #: ``IAC_CC_PLAN`` picks the plan of ``iac bench --only cc`` (default: full; --quick: quick).
-PLANS = {"full": FULL_PLAN, "targets": TARGETS_PLAN, "quick": QUICK_PLAN}
+PLANS = {"full": FULL_PLAN, "targets": TARGETS_PLAN, "quick": QUICK_PLAN, "link": LINK_PLAN}
 
 
 def plan_named(name: str) -> Plan:
@@ -198,6 +213,8 @@ class Bench:
         target = self.sink_target if role == "bulk" else self.echo_target
         args = ["--target", json.dumps(target), "--transport", c.transport, "--cc", c.cc]
         args += ["--seconds", str(seconds), "--run", run, "--warmup", str(warmup)]
+        if not c.link:
+            args += ["--link", "off"]
         return Endpoint(self.link.command("a", _argv(role, *args)), self.env, ready=False), run
 
     def run(
@@ -236,6 +253,7 @@ class Bench:
                     "goodput_mbit": got["bytes"] * 8 / seconds / 1e6,
                     "sent_bytes": rep.get("sent_bytes"),
                     "retrans_bytes": rep.get("retrans_bytes"),
+                    "datagram_bytes": rep.get("datagram_bytes"),
                     "udp_errors": got["udp"],
                     "trace": rep.get("trace", []),
                     "timeline": got["timeline"],

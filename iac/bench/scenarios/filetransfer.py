@@ -17,6 +17,13 @@ from typing import Any
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 
+#: The IAC-QUIC variants of the scenario: ``TransportConfig`` fields by label suffix.
+LINK_VARIANTS: dict[str, dict[str, Any]] = {
+    "PMTUD and GSO off": {"quic_pmtud": False, "quic_gso": False},
+    "GSO off": {"quic_gso": False},
+    "up to 16 KiB datagrams": {"quic_max_datagram_size": 16384},
+}
+
 
 def make_file(path: Path, mib: int, seed: int = 1) -> Path:
     """``mib`` MiB of incompressible bytes (seeded, so every contender sends the same file)."""
@@ -48,21 +55,52 @@ async def bench_iac_file(
     url: str = "quic://127.0.0.1:0",
     window: int | None = 16,
     backend: str | None = None,
+    link: dict[str, Any] | None = None,
+    report: dict[str, list[float]] | None = None,
 ) -> float:
     """MB/s of one ``Node.send_file`` (connection set up before the clock starts); the received
-    file is checked for size and removed."""
+    file is checked for size and removed. ``link``: ``TransportConfig`` fields for both nodes
+    (``quic_pmtud``, ``quic_gso``, ``quic_max_datagram_size``); ``report`` (QUIC) gets the
+    datagram size path MTU discovery settled on (``datagram_bytes``), the trains segmentation
+    offload sent (``gso_trains``, ``gso_segments``), the process's CPU seconds per MB, both
+    ends together (``cpu_s_per_mb``), and the ACK frames the sender processed per MB
+    (``ack_frames_per_mb``)."""
+    from dataclasses import replace
+
     scheme = url.split(":", 1)[0]
     inbox = workdir / f"iac-inbox-{scheme}-{window}-{backend}"
     if scheme == "unix":
         url = f"unix://{workdir}/file-rx-{time.monotonic_ns()}.sock"
     cfg = NodeConfig(inbox_dir=inbox, max_file_size=1 << 34, durable_files=False)
+    tx_cfg = NodeConfig()
+    if link:
+        cfg = replace(cfg, transport=replace(cfg.transport, **link))
+        tx_cfg = replace(tx_cfg, transport=replace(tx_cfg.transport, **link))
     with quic_backend(backend if scheme == "quic" else None):
-        async with Node(listen=[url], config=cfg) as rx, Node() as tx:
+        async with Node(listen=[url], config=cfg) as rx, Node(config=tx_cfg) as tx:
             tx.add_peer(rx.agent_id, *rx.addresses)
             await tx.connect(rx.agent_id)
-            t0 = time.perf_counter()
+            conn = tx.connection(rx.agent_id)
+            pmtu = getattr(conn, "path_mtu", None)
+            if pmtu is not None:  # the search takes a round trip or a few: let it finish first
+                for _ in range(200):
+                    if pmtu.path.state != "searching":
+                        break
+                    await asyncio.sleep(0.01)
+            hook = getattr(getattr(conn, "backend", None), "ack_counter", None)
+            acks = hook(getattr(conn, "quic", None)) if hook is not None else None
+            t0, c0 = time.perf_counter(), time.process_time()
             res = await tx.send_file(rx.agent_id, path, window=window)
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if report is not None and acks is not None:
+                report.setdefault("ack_frames_per_mb", []).append(acks() / (res.size / 1e6))
+            if report is not None and scheme == "quic":
+                report.setdefault("datagram_bytes", []).append(pmtu.mtu if pmtu is not None else 1200)
+                sender = getattr(conn, "gso", None)
+                trains = sender.stats.trains if sender is not None else 0
+                report.setdefault("gso_trains", []).append(trains)
+                report.setdefault("gso_segments", []).append(sender.stats.segments if sender else 0)
+                report.setdefault("cpu_s_per_mb", []).append(cpu / (res.size / 1e6))
     got = inbox / res.name
     try:
         if got.stat().st_size != res.size:

@@ -81,6 +81,39 @@ SessionTicketLike = Any
 #: The aioquic minor version whose private attributes the server hooks use.
 AIOQUIC_PINNED = "1.7"
 
+
+@dataclass(frozen=True)
+class PmtuHooks:
+    """What path MTU discovery (:mod:`iac.transport.quic.pmtud`) needs of the library's
+    connection; aioquic 1.7 only (each reaches private attributes). ``quic`` is the
+    library's connection in every call."""
+
+    #: ``(quic, size, now, done) -> datagrams``: build a probe (PING and PADDING, ``size``
+    #: bytes of UDP payload, no data) and register it with loss recovery, outside the
+    #: congestion window (not counted in flight, its loss not reported to the controller);
+    #: ``done(acknowledged)`` is called once its fate is known. Returns the ``(datagram,
+    #: address)`` pairs to send (none when it cannot be sent now).
+    send_probe: Callable[[Any, int, float, Callable[[bool], None]], list[tuple[bytes, Any]]]
+    #: ``(quic, size)``: the largest datagram the connection (and its congestion control) builds.
+    set_datagram_size: Callable[[Any, int], None]
+    #: ``(quic, on_loss)``: ``on_loss(size, sent_time, now)`` each time loss recovery declares
+    #: in-flight packets lost (probes excluded): the largest lost packet's size and the send
+    #: time of the latest lost packet larger than 1,200 bytes (None: none was).
+    watch_losses: Callable[[Any, Callable[[int, float | None, float], None]], None]
+    #: ``(quic, on_acked)``: ``on_acked(size, sent_time)`` for each in-flight packet larger than
+    #: 1,200 bytes that is acknowledged (probes excluded: they are not in flight).
+    watch_acks: Callable[[Any, Callable[[int, float], None]], None]
+    #: The peer's ``max_udp_payload_size`` transport parameter (None: not sent or not known yet).
+    peer_max_udp_payload: Callable[[Any], int | None]
+    #: The connection's probe timeout (PTO) now, seconds.
+    probe_timeout: Callable[[Any], float]
+    #: Whether the handshake is confirmed (1-RTT keys in use, probes may go).
+    handshake_confirmed: Callable[[Any], bool]
+    #: The :class:`~iac.transport.quic.pmtud.PmtuSettings` the connection's configuration
+    #: carries (None: none, no probing).
+    settings: Callable[[Any], Any]
+
+
 _override: str | None = None
 
 
@@ -141,6 +174,14 @@ class Backend:
     set_retry: Callable[[Any, bool], None] | None = None
     #: ``(server, protocol) -> detach``: a dialed connection on the server's socket.
     attach_dialed: Callable[[Any, Any], Callable[[], None]] | None = None
+    #: Path MTU discovery hooks; None where unsupported (the path stays at 1,200 bytes).
+    pmtu: PmtuHooks | None = None
+    #: ``(quic, transport) -> socket``: the raw UDP socket under ``transport`` when the
+    #: connection's configuration asks for segmentation offload (:mod:`.gso`), else None.
+    gso_socket: Callable[[Any, Any], Any] | None = None
+    #: ``(quic) -> count``: from now on, count the ACK frames the connection processes;
+    #: ``count()`` says how many so far (benchmarks: ACK frames per MB sent).
+    ack_counter: Callable[[Any], Callable[[], int]] | None = None
     #: Stateless reset hooks (:mod:`.reset`; aioquic only, see :func:`_aioquic_resets`).
     resets: ResetHooks | None = None
 
@@ -289,8 +330,33 @@ def _aioquic() -> Backend:
         server._protocols[proto._quic.host_cid] = proto
         return terminated
 
+    def gso_socket(quic: Any, transport: Any) -> Any:
+        # The library flushes through the asyncio transport's sendto; a train needs sendmsg,
+        # which asyncio's socket wrapper (TransportSocket) does not offer: its socket, then.
+        if not getattr(quic._configuration, "iac_gso", False) or transport is None:
+            return None
+        wrapper = transport.get_extra_info("socket")
+        sock = getattr(wrapper, "_sock", wrapper)
+        return sock if hasattr(sock, "sendmsg") else None
+
+    def ack_counter(quic: Any) -> Callable[[], int]:
+        handlers = quic._QuicConnection__frame_handlers  # frame type -> (handler, epochs)
+        seen = [0]
+        for frame_type in (0x02, 0x03):  # ACK, ACK with ECN counts
+            handle, epochs = handlers[frame_type]
+
+            def counted(*args: Any, _handle: Any = handle) -> None:
+                seen[0] += 1
+                _handle(*args)
+
+            handlers[frame_type] = (counted, epochs)
+        return lambda: seen[0]
+
     pinned = str(aioquic.__version__).startswith(AIOQUIC_PINNED + ".")
     return Backend(
+        pmtu=_aioquic_pmtu() if pinned else None,
+        gso_socket=gso_socket,
+        ack_counter=ack_counter if pinned else None,
         name="aioquic",
         version=str(aioquic.__version__),
         QuicConnectionProtocol=QuicConnectionProtocol,
@@ -375,6 +441,111 @@ def _aioquic_resets() -> ResetHooks:
         quic._close_end()
 
     return ResetHooks(issue_tokens, peer_tokens, owns, unknown, protocols, drop)
+
+
+def _aioquic_pmtu() -> PmtuHooks:
+    from aioquic._buffer import Buffer
+    from aioquic.quic.connection import END_STATES
+    from aioquic.quic.packet import QuicFrameType, QuicPacketType, pull_quic_transport_parameters
+    from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder
+    from aioquic.tls import Epoch, ExtensionType
+
+    def handshake_confirmed(quic: Any) -> bool:
+        return bool(quic._handshake_confirmed) and quic._state not in END_STATES
+
+    def send_probe(quic: Any, size: int, now: float, done: Callable[[bool], None]) -> list[tuple[bytes, Any]]:
+        crypto = quic._cryptos[Epoch.ONE_RTT]
+        if not handshake_confirmed(quic) or not crypto.send.is_valid() or not quic._network_paths:
+            return []
+        path = quic._network_paths[0]
+        if not path.is_validated:  # the anti-amplification limit holds: no probe beyond it
+            return []
+        builder = QuicPacketBuilder(
+            host_cid=quic.host_cid,
+            is_client=quic._is_client,
+            max_datagram_size=size,
+            packet_number=quic._packet_number,
+            peer_cid=quic._peer_cid.cid,
+            quic_logger=quic._quic_logger,
+            spin_bit=quic._spin_bit,
+            version=quic._version,
+        )
+        builder.start_packet(QuicPacketType.ONE_RTT, crypto)
+        builder.start_frame(
+            QuicFrameType.PING,
+            capacity=1,
+            handler=lambda state: done(state == QuicDeliveryState.ACKED),
+        )
+        room = builder.remaining_buffer_space
+        if room > 0:  # PADDING frames (a zero byte each) up to the size
+            builder.start_frame(QuicFrameType.PADDING, capacity=room).push_bytes(bytes(room - 1))
+        datagrams, packets = builder.flush()
+        quic._packet_number = builder.packet_number
+        space = quic._spaces[Epoch.ONE_RTT]
+        for packet in packets:
+            packet.sent_time = now
+            # Not in flight: a lost probe says nothing about congestion (RFC 9000 section
+            # 14.4), so it neither takes congestion window nor makes the controller back off.
+            packet.in_flight = False
+            quic._loss.on_packet_sent(packet=packet, space=space)
+        path.bytes_sent += sum(len(d) for d in datagrams)
+        return [(d, path.addr) for d in datagrams]
+
+    def set_datagram_size(quic: Any, size: int) -> None:
+        quic._max_datagram_size = size
+        loss = quic._loss
+        loss._pacer._max_datagram_size = size
+        cc = loss._cc
+        for name in ("_max_datagram_size", "max_datagram_size", "additive_increase_factor"):
+            if hasattr(cc, name):  # reno and cubic: the first (and cubic the last); BBR: the second
+                setattr(cc, name, size)
+        bbr = getattr(cc, "bbr", None)
+        if bbr is not None:
+            bbr.mds = size
+
+    def watch_losses(quic: Any, on_loss: Callable[[int, float | None, float], None]) -> None:
+        loss = quic._loss
+        lost = loss._on_packets_lost
+
+        def hooked(*, packets: Any, now: float, **kwargs: Any) -> None:
+            packets = list(packets)
+            largest = max((p.sent_bytes for p in packets if p.in_flight), default=0)
+            lost(packets=packets, now=now, **kwargs)
+            if largest:
+                large = [p.sent_time for p in packets if p.in_flight and p.sent_bytes > 1200]
+                on_loss(largest, max(large) if large else None, now)
+
+        loss._on_packets_lost = hooked
+
+    def watch_acks(quic: Any, on_acked: Callable[[int, float], None]) -> None:
+        cc = quic._loss._cc
+        acked = cc.on_packet_acked  # called by recovery for each acknowledged in-flight packet
+
+        def hooked(*, now: float, packet: Any) -> None:
+            acked(now=now, packet=packet)
+            if packet.sent_bytes > 1200:
+                on_acked(packet.sent_bytes, packet.sent_time)
+
+        cc.on_packet_acked = hooked
+
+    def peer_max_udp_payload(quic: Any) -> int | None:
+        for ext_type, ext_data in quic.tls.received_extensions or ():
+            if ext_type == ExtensionType.QUIC_TRANSPORT_PARAMETERS:
+                params = pull_quic_transport_parameters(Buffer(data=ext_data))
+                value = params.max_udp_payload_size
+                return None if value is None else int(value)
+        return None
+
+    return PmtuHooks(
+        send_probe=send_probe,
+        set_datagram_size=set_datagram_size,
+        watch_losses=watch_losses,
+        watch_acks=watch_acks,
+        peer_max_udp_payload=peer_max_udp_payload,
+        probe_timeout=lambda quic: float(quic._loss.get_probe_timeout()),
+        handshake_confirmed=handshake_confirmed,
+        settings=lambda quic: getattr(quic._configuration, "iac_pmtud", None),
+    )
 
 
 # --- qh3 2.x -------------------------------------------------------------------------------------
@@ -512,6 +683,7 @@ __all__ = [
     "BACKENDS",
     "ENV_VAR",
     "Backend",
+    "PmtuHooks",
     "ResetHooks",
     "SessionTicketLike",
     "available",

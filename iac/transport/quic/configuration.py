@@ -11,6 +11,7 @@ handshake) and the listener verifies it (``iac.transport.quic.listener``).
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from typing import Any
 
@@ -23,6 +24,7 @@ from iac.transport.certs import node_certificate
 from iac.transport.debug import set_quic_debugging
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import configure as configure_congestion
+from iac.transport.quic.pmtud import PmtuSettings
 from iac.wire.identity import Identity
 
 #: QUIC's own idle timeout when ``idle_timeout`` is None (keep-alive still detects a dead peer).
@@ -49,6 +51,7 @@ def client_configuration(
         server_name=None if config.ca_file is not None else host,
     )
     configure_congestion(qc, config.congestion, backend)
+    _configure_pmtud(qc, config)
     if config.ca_file is not None:
         qc.verify_mode = ssl.CERT_REQUIRED
         qc.load_verify_locations(cafile=config.ca_file)
@@ -68,9 +71,20 @@ def server_configuration(identity: Identity, config: TransportConfig, backend: B
         is_client=False, alpn_protocols=[ALPN], idle_timeout=transport_idle(config)
     )
     configure_congestion(qc, config.congestion, backend)
+    _configure_pmtud(qc, config)
     qc.certificate, qc.private_key, qc.certificate_chain, der = _load_certificate(identity, config, backend)
     set_quic_debugging(qc, config.qlog_dir)  # SSLKEYLOGFILE and qlog, when asked
     return qc, der
+
+
+def _configure_pmtud(qc: Any, config: TransportConfig) -> None:
+    """Path MTU discovery's and segmentation offload's settings travel with the library's
+    configuration to each of its connections (the asyncio protocol reads them,
+    :mod:`iac.transport.quic.pathmtu`, :mod:`iac.transport.quic.gso`); the library itself
+    keeps building 1,200-byte packets until a probe allows more."""
+    with contextlib.suppress(AttributeError):  # a library whose configuration has slots
+        qc.iac_pmtud = PmtuSettings(enabled=config.quic_pmtud, max_size=config.quic_max_datagram_size)
+        qc.iac_gso = config.quic_gso
 
 
 def _load_certificate(

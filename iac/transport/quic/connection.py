@@ -49,7 +49,9 @@ from iac.transport.core import (
     closed_by_this_side,
 )
 from iac.transport.queues import SendQueue
+from iac.transport.quic.gso import GsoSender
 from iac.transport.quic.inbound import QuicInbound
+from iac.transport.quic.pathmtu import PmtuDriver
 from iac.transport.quic.protocol import QuicProtocol
 from iac.transport.quic.reset import ResetTokens, matches, may_be_reset
 from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, write_streams
@@ -237,6 +239,18 @@ class QuicConn(Connection):
 
     def received(self) -> int:
         return len(self._inbox)
+
+    @property
+    def path_mtu(self) -> PmtuDriver | None:
+        """Path MTU discovery on this connection (its ``mtu``, search state and counts); None
+        when it is off (``TransportConfig.quic_pmtud``) or the QUIC library lacks the hooks."""
+        return self._proto.pmtu
+
+    @property
+    def gso(self) -> GsoSender | None:
+        """Segmentation offload on this connection's sends (its counts); None when it is off
+        (``TransportConfig.quic_gso``, a kernel without ``UDP_SEGMENT``, another QUIC library)."""
+        return self._proto.gso
 
     @property
     def quic(self) -> Any:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
+from iac.transport.quic.gso import GsoSender, supported
+from iac.transport.quic.pathmtu import PmtuDriver, driver_for
 
 
 class ConnectionEvents(Protocol):
@@ -56,10 +58,16 @@ class QuicProtocol(asyncio.DatagramProtocol):
     #: The socket is the connection's own (a dial's): every datagram on it is looked at as a
     #: possible stateless reset first (on a listener's socket the listener does it).
     checks_resets = False
+    #: Path MTU discovery (:mod:`iac.transport.quic.pathmtu`); None: packets stay at 1,200 bytes.
+    pmtu: PmtuDriver | None = None
+    #: Segmentation offload (:mod:`iac.transport.quic.gso`); None: one ``sendto`` per datagram.
+    gso: GsoSender | None = None
+    _gso_checked = False
 
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
         self._cc_hooks = attach(quic, self.backend)
+        self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
 
     #: Events are being handed on (``_process_events`` runs).
     _in_events = False
@@ -147,8 +155,19 @@ class QuicProtocol(asyncio.DatagramProtocol):
         hooks = self._cc_hooks
         if hooks is not None:
             hooks.before_transmit(self._loop.time())
+        if self.pmtu is not None:
+            self.pmtu.before_transmit(self._transport)
+        gso = self.gso if self._gso_checked else self._start_gso()
         try:
-            super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+            if gso is None:
+                super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+            else:  # the library's flush gathers into the sender, which sends trains
+                transport, self._transport = self._transport, cast(Any, gso)
+                try:
+                    super().transmit()  # type: ignore[misc]
+                finally:
+                    self._transport = transport
+                gso.flush()
         except OSError as exc:  # the network boundary: as if the socket reported it
             self.error_received(exc)
         if self.backend.resets is not None and not self._in_events:
@@ -161,7 +180,21 @@ class QuicProtocol(asyncio.DatagramProtocol):
         if conn is not None:
             conn.after_transmit()
 
+    def _start_gso(self) -> GsoSender | None:
+        """The connection's GSO sender, made at its first flush with a socket (None: off)."""
+        transport = self._transport
+        if transport is None:
+            return None
+        self._gso_checked = True
+        hook = self.backend.gso_socket
+        sock = hook(self._quic, transport) if hook is not None and supported() else None
+        if sock is not None:
+            self.gso = GsoSender(sock, transport)
+        return self.gso
+
     def error_received(self, exc: Exception) -> None:
+        if self.pmtu is not None and isinstance(exc, OSError) and self.pmtu.on_send_error(exc):
+            return  # a probe larger than the local interface: that size fails, nothing else
         if self.conn is not None and isinstance(exc, OSError):
             self.conn.on_socket_error(exc)
 

@@ -1,0 +1,250 @@
+"""Path MTU discovery on real QUIC connections over UDP loopback, through the seeded relay
+(iac.testing.UdpRelay) whose ``mtu`` drops larger datagrams silently: packets grow after the
+probe, stay at 1,200 bytes when probing is off or the path carries no more, fall back to
+1,200 when the path's MTU drops in the middle of a file transfer (the file still arrives), and
+a bare aioquic peer (which never probes) takes the probes and the larger packets."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from conftest import run
+
+from iac.node.config import NodeConfig
+from iac.node.node import Node
+from iac.protocol.handshake import ALPN
+from iac.testing import Impairment, UdpRelay, eventually
+from iac.transport.base import TransportConfig
+from iac.transport.certs import node_certificate
+from iac.transport.quic import QuicConn, dial_quic, listen_quic
+from iac.transport.quic.backend import get_backend
+from iac.transport.quic.configuration import client_configuration
+from iac.transport.quic.pmtud import BASE_PLPMTU, MAX_PROBES
+from iac.transport.quic.protocol import protocol_class
+from iac.wire.identity import Identity
+
+LOOPBACK = "quic://127.0.0.1:0"
+
+
+async def _relayed_pair(config: TransportConfig) -> tuple[Any, UdpRelay, QuicConn, list[QuicConn]]:
+    accepted: list[QuicConn] = []
+
+    async def on_conn(conn: Any) -> None:
+        accepted.append(conn)
+
+    listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), on_conn, config=config)
+    port = int(listener.addresses[0].rsplit(":", 1)[1])
+    relay = UdpRelay(("127.0.0.1", port), seed=3)
+    host, rport = await relay.start()
+    conn = await dial_quic(f"quic://{host}:{rport}", Identity.generate(), config=config)
+    assert isinstance(conn, QuicConn)
+    return listener, relay, conn, accepted
+
+
+def test_packets_grow_to_what_the_probe_confirmed() -> None:
+    async def main() -> None:
+        listener, relay, conn, accepted = await _relayed_pair(TransportConfig())
+        try:
+            pmtu = conn.path_mtu
+            assert pmtu is not None
+            await eventually(lambda: pmtu.mtu == 1472, timeout=5)
+            await eventually(lambda: accepted and accepted[0].path_mtu and accepted[0].path_mtu.mtu == 1472)
+            large_before = relay.stats.forwarded_large
+            payload = os.urandom(300_000)
+            await conn.send(_frame(conn, payload))
+            await eventually(lambda: relay.stats.forwarded_large >= large_before + 150, timeout=5)
+            assert relay.stats.largest_forwarded == 1472
+            # a loss on the loaded loopback may be confirmed again (a probe acknowledged), never fall back
+            assert pmtu.path.stats.probes_acked >= 1 and pmtu.path.stats.fallbacks == 0 and pmtu.mtu == 1472
+        finally:
+            await conn.close()
+            await listener.close()
+            await relay.close()
+
+    run(main())
+
+
+def test_probing_off_or_a_smaller_path_keeps_1200() -> None:
+    async def main() -> None:
+        off = TransportConfig(quic_pmtud=False)
+        listener, relay, conn, _ = await _relayed_pair(off)
+        try:
+            assert conn.path_mtu is None
+            await conn.send(_frame(conn, os.urandom(100_000)))
+            await eventually(lambda: relay.stats.forwarded > 80)
+            assert relay.stats.largest_forwarded <= BASE_PLPMTU
+        finally:
+            await conn.close()
+            await listener.close()
+            await relay.close()
+        # the path carries 1,200 bytes of payload and no more: every probe is lost, silently
+        listener, relay, conn, _ = await _relayed_pair_with_mtu(BASE_PLPMTU + 28)
+        try:
+            pmtu = conn.path_mtu
+            assert pmtu is not None
+            await eventually(lambda: pmtu.path.state == "complete", timeout=10)
+            assert pmtu.mtu == BASE_PLPMTU
+            assert pmtu.path.stats.probes_lost >= MAX_PROBES and pmtu.path.stats.probes_acked == 0
+            await conn.send(_frame(conn, os.urandom(50_000)))  # the connection still works
+            await eventually(lambda: relay.stats.forwarded > 50)
+            assert relay.stats.largest_forwarded <= BASE_PLPMTU
+        finally:
+            await conn.close()
+            await listener.close()
+            await relay.close()
+
+    run(main(), timeout=40)
+
+
+async def _relayed_pair_with_mtu(mtu: int) -> tuple[Any, UdpRelay, QuicConn, list[QuicConn]]:
+    accepted: list[QuicConn] = []
+
+    async def on_conn(conn: Any) -> None:
+        accepted.append(conn)
+
+    config = TransportConfig()
+    listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), on_conn, config=config)
+    port = int(listener.addresses[0].rsplit(":", 1)[1])
+    relay = UdpRelay(("127.0.0.1", port), Impairment(mtu=mtu), seed=5)
+    host, rport = await relay.start()
+    conn = await dial_quic(f"quic://{host}:{rport}", Identity.generate(), config=config)
+    assert isinstance(conn, QuicConn)
+    return listener, relay, conn, accepted
+
+
+def _frame(conn: QuicConn, payload: bytes) -> bytes:
+    from iac.wire._pb.iac_pb2 import MessageType
+    from iac.wire.message import Session, build_message, encode_message_frame
+
+    peer = conn.peer.agent_id if conn.peer is not None else ""
+    msg = build_message(
+        sender=conn.identity.agent_id,
+        to=peer,
+        msg_type=MessageType.COMMAND,
+        session=Session(),
+        timestamp_us=0,
+        payload_json="",
+        extra_data=payload,
+    )
+    return encode_message_frame(conn.identity, msg)
+
+
+def test_mtu_drop_mid_transfer_falls_back_and_the_file_arrives() -> None:
+    size = 6 << 20
+
+    async def main() -> None:
+        d = Path(tempfile.mkdtemp(prefix="iacp-"))
+        try:
+            data = os.urandom(size)
+            src = d / "f.bin"
+            src.write_bytes(data)
+            cfg = TransportConfig()
+            async with (
+                Node(
+                    listen=["quic://127.0.0.1:0"], config=NodeConfig(inbox_dir=d / "in", transport=cfg)
+                ) as rx,
+                Node(config=NodeConfig(transport=cfg)) as tx,
+            ):
+                port = int(rx.addresses[0].rsplit(":", 1)[1])
+                relay = UdpRelay(("127.0.0.1", port), seed=9)
+                host, rport = await relay.start()
+                try:
+                    tx.add_peer(rx.agent_id, f"quic://{host}:{rport}")
+                    await tx.connect(rx.agent_id)
+                    conn = tx.connection(rx.agent_id)
+                    assert isinstance(conn, QuicConn) and conn.path_mtu is not None
+                    pmtu = conn.path_mtu
+                    await eventually(lambda: pmtu.mtu == 1472, timeout=5)
+                    loop = asyncio.get_running_loop()
+                    sending = asyncio.ensure_future(tx.send_file(rx.agent_id, src, timeout=20))
+                    # a fifth of the file went through in large packets: the path's MTU drops
+                    await eventually(lambda: relay.stats.forwarded_large * 1400 >= size // 5, interval=0.001)
+                    assert not sending.done()
+                    relay.set_impairment(Impairment(mtu=1280))  # 1,252 bytes of UDP payload
+                    lowered = [loop.time()]
+                    res = await sending
+                    assert res.sha256 == hashlib.sha256(data).hexdigest()
+                    assert (d / "in" / "f.bin").read_bytes() == data
+                    st = pmtu.path.stats
+                    assert relay.stats.dropped_mtu > 0
+                    assert st.fallbacks == 1, (lowered, st, pmtu.changes, relay.stats, sending)
+                    assert st.fallbacks == 1 and st.suspected_at is not None and st.fell_back_at is not None
+                    assert pmtu.changes[-1][1] == BASE_PLPMTU and pmtu.mtu == BASE_PLPMTU
+                    # the first large loss is noticed soon after the drop, and the fall back
+                    # takes at most MAX_PROBES probe timeouts from there
+                    assert 0 < st.suspected_at - lowered[0] < 2.0
+                    assert st.fell_back_at - st.suspected_at <= MAX_PROBES * st.longest_timeout + 0.05
+                    assert conn is tx.connection(rx.agent_id), "the same connection throughout"
+                finally:
+                    await relay.close()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    run(main(), timeout=60)
+
+
+def test_bare_aioquic_peer_takes_probes_and_large_packets() -> None:
+    """IAC's QUIC adapter (its asyncio protocol, with path MTU discovery) against a plain
+    aioquic server that never probes and advertises no max_udp_payload_size: the adapter's
+    probe is acknowledged, its packets grow, and the server gets every byte."""
+    from aioquic.asyncio import serve
+    from aioquic.quic.configuration import QuicConfiguration
+
+    async def main() -> None:
+        backend = get_backend("aioquic")
+        identity = Identity.generate()
+        node = node_certificate(identity.agent_id, None, None)
+        server_qc = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
+        server_qc.certificate, server_qc.private_key, server_qc.certificate_chain = backend.load_certificates(
+            node.chain_pem or node.cert_pem, node.key_pem
+        )
+        received = bytearray()
+        done = asyncio.Event()
+        readers: list[asyncio.Future[None]] = []
+
+        def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            async def read() -> None:
+                received.extend(await reader.read())
+                done.set()
+
+            readers.append(asyncio.ensure_future(read()))
+
+        server = await serve("127.0.0.1", 0, configuration=server_qc, stream_handler=handler)
+        port = server._transport.get_extra_info("sockname")[1]
+        relay = UdpRelay(("127.0.0.1", port), seed=11)
+        host, rport = await relay.start()
+        loop = asyncio.get_running_loop()
+        qc = client_configuration(TransportConfig(), host, backend)
+        proto_cls = protocol_class(backend)
+        transport, proto = await loop.create_datagram_endpoint(
+            lambda: proto_cls(backend.QuicConnection(configuration=qc)), remote_addr=(host, rport)
+        )
+        try:
+            proto.connect((host, rport))
+            await proto.wait_connected()
+            pmtu = proto.pmtu
+            assert pmtu is not None
+            proto.transmit()
+            await eventually(lambda: pmtu.mtu == 1472, timeout=5)
+            payload = os.urandom(500_000)
+            sid = proto.quic.get_next_available_stream_id()
+            proto.quic.send_stream_data(sid, payload, end_stream=True)
+            proto.transmit()
+            await asyncio.wait_for(done.wait(), 10)
+            assert bytes(received) == payload
+            assert relay.stats.largest_forwarded == 1472
+            assert relay.stats.forwarded_large >= len(payload) // 1472
+        finally:
+            proto.quic.close()
+            proto.transmit()
+            transport.close()
+            server.close()
+            await relay.close()
+
+    run(main())
