@@ -27,9 +27,10 @@ from iac.errors import BadSignature, CloseCode, ConnectionClosed, MessageRejecte
 from iac.node import sign as sign_mod
 from iac.node import verify as verify_mod
 from iac.node.config import NodeConfig
+from iac.node.crypto import CryptoWorker
 from iac.node.node import Context, Node
 from iac.node.sign import Signer
-from iac.node.verify import CryptoWorker, Verifier
+from iac.node.verify import Verifier
 from iac.wire._pb.iac_pb2 import Message, MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity

@@ -27,6 +27,7 @@ from typing import Any, Self
 from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, LocalError
 from iac.node.answers import Answers
 from iac.node.config import NodeConfig, NodeStats, PeerEvent
+from iac.node.crypto import CryptoWorker
 from iac.node.dispatch import Dispatcher
 from iac.node.files import Files
 from iac.node.inbound import Inbound
@@ -42,7 +43,7 @@ from iac.node.store import StoreRunner
 from iac.node.streams import Streams
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
-from iac.node.verify import CryptoWorker, Verifier
+from iac.node.verify import Verifier
 from iac.protocol.clock import Clock, SteadyClock
 from iac.protocol.replay import ReplayConfig, ReplayGuard, ReplayStore
 from iac.protocol.routing import Router, RouteRefusal

@@ -1,6 +1,6 @@
 """Ed25519 off the event loop: opening received MESSAGE frames (the field-8 scan, parse and
 verification) and signing outgoing messages, one at a time on the loop or in batches on the node's
-one worker thread (:class:`CryptoWorker`).
+one worker thread (:class:`~iac.node.crypto.CryptoWorker`).
 
 PyNaCl releases the GIL while it signs or verifies, so a batch on the worker thread uses a second
 core while the loop goes on with the transport. A lone frame is opened (and a lone message signed,
@@ -13,21 +13,15 @@ INTERNAL_ERROR), never a wait without end.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import logging
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from iac.errors import IacError, WorkerFailed
+from iac.errors import IacError
+from iac.node.crypto import CryptoWorker
 from iac.node.pipeline import ReceivePipeline
 from iac.wire._pb.iac_pb2 import Message
 
-log = logging.getLogger("iac.node")
-
 #: What opening one frame gives: the verified message, or the typed error that refused it.
 Opened = Message | IacError
-T = TypeVar("T")
 
 
 def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
@@ -39,50 +33,6 @@ def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
         except IacError as exc:
             out.append(exc)
     return out
-
-
-class CryptoWorker:
-    """The node's one thread for Ed25519 batches (verifying and signing share it, so their jobs run
-    in the order they were given); started at first use."""
-
-    def __init__(self) -> None:
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
-        self._broken = False
-
-    @property
-    def available(self) -> bool:
-        """False once the worker was shut down or could not take work: do it on the loop."""
-        return not (self._closed or self._broken)
-
-    def submit(self, what: str, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        """Run ``fn(*args)`` on the thread; :class:`WorkerFailed` if it cannot take work."""
-        if self._closed:
-            raise WorkerFailed(f"the {what} worker cannot take work: it was shut down")
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iac-crypto")
-        try:
-            return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except (RuntimeError, concurrent.futures.BrokenExecutor) as exc:  # shut down, or broken
-            if not self._broken:
-                log.warning("the %s worker cannot take work (%s): Ed25519 runs on the event loop", what, exc)
-            self._broken = True
-            raise WorkerFailed(f"the {what} worker cannot take work: {exc}") from exc
-
-    async def run(self, what: str, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(*args)`` on the thread and wait for it; whatever it raises is a WorkerFailed."""
-        job = self.submit(what, fn, *args)
-        try:
-            return await job
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise WorkerFailed(f"the {what} worker failed: {type(exc).__name__}: {exc}") from exc
-
-    def close(self) -> None:
-        self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Verifier:
@@ -103,4 +53,4 @@ class Verifier:
         return await self.worker.run("verification", open_all, bodies, peer)
 
 
-__all__ = ["CryptoWorker", "Opened", "Verifier", "open_all"]
+__all__ = ["Opened", "Verifier", "open_all"]
