@@ -149,7 +149,7 @@ def test_a_forged_frame_among_others_over_the_wire_is_refused_alone_and_the_rest
             await peer.conn.send(b"".join(frames))  # one write: the node reads them as one batch
             await peer.barrier()
             assert woke == ["a0", "a1", "a2", "a4", "a5"]
-            assert node._verifier.offloaded >= 6  # they were opened together on the worker
+            assert node._runtime.verifier.offloaded >= 6  # they were opened together on the worker
             assert node.stats().refused == {"bad_signature": 1}
 
     run(main())
@@ -312,7 +312,7 @@ def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node
 
     async def main() -> None:
         async with serving() as (node, woke):
-            real = node._crypto.run
+            real = node._runtime.crypto.run
             failures: list[str] = []
 
             async def fails_once(what: str, fn: Any, *args: object) -> Any:
@@ -321,7 +321,7 @@ def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node
                     raise WorkerFailed(f"the {what} worker failed: MemoryError: no memory for the batch")
                 return await real(what, fn, *args)
 
-            node._crypto.run = fails_once  # type: ignore[method-assign]
+            node._runtime.crypto.run = fails_once  # type: ignore[method-assign]
             async with RawPeer.connect(node) as peer:
                 frames = [
                     encode_frame(

@@ -19,15 +19,11 @@ from typing import Any, TypeAlias
 
 from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig
 from iac.node.fair import FairThreads, HandlerSpeeds, Slots
-from iac.node.observe import Observers
+from iac.node.parts import Parts
 from iac.node.pipeline import Item, ReceivePipeline
-from iac.node.stats import Counters
 from iac.node.streams import StreamOut
-from iac.node.tasks import TaskSet
 from iac.node.types import Key, dumps
-from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, type_name
@@ -64,23 +60,15 @@ class Dispatcher:
     """Runs handlers for delivered messages and answers with their outcome."""
 
     def __init__(
-        self,
-        config: NodeConfig,
-        pipeline: ReceivePipeline,
-        answers: Answers,
-        counters: Counters,
-        tasks: TaskSet,
-        clock: Clock,
-        make_context: ContextFactory,
-        observers: Observers,
+        self, parts: Parts, pipeline: ReceivePipeline, answers: Answers, make_context: ContextFactory
     ) -> None:
-        self.config = config
+        self.config = config = parts.config
         self._answers = answers
-        self._c = counters
-        self._tasks = tasks
-        self._clock = clock
+        self._c = parts.counters
+        self._tasks = parts.tasks
+        self._clock = parts.rx_clock
         self._make_context = make_context
-        self._observers = observers
+        self._observers = parts.observers
         self._pipeline = pipeline
         self.handlers: dict[int, Handler] = {int(MessageType.PING): _answer_ping}
         self.exposed: dict[str, Callable[..., Any]] = {}

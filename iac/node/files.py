@@ -36,12 +36,10 @@ from iac.errors import (
     TransportError,
 )
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
+from iac.node.parts import Parts
 from iac.node.peers import Peers
 from iac.node.pipeline import Item, ReceivePipeline
-from iac.node.stats import Counters
-from iac.node.tasks import TaskSet
 from iac.node.types import FileSent, Key, ReceivedFile
 from iac.protocol.files import (
     AckPayload,
@@ -94,22 +92,15 @@ class Files:
     """Outgoing transfers and the inbox of one node."""
 
     def __init__(
-        self,
-        config: NodeConfig,
-        outbox: Outbox,
-        peers: Peers,
-        pipeline: ReceivePipeline,
-        answers: Answers,
-        counters: Counters,
-        tasks: TaskSet,
+        self, parts: Parts, outbox: Outbox, peers: Peers, pipeline: ReceivePipeline, answers: Answers
     ) -> None:
-        self.config = config
+        self.config = config = parts.config
         self._outbox = outbox
         self._peers = peers
         self._pipeline = pipeline
         self._answers = answers
-        self._c = counters
-        self._tasks = tasks
+        self._c = parts.counters
+        self._tasks = parts.tasks
         self._clock = config.transport.clock
         self.receiver: FileReceiver | None = None
         self._lock = asyncio.Lock()

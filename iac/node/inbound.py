@@ -24,26 +24,23 @@ from iac.errors import (
     StoreUnavailable,
 )
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
 from iac.node.fair import LoopShare
 from iac.node.files import Files
-from iac.node.observe import Observers
 from iac.node.ordered import OrderedDelivery
 from iac.node.outbox import Outbox
+from iac.node.parts import Parts
 from iac.node.peers import Peers
 from iac.node.pending import Pending
 from iac.node.pipeline import Deliver, Duplicate, ReceivePipeline, Refuse, Response
-from iac.node.stats import Counters
 from iac.node.store import Check
 from iac.node.streams import Streams
-from iac.node.tasks import TaskSet
 from iac.node.types import Reply, error_fields
 from iac.node.verify import Verifier
 from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
 from iac.protocol.replay import Verdict
-from iac.protocol.routing import Router, RouteRefusal, parse_forward
+from iac.protocol.routing import RouteRefusal, parse_forward
 from iac.transport.base import Connection, Incoming
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType
@@ -71,26 +68,22 @@ class Inbound:
 
     def __init__(
         self,
-        config: NodeConfig,
+        parts: Parts,
+        *,
         pipeline: ReceivePipeline,
-        router: Router,
+        verifier: Verifier,
         peers: Peers,
         outbox: Outbox,
         answers: Answers,
         pending: Pending,
+        streams: Streams,
         dispatcher: Dispatcher,
         ordered: OrderedDelivery,
         files: Files,
-        verifier: Verifier,
-        counters: Counters,
-        tasks: TaskSet,
-        observers: Observers,
-        streams: Streams,
-        clock: Clock,
     ) -> None:
-        self.config = config
+        self.config = config = parts.config
         self._pipeline = pipeline
-        self._router = router
+        self._router = parts.router
         self._peers = peers
         self._outbox = outbox
         self._answers = answers
@@ -99,11 +92,11 @@ class Inbound:
         self._ordered = ordered
         self._files = files
         self._verifier = verifier
-        self._observers = observers
+        self._observers = parts.observers
         self._streams = streams
-        self._c = counters
-        self._tasks = tasks
-        self._clock: Clock = clock
+        self._c = parts.counters
+        self._tasks = parts.tasks
+        self._clock: Clock = parts.rx_clock
         self._buckets: dict[str, TokenBucket] = {}
         #: The busiest peer held to a share of the loop while it is saturated (``fair_share``).
         self.share = LoopShare(ceiling=config.verify_rate)
