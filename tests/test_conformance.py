@@ -663,7 +663,7 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
 
 def test_session_logic_and_connection_table() -> None:
     from iac.errors import Impersonation, UnexpectedHello
-    from iac.node.pipeline import ReceivePipeline
+    from iac.node.verify import open_frame
     from iac.transport.base import ConnectionTable
     from iac.transport.session import EarlyFrames, PeerGoaway, SessionLogic
     from iac.wire.frames import Frame, FrameType
@@ -678,7 +678,7 @@ def test_session_logic_and_connection_table() -> None:
     other = logic.on_frame(decode_frame(ping_frame(b, a.agent_id, Session())))
     assert other is not None and not isinstance(other, PeerGoaway)
     with pytest.raises(Impersonation):
-        ReceivePipeline.open(other.frame.body, a.agent_id)
+        open_frame(other.frame.body, a.agent_id)
     with pytest.raises(UnexpectedHello):
         logic.on_frame(Frame(FrameType.HELLO, b""))
     assert logic.on_frame(Frame(FrameType.DICT_ACK, b"")) is None

@@ -9,9 +9,8 @@ from collections import OrderedDict
 from iac.errors import ErrorCode, FrameTooLarge, IacError, Refusal
 from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
-from iac.node.pipeline import Item
 from iac.node.stats import Counters
-from iac.node.types import Key, error_payload
+from iac.node.types import Item, Key, error_payload
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message

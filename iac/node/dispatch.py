@@ -21,9 +21,8 @@ from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
 from iac.node.answers import Answers
 from iac.node.fair import FairThreads, HandlerSpeeds, Slots
 from iac.node.parts import Parts
-from iac.node.pipeline import Item, ReceivePipeline
 from iac.node.streams import StreamOut
-from iac.node.types import Key, dumps
+from iac.node.types import Item, Key, dumps
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, type_name
@@ -59,9 +58,7 @@ class _NotJson(Exception):
 class Dispatcher:
     """Runs handlers for delivered messages and answers with their outcome."""
 
-    def __init__(
-        self, parts: Parts, pipeline: ReceivePipeline, answers: Answers, make_context: ContextFactory
-    ) -> None:
+    def __init__(self, parts: Parts, answers: Answers, make_context: ContextFactory) -> None:
         self.config = config = parts.config
         self._answers = answers
         self._c = parts.counters
@@ -69,7 +66,7 @@ class Dispatcher:
         self._clock = parts.rx_clock
         self._make_context = make_context
         self._observers = parts.observers
-        self._pipeline = pipeline
+        self._store = parts.store
         self.handlers: dict[int, Handler] = {int(MessageType.PING): _answer_ping}
         self.exposed: dict[str, Callable[..., Any]] = {}
         #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
@@ -90,10 +87,6 @@ class Dispatcher:
         #: Streams ended because their connection is gone (:meth:`link_lost`).
         self._abandoned: set[Key] = set()
         self.draining = False
-
-    @property
-    def pipeline(self) -> ReceivePipeline:
-        return self._pipeline
 
     # --- registration ---------------------------------------------------------------------------
 
@@ -162,22 +155,38 @@ class Dispatcher:
             await self._answers.refuse(item.conn, item.msg, Refusal.BUSY, why)
             return
         self.admit(item)
-        func = self._target(item)
-        on_loop = not c.sync_in_thread or self._quick(func)  # a plain function may run right here
-        inline = on_loop and not item.msg.flags & FLAG_STREAM  # (a stream waits for credit)
-        if inline and not self._is_async(func) and self.slots.try_take():
+        if item.mode == _RUN_LOOP and self.slots.try_take():  # a plain function may run right here
             self.waiting -= 1
             await self._handle(item, inline=True)
         else:
             self._tasks.spawn(self.run(item))
 
     def admit(self, item: Item) -> None:
-        """Count a message as waiting for a slot (before its task starts, so bounds hold)."""
+        """Count a message as waiting for a slot (before its task starts, so bounds hold), and
+        make its handler plan: which function, and how it runs (decided here, once)."""
         self.per_peer[item.key[0]] += 1
         self.waiting += 1
         self._c.backlog_peak = max(self._c.backlog_peak, self.waiting)
         if not item.broadcast:
             self._active[item.key] = None
+        msg = item.msg
+        if msg.msg_type == _COMMAND:
+            func = self.exposed.get(item.payload["name"])
+        else:
+            func = self.handlers.get(msg.msg_type)
+        item.handler = func
+        if func is None:  # refused when its turn comes: right here where a plain function would run
+            item.mode = _RUN_THREAD if self.config.sync_in_thread else _RUN_LOOP
+            return
+        kind = self._kind(func)
+        if msg.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
+            item.mode = _RUN_STREAM
+        elif kind == _ASYNC:
+            item.mode = _RUN_ASYNC
+        elif self.config.sync_in_thread and not self._quick(func):
+            item.mode = _RUN_THREAD
+        else:
+            item.mode = _RUN_LOOP
 
     async def run(self, item: Item) -> None:
         """Wait for a slot, run the handler, answer. The item was :meth:`admit`-ted."""
@@ -304,11 +313,6 @@ class Dispatcher:
 
     # --- running a handler ----------------------------------------------------------------------
 
-    def _target(self, item: Item) -> Callable[..., Any] | None:
-        if item.msg.msg_type == _COMMAND:
-            return self.exposed.get(item.payload["name"])
-        return self.handlers.get(item.msg.msg_type)
-
     async def _handle(self, item: Item, *, inline: bool = False) -> None:
         """Run the handler in the slot this item holds, answer, give the slot back. ``inline``: in
         the connection's read loop, which an awaitable returned by a plain function must not hold
@@ -361,7 +365,7 @@ class Dispatcher:
                 item, Refusal.DEADLINE_PASSED, ErrorCode.TIMEOUT, "deadline passed before the handler started"
             )
             return False
-        func = self._target(item)
+        func = item.handler
         if func is None:
             what = (
                 f"no exposed function {item.payload['name'][:100]!r}"
@@ -385,15 +389,16 @@ class Dispatcher:
             ctx = self._make_context(msg, item.payload, bool(msg.deadline), item.conn.peer.agent_id)
             invoke = functools.partial(func, ctx)
         observed = self._observers.handling(item.key[0], msg) if self._observers.items else _UNOBSERVED
-        if msg.flags & FLAG_STREAM or self._kind(func) == _ASYNC_GEN:
+        mode = item.mode
+        if mode == _RUN_STREAM:
             with observed:
                 await self._produce(item, func, invoke)
             return False
         try:
             with observed:
-                if self._is_async(func):
+                if mode == _RUN_ASYNC:
                     result = await self._scoped(item, invoke())
-                elif self.config.sync_in_thread and not self._quick(func):
+                elif mode == _RUN_THREAD:
                     call = self.speeds.timed(func, invoke) if self.config.adaptive_sync else invoke
                     result = await self._scoped(item, self.threads.run(item.key[0], call))
                 else:
@@ -482,18 +487,15 @@ class Dispatcher:
         await self._answers.error(item, code, text)
 
     def commit(self, item: Item) -> None:
-        self._pipeline.commit(item, self._clock.now_us())
+        self._store.commit_item(item, self._clock.now_us())
 
     def release(self, item: Item) -> None:
         """The item was not handled (refused as busy, or cancelled by the node closing)."""
-        self._pipeline.release(item, self._clock.now_us())
+        self._store.release_item(item, self._clock.now_us())
 
     def _quick(self, func: Callable[..., Any] | None) -> bool:
         """A plain function that proved quick enough to run on the loop (``adaptive_sync``)."""
         return func is not None and self.config.adaptive_sync and self.speeds.inline(func)
-
-    def _is_async(self, func: Callable[..., Any] | None) -> bool:
-        return func is not None and self._kind(func) != _PLAIN
 
     def _kind(self, func: Callable[..., Any]) -> int:
         """:data:`_PLAIN`, :data:`_ASYNC` or :data:`_ASYNC_GEN`, remembered per handler."""
@@ -510,6 +512,10 @@ class Dispatcher:
 
 
 _PLAIN, _ASYNC, _ASYNC_GEN = 0, 1, 2
+#: How an admitted message's handler runs (``Item.mode``): a plain function on the loop (right in
+#: the read loop when a slot is free), a plain function on the handler threads, a coroutine
+#: function in a task, an async generator or STREAM request in a task that produces its parts.
+_RUN_LOOP, _RUN_THREAD, _RUN_ASYNC, _RUN_STREAM = 0, 1, 2, 3
 
 
 def _kind_of(func: Callable[..., Any]) -> int:

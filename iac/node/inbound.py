@@ -21,7 +21,6 @@ from iac.errors import (
     ProtocolError,
     Refusal,
     RemoteError,
-    StoreUnavailable,
 )
 from iac.node.answers import Answers
 from iac.node.dispatch import Dispatcher
@@ -32,8 +31,7 @@ from iac.node.outbox import Outbox
 from iac.node.parts import Parts
 from iac.node.peers import Peers
 from iac.node.pending import Pending
-from iac.node.pipeline import Deliver, Duplicate, ReceivePipeline, Refuse, Response
-from iac.node.store import Check
+from iac.node.pipeline import Decision, Deliver, Duplicate, ReceivePipeline, Refuse, Response, Route
 from iac.node.streams import Streams
 from iac.node.types import Reply, error_fields
 from iac.node.verify import Verifier
@@ -45,7 +43,6 @@ from iac.transport.base import Connection, Incoming
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType
-from iac.wire.message import FLAG_ORDERED
 
 log = logging.getLogger("iac.node")
 
@@ -83,6 +80,7 @@ class Inbound:
     ) -> None:
         self.config = config = parts.config
         self._pipeline = pipeline
+        self._store = parts.store
         self._router = parts.router
         self._peers = peers
         self._outbox = outbox
@@ -194,18 +192,12 @@ class Inbound:
         c.received += len(incs)
         c.bytes_received += sum(inc.frame.wire_size or len(inc.frame.body) for inc in incs)
         bodies = [inc.frame.body for inc in incs if inc.frame.type == _MESSAGE_FRAME]
-        opened = iter(await self._verifier.open(bodies, peer)) if bodies else iter(())
-        # The replay checks of the batch's verified messages, in one call to the store.
+        opened = await self._verifier.open(bodies, peer) if bodies else []
+        msgs = [m for m in opened if not isinstance(m, IacError)]
+        # One pipeline call for the batch's verified messages (their replay checks together).
         now = self._clock.now_us()
-        pending: list[tuple[Message, Check | Refuse] | IacError] = []
-        for opened_one in opened:
-            if isinstance(opened_one, IacError):
-                pending.append(opened_one)
-            else:
-                pending.append((opened_one, self._pipeline.replay_check(opened_one, now)))
-        checks = [r[1] for r in pending if not isinstance(r, IacError) and isinstance(r[1], Check)]
-        verdicts = iter(await self._pipeline.store.check(checks, now)) if checks else iter(())
-        results = iter(pending)
+        decisions = iter(await self._pipeline.receive(conn, msgs, now)) if msgs else iter(())
+        results = iter(opened)
         for inc in incs:
             frame = inc.frame
             if frame.type == _FORWARD_FRAME:
@@ -228,55 +220,43 @@ class Inbound:
             elif isinstance(result, IacError):  # pragma: no cover - open() raises only the two above
                 return False
             else:
-                msg, check = result
-                verdict = check if isinstance(check, Refuse) else next(verdicts)
-                await self._act(conn, msg, now, verdict)
+                await self._act(conn, result, now, next(decisions))
         return True
 
     async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
         """One verified message (a FORWARD's inner message: its origin's signature was checked)."""
         now = self._clock.now_us()
-        check = self._pipeline.replay_check(msg, now, forwarded=forwarded, via=conn.peer.agent_id)
-        verdict = check if isinstance(check, Refuse) else (await self._pipeline.store.check([check], now))[0]
-        await self._act(conn, msg, now, verdict, forwarded=forwarded)
+        (decision,) = await self._pipeline.receive(conn, (msg,), now, forwarded=forwarded)
+        await self._act(conn, msg, now, decision)
 
-    async def _act(
-        self,
-        conn: Connection,
-        msg: Message,
-        now: int,
-        verdict: Verdict | IacError | Refuse,
-        *,
-        forwarded: bool = False,
-    ) -> None:
-        decision = verdict if isinstance(verdict, Refuse) else (
-            self._pipeline.judge(conn, msg, now, verdict, forwarded=forwarded)
-        )  # fmt: skip
+    async def _act(self, conn: Connection, msg: Message, now: int, decision: Decision) -> None:
+        """Act on the pipeline's decision: it names the route."""
         if isinstance(decision, Deliver):
             item = decision.item
+            route = decision.route
             try:
-                mt = item.msg.msg_type
-                if mt == _FILE_TRANSFER and not item.broadcast:
-                    await self._files.on_message(item)
-                elif mt == _CANCEL:
-                    self._pipeline.commit(item, now)
-                    self._dispatcher.cancel(item.key[0], item.msg)
-                elif mt == _CREDIT:
-                    self._pipeline.commit(item, now)
-                    self._dispatcher.credit(item.key[0], item.msg)
-                elif item.msg.flags & FLAG_ORDERED:
-                    self._ordered.push(item, now)
-                else:
+                if route is Route.HANDLER:
                     await self._dispatcher.dispatch(item)
+                elif route is Route.ORDERED:
+                    self._ordered.push(item, now)
+                elif route is Route.FILE:
+                    await self._files.on_message(item)
+                elif route is Route.CANCEL:
+                    self._store.commit_item(item, now)
+                    self._dispatcher.cancel(item.key[0], item.msg)
+                else:  # Route.CREDIT
+                    self._store.commit_item(item, now)
+                    self._dispatcher.credit(item.key[0], item.msg)
             except BaseException:
-                self._pipeline.release(item, self._clock.now_us())
+                self._store.release_item(item, self._clock.now_us())
                 raise
         elif isinstance(decision, Response):
-            if isinstance(verdict, StoreUnavailable):
+            if decision.store_failed:
                 self._c.refused[Refusal.STORE_UNAVAILABLE.value] += 1  # delivered all the same
             self._on_response(decision)
         elif isinstance(decision, Refuse):
-            if decision.skip_ordered:
+            if decision.consumed is not None:
+                self._store.commit(decision.consumed, now)
                 self._ordered.skip(msg, now)
             await self._answers.refuse(conn, msg, decision.reason, decision.detail, answer=decision.answer)
         else:

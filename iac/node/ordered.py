@@ -18,7 +18,7 @@ from iac.errors import Refusal
 from iac.node.answers import Answers
 from iac.node.dispatch import Dispatcher
 from iac.node.parts import Parts
-from iac.node.pipeline import Item
+from iac.node.types import Item
 from iac.protocol.reorder import Delivered, Duplicate, GapSkipped, Late, ReorderBuffer, ReorderConfig
 from iac.protocol.replay import serial_add
 from iac.wire._pb.iac_pb2 import Message
@@ -54,6 +54,7 @@ class OrderedDelivery:
         self._c = parts.counters
         self._tasks = parts.tasks
         self._clock = parts.rx_clock
+        self._store = parts.store
         self._streams: dict[tuple[str, int], _Stream] = {}
         self.queued = 0
         self.draining = False
@@ -110,7 +111,7 @@ class OrderedDelivery:
             )
             st = self._streams[skey] = _Stream(ReorderBuffer(cfg, first_id=1), now)
             # Asked now, so the store answers before any commit this node makes for the session.
-            asked = self._dispatcher.pipeline.store.frontier(skey[0], skey[1], now)
+            asked = self._store.frontier(skey[0], skey[1], now)
             if asked.done():
                 st.buffer = ReorderBuffer(cfg, first_id=self._first(msg.msg_id, asked.result()))
             else:

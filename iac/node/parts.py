@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from iac.node.config import NodeConfig
 from iac.node.observe import Observers
 from iac.node.stats import Counters
+from iac.node.store import StoreRunner
 from iac.node.tasks import TaskSet
 from iac.node.types import Sessions
 from iac.protocol.clock import Clock
@@ -35,6 +36,8 @@ class Parts:
     #: What the receive side judges freshness, replay windows and expiry by: the node's clock,
     #: except where it jumps (docs/PROTOCOL.md, "Replay and freshness").
     rx_clock: Clock
+    #: The replay store's calls (its store is given when the node starts).
+    store: StoreRunner
 
 
 __all__ = ["Parts"]

@@ -5,7 +5,7 @@ counters.
 * :class:`~iac.node.peers.Peers` — the peer book, routes, one connection per peer, peer events;
 * :class:`~iac.node.outbox.Outbox` — build, sign, frame and send (directly or inside FORWARD);
 * :class:`~iac.node.pending.Pending` — requests and ACK_REQUESTED messages until answered;
-* :class:`~iac.node.pipeline.ReceivePipeline` — the checks, sans-IO: refuse, duplicate or deliver;
+* :class:`~iac.node.pipeline.ReceivePipeline` — the checks, one call per batch: each decision names its route;
 * :class:`~iac.node.inbound.Inbound` — read loops, the verify budget, FORWARD frames;
 * :class:`~iac.node.dispatch.Dispatcher` — handlers, slots and quotas, CANCEL and deadlines;
 * :class:`~iac.node.ordered.OrderedDelivery` — reorder buffers for ORDERED sessions;
@@ -83,7 +83,7 @@ class NodeRuntime:
         self._listen_urls = [listen] if isinstance(listen, str) else list(listen)
         self._replay_store_arg = replay_store
         self.listeners: list[Listener] = []
-        self.started = self._closing = self.closed = self._started_store = False
+        self.started = self._closing = self.closed = False
         self._housekeeping: asyncio.Task[None] | None = None
         self.counters = c = Counters()
         self.tasks = TaskSet()
@@ -103,8 +103,18 @@ class NodeRuntime:
         #: except where it jumps (docs/PROTOCOL.md, "Replay and freshness").
         self.rx_clock = SteadyClock(self.clock)
         self._clock_off = False
+        #: The replay store's calls; the store itself is opened by :meth:`start`.
+        self.store = StoreRunner()
         parts = self.parts = Parts(
-            self.identity, config, self.sessions, self.router, c, self.tasks, self.observers, self.rx_clock
+            self.identity,
+            config,
+            self.sessions,
+            self.router,
+            c,
+            self.tasks,
+            self.observers,
+            self.rx_clock,
+            self.store,
         )
         self.peers = Peers(
             parts,
@@ -118,11 +128,11 @@ class NodeRuntime:
         self.outbox = Outbox(parts, self.peers, signer)
         self.pending = Pending(parts, self.outbox, self.peers)
         self.streams = Streams(self.outbox, self.pending, self.observers)
-        self.pipeline = ReceivePipeline(self.identity, config)
+        self.pipeline = ReceivePipeline(self.identity, config, self.store)
         self.answers = Answers(config, self.outbox, c)
-        self.dispatch = Dispatcher(parts, self.pipeline, self.answers, context)
+        self.dispatch = Dispatcher(parts, self.answers, context)
         self.ordered = OrderedDelivery(parts, self.dispatch, self.answers)
-        self.files = Files(parts, self.outbox, self.peers, self.pipeline, self.answers)
+        self.files = Files(parts, self.outbox, self.peers, self.answers)
         self.verifier = Verifier(self.crypto)
         self.inbound = Inbound(
             parts,
@@ -196,8 +206,7 @@ class NodeRuntime:
             raise ConfigError("the replay store's max_skew_us differs from the node's transport.max_skew_us")
         # Servers that share session tickets must share what stops a replayed 0-RTT flight.
         check_cluster_stores(c.transport.ticket_store, store, c.transport.nonce_cache)
-        self.pipeline.start(StoreRunner(ReplayGuard(store)))
-        self._started_store = True
+        self.store.open(ReplayGuard(store))
         self.files.start()
         try:
             for url in self._listen_urls:
@@ -215,7 +224,7 @@ class NodeRuntime:
         if c.fair_share:
             self.tasks.spawn(self.inbound.share_loop())
         # The leases of the ids this node holds, renewed every third of the store's lease.
-        self.tasks.spawn(self.pipeline.store.renew_forever(self.rx_clock))
+        self.tasks.spawn(self.store.renew_forever(self.rx_clock))
 
     async def close(self) -> None:
         """Drain and close: stop accepting, let in-flight handlers and unacknowledged messages
@@ -243,8 +252,8 @@ class NodeRuntime:
         self.dispatch.threads.close()
         await self.files.close()
         self.crypto.close()
-        if self._started_store:
-            self.pipeline.store.close()
+        if self.store.started:
+            self.store.close()
         self.peers.end_events()
 
     def check_open(self) -> None:
@@ -273,7 +282,7 @@ class NodeRuntime:
                                 -self.rx_clock.offset_us / 1e6)  # fmt: skip
                 else:
                     log.info("the clock agrees with the steady time again")
-            self.pipeline.store.expire(now)
+            self.store.expire(now)
             self._expire_peer_state(now)
             self.router.expire(now)
             self.files.expire()

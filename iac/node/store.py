@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from iac.errors import IacError, StoreUnavailable, WorkerFailed
-from iac.node.types import Key
+from iac.errors import IacError, LocalError, StoreUnavailable, WorkerFailed
+from iac.node.types import Item, Key
 from iac.protocol.clock import Clock
 from iac.protocol.replay import ReplayGuard, Verdict
 from iac.stores.memory import MemoryReplayStore
@@ -44,21 +44,43 @@ class Check:
 
 
 class StoreRunner:
-    """Runs a node's replay-store calls: on the loop for a memory store, else on one thread."""
+    """Runs a node's replay-store calls: on the loop for a memory store, else on one thread.
 
-    def __init__(self, guard: ReplayGuard) -> None:
-        self.guard = guard
-        store = guard.store
-        self.blocking = not isinstance(store, MemoryReplayStore) and getattr(store, "blocking", True)
+    Made with the node; ``guard`` (the store) is given by :meth:`open` when the node starts."""
+
+    def __init__(self, guard: ReplayGuard | None = None) -> None:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: Store calls that failed (commits and releases included).
         self.failures = 0
-        #: How long the store's reservations last unless renewed (None: they never lapse).
-        self.lease_us = store.reservation_lease_us
         #: Ids this node reserved and has neither committed nor released, by session: when each
         #: was reserved.
         self._held: dict[tuple[str, int], dict[int, int]] = {}
+        self._guard: ReplayGuard | None = None
+        self.blocking = False
+        self.lease_us: int | None = None
+        self._retention_us = 0
+        if guard is not None:
+            self.open(guard)
+
+    def open(self, guard: ReplayGuard) -> None:
+        """Run the calls of ``guard``'s store from now on."""
+        self._guard = guard
+        store = guard.store
+        self.blocking = not isinstance(store, MemoryReplayStore) and getattr(store, "blocking", True)
+        #: How long the store's reservations last unless renewed (None: they never lapse).
+        self.lease_us = store.reservation_lease_us
         self._retention_us = 2 * store.max_skew_us
+
+    @property
+    def started(self) -> bool:
+        return self._guard is not None
+
+    @property
+    def guard(self) -> ReplayGuard:
+        """The replay guard over the store (:class:`~iac.errors.LocalError` before :meth:`open`)."""
+        if self._guard is None:
+            raise LocalError("the node is not started")
+        return self._guard
 
     async def check(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
         """The verdict of each check, in order; a failed call gives its typed error in its place."""
@@ -80,6 +102,19 @@ class StoreRunner:
             else:
                 ids[msg_id] = now
         return verdicts
+
+    def commit_item(self, item: Item, now: int) -> None:
+        """A delivered message was handled (or refused after delivery): its id is done."""
+        if not item.committed:
+            item.committed = True
+            self.commit(item.key, now)
+
+    def release_item(self, item: Item, now: int) -> None:
+        """A delivered message was not handled (busy, closing): a retransmission may try again.
+        Nothing once committed."""
+        if not item.committed:
+            item.committed = True
+            self.release(item.key, now)
 
     def commit(self, key: Key, now: int) -> None:
         self._unhold(key)

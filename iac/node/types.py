@@ -12,11 +12,35 @@ from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 from iac.errors import ConfigError
+from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, sender_of
 
 Key: TypeAlias = tuple[str, int, int]  # (agent_id, session_id, msg_id)
+
+
+@dataclass(slots=True)
+class Item:
+    """A received message that passed every check: what reorder and the handlers get."""
+
+    conn: Connection
+    msg: Message
+    payload: Any
+    key: Key
+    sealed: bool
+    #: arrived inside FORWARD with an empty ``to``: delivered, never answered
+    broadcast: bool = False
+    #: its replay-store reservation was committed or released
+    committed: bool = False
+    #: it holds a handler slot
+    slot: bool = False
+    #: stream parts sent so far (a STREAM request)
+    parts: int = 0
+    #: The handler plan, made once when the dispatcher admits it: the function, and how it runs
+    #: (``iac.node.dispatch``: inline, in a task, on a thread, as a stream); None before.
+    handler: Callable[..., Any] | None = None
+    mode: int = 0
 
 
 # --- values handed to users -----------------------------------------------------------------------

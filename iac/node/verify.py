@@ -15,13 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from iac.errors import IacError
+from iac.errors import IacError, Impersonation
 from iac.node.crypto import CryptoWorker
-from iac.node.pipeline import ReceivePipeline
 from iac.wire._pb.iac_pb2 import Message
+from iac.wire.message import open_message, sender_of
 
 #: What opening one frame gives: the verified message, or the typed error that refused it.
 Opened = Message | IacError
+
+
+def open_frame(body: bytes, peer: str) -> Message:
+    """A MESSAGE frame's body: the field-8 scan, parse, ``from`` and signature (raise
+    :class:`~iac.errors.MessageRejected` for a well-formed message that fails them, another
+    :class:`~iac.errors.ProtocolError` for a malformed one); then the sender must be the peer
+    whose HELLO proved this connection (:class:`~iac.errors.Impersonation`: other origins travel
+    inside FORWARD)."""
+    msg = open_message(body)
+    sender = sender_of(msg)
+    if sender != peer:
+        raise Impersonation(
+            f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
+            f"{peer[:16]}… (other origins travel inside FORWARD)"
+        )
+    return msg
 
 
 def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
@@ -29,7 +45,7 @@ def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
     out: list[Opened] = []
     for body in bodies:
         try:
-            out.append(ReceivePipeline.open(body, peer))
+            out.append(open_frame(body, peer))
         except IacError as exc:
             out.append(exc)
     return out
@@ -53,4 +69,4 @@ class Verifier:
         return await self.worker.run("verification", open_all, bodies, peer)
 
 
-__all__ = ["Opened", "Verifier", "open_all"]
+__all__ = ["Opened", "Verifier", "open_all", "open_frame"]
