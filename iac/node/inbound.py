@@ -34,7 +34,7 @@ from iac.node.pending import Pending
 from iac.node.pipeline import Decision, Deliver, Duplicate, ReceivePipeline, Refuse, Response, Route
 from iac.node.streams import Streams
 from iac.node.types import Reply, error_fields
-from iac.node.verify import Verifier
+from iac.node.verify import Opened, Verifier
 from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
 from iac.protocol.replay import Verdict
@@ -110,12 +110,16 @@ class Inbound:
         frames waiting gets its turn (one peer's flood does not hold the others up); with none
         waiting, the next ``recv_many`` waits anyway."""
         peer = conn.peer.agent_id
+        clock = self._clock
         try:
             while True:
                 incs = await conn.recv_many(BATCH)
-                self._frames[peer] += len(incs)
-                await self._throttle(peer, float(len(incs)))
-                ok = await self._on_batch(conn, incs)
+                n = len(incs)
+                self._frames[peer] += n
+                now = clock.now_us()  # the batch's one clock read (again only after a throttle)
+                if await self._throttle(peer, float(n), now):
+                    now = clock.now_us()
+                ok = await self._on_batch(conn, incs, now)
                 del incs  # the frames go now, also when the batch closed the connection
                 if not ok:
                     break
@@ -167,7 +171,7 @@ class Inbound:
 
     def expire(self, connected: set[str]) -> None:
         """Forget the verify budgets of peers that are not connected and have a full bucket."""
-        now = self._clock.monotonic()
+        now = self._clock.now_us() * 1e-6
         for peer in [p for p, b in self._buckets.items() if p not in connected and b.full(now)]:
             del self._buckets[peer]
 
@@ -175,28 +179,41 @@ class Inbound:
     def budgets(self) -> int:
         return len(self._buckets)
 
-    async def _throttle(self, peer: str, cost: float) -> None:
+    async def _throttle(self, peer: str, cost: float, now_us: int) -> bool:
+        """Take ``cost`` from ``peer``'s verify budget (its bucket runs on the receive clock's
+        seconds); True when it had to wait for it."""
         bucket = self._buckets.get(peer)
-        now = self._clock.monotonic()
+        now = now_us * 1e-6
         if bucket is None:
             bucket = self._buckets[peer] = TokenBucket(self.config.verify_rate, self.config.verify_burst, now)
         wait = bucket.take(cost, now)
-        if wait > 0:
-            self._c.throttled += 1
-            await asyncio.sleep(wait)
+        if wait <= 0:
+            return False
+        self._c.throttled += 1
+        await asyncio.sleep(wait)
+        return True
 
-    async def _on_batch(self, conn: Connection, incs: list[Incoming]) -> bool:
-        """Act on a batch of frames in order; False when the connection was closed for a fault."""
+    async def _on_batch(self, conn: Connection, incs: list[Incoming], now: int) -> bool:
+        """Act on a batch of frames in order (``now``: read once for it); False when the
+        connection was closed for a fault."""
         peer = conn.peer.agent_id
         c = self._c
         c.received += len(incs)
-        c.bytes_received += sum(inc.frame.wire_size or len(inc.frame.body) for inc in incs)
-        bodies = [inc.frame.body for inc in incs if inc.frame.type == _MESSAGE_FRAME]
-        opened = await self._verifier.open(bodies, peer) if bodies else []
-        msgs = [m for m in opened if not isinstance(m, IacError)]
+        size = 0
+        bodies: list[bytes] = []
+        for inc in incs:
+            frame = inc.frame
+            size += frame.wire_size or len(frame.body)
+            if frame.type == _MESSAGE_FRAME:
+                bodies.append(frame.body)
+        c.bytes_received += size
+        opened: list[Opened] = []
+        msgs: list[Message] = []
+        if bodies:
+            opened = await self._verifier.open(bodies, peer)
+            msgs = [m for m in opened if not isinstance(m, IacError)]
         # One pipeline call for the batch's verified messages (their replay checks together).
-        now = self._clock.now_us()
-        decisions = iter(await self._pipeline.receive(conn, msgs, now)) if msgs else iter(())
+        decisions = iter(await self._pipeline.receive(conn, msgs, now) if msgs else ())
         results = iter(opened)
         for inc in incs:
             frame = inc.frame
@@ -206,7 +223,9 @@ class Inbound:
             if frame.type != _MESSAGE_FRAME:
                 continue
             result = next(results)
-            if isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
+            if isinstance(result, Message):
+                await self._act(conn, result, now, next(decisions))
+            elif isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
                 await self._on_bad_signature(conn, frame.body)
             elif isinstance(result, ProtocolError):  # malformed, or an impersonation: close it
                 log.info("closing the connection from %s…: %s: %s", peer[:16], result.name, result,
@@ -217,10 +236,8 @@ class Inbound:
                 # 48 MiB in the many-connection amplification test (bound: 18 MiB), raising
                 # keeps it under (tests/test_exhaustion.py).
                 raise result
-            elif isinstance(result, IacError):  # pragma: no cover - open() raises only the two above
+            else:  # pragma: no cover - open() raises only the two above
                 return False
-            else:
-                await self._act(conn, result, now, next(decisions))
         return True
 
     async def on_message(self, conn: Connection, msg: Message, *, forwarded: bool = False) -> None:
@@ -298,7 +315,7 @@ class Inbound:
 
     async def _on_bad_signature(self, conn: Connection, body: bytes) -> None:
         self._c.refused[Refusal.BAD_SIGNATURE.value] += 1
-        await self._throttle(conn.peer.agent_id, self.config.bad_signature_cost)
+        await self._throttle(conn.peer.agent_id, self.config.bad_signature_cost, self._clock.now_us())
         try:
             claimed = Message.FromString(body)
         except DecodeError:
@@ -319,7 +336,7 @@ class Inbound:
         conns = self._peers.by_id()
         dec = self._router.on_forward(body, from_peer, conns, self._clock.now_us())
         if dec.refusal is RouteRefusal.BAD_SIGNATURE:
-            await self._throttle(from_peer, self.config.bad_signature_cost)
+            await self._throttle(from_peer, self.config.bad_signature_cost, self._clock.now_us())
         elif dec.refusal is RouteRefusal.NO_ROUTE and retry:
             self._relay_after_dial(conn, body)
         if dec.refusal is not None and dec.refusal is not RouteRefusal.DUPLICATE:

@@ -69,12 +69,13 @@ class Outbox:
     ) -> Message:
         check_agent_id_cached(peer)
         text = payload_text(payload, payload_json)
+        now = self.clock.now_us()
         msg = build_message(
             sender=self.agent_id,
             to=peer,
             msg_type=msg_type,
-            session=self.sessions.session(peer, kind, self.clock.now_us()),
-            timestamp_us=self.clock.now_us(),
+            session=self.sessions.session(peer, kind, now),
+            timestamp_us=now,
             payload_json=text,
             extra_data=extra_data,
             flags=flags,

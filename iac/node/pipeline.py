@@ -133,8 +133,10 @@ class ReceivePipeline:
         inner messages of FORWARD frames it relayed), in order."""
         store = self.store
         guard = store.guard
-        max_skew = guard.store.max_skew_us
-        via = conn.peer.agent_id if forwarded else None
+        # A MESSAGE frame's sender is the connection's peer (verify.py checked it); a FORWARD's
+        # inner message names its origin.
+        peer = conn.peer.agent_id
+        via = peer if forwarded else None
         # Freshness (no store needed), then one store call for the batch: single-phase for a
         # response, a reservation for anything a handler takes.
         early: list[Refuse | None] = []
@@ -144,11 +146,12 @@ class ReceivePipeline:
             try:
                 guard.check_fresh(msg.timestamp, now)
             except StaleMessage as exc:
-                early.append(self._stale(msg, now, exc, max_skew, is_response, forwarded))
+                early.append(self._stale(msg, now, exc, guard.store.max_skew_us, is_response, forwarded))
                 continue
             early.append(None)
-            checks.append(Check((sender_of(msg), msg.session_id, msg.msg_id), is_response, via))
-        verdicts = iter(await store.check(checks, now)) if checks else iter(())
+            sender = sender_of(msg) if forwarded else peer
+            checks.append(Check((sender, msg.session_id, msg.msg_id), is_response, via))
+        verdicts = iter(await store.check(checks, now) if checks else ())
         out: list[Decision] = []
         for msg, refused in zip(msgs, early, strict=True):
             out.append(
@@ -176,7 +179,7 @@ class ReceivePipeline:
         self, conn: Connection, msg: Message, now: int, verdict: Verdict | IacError, forwarded: bool
     ) -> Decision:
         """Every step after the replay store's ``verdict`` on this message."""
-        sender = sender_of(msg)
+        sender = sender_of(msg) if forwarded else conn.peer.agent_id
         broadcast = forwarded and not msg.to
         mt = msg.msg_type
         is_response = mt in RESPONSE_TYPES

@@ -26,7 +26,7 @@ from typing import Any
 from iac.errors import IacError, LocalError, StoreUnavailable, WorkerFailed
 from iac.node.types import Item, Key
 from iac.protocol.clock import Clock
-from iac.protocol.replay import ReplayGuard, Verdict
+from iac.protocol.replay import ReplayGuard, ReplayStore, Verdict
 from iac.stores.memory import MemoryReplayStore
 
 log = logging.getLogger("iac.node")
@@ -56,6 +56,8 @@ class StoreRunner:
         #: was reserved.
         self._held: dict[tuple[str, int], dict[int, int]] = {}
         self._guard: ReplayGuard | None = None
+        #: The guard's store once open (read on every call).
+        self._replay: ReplayStore | None = None
         self.blocking = False
         self.lease_us: int | None = None
         self._retention_us = 0
@@ -65,7 +67,7 @@ class StoreRunner:
     def open(self, guard: ReplayGuard) -> None:
         """Run the calls of ``guard``'s store from now on."""
         self._guard = guard
-        store = guard.store
+        store = self._replay = guard.store
         self.blocking = not isinstance(store, MemoryReplayStore) and getattr(store, "blocking", True)
         #: How long the store's reservations last unless renewed (None: they never lapse).
         self.lease_us = store.reservation_lease_us
@@ -118,11 +120,11 @@ class StoreRunner:
 
     def commit(self, key: Key, now: int) -> None:
         self._unhold(key)
-        self._call(self.guard.store.commit, *key, now)
+        self._call(self._open().commit, *key, now)
 
     def release(self, key: Key, now: int) -> None:
         self._unhold(key)
-        self._call(self.guard.store.release, *key, now)
+        self._call(self._open().release, *key, now)
 
     @property
     def held(self) -> int:
@@ -181,7 +183,7 @@ class StoreRunner:
 
     def _check_all(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
         out: list[Verdict | IacError] = []
-        store = self.guard.store
+        store = self._open()
         for c in checks:
             sender, session_id, msg_id = c.key
             call = store.check_and_mark if c.mark else store.reserve
@@ -197,6 +199,12 @@ class StoreRunner:
                 continue
             out.append(verdict)
         return out
+
+    def _open(self) -> ReplayStore:
+        store = self._replay
+        if store is None:
+            raise LocalError("the node is not started")
+        return store
 
     def _unhold(self, key: Key) -> None:
         sender, session_id, msg_id = key

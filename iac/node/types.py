@@ -187,11 +187,13 @@ class SendOptions:
 
     def merged(self, **given: Any) -> SendOptions:
         """These options with each of ``given`` that differs from the field's default."""
-        changed = {k: v for k, v in given.items() if v != getattr(_DEFAULT_OPTIONS, k)}
+        changed = {k: v for k, v in given.items() if v != _DEFAULT_FIELDS[k]}
         return dataclasses.replace(self, **changed) if changed else self
 
 
 _DEFAULT_OPTIONS = SendOptions()
+#: Each field's default, by name (read for every send: a dict, not ``getattr``).
+_DEFAULT_FIELDS = {f.name: getattr(_DEFAULT_OPTIONS, f.name) for f in dataclasses.fields(SendOptions)}
 
 
 def send_options(options: SendOptions | None, **given: Any) -> SendOptions:
