@@ -22,11 +22,11 @@ from iac.node.answers import Answers
 from iac.node.fair import FairThreads, HandlerSpeeds, Slots
 from iac.node.parts import Parts
 from iac.node.streams import StreamOut
-from iac.node.types import Item, Key, dumps
+from iac.node.types import WANTS_ACK, WANTS_REPLY, Item, Key, dumps
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, type_name
-from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_STREAM
+from iac.wire.message import FLAG_STREAM
 
 log = logging.getLogger("iac.node")
 
@@ -454,16 +454,16 @@ class Dispatcher:
         self._ended(item)
         self._c.handled += 1
         self.commit(item)
-        msg = item.msg
-        if msg.deadline:
+        wants = item.wants
+        if wants == WANTS_REPLY:
             try:
                 text = dumps(result)
             except (TypeError, ValueError):
                 await self._answers.error(item, ErrorCode.INTERNAL, "the handler's result is not JSON")
                 return
             await self._answers.answer(item, _REPLY, text)
-        elif msg.flags & FLAG_ACK_REQUESTED:
-            await self._answers.ack(item.conn, msg)
+        elif wants == WANTS_ACK:
+            await self._answers.ack(item.conn, item.msg)
 
     def _ended(self, item: Item) -> None:
         """The handler finished (or never ran): a CANCEL from now on is too late."""

@@ -35,7 +35,7 @@ from iac.errors import (
 )
 from iac.node.config import NodeConfig
 from iac.node.store import Check, StoreRunner
-from iac.node.types import Item, Key
+from iac.node.types import WANTS_ACK, WANTS_NOTHING, WANTS_REPLY, Item, Key
 from iac.protocol.guards import (
     RESPONSE_TYPES,
     check_call,
@@ -224,7 +224,13 @@ class ReceivePipeline:
             route = Route.ORDERED
         else:
             route = Route.HANDLER
-        return Deliver(Item(conn, msg, payload, key, sealed, broadcast), route)
+        if broadcast:
+            wants = WANTS_NOTHING
+        elif msg.deadline:
+            wants = WANTS_REPLY
+        else:
+            wants = WANTS_ACK if msg.flags & FLAG_ACK_REQUESTED else WANTS_NOTHING
+        return Deliver(Item(conn, msg, payload, key, sealed, broadcast, wants=wants), route)
 
     # --- the steps --------------------------------------------------------------------------------
 

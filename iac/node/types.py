@@ -20,6 +20,12 @@ from iac.wire.message import Session, sender_of
 Key: TypeAlias = tuple[str, int, int]  # (agent_id, session_id, msg_id)
 
 
+#: What the sender of a received message waits for (``Item.wants``): nothing (a one-way message
+#: without ACK_REQUESTED, or a broadcast), the REPLY or ERROR of a request (its deadline is
+#: set), or the ACK of an ACK_REQUESTED message.
+WANTS_NOTHING, WANTS_REPLY, WANTS_ACK = 0, 1, 2
+
+
 @dataclass(slots=True)
 class Item:
     """A received message that passed every check: what reorder and the handlers get."""
@@ -37,6 +43,8 @@ class Item:
     slot: bool = False
     #: stream parts sent so far (a STREAM request)
     parts: int = 0
+    #: what its sender waits for (:data:`WANTS_REPLY`, :data:`WANTS_ACK`), decided once
+    wants: int = WANTS_NOTHING
     #: The handler plan, made once when the dispatcher admits it: the function, and how it runs
     #: (``iac.node.dispatch``: inline, in a task, on a thread, as a stream); None before.
     handler: Callable[..., Any] | None = None
