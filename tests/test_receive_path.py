@@ -20,6 +20,7 @@ from iac.errors import LocalError
 from iac.node.config import NodeConfig
 from iac.node.dispatch import Handler
 from iac.node.node import Context, Node
+from iac.node.store import StoreRunner
 
 PIPELINE = iac.node.pipeline.__file__
 ROUND_TRIPS = 5
@@ -54,7 +55,7 @@ class CountingHandlers(dict[int, Handler]):
         super().__init__(table)
         self.lookups = 0
 
-    def get(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: int, default: Any = None) -> Any:
         self.lookups += 1
         return super().get(key, default)
 
@@ -117,7 +118,7 @@ def test_the_counter_sees_entries() -> None:
         iac.node.pipeline.ReceivePipeline._stale  # noqa: B018 - an attribute read is no call
         iac.node.pipeline.Route(0)
     assert entries == Counter()
-    store = iac.node.pipeline.StoreRunner()
+    store = StoreRunner()
     pipe = iac.node.pipeline.ReceivePipeline(Node().identity, NodeConfig(), store)
     with entries_into(PIPELINE) as entries, pytest.raises(LocalError, match="not started"):
         asyncio.run(pipe.receive(None, [], 0))  # type: ignore[arg-type]  # the store is not open

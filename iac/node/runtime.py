@@ -1,11 +1,13 @@
-"""The runtime under a :class:`~iac.Node`: identity, configuration and the collaborators, each with
-one job, wired together; start (replay store, listeners) and close (drain, GOAWAY); state and
-counters.
+"""The runtime a :class:`~iac.Node` holds: identity, configuration and the collaborators, each with
+one job, built with what they need in their constructors (the shared ones in one
+:class:`~iac.node.parts.Parts`); start (replay store, listeners) and close (drain, GOAWAY); state
+and counters.
 
 * :class:`~iac.node.peers.Peers` — the peer book, routes, one connection per peer, peer events;
 * :class:`~iac.node.outbox.Outbox` — build, sign, frame and send (directly or inside FORWARD);
 * :class:`~iac.node.pending.Pending` — requests and ACK_REQUESTED messages until answered;
-* :class:`~iac.node.pipeline.ReceivePipeline` — the checks, one call per batch: each decision names its route;
+* :class:`~iac.node.pipeline.ReceivePipeline` — the checks, one call per batch, each decision
+  naming its route;
 * :class:`~iac.node.inbound.Inbound` — read loops, the verify budget, FORWARD frames;
 * :class:`~iac.node.dispatch.Dispatcher` — handlers, slots and quotas, CANCEL and deadlines;
 * :class:`~iac.node.ordered.OrderedDelivery` — reorder buffers for ORDERED sessions;
