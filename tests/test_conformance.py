@@ -662,7 +662,7 @@ def test_unix_uid_policy_and_private_dir(sockdir: Path) -> None:
 
 def test_session_logic_and_connection_table() -> None:
     from iac.errors import HandshakeError, ProtocolError
-    from iac.node.pipeline import ReceivePipeline
+    from iac.node.verify import open_frame
     from iac.transport.base import ConnectionTable
     from iac.transport.session import EarlyFrames, PeerGoaway, SessionLogic
     from iac.wire.frames import Frame, FrameType
@@ -677,7 +677,7 @@ def test_session_logic_and_connection_table() -> None:
     other = logic.on_frame(decode_frame(ping_frame(b, a.agent_id, Session())))
     assert other is not None and not isinstance(other, PeerGoaway)
     with pytest.raises(ProtocolError) as exc_info:
-        ReceivePipeline.open(other.frame.body, a.agent_id)
+        open_frame(other.frame.body, a.agent_id)
     assert exc_info.value.reason == "impersonation"
     with pytest.raises(HandshakeError) as exc_info:
         logic.on_frame(Frame(FrameType.HELLO, b""))

@@ -28,9 +28,10 @@ from iac.errors import CloseCode, ConnectionClosed, LocalError, MessageRejected
 from iac.node import sign as sign_mod
 from iac.node import verify as verify_mod
 from iac.node.config import NodeConfig
+from iac.node.crypto import CryptoWorker
 from iac.node.node import Context, Node
 from iac.node.sign import Signer
-from iac.node.verify import CryptoWorker, Verifier
+from iac.node.verify import Verifier
 from iac.wire._pb.iac_pb2 import Message, MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
@@ -151,7 +152,7 @@ def test_a_forged_frame_among_others_over_the_wire_is_refused_alone_and_the_rest
             await peer.conn.send(b"".join(frames))  # one write: the node reads them as one batch
             await peer.barrier()
             assert woke == ["a0", "a1", "a2", "a4", "a5"]
-            assert node._verifier.offloaded >= 6  # they were opened together on the worker
+            assert node._runtime.verifier.offloaded >= 6  # they were opened together on the worker
             assert node.stats().refused == {"bad_signature": 1}
 
     run(main())
@@ -314,7 +315,7 @@ def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node
 
     async def main() -> None:
         async with serving() as (node, woke):
-            real = node._crypto.run
+            real = node._runtime.crypto.run
             failures: list[str] = []
 
             async def fails_once(what: str, fn: Any, *args: object) -> Any:
@@ -326,7 +327,7 @@ def test_a_failed_worker_closes_that_connection_with_internal_error_and_the_node
                     )
                 return await real(what, fn, *args)
 
-            node._crypto.run = fails_once  # type: ignore[method-assign]
+            node._runtime.crypto.run = fails_once  # type: ignore[method-assign]
             async with RawPeer.connect(node) as peer:
                 frames = [
                     encode_frame(

@@ -116,7 +116,7 @@ def test_own_socket_dial_is_seen_elsewhere() -> None:
 
 
 def _peer_address(node: Node, peer: str) -> str:
-    conn = node._peers.table.get(peer)
+    conn = node.connection(peer)
     assert conn is not None
     return conn.peer.address
 

@@ -81,10 +81,6 @@ ALLOWED = {
     ("iac/protocol/files/receiver.py", "hashlib._Hash"): (
         "hashlib's hash object type has no public name; used in an annotation only"
     ),
-    ("iac/mesh/nat.py", "self.node._peers"): (
-        "NAT traversal reads the node's peer table; a public accessor comes with the node's "
-        "composition (its own change)"
-    ),
     **{
         ("iac/protocol/record_store.py", f"self._s.{name}"): (
             "the memory record store's transaction, in the store's own module, works on its rows"

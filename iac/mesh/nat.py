@@ -268,7 +268,7 @@ class Traversal:
     # --- punching ------------------------------------------------------------------------------
 
     def _listener(self) -> Any:
-        return self.node._peers.quic_listener()
+        return self.node.paths.quic_listener()
 
     def _allow_datagram(self, dest: tuple[str, int], now: float) -> bool:
         total = self._total
@@ -314,11 +314,9 @@ class Traversal:
         """Forget the session tickets held for these candidates: a 0-RTT dial would count as
         connected before any packet crossed the path, so a punch dial does the full handshake
         (only the peer's HELLO proves the path, and who is at its end)."""
-        tickets = self.node._peers.tickets
-        if tickets is not None:
-            for kind, value in theirs:
-                if kind != "relay":
-                    tickets.pop(value)
+        for kind, value in theirs:
+            if kind != "relay":
+                self.node.paths.forget_ticket(value)
 
     def _keep(self, peer: str, theirs: list[Candidate]) -> None:
         """Keep a peer's candidates (from its signed message), the newest peers at most
@@ -415,7 +413,7 @@ class Traversal:
         """``direct`` (a connection of its own), ``relayed`` (through a relay) or ``none``."""
         if self._direct(peer):
             return "direct"
-        if self.node._peers.route_hop(peer, self.node.clock.now_us()) is not None:
+        if self.node.paths.relayed(peer):
             return "relayed"
         return "none"
 

@@ -8,6 +8,7 @@ files, answers).
 from iac.node.config import NodeConfig, NodeStats, PeerEvent, Topology
 from iac.node.node import Context, Node
 from iac.node.observe import Observer
+from iac.node.peers import Paths
 from iac.node.types import Broadcast, FileSent, ReceivedFile, Reply, SendOptions, Sent
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "NodeConfig",
     "NodeStats",
     "Observer",
+    "Paths",
     "PeerEvent",
     "ReceivedFile",
     "Reply",

@@ -9,9 +9,8 @@ from collections import OrderedDict
 from iac.errors import ErrorCode, IacError, ProtocolError, Refusal
 from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
-from iac.node.pipeline import Item
 from iac.node.stats import Counters
-from iac.node.types import Key, error_payload
+from iac.node.types import Item, Key, error_payload
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
@@ -70,8 +69,7 @@ class Answers:
 
     async def error(self, item: Item, code: str, text: str) -> None:
         """A handler's outcome as ERROR, to a caller that waits for it (a deadline or ACK_REQUESTED)."""
-        msg = item.msg
-        if not (msg.deadline or msg.flags & FLAG_ACK_REQUESTED) or item.broadcast:
+        if not item.wants:
             return  # nobody waits for an answer to a one-way message without ACK, or to a broadcast
         code = code.value if isinstance(code, ErrorCode) else code
         self._c.errors_sent[code] += 1

@@ -19,19 +19,14 @@ from typing import Any, TypeAlias
 
 from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig
 from iac.node.fair import FairThreads, HandlerSpeeds, Slots
-from iac.node.observe import Observers
-from iac.node.pipeline import Item, ReceivePipeline
-from iac.node.stats import Counters
+from iac.node.parts import Parts
 from iac.node.streams import StreamOut
-from iac.node.tasks import TaskSet
-from iac.node.types import Key, dumps
-from iac.protocol.clock import Clock
+from iac.node.types import WANTS_ACK, WANTS_REPLY, Item, Key, dumps
 from iac.protocol.guards import RESPONSE_TYPES
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, type_name
-from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_STREAM
+from iac.wire.message import FLAG_STREAM
 
 log = logging.getLogger("iac.node")
 
@@ -59,25 +54,15 @@ def _qualname(func: Callable[..., Any]) -> str:
 class Dispatcher:
     """Runs handlers for delivered messages and answers with their outcome."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        pipeline: ReceivePipeline,
-        answers: Answers,
-        counters: Counters,
-        tasks: TaskSet,
-        clock: Clock,
-        make_context: ContextFactory,
-        observers: Observers,
-    ) -> None:
-        self.config = config
+    def __init__(self, parts: Parts, answers: Answers, make_context: ContextFactory) -> None:
+        self.config = config = parts.config
         self._answers = answers
-        self._c = counters
-        self._tasks = tasks
-        self._clock = clock
+        self._c = parts.counters
+        self._tasks = parts.tasks
+        self._clock = parts.rx_clock
         self._make_context = make_context
-        self._observers = observers
-        self._pipeline = pipeline
+        self._observers = parts.observers
+        self._store = parts.store
         self.handlers: dict[int, Handler] = {int(MessageType.PING): _answer_ping}
         self.exposed: dict[str, Callable[..., Any]] = {}
         #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
@@ -98,10 +83,6 @@ class Dispatcher:
         #: Streams ended because their connection is gone (:meth:`link_lost`).
         self._abandoned: set[Key] = set()
         self.draining = False
-
-    @property
-    def pipeline(self) -> ReceivePipeline:
-        return self._pipeline
 
     # --- registration ---------------------------------------------------------------------------
 
@@ -170,22 +151,38 @@ class Dispatcher:
             await self._answers.refuse(item.conn, item.msg, Refusal.BUSY, why)
             return
         self.admit(item)
-        func = self._target(item)
-        on_loop = not c.sync_in_thread or self._quick(func)  # a plain function may run right here
-        inline = on_loop and not item.msg.flags & FLAG_STREAM  # (a stream waits for credit)
-        if inline and not self._is_async(func) and self.slots.try_take():
+        if item.mode == _RUN_LOOP and self.slots.try_take():  # a plain function may run right here
             self.waiting -= 1
             await self._handle(item, inline=True)
         else:
             self._tasks.spawn(self.run(item))
 
     def admit(self, item: Item) -> None:
-        """Count a message as waiting for a slot (before its task starts, so bounds hold)."""
+        """Count a message as waiting for a slot (before its task starts, so bounds hold), and
+        make its handler plan: which function, and how it runs (decided here, once)."""
         self.per_peer[item.key[0]] += 1
         self.waiting += 1
         self._c.backlog_peak = max(self._c.backlog_peak, self.waiting)
         if not item.broadcast:
             self._active[item.key] = None
+        msg = item.msg
+        if msg.msg_type == _COMMAND:
+            func = self.exposed.get(item.payload["name"])
+        else:
+            func = self.handlers.get(msg.msg_type)
+        item.handler = func
+        if func is None:  # refused when its turn comes: right here where a plain function would run
+            item.mode = _RUN_THREAD if self.config.sync_in_thread else _RUN_LOOP
+            return
+        kind = self._kind(func)
+        if msg.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
+            item.mode = _RUN_STREAM
+        elif kind == _ASYNC:
+            item.mode = _RUN_ASYNC
+        elif self.config.sync_in_thread and not self._quick(func):
+            item.mode = _RUN_THREAD
+        else:
+            item.mode = _RUN_LOOP
 
     async def run(self, item: Item) -> None:
         """Wait for a slot, run the handler, answer. The item was :meth:`admit`-ted."""
@@ -313,11 +310,6 @@ class Dispatcher:
 
     # --- running a handler ----------------------------------------------------------------------
 
-    def _target(self, item: Item) -> Callable[..., Any] | None:
-        if item.msg.msg_type == _COMMAND:
-            return self.exposed.get(item.payload["name"])
-        return self.handlers.get(item.msg.msg_type)
-
     async def _handle(self, item: Item, *, inline: bool = False) -> None:
         """Run the handler in the slot this item holds, answer, give the slot back. ``inline``: in
         the connection's read loop, which an awaitable returned by a plain function must not hold
@@ -370,7 +362,7 @@ class Dispatcher:
                 item, Refusal.DEADLINE_PASSED, ErrorCode.TIMEOUT, "deadline passed before the handler started"
             )
             return False
-        func = self._target(item)
+        func = item.handler
         if func is None:
             what = (
                 f"no exposed function {item.payload['name'][:100]!r}"
@@ -394,15 +386,16 @@ class Dispatcher:
             ctx = self._make_context(msg, item.payload, bool(msg.deadline), item.conn.peer.agent_id)
             invoke = functools.partial(func, ctx)
         observed = self._observers.handling(item.key[0], msg) if self._observers.items else _UNOBSERVED
-        if msg.flags & FLAG_STREAM or self._kind(func) == _ASYNC_GEN:
+        mode = item.mode
+        if mode == _RUN_STREAM:
             with observed:
                 await self._produce(item, func, invoke)
             return False
         try:
             with observed:
-                if self._is_async(func):
+                if mode == _RUN_ASYNC:
                     result = await self._scoped(item, invoke())
-                elif self.config.sync_in_thread and not self._quick(func):
+                elif mode == _RUN_THREAD:
                     call = self.speeds.timed(func, invoke) if self.config.adaptive_sync else invoke
                     result = await self._scoped(item, self.threads.run(item.key[0], call))
                 else:
@@ -458,16 +451,16 @@ class Dispatcher:
         self._ended(item)
         self._c.handled += 1
         self.commit(item)
-        msg = item.msg
-        if msg.deadline:
+        wants = item.wants
+        if wants == WANTS_REPLY:
             try:
                 text = dumps(result)
             except (TypeError, ValueError):
                 await self._answers.error(item, ErrorCode.INTERNAL, "the handler's result is not JSON")
                 return
             await self._answers.answer(item, _REPLY, text)
-        elif msg.flags & FLAG_ACK_REQUESTED:
-            await self._answers.ack(item.conn, msg)
+        elif wants == WANTS_ACK:
+            await self._answers.ack(item.conn, item.msg)
 
     def _ended(self, item: Item) -> None:
         """The handler finished (or never ran): a CANCEL from now on is too late."""
@@ -491,18 +484,15 @@ class Dispatcher:
         await self._answers.error(item, code, text)
 
     def commit(self, item: Item) -> None:
-        self._pipeline.commit(item, self._clock.now_us())
+        self._store.commit_item(item, self._clock.now_us())
 
     def release(self, item: Item) -> None:
         """The item was not handled (refused as busy, or cancelled by the node closing)."""
-        self._pipeline.release(item, self._clock.now_us())
+        self._store.release_item(item, self._clock.now_us())
 
     def _quick(self, func: Callable[..., Any] | None) -> bool:
         """A plain function that proved quick enough to run on the loop (``adaptive_sync``)."""
         return func is not None and self.config.adaptive_sync and self.speeds.inline(func)
-
-    def _is_async(self, func: Callable[..., Any] | None) -> bool:
-        return func is not None and self._kind(func) != _PLAIN
 
     def _kind(self, func: Callable[..., Any]) -> int:
         """:data:`_PLAIN`, :data:`_ASYNC` or :data:`_ASYNC_GEN`, remembered per handler."""
@@ -519,6 +509,10 @@ class Dispatcher:
 
 
 _PLAIN, _ASYNC, _ASYNC_GEN = 0, 1, 2
+#: How an admitted message's handler runs (``Item.mode``): a plain function on the loop (right in
+#: the read loop when a slot is free), a plain function on the handler threads, a coroutine
+#: function in a task, an async generator or STREAM request in a task that produces its parts.
+_RUN_LOOP, _RUN_THREAD, _RUN_ASYNC, _RUN_STREAM = 0, 1, 2, 3
 
 
 def _kind_of(func: Callable[..., Any]) -> int:

@@ -36,13 +36,10 @@ from iac.errors import (
     TransportError,
 )
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig
 from iac.node.outbox import Outbox
+from iac.node.parts import Parts
 from iac.node.peers import Peers
-from iac.node.pipeline import Item, ReceivePipeline
-from iac.node.stats import Counters
-from iac.node.tasks import TaskSet
-from iac.node.types import FileSent, Key, ReceivedFile
+from iac.node.types import FileSent, Item, Key, ReceivedFile
 from iac.protocol.files import (
     AckPayload,
     ChunkHeader,
@@ -92,23 +89,14 @@ class _Transfer:
 class Files:
     """Outgoing transfers and the inbox of one node."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        outbox: Outbox,
-        peers: Peers,
-        pipeline: ReceivePipeline,
-        answers: Answers,
-        counters: Counters,
-        tasks: TaskSet,
-    ) -> None:
-        self.config = config
+    def __init__(self, parts: Parts, outbox: Outbox, peers: Peers, answers: Answers) -> None:
+        self.config = config = parts.config
         self._outbox = outbox
         self._peers = peers
-        self._pipeline = pipeline
+        self._store = parts.store
         self._answers = answers
-        self._c = counters
-        self._tasks = tasks
+        self._c = parts.counters
+        self._tasks = parts.tasks
         self._clock = config.transport.clock
         self.receiver: FileReceiver | None = None
         self._lock = asyncio.Lock()
@@ -391,7 +379,7 @@ class Files:
         """A FILE_TRANSFER message that passed the pipeline: an ack for one of this node's
         transfers, or a chunk / state query for the inbox."""
         msg, origin = item.msg, item.key[0]
-        commit = functools.partial(self._pipeline.commit, item)
+        commit = functools.partial(self._store.commit_item, item)
         try:
             parsed = parse_payload(msg.payload_json)
         except FileTransferError as exc:

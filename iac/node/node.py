@@ -3,8 +3,8 @@
 A :class:`Node` listens, dials peers from its peer book, and runs every received message through
 the receive pipeline (docs/PROTOCOL.md, "The receive pipeline") before anything wakes agent code.
 It is the facade over the collaborators that :class:`~iac.node.runtime.NodeRuntime` wires
-together; this module holds what agent code calls: handlers, sending, and the :class:`Context` a
-handler gets.
+together (a Node holds its runtime); this module holds what agent code calls: handlers, sending,
+state, and the :class:`Context` a handler gets.
 
 Conventions this node keeps on the wire:
 
@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from types import TracebackType
+from typing import Any, ParamSpec, Self, TypeVar, cast, overload
 
 from iac.errors import ConfigError, ErrorCode, RemoteError, TransportError
-from iac.node.config import PeerEvent
+from iac.node.config import NodeConfig, NodeStats, PeerEvent
 from iac.node.dispatch import Handler
 from iac.node.inbound import ErrorCallback
+from iac.node.observe import Attachable, Observer
+from iac.node.peers import Paths
 from iac.node.runtime import NodeRuntime
 from iac.node.transports import import_transports
 from iac.node.types import (
@@ -43,10 +47,14 @@ from iac.node.types import (
     send_options,
     subscribe,
 )
+from iac.protocol.clock import Clock
 from iac.protocol.files import TransferProgress
 from iac.protocol.guards import RESPONSE_TYPES
+from iac.protocol.replay import ReplayStore
+from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType, message_type
+from iac.wire.identity import Identity
 from iac.wire.message import FLAG_ORDERED, sender_of
 from iac.wire.task import TaskState
 
@@ -125,20 +133,144 @@ class Context:
         return not self.message.to
 
 
-class Node(NodeRuntime):
+class Node:
     """An IAC agent endpoint: identity, listeners, peer book, handlers, the receive pipeline.
 
     Use as ``async with Node(identity, listen=["tls://127.0.0.1:0"]) as node: ...``
     (or :meth:`start` / :meth:`close`).
     """
 
+    def __init__(
+        self,
+        identity: Identity | None = None,
+        *,
+        listen: str | Sequence[str] = (),
+        config: NodeConfig | None = None,
+        replay_store: ReplayStore | None = None,
+        clock: Clock | None = None,
+        peers: dict[str, Sequence[str]] | None = None,
+        metrics: Attachable | None = None,
+    ) -> None:
+        rt = self._runtime = NodeRuntime(
+            identity,
+            listen=listen,
+            config=config,
+            replay_store=replay_store,
+            clock=clock,
+            peers=peers,
+            context=self._context,
+        )
+        self.identity: Identity = rt.identity
+        self.config: NodeConfig = rt.config
+        self.clock: Clock = rt.clock
+        #: The URLs this node listens on (filled by :meth:`start`).
+        self.addresses: list[str] = rt.addresses
+        #: Set by a NAT traversal role: its counters, under ``stats().nat``.
+        self.nat_stats: Callable[[], Mapping[str, Any]] | None = None
+        self._metrics = metrics
+        self._detach: list[Callable[[], None]] = []
+        self._peers, self._outbox, self._pending = rt.peers, rt.outbox, rt.pending
+        self._streams, self._dispatch, self._files, self._inbound = (
+            rt.streams,
+            rt.dispatch,
+            rt.files,
+            rt.inbound,
+        )
+        self._paths = Paths(rt.peers, rt.clock)
+
     def _context(self, msg: Message, payload: Any, expects_reply: bool, via: str = "") -> Context:
         return Context(self, msg, payload, expects_reply, via or sender_of(msg))
 
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def agent_id(self) -> str:
+        return self.identity.agent_id
+
     async def start(self) -> None:
         """Open the replay store and the listeners; import the transports the peer book dials."""
-        await super().start()
+        if self._runtime.started:
+            return
+        await self._runtime.start()
         import_transports(url for urls in self.peer_book.values() for url in urls)
+        if self._metrics is not None:
+            self._detach.append(self._metrics.attach(self))
+
+    async def close(self) -> None:
+        """Drain and close: stop accepting, let in-flight handlers and unacknowledged messages
+        finish (up to ``drain_timeout``), then GOAWAY every connection."""
+        await self._runtime.close()
+        detach, self._detach = self._detach, []
+        for undo in detach:
+            undo()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<Node {self.agent_id[:16]}… {self.addresses}>"
+
+    def _check_open(self) -> None:
+        self._runtime.check_open()
+
+    # --- state ------------------------------------------------------------------------------------
+
+    def peer_state(self) -> dict[str, int]:
+        """How many entries the node keeps per peer, by table (all bounded or expired)."""
+        return self._runtime.peer_state()
+
+    @property
+    def peer_book(self) -> dict[str, list[str]]:
+        """The peer book: the addresses this node may dial, by AgentId (a copy). What is connected
+        now is :meth:`connected` / :meth:`connection`, and ``stats().peer_links``."""
+        return {k: list(v) for k, v in self._peers.book.items()}
+
+    @property
+    def peers(self) -> dict[str, list[str]]:
+        """Deprecated name of :attr:`peer_book` (it holds addresses, not connections)."""
+        warnings.warn("Node.peers is now Node.peer_book", DeprecationWarning, stacklevel=2)
+        return self.peer_book
+
+    def peer_links(self) -> dict[str, dict[str, Any]]:
+        """Per peer that is connected or was asked something: ``connected``, ``transport``,
+        ``address``, ``path`` (``direct``, ``relayed`` through a route, ``none``), ``rtt_ms``
+        (smoothed request round trip, None before a reply), ``in_flight``."""
+        return self._runtime.peer_links()
+
+    @property
+    def paths(self) -> Paths:
+        """What NAT traversal uses of this node's connections (:class:`~iac.node.Paths`)."""
+        return self._paths
+
+    def count_short_broadcast(self) -> None:
+        """A role of this node (the registry) saw a broadcast miss agents it knows: counted in
+        ``stats().routing["short"]``."""
+        self._runtime.counters.broadcasts_short += 1
+
+    def observe(self, observer: Observer) -> Callable[[], None]:
+        """Call ``observer``'s hooks as messages move (:class:`~iac.node.observe.Observer`);
+        returns a function that removes it again."""
+        return self._runtime.observers.add(observer)
+
+    @property
+    def exposed(self) -> list[str]:
+        return sorted(self._dispatch.exposed)
+
+    def connected(self, peer: str) -> bool:
+        return self._peers.table.get(peer) is not None
+
+    def connection(self, peer: str) -> Connection | None:
+        """The live connection to ``peer``, or None."""
+        return self._peers.table.get(peer)
+
+    def stats(self) -> NodeStats:
+        return self._runtime.stats(self.nat_stats() if self.nat_stats is not None else {})
 
     # --- registration -----------------------------------------------------------------------------
 

@@ -16,12 +16,9 @@ from typing import Any
 
 from iac.errors import Refusal
 from iac.node.answers import Answers
-from iac.node.config import NodeConfig
 from iac.node.dispatch import Dispatcher
-from iac.node.pipeline import Item
-from iac.node.stats import Counters
-from iac.node.tasks import TaskSet
-from iac.protocol.clock import Clock
+from iac.node.parts import Parts
+from iac.node.types import Item
 from iac.protocol.reorder import Delivered, Duplicate, GapSkipped, Late, ReorderBuffer, ReorderConfig
 from iac.protocol.replay import serial_add
 from iac.wire._pb.iac_pb2 import Message
@@ -50,21 +47,14 @@ class _Stream:
 class OrderedDelivery:
     """The ORDERED sessions of every sender."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        dispatcher: Dispatcher,
-        answers: Answers,
-        counters: Counters,
-        tasks: TaskSet,
-        clock: Clock,
-    ) -> None:
-        self.config = config
+    def __init__(self, parts: Parts, dispatcher: Dispatcher, answers: Answers) -> None:
+        self.config = parts.config
         self._dispatcher = dispatcher
         self._answers = answers
-        self._c = counters
-        self._tasks = tasks
-        self._clock = clock
+        self._c = parts.counters
+        self._tasks = parts.tasks
+        self._clock = parts.rx_clock
+        self._store = parts.store
         self._streams: dict[tuple[str, int], _Stream] = {}
         self.queued = 0
         self.draining = False
@@ -121,7 +111,7 @@ class OrderedDelivery:
             )
             st = self._streams[skey] = _Stream(ReorderBuffer(cfg, first_id=1), now)
             # Asked now, so the store answers before any commit this node makes for the session.
-            asked = self._dispatcher.pipeline.store.frontier(skey[0], skey[1], now)
+            asked = self._store.frontier(skey[0], skey[1], now)
             if asked.done():
                 st.buffer = ReorderBuffer(cfg, first_id=self._first(msg.msg_id, asked.result()))
             else:

@@ -11,20 +11,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from iac.errors import IacError
-from iac.node.config import NodeConfig
-from iac.node.observe import Observers
+from iac.node.parts import Parts
 from iac.node.peers import Peers
 from iac.node.sign import Signer
-from iac.node.stats import Counters
-from iac.node.types import Broadcast, Sessions, payload_text
-from iac.protocol.routing import Router, Send
+from iac.node.types import Broadcast, payload_text
+from iac.protocol.routing import Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
 from iac.wire.elide import elide, elides, pair_prefix
 from iac.wire.enums import type_name
 from iac.wire.frames import FrameType, encode_frame
-from iac.wire.identity import Identity, check_agent_id_cached
+from iac.wire.identity import check_agent_id_cached
 from iac.wire.message import build_message
 from iac.wire.seal import seal_payload
 
@@ -39,28 +37,18 @@ class Outbox:
     """Builds, signs, frames and sends this node's messages (requests, one-way messages, answers,
     broadcasts, Forwards)."""
 
-    def __init__(
-        self,
-        identity: Identity,
-        config: NodeConfig,
-        sessions: Sessions,
-        peers: Peers,
-        router: Router,
-        counters: Counters,
-        observers: Observers,
-        signer: Signer | None = None,
-    ) -> None:
-        self.identity = identity
+    def __init__(self, parts: Parts, peers: Peers, signer: Signer) -> None:
+        self.identity = identity = parts.identity
         #: Signs on the loop, or in batches on the crypto worker when many tasks send at once.
-        self.signer = signer or Signer(identity, None)
+        self.signer = signer
         self.agent_id = identity.agent_id
-        self.config = config
+        self.config = config = parts.config
         self.clock = config.transport.clock
-        self.sessions = sessions
+        self.sessions = parts.sessions
         self._peers = peers
-        self._router = router
-        self._c = counters
-        self._observers = observers
+        self._router = parts.router
+        self._c = parts.counters
+        self._observers = parts.observers
 
     def build(
         self,
@@ -81,12 +69,13 @@ class Outbox:
     ) -> Message:
         check_agent_id_cached(peer)
         text = payload_text(payload, payload_json)
+        now = self.clock.now_us()
         msg = build_message(
             sender=self.agent_id,
             to=peer,
             msg_type=msg_type,
-            session=self.sessions.session(peer, kind, self.clock.now_us()),
-            timestamp_us=self.clock.now_us(),
+            session=self.sessions.session(peer, kind, now),
+            timestamp_us=now,
             payload_json=text,
             extra_data=extra_data,
             flags=flags,

@@ -8,18 +8,24 @@ import contextlib
 import inspect
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from iac.errors import CloseCode, ConfigError, ConnectionClosed, IacError, LocalError, TransportError
-from iac.node.config import NodeConfig, PeerEvent
-from iac.node.stats import Counters
-from iac.node.tasks import TaskSet
-from iac.node.types import Sessions
+from iac.node.config import PeerEvent
+from iac.node.parts import Parts
+from iac.protocol.clock import Clock
 from iac.protocol.handshake import instance_of
-from iac.protocol.routing import Router
 from iac.transport import dial as transport_dial
-from iac.transport.base import Address, Connection, ConnectionTable, TransportConfig, Verdict, parse_address
+from iac.transport.base import (
+    Address,
+    Connection,
+    ConnectionTable,
+    Listener,
+    TransportConfig,
+    Verdict,
+    parse_address,
+)
 from iac.transport.dialer import Dialer
 from iac.wire.identity import Identity, check_agent_id
 
@@ -43,19 +49,18 @@ class Peers:
 
     def __init__(
         self,
-        identity: Identity,
-        config: NodeConfig,
-        sessions: Sessions,
-        router: Router,
-        counters: Counters,
-        tasks: TaskSet,
+        parts: Parts,
+        *,
+        listeners: Sequence[Listener],
+        start_reader: Callable[[Connection], None],
+        on_connection: Callable[[Connection, bool], None],
     ) -> None:
-        self.identity = identity
-        self.config = config
-        self._sessions = sessions
-        self._router = router
-        self._c = counters
-        self._tasks = tasks
+        self.identity = identity = parts.identity
+        self.config = parts.config
+        self._sessions = parts.sessions
+        self._router = parts.router
+        self._c = parts.counters
+        self._tasks = parts.tasks
         self.book: dict[str, list[str]] = {}
         self.static_routes: dict[str, str] = {}
         self.table = ConnectionTable(identity.agent_id)
@@ -76,13 +81,14 @@ class Peers:
         self.closing = False
         self._callbacks: list[Callable[[PeerEvent], Any]] = []
         self._queues: list[asyncio.Queue[PeerEvent | None]] = []
-        #: Set by the node: start reading a connection this side dialed; a kept connection came up.
-        self.start_reader: Callable[[Connection], None] = lambda conn: None
-        self.on_connection: Callable[[Connection, bool], None] = lambda conn, new: None
+        #: Start reading a connection this side dialed.
+        self._start_reader = start_reader
+        self._on_connection = on_connection
         self.closed = False
         self.tickets: Any = None
-        #: The node's listeners (set by the runtime); QUIC dials leave from a QUIC one's socket.
-        self.listeners: list[Any] = []
+        #: The node's listeners (the runtime's list, filled as it starts); QUIC dials leave from a
+        #: QUIC one's socket.
+        self._listeners = listeners
 
     def start(self, transport: TransportConfig) -> None:
         if self.config.one_socket:
@@ -101,7 +107,7 @@ class Peers:
             prepare_dial(self.identity, self._transport)
 
     def _quic_listeners(self) -> list[Any]:
-        return [lst for lst in self.listeners if hasattr(lst, "can_dial")]
+        return [lst for lst in self._listeners if hasattr(lst, "can_dial")]
 
     def quic_listener(self, host: str = "") -> Any:
         """The QUIC listener a dial to ``host`` leaves from: one of the host's address family
@@ -183,7 +189,7 @@ class Peers:
             if self._dialer is None:
                 raise LocalError("the node is not started")
             conn = await self._dialer.dial(urls, expect=peer)
-            self.start_reader(conn)
+            self._start_reader(conn)
             return self.register(conn)
 
     async def _dial_one(
@@ -225,7 +231,7 @@ class Peers:
         if peer not in self._live:
             self._live.add(peer)
             self._emit(PeerEvent(peer, True, kept.peer.transport, kept.peer.address))
-        self.on_connection(conn, kept is conn)
+        self._on_connection(conn, kept is conn)
         return kept
 
     async def _settle(self, old: Connection, new: Connection) -> None:
@@ -249,7 +255,7 @@ class Peers:
         who = "a new process" if was != now else "the same process"
         log.info("peer %s… reconnected (%s): its old connection was dead", peer[:16], who)
         self._tasks.spawn(old.close(CloseCode.GOING_AWAY, "replaced by a new connection of this key"))
-        self.on_connection(new, True)
+        self._on_connection(new, True)
 
     def _twin(self, peer: str, instance: str, text: str) -> None:
         """Log, once per (peer, instance), that two live processes hold ``peer``'s key."""
@@ -406,4 +412,28 @@ class Peers:
             q.put_nowait(event)
 
 
-__all__ = ["Peers"]
+class Paths:
+    """What a NAT traversal role (:class:`~iac.mesh.Traversal`) uses of a node's connections:
+    the QUIC listener it punches from, the session tickets it forgets, and whether a peer is
+    reached through a relay (:attr:`iac.Node.paths`)."""
+
+    def __init__(self, peers: Peers, clock: Clock) -> None:
+        self._peers = peers
+        self._clock = clock
+
+    def quic_listener(self) -> Any:
+        """The QUIC listener this node's dials leave from (``NodeConfig.one_socket``), or None."""
+        return self._peers.quic_listener()
+
+    def forget_ticket(self, address: str) -> None:
+        """Drop the session ticket held for ``address`` (its next dial does a full handshake)."""
+        if self._peers.tickets is not None:
+            self._peers.tickets.pop(address)
+
+    def relayed(self, peer: str) -> bool:
+        """True when ``peer`` has no connection of its own but a relay toward it (a connected
+        next hop of the route table, or a static route's relay)."""
+        return self._peers.route_hop(peer, self._clock.now_us()) is not None
+
+
+__all__ = ["Paths", "Peers"]

@@ -10,12 +10,9 @@ import math
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
-from iac.node.config import NodeConfig
-from iac.node.observe import Observers
 from iac.node.outbox import Outbox
+from iac.node.parts import Parts
 from iac.node.peers import Peers
-from iac.node.stats import Counters
-from iac.node.tasks import TaskSet
 from iac.node.types import Key, Reply, Sent
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.enums import MessageType
@@ -81,21 +78,13 @@ def _expire(future: asyncio.Future[Any]) -> None:
 class Pending:
     """Outgoing requests and ACK_REQUESTED messages, by ``(peer, session_id, msg_id)``."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        outbox: Outbox,
-        peers: Peers,
-        counters: Counters,
-        tasks: TaskSet,
-        observers: Observers,
-    ) -> None:
-        self.config = config
+    def __init__(self, parts: Parts, outbox: Outbox, peers: Peers) -> None:
+        self.config = parts.config
         self._outbox = outbox
         self._peers = peers
-        self._c = counters
-        self._tasks = tasks
-        self._observers = observers
+        self._c = parts.counters
+        self._tasks = parts.tasks
+        self._observers = parts.observers
         self.outs: dict[Key, Out] = {}
         #: Per peer: smoothed request round trip (seconds), learned from its replies.
         self.rtt: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""The receive pipeline, sans-IO: a received message in, a decision out.
+"""The receive pipeline: received messages in, one decision each out.
 
 In the order of docs/PROTOCOL.md ("The receive pipeline"), each step cheaper than the next::
 
@@ -6,28 +6,34 @@ In the order of docs/PROTOCOL.md ("The receive pipeline"), each step cheaper tha
     freshness and replay → addressed to me → topology policy → unseal and inner-header check →
     schema (type, JSON, task envelope, deadline, call shape) → content guards
 
-then the node acts on the decision: :class:`Refuse` (count it; answer ERROR when ``answer``),
-:class:`Duplicate` (re-answer or drop), :class:`Response` (a REPLY, ERROR or ACK for what this node
-asked), :class:`Deliver` (reorder, then a handler). Nothing here does I/O or reads a clock: time is
-an argument, and the replay store is called synchronously (the node decides on which thread).
+The first two steps are :mod:`iac.node.verify`'s (they run on the crypto worker for a batch);
+:meth:`ReceivePipeline.receive` takes the verified messages of a batch and makes every later step
+in one call: each message's facts (a response? is an answer wanted? retried? a broadcast?) are
+worked out once, the replay checks of the whole batch go to the store together, and each
+decision names its route, so the node acts on it without asking again:
+:class:`Refuse` (count it; answer ERROR when ``answer``), :class:`Duplicate` (re-answer or drop),
+:class:`Response` (a REPLY, ERROR or ACK for what this node asked), :class:`Deliver` (to
+``route``: a handler, reorder, CANCEL, CREDIT or the file receiver). Nothing here reads a clock
+(time is an argument) or touches a socket; the replay store is its one collaborator, awaited
+(:class:`~iac.node.store.StoreRunner` runs a store that blocks off the loop).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from iac.errors import (
     IacError,
-    LocalError,
     MessageRejected,
-    ProtocolError,
     Refusal,
     StoreUnavailable,
 )
 from iac.node.config import NodeConfig
 from iac.node.store import Check, StoreRunner
-from iac.node.types import Key
+from iac.node.types import WANTS_ACK, WANTS_NOTHING, WANTS_REPLY, Item, Key
 from iac.protocol.guards import (
     RESPONSE_TYPES,
     check_call,
@@ -43,40 +49,40 @@ from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
-from iac.wire.message import FLAG_ACK_REQUESTED, open_message, sender_of
+from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED, sender_of
 from iac.wire.seal import open_sealed
 
 _COMMAND = int(MessageType.COMMAND)
+_CANCEL = int(MessageType.CANCEL)
+_CREDIT = int(MessageType.CREDIT)
+_FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
 
 
-@dataclass(slots=True)
-class Item:
-    """A message that passed every check: what reorder and the handlers get."""
+class Route(IntEnum):
+    """Where a delivered message goes."""
 
-    conn: Connection
-    msg: Message
-    payload: Any
-    key: Key
-    sealed: bool
-    #: arrived inside FORWARD with an empty ``to``: delivered, never answered
-    broadcast: bool = False
-    #: its replay-store reservation was committed or released
-    committed: bool = False
-    #: it holds a handler slot
-    slot: bool = False
-    #: stream parts sent so far (a STREAM request)
-    parts: int = 0
+    #: its handler (:class:`~iac.node.dispatch.Dispatcher`)
+    HANDLER = 0
+    #: the reorder buffer of its ORDERED session, then its handler
+    ORDERED = 1
+    #: a CANCEL of a request this node handles
+    CANCEL = 2
+    #: a CREDIT of a stream this node produces
+    CREDIT = 3
+    #: the file receiver (FILE_TRANSFER)
+    FILE = 4
 
 
 @dataclass(frozen=True, slots=True)
 class Refuse:
-    """Refused: count ``reason``; answer ERROR ``reason.code`` when ``answer``. ``skip_ordered``:
-    the id was consumed (an ORDERED message's refusal still advances its reorder buffer)."""
+    """Refused: count ``reason``; answer ERROR ``reason.code`` when ``answer``. ``consumed``: the
+    id reserved for it, to commit as the node acts on the refusal (in order with the messages
+    before it: an ORDERED message's refusal still advances its reorder buffer)."""
 
     reason: Refusal
     detail: str
     answer: bool
-    skip_ordered: bool = False
+    consumed: Key | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,100 +96,95 @@ class Duplicate:
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A REPLY, ERROR or ACK addressed to this node; ``key`` names the message it answers."""
+    """A REPLY, ERROR or ACK addressed to this node; ``key`` names the message it answers.
+    ``store_failed``: the replay store could not be asked (delivered all the same: the pending
+    table takes one answer only)."""
 
     msg: Message
     payload: Any
     key: Key
+    store_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
     item: Item
+    route: Route
 
 
 Decision = Refuse | Duplicate | Response | Deliver
 
 
 class ReceivePipeline:
-    """The checks between a received message and a handler, for one node.
+    """The checks between a received message and a handler, for one node."""
 
-    The replay step is split in two so that a store that blocks can run off the loop:
-    :meth:`replay_check` (freshness, then which store check to make) and :meth:`judge` (the
-    store's verdict, then every later step)."""
-
-    def __init__(self, identity: Identity, config: NodeConfig) -> None:
+    def __init__(self, identity: Identity, config: NodeConfig, store: StoreRunner) -> None:
         self.identity = identity
         self.agent_id = identity.agent_id
         self.config = config
-        self._store: StoreRunner | None = None
+        self.store = store
 
-    def start(self, store: StoreRunner) -> None:
-        self._store = store
-
-    @property
-    def store(self) -> StoreRunner:
-        if self._store is None:
-            raise LocalError("the node is not started")
-        return self._store
+    async def receive(
+        self, conn: Connection, msgs: Sequence[Message], now: int, *, forwarded: bool = False
+    ) -> list[Decision]:
+        """The decision on each verified message of a batch from ``conn`` (``forwarded``: the
+        inner messages of FORWARD frames it relayed), in order."""
+        store = self.store
+        guard = store.guard
+        # A MESSAGE frame's sender is the connection's peer (verify.py checked it); a FORWARD's
+        # inner message names its origin.
+        peer = conn.peer.agent_id
+        via = peer if forwarded else None
+        # Freshness (no store needed), then one store call for the batch: single-phase for a
+        # response, a reservation for anything a handler takes.
+        early: list[Refuse | None] = []
+        checks: list[Check] = []
+        for msg in msgs:
+            is_response = msg.msg_type in RESPONSE_TYPES
+            try:
+                guard.check_fresh(msg.timestamp, now)
+            except MessageRejected as exc:
+                early.append(self._stale(msg, now, exc, guard.store.max_skew_us, is_response, forwarded))
+                continue
+            early.append(None)
+            sender = sender_of(msg) if forwarded else peer
+            checks.append(Check((sender, msg.session_id, msg.msg_id), is_response, via))
+        verdicts = iter(await store.check(checks, now) if checks else ())
+        out: list[Decision] = []
+        for msg, refused in zip(msgs, early, strict=True):
+            out.append(
+                refused if refused is not None else self._judge(conn, msg, now, next(verdicts), forwarded)
+            )
+        return out
 
     @staticmethod
-    def open(body: bytes, peer: str) -> Message:
-        """A MESSAGE frame's body: the field-8 scan, parse, ``from`` and signature (raise
-        :class:`~iac.errors.MessageRejected` for a well-formed message that fails them, another
-        :class:`~iac.errors.ProtocolError` for a malformed one); then the sender must be the peer
-        whose HELLO proved this connection (``impersonation``: other origins travel
-        inside FORWARD)."""
-        msg = open_message(body)
-        sender = sender_of(msg)
-        if sender != peer:
-            raise ProtocolError(
-                f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
-                f"{peer[:16]}… (other origins travel inside FORWARD)",
-                reason="impersonation",
-            )
-        return msg
-
-    def replay_check(
-        self, msg: Message, now: int, *, forwarded: bool = False, via: str | None = None
-    ) -> Check | Refuse:
-        """Freshness (no store needed), then the store check to make: single-phase for a response,
-        a reservation for anything a handler takes."""
-        is_response = msg.msg_type in RESPONSE_TYPES
+    def _stale(
+        msg: Message, now: int, exc: MessageRejected, max_skew: int, is_response: bool, forwarded: bool
+    ) -> Refuse:
         answer = not is_response and not (forwarded and not msg.to)
-        guard = self.store.guard
-        try:
-            guard.check_fresh(msg.timestamp, now)
-        except MessageRejected as exc:
-            retried = bool(msg.flags & FLAG_ACK_REQUESTED)
-            if abs(now - msg.timestamp) > guard.store.max_skew_us:
-                # An ACK_REQUESTED message is not answered: its sender retransmits, each copy
-                # stamped afresh, and the first one after its clock is right gets through (an
-                # ORDERED session needs every id; an ERROR would end the message for good).
-                return Refuse(Refusal.STALE, f"stale: {exc}", answer and not retried)
-            # Fresh, but before the store's history (it forgot everything when it started): not
-            # the sender's fault. A retransmission (a fresh timestamp) gets through; a plain
-            # request gets busy at once, like a store that cannot answer.
-            return Refuse(Refusal.BEFORE_HISTORY, str(exc), answer and bool(msg.deadline) and not retried)
-        return Check((sender_of(msg), msg.session_id, msg.msg_id), is_response, via)
+        retried = bool(msg.flags & FLAG_ACK_REQUESTED)
+        if abs(now - msg.timestamp) > max_skew:
+            # An ACK_REQUESTED message is not answered: its sender retransmits, each copy
+            # stamped afresh, and the first one after its clock is right gets through (an
+            # ORDERED session needs every id; an ERROR would end the message for good).
+            return Refuse(Refusal.STALE, f"stale: {exc}", answer and not retried)
+        # Fresh, but before the store's history (it forgot everything when it started): not
+        # the sender's fault. A retransmission (a fresh timestamp) gets through; a plain
+        # request gets busy at once, like a store that cannot answer.
+        return Refuse(Refusal.BEFORE_HISTORY, str(exc), answer and bool(msg.deadline) and not retried)
 
-    def judge(
-        self,
-        conn: Connection,
-        msg: Message,
-        now: int,
-        verdict: Verdict | IacError,
-        *,
-        forwarded: bool = False,
+    def _judge(
+        self, conn: Connection, msg: Message, now: int, verdict: Verdict | IacError, forwarded: bool
     ) -> Decision:
         """Every step after the replay store's ``verdict`` on this message."""
-        sender = sender_of(msg)
+        sender = sender_of(msg) if forwarded else conn.peer.agent_id
         broadcast = forwarded and not msg.to
-        is_response = msg.msg_type in RESPONSE_TYPES
+        mt = msg.msg_type
+        is_response = mt in RESPONSE_TYPES
         answer = not broadcast and not is_response
         if isinstance(verdict, IacError):
             if is_response and isinstance(verdict, StoreUnavailable):
-                return self._response(msg, sender)  # unmarked: the pending table takes one answer only
+                return self._response(msg, sender, True)
             if verdict.reason == Refusal.REPLAY_STORE_FULL:
                 return Refuse(Refusal.REPLAY_STORE_FULL, str(verdict), answer)
             # A plain request gets ``busy`` now; an ACK_REQUESTED message is retransmitted by its sender.
@@ -194,7 +195,7 @@ class ReceivePipeline:
         if verdict is not Verdict.NEW:
             return Duplicate(verdict, answer)
         if is_response:
-            return self._response(msg, sender)
+            return self._response(msg, sender, False)
         key: Key = (sender, msg.session_id, msg.msg_id)
         try:
             refusal = self._check(msg, sender, broadcast)
@@ -210,22 +211,24 @@ class ReceivePipeline:
             self.store.release(key, now)
             raise
         if refusal is not None:
-            self.store.commit(key, now)
-            return Refuse(refusal[0], refusal[1], not broadcast, skip_ordered=True)
-        return Deliver(Item(conn, msg, payload, key, sealed, broadcast))
-
-    def commit(self, item: Item, now: int) -> None:
-        """A delivered message was handled (or refused after delivery): its id is done."""
-        if not item.committed:
-            item.committed = True
-            self.store.commit(item.key, now)
-
-    def release(self, item: Item, now: int) -> None:
-        """A delivered message was not handled (busy, closing): a retransmission may try again.
-        Nothing once committed."""
-        if not item.committed:
-            item.committed = True
-            self.store.release(item.key, now)
+            return Refuse(refusal[0], refusal[1], not broadcast, key)
+        if mt == _FILE_TRANSFER and not broadcast:
+            route = Route.FILE
+        elif mt == _CANCEL:
+            route = Route.CANCEL
+        elif mt == _CREDIT:
+            route = Route.CREDIT
+        elif msg.flags & FLAG_ORDERED:
+            route = Route.ORDERED
+        else:
+            route = Route.HANDLER
+        if broadcast:
+            wants = WANTS_NOTHING
+        elif msg.deadline:
+            wants = WANTS_REPLY
+        else:
+            wants = WANTS_ACK if msg.flags & FLAG_ACK_REQUESTED else WANTS_NOTHING
+        return Deliver(Item(conn, msg, payload, key, sealed, broadcast, wants=wants), route)
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -272,7 +275,7 @@ class ReceivePipeline:
             r = run_guards(c.guards, msg, payload)
         return r
 
-    def _response(self, msg: Message, sender: str) -> Decision:
+    def _response(self, msg: Message, sender: str, store_failed: bool) -> Decision:
         if msg.to != self.agent_id:
             return Refuse(Refusal.NOT_ADDRESSED, "a response addressed to another agent", False)
         if msg.sealed:
@@ -282,7 +285,7 @@ class ReceivePipeline:
         payload, r = decode_payload(msg.payload_json)
         if r is not None:
             return Refuse(r[0], r[1], False)
-        return Response(msg, payload, (sender, msg.reply_session_id, msg.reply_to))
+        return Response(msg, payload, (sender, msg.reply_session_id, msg.reply_to), store_failed)
 
 
-__all__ = ["Decision", "Deliver", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response"]
+__all__ = ["Decision", "Deliver", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response", "Route"]

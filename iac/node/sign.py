@@ -4,7 +4,7 @@ A message is signed on the loop as long as one task at a time sends (a request a
 answers a read loop writes one after another): a thread hop would cost more than the 16 µs of one
 signature. Once two different tasks sign in one turn of the event loop (many requests in flight,
 concurrent handlers) the signer batches: what is signed in a turn goes to the worker thread
-together (:class:`~iac.node.verify.CryptoWorker`, shared with verification), where PyNaCl runs
+together (:class:`~iac.node.crypto.CryptoWorker`, shared with verification), where PyNaCl runs
 without the GIL, so a second core does the Ed25519 while the loop goes on. After
 ``idle_turns`` batches in a row too small to send, it goes back to signing on the loop.
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from iac.errors import ConfigError, LocalError
-from iac.node.verify import CryptoWorker
+from iac.node.crypto import CryptoWorker
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.identity import Domain, Identity
 from iac.wire.message import sender_of, sign_message

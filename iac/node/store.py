@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from iac.errors import IacError, LocalError, StoreUnavailable
-from iac.node.types import Key
+from iac.node.types import Item, Key
 from iac.protocol.clock import Clock
-from iac.protocol.replay import ReplayGuard, Verdict
+from iac.protocol.replay import ReplayGuard, ReplayStore, Verdict
 from iac.stores.memory import MemoryReplayStore
 
 log = logging.getLogger("iac.node")
@@ -44,21 +44,45 @@ class Check:
 
 
 class StoreRunner:
-    """Runs a node's replay-store calls: on the loop for a memory store, else on one thread."""
+    """Runs a node's replay-store calls: on the loop for a memory store, else on one thread.
 
-    def __init__(self, guard: ReplayGuard) -> None:
-        self.guard = guard
-        store = guard.store
-        self.blocking = not isinstance(store, MemoryReplayStore) and getattr(store, "blocking", True)
+    Made with the node; ``guard`` (the store) is given by :meth:`open` when the node starts."""
+
+    def __init__(self, guard: ReplayGuard | None = None) -> None:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: Store calls that failed (commits and releases included).
         self.failures = 0
-        #: How long the store's reservations last unless renewed (None: they never lapse).
-        self.lease_us = store.reservation_lease_us
         #: Ids this node reserved and has neither committed nor released, by session: when each
         #: was reserved.
         self._held: dict[tuple[str, int], dict[int, int]] = {}
+        self._guard: ReplayGuard | None = None
+        #: The guard's store once open (read on every call).
+        self._replay: ReplayStore | None = None
+        self.blocking = False
+        self.lease_us: int | None = None
+        self._retention_us = 0
+        if guard is not None:
+            self.open(guard)
+
+    def open(self, guard: ReplayGuard) -> None:
+        """Run the calls of ``guard``'s store from now on."""
+        self._guard = guard
+        store = self._replay = guard.store
+        self.blocking = not isinstance(store, MemoryReplayStore) and getattr(store, "blocking", True)
+        #: How long the store's reservations last unless renewed (None: they never lapse).
+        self.lease_us = store.reservation_lease_us
         self._retention_us = 2 * store.max_skew_us
+
+    @property
+    def started(self) -> bool:
+        return self._guard is not None
+
+    @property
+    def guard(self) -> ReplayGuard:
+        """The replay guard over the store (:class:`~iac.errors.LocalError` before :meth:`open`)."""
+        if self._guard is None:
+            raise LocalError("the node is not started")
+        return self._guard
 
     async def check(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
         """The verdict of each check, in order; a failed call gives its typed error in its place."""
@@ -81,13 +105,26 @@ class StoreRunner:
                 ids[msg_id] = now
         return verdicts
 
+    def commit_item(self, item: Item, now: int) -> None:
+        """A delivered message was handled (or refused after delivery): its id is done."""
+        if not item.committed:
+            item.committed = True
+            self.commit(item.key, now)
+
+    def release_item(self, item: Item, now: int) -> None:
+        """A delivered message was not handled (busy, closing): a retransmission may try again.
+        Nothing once committed."""
+        if not item.committed:
+            item.committed = True
+            self.release(item.key, now)
+
     def commit(self, key: Key, now: int) -> None:
         self._unhold(key)
-        self._call(self.guard.store.commit, *key, now)
+        self._call(self._open().commit, *key, now)
 
     def release(self, key: Key, now: int) -> None:
         self._unhold(key)
-        self._call(self.guard.store.release, *key, now)
+        self._call(self._open().release, *key, now)
 
     @property
     def held(self) -> int:
@@ -146,7 +183,7 @@ class StoreRunner:
 
     def _check_all(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
         out: list[Verdict | IacError] = []
-        store = self.guard.store
+        store = self._open()
         for c in checks:
             sender, session_id, msg_id = c.key
             call = store.check_and_mark if c.mark else store.reserve
@@ -162,6 +199,12 @@ class StoreRunner:
                 continue
             out.append(verdict)
         return out
+
+    def _open(self) -> ReplayStore:
+        store = self._replay
+        if store is None:
+            raise LocalError("the node is not started")
+        return store
 
     def _unhold(self, key: Key) -> None:
         sender, session_id, msg_id = key

@@ -12,11 +12,43 @@ from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 from iac.errors import ConfigError
+from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, sender_of
 
 Key: TypeAlias = tuple[str, int, int]  # (agent_id, session_id, msg_id)
+
+
+#: What the sender of a received message waits for (``Item.wants``): nothing (a one-way message
+#: without ACK_REQUESTED, or a broadcast), the REPLY or ERROR of a request (its deadline is
+#: set), or the ACK of an ACK_REQUESTED message.
+WANTS_NOTHING, WANTS_REPLY, WANTS_ACK = 0, 1, 2
+
+
+@dataclass(slots=True)
+class Item:
+    """A received message that passed every check: what reorder and the handlers get."""
+
+    conn: Connection
+    msg: Message
+    payload: Any
+    key: Key
+    sealed: bool
+    #: arrived inside FORWARD with an empty ``to``: delivered, never answered
+    broadcast: bool = False
+    #: its replay-store reservation was committed or released
+    committed: bool = False
+    #: it holds a handler slot
+    slot: bool = False
+    #: stream parts sent so far (a STREAM request)
+    parts: int = 0
+    #: what its sender waits for (:data:`WANTS_REPLY`, :data:`WANTS_ACK`), decided once
+    wants: int = WANTS_NOTHING
+    #: The handler plan, made once when the dispatcher admits it: the function, and how it runs
+    #: (``iac.node.dispatch``: inline, in a task, on a thread, as a stream); None before.
+    handler: Callable[..., Any] | None = None
+    mode: int = 0
 
 
 # --- values handed to users -----------------------------------------------------------------------
@@ -163,11 +195,13 @@ class SendOptions:
 
     def merged(self, **given: Any) -> SendOptions:
         """These options with each of ``given`` that differs from the field's default."""
-        changed = {k: v for k, v in given.items() if v != getattr(_DEFAULT_OPTIONS, k)}
+        changed = {k: v for k, v in given.items() if v != _DEFAULT_FIELDS[k]}
         return dataclasses.replace(self, **changed) if changed else self
 
 
 _DEFAULT_OPTIONS = SendOptions()
+#: Each field's default, by name (read for every send: a dict, not ``getattr``).
+_DEFAULT_FIELDS = {f.name: getattr(_DEFAULT_OPTIONS, f.name) for f in dataclasses.fields(SendOptions)}
 
 
 def send_options(options: SendOptions | None, **given: Any) -> SendOptions:

@@ -1,6 +1,6 @@
 """Ed25519 off the event loop: opening received MESSAGE frames (the field-8 scan, parse and
 verification) and signing outgoing messages, one at a time on the loop or in batches on the node's
-one worker thread (:class:`CryptoWorker`).
+one worker thread (:class:`~iac.node.crypto.CryptoWorker`).
 
 PyNaCl releases the GIL while it signs or verifies, so a batch on the worker thread uses a second
 core while the loop goes on with the transport. A lone frame is opened (and a lone message signed,
@@ -13,21 +13,32 @@ INTERNAL_ERROR), never a wait without end.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import logging
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from iac.errors import IacError, LocalError
-from iac.node.pipeline import ReceivePipeline
+from iac.errors import IacError, ProtocolError
+from iac.node.crypto import CryptoWorker
 from iac.wire._pb.iac_pb2 import Message
-
-log = logging.getLogger("iac.node")
+from iac.wire.message import open_message, sender_of
 
 #: What opening one frame gives: the verified message, or the typed error that refused it.
 Opened = Message | IacError
-T = TypeVar("T")
+
+
+def open_frame(body: bytes, peer: str) -> Message:
+    """A MESSAGE frame's body: the field-8 scan, parse, ``from`` and signature (raise
+    :class:`~iac.errors.MessageRejected` for a well-formed message that fails them, another
+    :class:`~iac.errors.ProtocolError` for a malformed one); then the sender must be the peer
+    whose HELLO proved this connection (``impersonation``: other origins travel
+    inside FORWARD)."""
+    msg = open_message(body)
+    sender = sender_of(msg)
+    if sender != peer:
+        raise ProtocolError(
+            f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
+            f"{peer[:16]}… (other origins travel inside FORWARD)",
+            reason="impersonation",
+        )
+    return msg
 
 
 def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
@@ -35,56 +46,10 @@ def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
     out: list[Opened] = []
     for body in bodies:
         try:
-            out.append(ReceivePipeline.open(body, peer))
+            out.append(open_frame(body, peer))
         except IacError as exc:
             out.append(exc)
     return out
-
-
-class CryptoWorker:
-    """The node's one thread for Ed25519 batches (verifying and signing share it, so their jobs run
-    in the order they were given); started at first use."""
-
-    def __init__(self) -> None:
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
-        self._broken = False
-
-    @property
-    def available(self) -> bool:
-        """False once the worker was shut down or could not take work: do it on the loop."""
-        return not (self._closed or self._broken)
-
-    def submit(self, what: str, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        """Run ``fn(*args)`` on the thread; ``worker_failed`` if it cannot take work."""
-        if self._closed:
-            raise LocalError(f"the {what} worker cannot take work: it was shut down", reason="worker_failed")
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="iac-crypto")
-        try:
-            return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except (RuntimeError, concurrent.futures.BrokenExecutor) as exc:  # shut down, or broken
-            if not self._broken:
-                log.warning("the %s worker cannot take work (%s): Ed25519 runs on the event loop", what, exc)
-            self._broken = True
-            raise LocalError(f"the {what} worker cannot take work: {exc}", reason="worker_failed") from exc
-
-    async def run(self, what: str, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(*args)`` on the thread and wait for it; whatever it raises is a worker_failed."""
-        job = self.submit(what, fn, *args)
-        try:
-            return await job
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise LocalError(
-                f"the {what} worker failed: {type(exc).__name__}: {exc}", reason="worker_failed"
-            ) from exc
-
-    def close(self) -> None:
-        self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Verifier:
@@ -105,4 +70,4 @@ class Verifier:
         return await self.worker.run("verification", open_all, bodies, peer)
 
 
-__all__ = ["CryptoWorker", "Opened", "Verifier", "open_all"]
+__all__ = ["Opened", "Verifier", "open_all", "open_frame"]

@@ -160,9 +160,9 @@ def pin_node_session(node: Any, peer_id: str, session: Session) -> None:
     """Fix the node's session toward ``peer_id``, so that the ids the node writes are fixed too.
 
     The node has no public way to choose its session ids: this writes into its private
-    ``_sessions`` table and must move to a proper hook once the node offers one.
+    runtime's sessions table and must move to a proper hook once the node offers one.
     """
-    node._sessions[(peer_id, "main")] = session
+    node._runtime.sessions[(peer_id, "main")] = session
 
 
 @contextlib.asynccontextmanager
