@@ -196,3 +196,54 @@ def test_a_forged_reset_is_ignored_and_counted_and_an_unknown_connection_is_answ
             await b.close()
 
     run(main())
+
+
+@pytest.mark.skipif(get_backend().resets is None, reason="stateless resets need aioquic 1.7")
+def test_a_node_forgets_the_ticket_of_a_server_that_reset_and_its_next_request_is_answered(
+    tmp_path: Path,
+) -> None:
+    """A node holding a session ticket of `iac node` (0-RTT is on by default) sees the restarted
+    process's stateless reset: the ticket of the old process goes with the connection, so the next
+    request dials in full and is answered, instead of its 0-RTT HELLO being bound to the old
+    process's certificate, refused, and the request waiting out its timeout."""
+    from iac import MessageType, Node
+
+    async def main() -> None:
+        key = tmp_path / "r.key"
+        Identity.generate().save(key)
+        rid = Identity.load(key).agent_id
+        url = f"quic://127.0.0.1:{free_udp_port()}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+        async def receiver() -> asyncio.subprocess.Process:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "iac", "node", "--key", str(key), "--listen", url, "--no-admin",
+                stdout=asyncio.subprocess.PIPE, env=env,
+            )  # fmt: skip
+            assert proc.stdout is not None
+            for _ in range(2):  # node ID / listening URL
+                assert await asyncio.wait_for(proc.stdout.readline(), 20)
+            return proc
+
+        proc = await receiver()
+        try:
+            async with Node() as node:
+                node.add_peer(rid, url)
+                assert (await node.request(rid, MessageType.PING, timeout=10)).payload is None
+                await node.connect(rid)  # a ticket of this process is held once its HELLO verified
+                first = node.connection(rid)
+                assert first is not None
+                await node.request(rid, MessageType.PING, timeout=10)
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+                proc = await receiver()
+                assert await first.alive(10) is False  # the new process answered with a reset
+                assert getattr(first.close_error, "reason", None) == "stateless_reset"
+                assert (await node.request(rid, MessageType.PING, timeout=5)).payload is None
+                assert node.stats().zero_rtt["early_rejected"] == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+    run(main(), timeout=60)

@@ -342,6 +342,11 @@ class Peers:
         if getattr(err, "code", None) == CloseCode.DUPLICATE_IDENTITY and conn.peer.dialed:
             self._twin(peer, instance_of(conn.local_hello), "it refused this process's connection: "
                        "another process with this node's key is connected to it")  # fmt: skip
+        reset = getattr(err, "reason", None) == "stateless_reset"
+        if reset and conn.peer.dialed and self.tickets is not None:
+            # The server restarted: a ticket of the old process would bind the next HELLO (sent as
+            # early data) to the old certificate, and the new process would refuse it.
+            self.tickets.pop(conn.peer.address)
         self.table.remove(conn)
         if self.table.get(peer) is None and peer in self._live:
             self._live.discard(peer)
