@@ -363,7 +363,7 @@ async def _msg_bad_sig(t: Target) -> Outcome:
 @case(
     "message.stale",
     "8 What each fault costs",
-    "stale or future timestamp | refuse, count `stale` | ERROR `bad_request`",
+    "stale or future timestamp | refuse, count `stale_message` | ERROR `bad_request`",
 )
 async def _msg_stale(t: Target) -> Outcome:
     peer = await t.session()

@@ -102,8 +102,8 @@ _TRIGGER = 60
 @case(
     "quic.stateless_reset",
     "7 Stateless reset",
-    "A node MUST answer a short-header packet for a connection ID it does not know, of at least 22 "
-    "bytes, with a stateless reset shorter than that packet",
+    "a listener MUST answer a short-header packet of at least 22 bytes for a connection ID it does "
+    "not know with a stateless reset shorter than that packet",
     ("quic",),
 )
 async def _quic_stateless_reset(t: Target) -> Outcome:
@@ -126,8 +126,8 @@ async def _quic_stateless_reset(t: Target) -> Outcome:
 @case(
     "quic.forged_reset",
     "7 Stateless reset",
-    "A datagram that ends with no token of a connection ID used toward its sender is not a reset: "
-    "the connection goes on",
+    "An endpoint MUST treat a datagram as a stateless reset only when it cannot be a packet of the "
+    "connection",
     ("quic",),
 )
 async def _quic_forged_reset(t: Target) -> Outcome:
