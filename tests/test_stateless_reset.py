@@ -93,6 +93,19 @@ async def _nothing(conn: Connection) -> None:
     await conn.wait_closed()
 
 
+async def start_node(key: Path, url: str) -> asyncio.subprocess.Process:
+    """`iac node` with ``key`` listening on ``url``, once it printed its ID and address."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "iac", "node", "--key", str(key), "--listen", url, "--no-admin",
+        stdout=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for _ in range(2):  # node ID / listening URL
+        assert await asyncio.wait_for(proc.stdout.readline(), 20)
+    return proc
+
+
 @pytest.mark.skipif(get_backend().resets is None, reason="stateless resets need aioquic 1.7")
 def test_a_receiver_restarted_under_sigkill_resets_the_senders_connections_at_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -106,17 +119,9 @@ def test_a_receiver_restarted_under_sigkill_resets_the_senders_connections_at_on
         Identity.generate().save(key)
         rid = Identity.load(key).agent_id
         url = f"quic://127.0.0.1:{free_udp_port()}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
         async def receiver() -> asyncio.subprocess.Process:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "iac", "node", "--key", str(key), "--listen", url, "--no-admin",
-                stdout=asyncio.subprocess.PIPE, env=env,
-            )  # fmt: skip
-            assert proc.stdout is not None
-            for _ in range(2):  # node ID / listening URL
-                assert await asyncio.wait_for(proc.stdout.readline(), 20)
-            return proc
+            return await start_node(key, url)
 
         proc = await receiver()
         listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), _nothing)
@@ -213,17 +218,9 @@ def test_a_node_forgets_the_ticket_of_a_server_that_reset_and_its_next_request_i
         Identity.generate().save(key)
         rid = Identity.load(key).agent_id
         url = f"quic://127.0.0.1:{free_udp_port()}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
         async def receiver() -> asyncio.subprocess.Process:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "iac", "node", "--key", str(key), "--listen", url, "--no-admin",
-                stdout=asyncio.subprocess.PIPE, env=env,
-            )  # fmt: skip
-            assert proc.stdout is not None
-            for _ in range(2):  # node ID / listening URL
-                assert await asyncio.wait_for(proc.stdout.readline(), 20)
-            return proc
+            return await start_node(key, url)
 
         proc = await receiver()
         try:
