@@ -140,6 +140,33 @@ async def _many_owners() -> None:
     assert len(drv.wheel) == 0
 
 
+def test_a_timer_cancelled_or_moved_by_an_earlier_callback_of_the_same_wake_up_does_not_run() -> None:
+    run(_cancelled_meanwhile())
+
+
+async def _cancelled_meanwhile() -> None:
+    loop = asyncio.get_running_loop()
+    drv = LoopTimers(loop)
+    ran: list[str] = []
+    done = asyncio.Event()
+    at = loop.time() - 1.0  # all three already due: the first wake-up takes them together
+    b = drv.timer(lambda: ran.append("b"))
+    c = drv.timer(lambda: ran.append("c"))
+
+    def first() -> None:  # due in the same wake-up as b and c, and runs before them
+        ran.append("a")
+        b.cancel()
+        c.at(loop.time() + 0.01)  # moved: runs later, once
+
+    drv.call_at(at - 0.001, first)
+    b.at(at)
+    c.at(at)
+    drv.call_at(loop.time() + 0.05, done.set)
+    async with asyncio.timeout(5):
+        await done.wait()
+    assert ran == ["a", "c"]
+
+
 def test_a_failing_callback_does_not_stop_the_others() -> None:
     run(_failing_callback())
 

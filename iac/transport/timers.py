@@ -174,6 +174,8 @@ class LoopTimers:
         self.wheel: TimerWheel[Timer] = TimerWheel()
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
+        #: The timers the running wake-up took as due and has not run yet.
+        self._taken: set[Timer] = set()
         self.wakes = 0
         self.fired = 0
 
@@ -190,6 +192,8 @@ class LoopTimers:
 
     def set(self, timer: Timer, when: float | None, slack: float) -> None:
         wheel = self.wheel
+        if self._taken:
+            self._taken.discard(timer)  # taken as due in this wake-up: cancelled or moved meanwhile
         wheel.set(timer, when, slack)
         first = wheel.next_deadline()
         armed = self._armed_at
@@ -210,7 +214,11 @@ class LoopTimers:
         self.wakes += 1
         # asyncio runs a handle up to its clock resolution early: never let a deadline see that
         due = self.wheel.due(max(self.loop.time(), armed or 0.0))
+        taken = self._taken = set(due)
         for timer in due:
+            if timer not in taken:
+                continue  # an earlier callback cancelled or moved it (as asyncio skips a cancelled handle)
+            taken.discard(timer)
             self.fired += 1
             try:
                 timer.fire()
@@ -220,6 +228,7 @@ class LoopTimers:
                 self.loop.call_exception_handler(
                     {"message": "exception in a timer callback", "exception": exc, "timer": timer}
                 )
+        self._taken = set()
         first = self.wheel.next_deadline()
         if first is not None and self._handle is None:
             self._armed_at = first
