@@ -48,6 +48,7 @@ from typing import Any
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
+from iac.protocol.routing.forward import open_forward
 from iac.transport.base import Connection, TransportConfig
 from iac.transport.bound import FD_RESERVE
 from iac.transport.dialer import Backoff
@@ -103,8 +104,13 @@ async def serve(spec: dict[str, Any]) -> None:
         reader = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
         while line := await reader.readline():
-            cmd = json.loads(line)["cmd"]
-            if cmd == "rss":
+            spec_line = json.loads(line)
+            cmd = spec_line["cmd"]
+            if cmd == "broadcast":  # a flood to every connected peer (this node as their registry)
+                t0 = time.monotonic()
+                sent = await node.broadcast(MessageType.BROADCAST, {"k": spec_line["k"]})
+                _emit({"t0": t0, "peers": sent.peers})
+            elif cmd == "rss":
                 _emit({"rss": live_rss()})
             elif cmd == "stats":
                 st = node.stats()
@@ -129,8 +135,11 @@ class Server:
         return next(a for a in self.addresses if a.startswith(transport + "://"))
 
     async def command(self, name: str) -> dict[str, Any]:
+        return await self.command_with({"cmd": name})
+
+    async def command_with(self, cmd: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"cmd": name}).encode() + b"\n")
+        self.proc.stdin.write(json.dumps(cmd).encode() + b"\n")
         await self.proc.stdin.drain()
         return dict(json.loads(await self.proc.stdout.readline()))
 
@@ -255,20 +264,53 @@ async def close_all(conns: Sequence[Connection]) -> None:
 # --- client peers under load ------------------------------------------------------------------
 
 
+class Broadcasts:
+    """The broadcasts the peers of one client process handled (verified), by key: when each
+    arrived, and an event set once every one of ``expected`` peers handled it."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.arrived: dict[int, list[float]] = {}
+        self._done: dict[int, asyncio.Event] = {}
+
+    def done(self, key: int) -> asyncio.Event:
+        return self._done.setdefault(key, asyncio.Event())
+
+    def handled(self, key: int) -> None:
+        times = self.arrived.setdefault(key, [])
+        times.append(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process of the machine
+        if len(times) >= self.expected:
+            self.done(key).set()
+
+
 class Peer:
     """A client peer's connection with many requests in flight: answers are matched to their
-    requests by ``reply_to`` (one :class:`Session` per peer, so message ids do not repeat)."""
+    requests by ``reply_to`` (one :class:`Session` per peer, so message ids do not repeat).
+    The server's signed MESSAGE frames are counted (``frames``, ``frame_bytes``: their size on
+    the wire, as this side read them); a broadcast (FORWARD) is verified and told to ``board``."""
 
-    def __init__(self, conn: Connection, identity: Identity, server_id: str) -> None:
+    def __init__(
+        self, conn: Connection, identity: Identity, server_id: str, board: Broadcasts | None = None
+    ) -> None:
         self.conn, self.identity, self.server_id = conn, identity, server_id
         self.session = Session()
         self.pending: dict[int, asyncio.Future[None]] = {}
+        self.board = board
+        self.frames = self.frame_bytes = 0
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         try:
             while True:
-                reply = open_message((await self.conn.recv()).frame.body)
+                frame = (await self.conn.recv()).frame
+                if frame.type == FrameType.FORWARD:
+                    _env, msg = open_forward(frame.body)
+                    if self.board is not None:
+                        self.board.handled(int(json.loads(msg.payload_json)["k"]))
+                    continue
+                self.frames += 1
+                self.frame_bytes += frame.wire_size
+                reply = open_message(frame.body)
                 fut = self.pending.pop(reply.reply_to, None)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
@@ -323,18 +365,22 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
     stdin (``{"cmd": "load", "count", "in_flight"}``) until stdin closes; then close them."""
     gate = asyncio.Semaphore(at_once or n)
     config = client_config()
+    board = Broadcasts(0)
 
     async def one() -> tuple[Peer, float, int]:
         identity = Identity.generate()
         async with gate:
             conn, took, tries = await open_peer(url, server_id, config, identity=identity)
-        return Peer(conn, identity, server_id), took, tries
+        return Peer(conn, identity, server_id, board), took, tries
 
+    cpu0 = time.process_time()
     results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
     peers = [r[0] for r in results if isinstance(r, tuple)]
     errors = [r for r in results if isinstance(r, BaseException)]
+    board.expected = len(peers)
     _emit(
         {
+            "cpu_s": time.process_time() - cpu0,  # this process's CPU for its share of the burst
             "ok": len(peers),
             "errors": [repr(e) for e in errors[:5]],
             "failed": len(errors),
@@ -347,9 +393,26 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
         cmd = json.loads(line)
+        if cmd["cmd"] == "bcast":  # wait until every peer here handled broadcast ``k``
+            key = int(cmd["k"])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(board.done(key).wait(), float(cmd.get("timeout", 60.0)))
+            times = board.arrived.get(key, [])
+            _emit({"got": len(times), "last": max(times, default=None)})
+            continue
+        for p in peers:
+            p.frames = p.frame_bytes = 0
         cpu0, t0 = time.process_time(), time.monotonic()
         failed = await load(peers, int(cmd["count"]), int(cmd["in_flight"])) if peers else cmd["count"]
-        _emit({"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0})
+        _emit(
+            {
+                "failed": failed,
+                "cpu_s": time.process_time() - cpu0,
+                "wall_s": time.monotonic() - t0,
+                "frames": sum(p.frames for p in peers),
+                "frame_bytes": sum(p.frame_bytes for p in peers),
+            }
+        )
     await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
     return {}
 
@@ -388,6 +451,39 @@ async def _load_all(children: Sequence[asyncio.subprocess.Process], count: int, 
     return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
 
 
+async def _ask_all(children: Sequence[asyncio.subprocess.Process], cmd: dict[str, Any]) -> list[Any]:
+    """One command to every client process; their answers."""
+    for c in children:
+        assert c.stdin is not None
+        c.stdin.write(json.dumps(cmd).encode() + b"\n")
+        await c.stdin.drain()
+    return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
+
+
+async def broadcast_rounds(
+    srv: Server, children: Sequence[asyncio.subprocess.Process], rounds: int
+) -> dict[str, Any]:
+    """``rounds`` broadcasts from the server node (the registry every peer is connected to), one
+    at a time: each one's time from the server's ``broadcast()`` call to the moment the last of
+    the connected peers handled (verified) it; and the fewest peers one reached."""
+    took: list[float] = []
+    reached: list[int] = []
+    for k in range(rounds):
+        sent = await srv.command_with({"cmd": "broadcast", "k": k})
+        answers = await _ask_all(children, {"cmd": "bcast", "k": k})
+        reached.append(sum(a["got"] for a in answers))
+        lasts = [a["last"] for a in answers if a["last"] is not None]
+        if lasts:
+            took.append(max(lasts) - sent["t0"])
+    return {
+        "rounds": rounds,
+        "sent_to": sent["peers"] if rounds else 0,
+        "reached_min": min(reached, default=0),
+        "median_s": statistics.median(took) if took else None,
+        "max_s": max(took, default=None),
+    }
+
+
 async def _release(children: Sequence[asyncio.subprocess.Process]) -> None:
     for c in children:
         if c.stdin is not None:
@@ -408,9 +504,10 @@ class Plan:
     requests: int = 2_000
     in_flight: int = 64
     idle_s: float = 10.0
+    broadcasts: int = 3
 
 
-QUICK = Plan(peers=(1, 10, 50), procs=2, requests=200, idle_s=1.0)
+QUICK = Plan(peers=(1, 10, 50), procs=2, requests=200, idle_s=1.0, broadcasts=1)
 
 
 def raise_nofile() -> tuple[int, int]:
@@ -452,6 +549,7 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
             cpu3 = (await srv.command("stats"))["cpu_s"]
             await asyncio.sleep(plan.idle_s)  # the measurement window: every connection quiet
             st = await srv.command("stats")
+            flood = await broadcast_rounds(srv, children, plan.broadcasts)
         finally:
             await _release(children)
     times = [t for r in reports for t in r["times"]]
@@ -471,6 +569,7 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
             "p50_s": _pct(times, 0.5),
             "p99_s": _pct(times, 0.99),
             "server_cpu_s": cpu1 - cpu0,
+            "client_cpu_s": sum(r.get("cpu_s", 0.0) for r in reports),
         },
         "requests": plan.requests,
         "requests_failed": plan.requests - done,
@@ -481,6 +580,10 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
         "rss_mib": rss1 / 2**20,
         "per_peer_kib": (rss1 - rss0) / max(1, ok) / 1024,
         "idle_cpu_percent": (st["cpu_s"] - cpu3) / plan.idle_s * 100,
+        # the server node's signed MESSAGE frames (its REPLYs) over the load step, as read
+        "message_frame_bytes": sum(x.get("frame_bytes", 0) for x in loads)
+        / max(1, sum(x.get("frames", 0) for x in loads)),
+        "broadcast": flood,
     }
 
 
@@ -499,6 +602,7 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
             steps.append(await measure_step(t, n, plan))
     return {
         "plan": asdict(plan),
+        "corpus_frame_bytes": probe_bytes(CORPUS),
         "rlimit_nofile": {"soft": soft, "hard": hard},
         "peers_allowed": allowed,
         "skipped_peers": skipped,
@@ -513,14 +617,17 @@ def report(data: dict[str, Any]) -> str:
         f"idle window {p['idle_s']:g} s; RLIMIT_NOFILE {data['rlimit_nofile']['soft']} "
         f"(allows {data['peers_allowed']} peers)",
         f"{'':5} {'peers':>6} {'RSS MiB':>8} {'KiB/peer':>9} {'CPU µs/req':>10} {'idle %':>7} "
-        f"{'burst ok/failed':>15} {'p99 s':>6} {'srv CPU s':>9}",
+        f"{'burst ok/failed':>15} {'p99 s':>6} {'srv CPU s':>9} {'cli CPU s':>9} "
+        f"{'B/frame':>7} {'bcast ms':>8}",
     ]
     for s in data["steps"]:
         b = s["burst"]
         lines.append(
             f"{s['transport']:<5} {s['peers']:>6} {s['rss_mib']:>8.1f} {s['per_peer_kib']:>9.0f} "
             f"{s['server_cpu_us_per_request']:>10.0f} {s['idle_cpu_percent']:>7.2f} "
-            f"{b['ok']:>7}/{b['failed']:<7} {b['p99_s'] or 0:>6.2f} {b['server_cpu_s']:>9.2f}"
+            f"{b['ok']:>7}/{b['failed']:<7} {b['p99_s'] or 0:>6.2f} {b['server_cpu_s']:>9.2f} "
+            f"{b.get('client_cpu_s', 0):>9.2f} {s.get('message_frame_bytes', 0):>7.0f} "
+            f"{((s.get('broadcast') or {}).get('median_s') or 0) * 1e3:>8.1f}"
         )
     if data["skipped_peers"]:
         lines.append(f"skipped (RLIMIT_NOFILE too low): {data['skipped_peers']}")
@@ -552,6 +659,13 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
         if b["p99_s"] is not None:
             res.add(who, f"dial burst p99 to first answer, {n} at once", "s", _one(b["p99_s"]))
         res.add(who, f"dial burst failures, {n} at once", "dials", _one(float(b["failed"])))
+        if s.get("message_frame_bytes"):
+            res.add(
+                who, f"signed MESSAGE frame at the load step, {n} peers", "B", _one(s["message_frame_bytes"])
+            )
+        flood = s.get("broadcast") or {}
+        if flood.get("median_s") is not None:
+            res.add(who, f"broadcast handled by all {n} peers", "ms", _one(flood["median_s"] * 1e3))
     res.notes.append(
         f"scenarios/scale.py: one server node per transport and peer count; peers over {p['procs']} client "
         f"processes dial at once, then {p['requests']} requests at {p['in_flight']} in flight round-robin; "
@@ -594,9 +708,11 @@ async def probe_memory(transport: str, peers: int, base: int, procs: int) -> dic
 async def probe_burst(transport: str, dials: int, procs: int) -> dict[str, Any]:
     async with server([f"{transport}://127.0.0.1:0"]) as srv:
         url = srv.address(transport)
+        cpu0 = (await srv.command("stats"))["cpu_s"]
         t0 = time.monotonic()
         reports, children = await _spread(url, srv.agent_id, dials, procs, None)
         wall = time.monotonic() - t0
+        cpu1 = (await srv.command("stats"))["cpu_s"]
         await _release(children)
     times = sorted(t for r in reports for t in r["times"])
     return {
@@ -607,6 +723,8 @@ async def probe_burst(transport: str, dials: int, procs: int) -> dict[str, Any]:
         "retries": sum(r["retries"] for r in reports),
         "errors": [e for r in reports for e in r["errors"]][:5],
         "wall_s": wall,
+        "server_cpu_s": cpu1 - cpu0,
+        "client_cpu_s": sum(r.get("cpu_s", 0.0) for r in reports),
         "p50_s": times[len(times) // 2] if times else None,
         "p99_s": times[int(len(times) * 0.99)] if times else None,
     }
