@@ -167,6 +167,22 @@ async def _cancelled_meanwhile() -> None:
     assert ran == ["a", "c"]
 
 
+def test_a_closed_loop_and_its_timers_are_collected() -> None:
+    import gc
+    import weakref
+
+    loop = asyncio.new_event_loop()
+    drv = loop_timers(loop)
+    kept = drv.timer(lambda: None)
+    kept.at(loop.time() + 60.0)
+    assert loop_timers(loop) is drv  # one driver per loop while it is in use
+    ref = weakref.ref(loop)
+    loop.close()
+    del loop, drv, kept
+    gc.collect()
+    assert ref() is None  # the registry of drivers does not keep a loop alive
+
+
 def test_a_failing_callback_does_not_stop_the_others() -> None:
     run(_failing_callback())
 

@@ -235,15 +235,21 @@ class LoopTimers:
             self._handle = self.loop.call_at(first, self._fire)
 
 
-_drivers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopTimers] = weakref.WeakKeyDictionary()
+#: Each loop's driver, both held weakly: a driver lives while its timers or its armed loop timer
+#: hold it, and a closed loop is collected with it (a driver refers to its loop).
+_drivers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ReferenceType[LoopTimers]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def loop_timers(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimers:
     """The one :class:`LoopTimers` of ``loop`` (default: the running loop)."""
     loop = loop or asyncio.get_running_loop()
-    drv = _drivers.get(loop)
+    ref = _drivers.get(loop)
+    drv = None if ref is None else ref()
     if drv is None:
-        drv = _drivers[loop] = LoopTimers(loop)
+        drv = LoopTimers(loop)
+        _drivers[loop] = weakref.ref(drv)
     return drv
 
 
