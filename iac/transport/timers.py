@@ -198,10 +198,8 @@ class LoopTimers:
         first = wheel.next_deadline()
         armed = self._armed_at
         if first is None:
-            if self._handle is not None:
-                self._handle.cancel()
-                self._handle = self._armed_at = None
-        elif armed is None or first < armed:
+            return  # an armed wake-up stays: it finds nothing due (cheaper than re-arming each time)
+        if armed is None or first < armed:
             if self._handle is not None:
                 self._handle.cancel()
             self._armed_at = first
