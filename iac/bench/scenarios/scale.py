@@ -719,13 +719,13 @@ async def probe_memory(transport: str, peers: int, base: int, procs: int) -> dic
         failed = sum(r["failed"] for r in first + more)
         retries = sum(r["retries"] for r in first + more)
         await _release(c1 + c2)
-    added = peers - base
+    added = sum(r["ok"] for r in more)  # the peers that connected between the two readings
     return {
         "transport": transport,
         "peers": peers,
         "rss_base_mib": rss0 / 2**20,
         "rss_mib": rss1 / 2**20,
-        "per_peer_kib": (rss1 - rss0) / added / 1024,
+        "per_peer_kib": (rss1 - rss0) / max(1, added) / 1024,
         "failed": failed,
         "retries": retries,
     }
