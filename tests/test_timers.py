@@ -69,6 +69,29 @@ def test_wheel_rounds_coarse_deadlines_onto_shared_instants() -> None:
     assert sorted(w.due(11.0)) == list(range(1, 1000))  # the rest: one instant
 
 
+def test_a_replaced_or_cleared_deadline_keeps_nothing_alive() -> None:
+    """The heap's stale entries do not refer to their owner: a connection whose timer was
+    cancelled is collected at once, with what it holds (asyncio's cancel() drops its callback)."""
+    import gc
+    import weakref
+
+    class Owner:
+        pass
+
+    w: TimerWheel[Owner] = TimerWheel()
+    a, b = Owner(), Owner()
+    w.set(a, 5.0)
+    w.set(a, 6.0)  # replaced: one stale entry
+    w.set(b, 7.0)
+    w.set(b, None)  # cleared
+    refs = weakref.ref(a), weakref.ref(b)
+    w.set(a, None)
+    del a, b
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert w.next_deadline() is None and w.due(100.0) == []
+
+
 def test_wheel_heap_stays_bounded_by_the_live_deadlines() -> None:
     w: TimerWheel[int] = TimerWheel()
     for step in range(200):  # 100 owners, each moved 200 times (an ACK timer moves per packet)

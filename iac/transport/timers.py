@@ -52,13 +52,16 @@ def rounded(at: float, slack: float) -> float:
 class TimerWheel(Generic[K]):
     """Deadlines of many owners in one heap (sans-IO: ``now`` is an argument).
 
-    Each owner (any hashable key) has at most one deadline; setting it again replaces it, and
-    the replaced heap entry is dropped lazily (when it reaches the top, or when stale entries
-    outnumber live ones: the heap never holds more than about twice the live deadlines)."""
+    Each owner (any hashable key) has at most one deadline; setting it again replaces it. The
+    heap holds ``(deadline, sequence number)`` only, never the owner: a replaced or cleared entry
+    keeps nothing alive (a closed connection's buffers go at once) and is dropped lazily, when it
+    reaches the top or when stale entries outnumber live ones (the heap never holds more than
+    about twice the live deadlines)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, K]] = []
+        self._heap: list[tuple[float, int]] = []
         self._live: dict[K, tuple[float, int]] = {}
+        self._owner: dict[int, K] = {}  # sequence number of a live entry -> its owner
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -76,18 +79,22 @@ class TimerWheel(Generic[K]):
     def set(self, key: K, at: float | None, slack: float = 0.0) -> float | None:
         """Give ``key`` the deadline ``at`` (None: none), which may fire up to ``slack`` seconds
         late (rounded by :func:`rounded`); the deadline as stored."""
-        if at is None:
-            self._live.pop(key, None)
-            self._compact()
-            return None
-        if slack > 0.0:
-            at = rounded(at, slack)
         old = self._live.get(key)
-        if old is not None and old[0] == at:
-            return at  # unchanged: no new entry
+        if at is not None and slack > 0.0:
+            at = rounded(at, slack)
+        if old is not None:
+            if old[0] == at:
+                return at  # unchanged: no new entry
+            del self._owner[old[1]]
+        if at is None:
+            if old is not None:
+                del self._live[key]
+                self._compact()
+            return None
         seq = next(self._seq)
         self._live[key] = (at, seq)
-        heapq.heappush(self._heap, (at, seq, key))
+        self._owner[seq] = key
+        heapq.heappush(self._heap, (at, seq))
         self._compact()
         return at
 
@@ -98,24 +105,21 @@ class TimerWheel(Generic[K]):
 
     def next_deadline(self) -> float | None:
         """The earliest deadline (None: no owner has one)."""
-        heap, live = self._heap, self._live
+        heap, owner = self._heap, self._owner
         while heap:
-            at, seq, key = heap[0]
-            entry = live.get(key)
-            if entry is not None and entry[1] == seq:
-                return at
+            if heap[0][1] in owner:
+                return heap[0][0]
             heapq.heappop(heap)  # stale: replaced or cleared
         return None
 
     def due(self, now: float) -> list[K]:
         """Take every owner whose deadline is at or before ``now`` (their deadlines are
         cleared), earliest first."""
-        heap, live = self._heap, self._live
+        heap, live, owner = self._heap, self._live, self._owner
         out: list[K] = []
         while heap and heap[0][0] <= now:
-            _at, seq, key = heapq.heappop(heap)
-            entry = live.get(key)
-            if entry is not None and entry[1] == seq:
+            key = owner.pop(heapq.heappop(heap)[1], None)
+            if key is not None:
                 del live[key]
                 out.append(key)
         return out
@@ -123,8 +127,8 @@ class TimerWheel(Generic[K]):
     def _compact(self) -> None:
         heap = self._heap
         if len(heap) > 2 * len(self._live) + 64:
-            live = self._live
-            self._heap = [e for e in heap if (x := live.get(e[2])) is not None and x[1] == e[1]]
+            owner = self._owner
+            self._heap = [e for e in heap if e[1] in owner]
             heapq.heapify(self._heap)
 
 
