@@ -13,7 +13,9 @@ from iac.bench.main import SCENARIOS
 from iac.bench.scenarios import scale
 from iac.transport.bound import FD_RESERVE
 
-TINY = scale.Plan(peers=(3,), transports=("tls", "quic"), procs=2, requests=30, in_flight=4, idle_s=0.2)
+TINY = scale.Plan(
+    peers=(3,), transports=("tls", "quic"), procs=2, requests=30, in_flight=4, idle_s=0.2, broadcasts=1
+)
 
 
 def test_the_plan_reads_its_command_line() -> None:
@@ -40,6 +42,10 @@ def test_a_tiny_plan_connects_every_peer_and_answers_every_request() -> None:
         assert s["requests_failed"] == 0, s
         assert s["rss_mib"] > 0 and s["server_cpu_us_per_request"] > 0, s
         assert s["burst"]["p99_s"] is not None and s["idle_cpu_percent"] >= 0, s
+        assert s["burst"]["client_cpu_s"] > 0 and s["message_frame_bytes"] > 0, s
+        flood = s["broadcast"]  # every connected peer verified each broadcast of the server node
+        assert flood["sent_to"] == 3 and flood["reached_min"] == 3 and flood["median_s"] > 0, s
+    assert set(data["corpus_frame_bytes"]) == {"shipped", "derived", "elided"}
 
     # the suite's rows, from that run's data (the child process replaced by it)
     def run_script(ctx: Any, script: str, args: list[str], timeout: float) -> dict[str, Any]:
@@ -58,6 +64,8 @@ def test_a_tiny_plan_connects_every_peer_and_answers_every_request() -> None:
     for who in ("IAC-TLS/TCP", "IAC-QUIC"):
         assert (who, "server RSS per peer, 3 peers") in metrics
         assert (who, "server CPU per request at 4 in flight, 3 peers") in metrics
+        assert (who, "broadcast handled by all 3 peers") in metrics
+        assert (who, "signed MESSAGE frame at the load step, 3 peers") in metrics
         assert (who, "dial burst failures, 3 at once") in metrics
     tls = next(r for r in res.rows if r["metric"] == "server RSS per peer, 3 peers")
     assert tls["median"] == data["steps"][0]["per_peer_kib"]

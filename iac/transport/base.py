@@ -64,7 +64,8 @@ class TransportConfig:
     handshake_timeout: float = 5.0
     #: A connection on which no frame moved either way for this long is closed (GOAWAY IDLE_TIMEOUT).
     idle_timeout: float | None = 30.0
-    #: Liveness probes: TCP keep-alive idle time on TLS/TCP; QUIC PING interval.
+    #: Liveness probes: TCP keep-alive idle time on TLS/TCP; on QUIC a PING after this long
+    #: without a packet from the peer (the accepting side: a tenth of it twice more, at most 2 s).
     keepalive_interval: float = 10.0
     #: How long a QUIC peer has to answer a probe (a PING) before its connection is closed as
     #: dead: the probe of an old connection when the same key connects again (docs/PROTOCOL.md,

@@ -15,7 +15,9 @@ sockets or a clock (time comes in as ``now``, as in aioquic's ``QuicConnection``
 * the backlog judge (:meth:`ConnectionCore.judge`): received frames, in order, through the
   session's rules into the receive queue while it has room; a peer's GOAWAY closes.
 * the timers (:meth:`ConnectionCore.next_timer`, :meth:`ConnectionCore.handle_timer`): the
-  idle deadline and, where the adapter sends its own liveness probes (QUIC), the next PING.
+  idle deadline and, where the adapter sends its own liveness probes (QUIC), the next PING;
+  :meth:`ConnectionCore.next_wake` is the instant to ask the loop's shared timer structure
+  (:mod:`iac.transport.timers`) for, each deadline rounded up as far as it may be late.
 * the linger decision (:meth:`ConnectionCore.flushes_on_close`, :meth:`ConnectionCore.linger_until`).
 
 * liveness probes (:meth:`ConnectionCore.probe`, :meth:`ConnectionCore.heard`): a probe the
@@ -32,6 +34,18 @@ import enum
 from iac.errors import CloseCode, ConnectionClosed, IacError, LocalError
 from iac.transport.queues import Inbox
 from iac.transport.session import PeerGoaway, SessionLogic, peer_closed_error
+from iac.transport.timers import rounded
+
+#: How late a keep-alive or idle deadline may fire, as a share of its interval (capped at
+#: :data:`MAX_SLACK`); a liveness probe's deadline, likewise capped at :data:`PROBE_SLACK`.
+SLACK_SHARE = 0.1
+MAX_SLACK = 1.0
+PROBE_SLACK = 0.1
+
+
+def keepalive_slack(keepalive: float) -> float:
+    """How late a keep-alive PING may go: a tenth of its interval, at most :data:`MAX_SLACK`."""
+    return min(MAX_SLACK, SLACK_SHARE * keepalive)
 
 
 class State(enum.Enum):
@@ -136,6 +150,7 @@ class ConnectionCore:
         keepalive: float | None = None,
         probe_interval: float = 0.5,
         probe_timeout: float = 2.5,
+        keepalive_defer: float = 0.0,
     ) -> None:
         self._state = State.HANDSHAKING
         self._error: IacError | None = None
@@ -164,6 +179,15 @@ class ConnectionCore:
         #: When the peer was last heard from: a probe or keep-alive answered, or data received
         #: (the adapter sets it, on every frame received: an attribute).
         self.last_heard = now
+        #: When a packet last arrived from the peer, whatever it carried (a PING, an ACK): the
+        #: adapter sets it (an attribute). The keep-alive PING is due only ``keepalive`` after
+        #: it: a peer heard from within the interval keeps the path open both ways already.
+        self.last_packet = now
+        #: How much longer than ``keepalive`` after the last packet this side waits before its
+        #: PING: the accepting side waits the keep-alive's slack twice over, so that on a quiet
+        #: connection the dialer's PING (whose ACK both ends hear) is the one that goes, rather
+        #: than both ends' in the same instant.
+        self.keepalive_defer = keepalive_defer
         self._linger_from: float | None = None
         self.session: SessionLogic | None = None
 
@@ -252,25 +276,53 @@ class ConnectionCore:
         if self.keepalive is not None and self._next_ping is None:
             self._next_ping = now + self.keepalive
 
+    def _ping_at(self) -> float | None:
+        if self._next_ping is None or self.keepalive is None:
+            return None
+        return max(self._next_ping, self.last_packet + self.keepalive + self.keepalive_defer)
+
     def next_timer(self) -> float | None:
         """When :meth:`handle_timer` is next due (None: no timer while this holds)."""
+        wake = self._deadlines()
+        return None if wake is None else wake[0]
+
+    def next_wake(self) -> float | None:
+        """The instant to be woken for :meth:`handle_timer`: each deadline rounded up as far as it
+        may be late (:func:`~iac.transport.timers.rounded`; keep-alive and idle by a tenth of their
+        interval, at most 1 s; probes at most 0.1 s), so the deadlines of many connections fall on
+        shared instants. Never before :meth:`next_timer`. None: no timer while this holds."""
+        wake = self._deadlines()
+        return None if wake is None else wake[1]
+
+    def _deadlines(self) -> tuple[float, float] | None:
+        """(the earliest deadline, the earliest rounded deadline), or None."""
         if self.closed:
             return None
-        at = self._next_ping
+        exact = late = float("inf")
+        ping_at = self._ping_at()
+        if ping_at is not None and self.keepalive is not None:
+            exact, late = ping_at, rounded(ping_at, keepalive_slack(self.keepalive))
+        probe_at: float | None = None
         if self._probe_due is not None:
-            at = self._probe_due if at is None else min(at, self._probe_due)
+            probe_at, bound = self._probe_due, self._probe_bound
         elif self.waiting and self.can_probe and self._state is State.OPEN:
-            busy_at = self.last_heard + self.probe_interval
-            at = busy_at if at is None else min(at, busy_at)
+            probe_at, bound = self.last_heard + self.probe_interval, self.probe_interval
+        if probe_at is not None:
+            exact = min(exact, probe_at)
+            late = min(late, rounded(probe_at, min(PROBE_SLACK, SLACK_SHARE * bound)))
         if self.idle_timeout is not None:
             idle_at = self.last_activity + self.idle_timeout
-            at = idle_at if at is None else min(at, idle_at)
-        return at
+            exact = min(exact, idle_at)
+            late = min(late, rounded(idle_at, min(MAX_SLACK, SLACK_SHARE * self.idle_timeout)))
+        if exact == float("inf"):
+            return None
+        return exact, late
 
     def handle_timer(self, now: float) -> TimerEvent:
         """The timer fired at ``now``: close an idle connection (:data:`TimerEvent.IDLE`, the
         core is CLOSING with :func:`idle_error`) or one whose probe went unanswered
-        (:data:`TimerEvent.DEAD`), or ask for a PING: the keep-alive, or a probe of a peer that
+        (:data:`TimerEvent.DEAD`), or ask for a PING: the keep-alive (``keepalive`` after the last
+        one and after the last packet from the peer, :attr:`last_packet`), or a probe of a peer that
         something :attr:`waiting` on it has not heard from for ``probe_interval``."""
         if self.closed:
             return TimerEvent.NONE
@@ -288,7 +340,14 @@ class ConnectionCore:
             if self.keepalive is not None:
                 self._next_ping = now + self.keepalive
             return TimerEvent.PING
-        if self._next_ping is not None and now >= self._next_ping and self.keepalive is not None:
+        ping_at = self._ping_at()
+        # a PING may go up to its slack late, so also that much early: a wake-up rounded for the
+        # deadline as it was before the last packet moved it does not need a second one
+        if (
+            ping_at is not None
+            and self.keepalive is not None
+            and now >= ping_at - keepalive_slack(self.keepalive)
+        ):
             self._next_ping = now + self.keepalive
             return TimerEvent.PING
         return TimerEvent.NONE
@@ -350,5 +409,6 @@ __all__ = [
     "TimerEvent",
     "closed_by_this_side",
     "idle_error",
+    "keepalive_slack",
     "silent_error",
 ]

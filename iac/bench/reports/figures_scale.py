@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from iac.bench.reports.figures_results import Results, Sheet, not_ok, table
 
@@ -63,4 +64,58 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
             else "."
         )
     )
-    return [*out, "", *table(head, "lrrrrrrrr", rows)]
+    return [*out, "", *table(head, "lrrrrrrrr", rows), *_more(sheet, r, d)]
+
+
+def _more(sheet: Sheet, r: Results, d: dict[str, Any]) -> list[str]:
+    """The figures a run has when it recorded them: the dial burst's CPU on both sides, the bytes of
+    the server's signed MESSAGE frames over the load step, the time until every connected peer
+    handled a broadcast of the server node."""
+    steps = [s for s in d["steps"] if "broadcast" in s]
+    if not steps:
+        return []
+    rows = []
+    for s in steps:
+        key = f"scale/{s['transport']}/{s['peers']}"
+        b, flood = s["burst"], s["broadcast"]
+        took = flood.get("median_s")
+        rows.append(
+            [
+                LABEL.get(s["transport"], s["transport"]),
+                f"{s['peers']:,}",
+                sheet.put(r, f"{key}/burst_server_cpu_s", b["server_cpu_s"])
+                + " + "
+                + sheet.put(r, f"{key}/burst_client_cpu_s", b.get("client_cpu_s", 0.0)),
+                sheet.put(r, f"{key}/message_frame_bytes", s["message_frame_bytes"]),
+                "—" if took is None else sheet.put(r, f"{key}/broadcast_ms", took * 1e3),
+                f"{flood['reached_min']:,} of {flood['sent_to']:,}",
+            ]
+        )
+    head = [
+        "transport",
+        "peers",
+        "CPU s, burst: server + clients",
+        "bytes per signed MESSAGE frame",
+        "broadcast handled by all, ms",
+        "peers reached (fewest)",
+    ]
+    corpus = d.get("corpus_frame_bytes") or {}
+    plan = d["plan"]
+    text = (
+        f"Per step, the same run: the CPU seconds the dial burst took on the server and in the client "
+        f"processes together; the mean size on the wire of the server node's signed MESSAGE frames (its "
+        f"REPLYs to the load step's small requests); and the median over {plan.get('broadcasts', 0)} "
+        f"broadcasts of the server node (the registry every peer is connected to) of the time from "
+        f"`broadcast()` until the last connected peer verified it."
+    )
+    if corpus:
+        text += (
+            f" The corpus's signed MESSAGE frames (`scale.py bytes`): {corpus['shipped']:.0f} B with the "
+            f"shipped dictionary, {corpus['derived']:.0f} B with a per-connection derived one, "
+            f"{corpus['elided']:.0f} B with `from`/`to` elided (what a direct connection sends)."
+        )
+    text += (
+        " The machine is shared with other work while these run: CPU and time figures are noisy; "
+        "compare rows of the same run."
+    )
+    return ["", text, "", *table(head, "lrrrrr", rows)]

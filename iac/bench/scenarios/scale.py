@@ -49,6 +49,7 @@ from iac.bench.harness.process import commands, say
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
+from iac.protocol.routing.forward import open_forward
 from iac.transport.base import Connection, TransportConfig
 from iac.transport.bound import FD_RESERVE
 from iac.transport.dialer import Backoff
@@ -96,9 +97,13 @@ async def serve(spec: dict[str, Any]) -> None:
             return ctx.payload
 
         say({"id": node.agent_id, "addrs": node.addresses, "rss": live_rss()})
-        async for line in commands():
-            cmd = line["cmd"]
-            if cmd == "rss":
+        async for spec_line in commands():
+            cmd = spec_line["cmd"]
+            if cmd == "broadcast":  # a flood to every connected peer (this node as their registry)
+                t0 = time.monotonic()
+                sent = await node.broadcast(MessageType.BROADCAST, {"k": spec_line["k"]})
+                say({"t0": t0, "peers": sent.peers})
+            elif cmd == "rss":
                 say({"rss": live_rss()})
             elif cmd == "stats":
                 st = node.stats()
@@ -121,8 +126,11 @@ class Server:
         return next(a for a in self.addresses if a.startswith(transport + "://"))
 
     async def command(self, name: str) -> dict[str, Any]:
+        return await self.command_with({"cmd": name})
+
+    async def command_with(self, cmd: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"cmd": name}).encode() + b"\n")
+        self.proc.stdin.write(json.dumps(cmd).encode() + b"\n")
         await self.proc.stdin.drain()
         return dict(json.loads(await self.proc.stdout.readline()))
 
@@ -252,20 +260,53 @@ async def close_all(conns: Sequence[Connection]) -> None:
 # --- client peers under load ------------------------------------------------------------------
 
 
+class Broadcasts:
+    """The broadcasts the peers of one client process handled (verified), by key: when each
+    arrived, and an event set once every one of ``expected`` peers handled it."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.arrived: dict[int, list[float]] = {}
+        self._done: dict[int, asyncio.Event] = {}
+
+    def done(self, key: int) -> asyncio.Event:
+        return self._done.setdefault(key, asyncio.Event())
+
+    def handled(self, key: int) -> None:
+        times = self.arrived.setdefault(key, [])
+        times.append(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process of the machine
+        if len(times) >= self.expected:
+            self.done(key).set()
+
+
 class Peer:
     """A client peer's connection with many requests in flight: answers are matched to their
-    requests by ``reply_to`` (one :class:`Session` per peer, so message ids do not repeat)."""
+    requests by ``reply_to`` (one :class:`Session` per peer, so message ids do not repeat).
+    The server's signed MESSAGE frames are counted (``frames``, ``frame_bytes``: their size on
+    the wire, as this side read them); a broadcast (FORWARD) is verified and told to ``board``."""
 
-    def __init__(self, conn: Connection, identity: Identity, server_id: str) -> None:
+    def __init__(
+        self, conn: Connection, identity: Identity, server_id: str, board: Broadcasts | None = None
+    ) -> None:
         self.conn, self.identity, self.server_id = conn, identity, server_id
         self.session = Session()
         self.pending: dict[int, asyncio.Future[None]] = {}
+        self.board = board
+        self.frames = self.frame_bytes = 0
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         try:
             while True:
-                reply = open_message((await self.conn.recv()).frame.body)
+                frame = (await self.conn.recv()).frame
+                if frame.type == FrameType.FORWARD:
+                    _env, msg = open_forward(frame.body)
+                    if self.board is not None:
+                        self.board.handled(int(json.loads(msg.payload_json)["k"]))
+                    continue
+                self.frames += 1
+                self.frame_bytes += frame.wire_size
+                reply = open_message(frame.body)
                 fut = self.pending.pop(reply.reply_to, None)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
@@ -311,18 +352,22 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
     stdin (``{"cmd": "load", "count", "in_flight"}``) until stdin closes; then close them."""
     gate = asyncio.Semaphore(at_once or n)
     config = client_config()
+    board = Broadcasts(0)
 
     async def one() -> tuple[Peer, float, int]:
         identity = Identity.generate()
         async with gate:
             conn, took, tries = await open_peer(url, server_id, config, identity=identity)
-        return Peer(conn, identity, server_id), took, tries
+        return Peer(conn, identity, server_id, board), took, tries
 
+    cpu0 = time.process_time()
     results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
     peers = [r[0] for r in results if isinstance(r, tuple)]
     errors = [r for r in results if isinstance(r, BaseException)]
+    board.expected = len(peers)
     say(
         {
+            "cpu_s": time.process_time() - cpu0,  # this process's CPU for its share of the burst
             "ok": len(peers),
             "errors": [repr(e) for e in errors[:5]],
             "failed": len(errors),
@@ -331,9 +376,43 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
         }
     )
     async for cmd in commands():
+        if cmd["cmd"] == "topup":  # the peers the burst lost, dialed again a few at a time
+            few = asyncio.Semaphore(int(cmd["at_once"]))
+
+            async def again(few: asyncio.Semaphore = few) -> tuple[Peer, float, int]:
+                async with few:
+                    return await one()
+
+            more = await asyncio.gather(*(again() for _ in range(n - len(peers))), return_exceptions=True)
+            peers += [r[0] for r in more if isinstance(r, tuple)]
+            board.expected = len(peers)
+            say(
+                {
+                    "ok": sum(isinstance(r, tuple) for r in more),
+                    "failed": sum(isinstance(r, BaseException) for r in more),
+                }
+            )
+            continue
+        if cmd["cmd"] == "bcast":  # wait until every peer here handled broadcast ``k``
+            key = int(cmd["k"])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(board.done(key).wait(), float(cmd.get("timeout", 60.0)))
+            times = board.arrived.get(key, [])
+            say({"got": len(times), "last": max(times, default=None)})
+            continue
+        for p in peers:
+            p.frames = p.frame_bytes = 0
         cpu0, t0 = time.process_time(), time.monotonic()
         failed = await load(peers, int(cmd["count"]), int(cmd["in_flight"])) if peers else cmd["count"]
-        say({"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0})
+        say(
+            {
+                "failed": failed,
+                "cpu_s": time.process_time() - cpu0,
+                "wall_s": time.monotonic() - t0,
+                "frames": sum(p.frames for p in peers),
+                "frame_bytes": sum(p.frame_bytes for p in peers),
+            }
+        )
     await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
     return {}
 
@@ -372,6 +451,39 @@ async def _load_all(children: Sequence[asyncio.subprocess.Process], count: int, 
     return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
 
 
+async def _ask_all(children: Sequence[asyncio.subprocess.Process], cmd: dict[str, Any]) -> list[Any]:
+    """One command to every client process; their answers."""
+    for c in children:
+        assert c.stdin is not None
+        c.stdin.write(json.dumps(cmd).encode() + b"\n")
+        await c.stdin.drain()
+    return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
+
+
+async def broadcast_rounds(
+    srv: Server, children: Sequence[asyncio.subprocess.Process], rounds: int
+) -> dict[str, Any]:
+    """``rounds`` broadcasts from the server node (the registry every peer is connected to), one
+    at a time: each one's time from the server's ``broadcast()`` call to the moment the last of
+    the connected peers handled (verified) it; and the fewest peers one reached."""
+    took: list[float] = []
+    reached: list[int] = []
+    for k in range(rounds):
+        sent = await srv.command_with({"cmd": "broadcast", "k": k})
+        answers = await _ask_all(children, {"cmd": "bcast", "k": k})
+        reached.append(sum(a["got"] for a in answers))
+        lasts = [a["last"] for a in answers if a["last"] is not None]
+        if lasts:
+            took.append(max(lasts) - sent["t0"])
+    return {
+        "rounds": rounds,
+        "sent_to": sent["peers"] if rounds else 0,
+        "reached_min": min(reached, default=0),
+        "median_s": statistics.median(took) if took else None,
+        "max_s": max(took, default=None),
+    }
+
+
 async def _release(children: Sequence[asyncio.subprocess.Process]) -> None:
     for c in children:
         if c.stdin is not None:
@@ -392,9 +504,13 @@ class Plan:
     requests: int = 2_000
     in_flight: int = 64
     idle_s: float = 10.0
+    broadcasts: int = 3
+    #: After the burst, the peers it lost are dialed again this many at a time per client process,
+    #: so that the later figures are over every peer (0: not; the burst's own figures are kept).
+    top_up: int = 8
 
 
-QUICK = Plan(peers=(1, 10, 50), procs=2, requests=200, idle_s=1.0)
+QUICK = Plan(peers=(1, 10, 50), procs=2, requests=200, idle_s=1.0, broadcasts=1)
 
 
 def raise_nofile() -> tuple[int, int]:
@@ -420,7 +536,8 @@ def _burst(reports: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     total = {k: sum(r[k] for r in reports) for k in ("ok", "failed", "retries")}
     errors = [e for r in reports for e in r["errors"]][:5]
     pcts = {"p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99)}
-    return {**total, "errors": errors, "wall_s": wall, **pcts}
+    client_cpu = sum(r.get("cpu_s", 0.0) for r in reports)  # the clients' CPU for their dials
+    return {**total, "errors": errors, "wall_s": wall, **pcts, "client_cpu_s": client_cpu}
 
 
 def _pct(xs: Sequence[float], q: float) -> float | None:
@@ -439,20 +556,27 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
         burst_wall = time.monotonic() - t0
         try:
             cpu1 = (await srv.command("stats"))["cpu_s"]
+            topup = {"ok": 0, "failed": 0}
+            if plan.top_up and sum(r["failed"] for r in reports):
+                for a in await _ask_all(children, {"cmd": "topup", "at_once": plan.top_up}):
+                    topup = {k: topup[k] + a[k] for k in topup}
             loads = await _load_all(children, plan.requests, plan.in_flight)
             cpu2 = (await srv.command("stats"))["cpu_s"]
             rss1 = await srv.rss()
             cpu3 = (await srv.command("stats"))["cpu_s"]
             await asyncio.sleep(plan.idle_s)  # the measurement window: every connection quiet
             st = await srv.command("stats")
+            flood = await broadcast_rounds(srv, children, plan.broadcasts)
         finally:
             await _release(children)
     ok = sum(r["ok"] for r in reports)
+    held = ok + topup["ok"]  # the peers every later figure is over
     done = plan.requests - sum(x["failed"] for x in loads)
     return {
         "transport": transport,
         "peers": peers,
-        "connected": ok,
+        "connected": held,
+        "topped_up": topup,
         "server_connections": st["connections"],
         "burst": {**_burst(reports, burst_wall), "server_cpu_s": cpu1 - cpu0},
         "requests": plan.requests,
@@ -462,8 +586,12 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
         "load_wall_s": max(x["wall_s"] for x in loads),
         "rss_empty_mib": rss0 / 2**20,
         "rss_mib": rss1 / 2**20,
-        "per_peer_kib": (rss1 - rss0) / max(1, ok) / 1024,
+        "per_peer_kib": (rss1 - rss0) / max(1, held) / 1024,
         "idle_cpu_percent": (st["cpu_s"] - cpu3) / plan.idle_s * 100,
+        # the server node's signed MESSAGE frames (its REPLYs) over the load step, as read
+        "message_frame_bytes": sum(x.get("frame_bytes", 0) for x in loads)
+        / max(1, sum(x.get("frames", 0) for x in loads)),
+        "broadcast": flood,
     }
 
 
@@ -482,6 +610,7 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
             steps.append(await measure_step(t, n, plan))
     return {
         "plan": asdict(plan),
+        "corpus_frame_bytes": probe_bytes(CORPUS),
         "rlimit_nofile": {"soft": soft, "hard": hard},
         "peers_allowed": allowed,
         "skipped_peers": skipped,
@@ -518,6 +647,13 @@ def fill(res: Any, data: dict[str, Any]) -> None:
         if b["p99_s"] is not None:
             res.add(who, f"dial burst p99 to first answer, {n} at once", "s", _one(b["p99_s"]))
         res.add(who, f"dial burst failures, {n} at once", "dials", _one(float(b["failed"])))
+        if s.get("message_frame_bytes"):
+            res.add(
+                who, f"signed MESSAGE frame at the load step, {n} peers", "B", _one(s["message_frame_bytes"])
+            )
+        flood = s.get("broadcast") or {}
+        if flood.get("median_s") is not None:
+            res.add(who, f"broadcast handled by all {n} peers", "ms", _one(flood["median_s"] * 1e3))
     res.notes.append(
         f"scenarios/scale.py: one server node per transport and peer count; peers over {p['procs']} client "
         f"processes dial at once, then {p['requests']} requests at {p['in_flight']} in flight round-robin; "
@@ -545,13 +681,13 @@ async def probe_memory(transport: str, peers: int, base: int, procs: int) -> dic
         failed = sum(r["failed"] for r in first + more)
         retries = sum(r["retries"] for r in first + more)
         await _release(c1 + c2)
-    added = peers - base
+    added = sum(r["ok"] for r in more)  # the peers that connected between the two readings
     return {
         "transport": transport,
         "peers": peers,
         "rss_base_mib": rss0 / 2**20,
         "rss_mib": rss1 / 2**20,
-        "per_peer_kib": (rss1 - rss0) / added / 1024,
+        "per_peer_kib": (rss1 - rss0) / max(1, added) / 1024,
         "failed": failed,
         "retries": retries,
     }
@@ -560,11 +696,13 @@ async def probe_memory(transport: str, peers: int, base: int, procs: int) -> dic
 async def probe_burst(transport: str, dials: int, procs: int) -> dict[str, Any]:
     async with server([f"{transport}://127.0.0.1:0"]) as srv:
         url = srv.address(transport)
+        cpu0 = (await srv.command("stats"))["cpu_s"]
         t0 = time.monotonic()
         reports, children = await _spread(url, srv.agent_id, dials, procs, None)
         wall = time.monotonic() - t0
+        cpu1 = (await srv.command("stats"))["cpu_s"]
         await _release(children)
-    return {"transport": transport, "dials": dials, **_burst(reports, wall)}
+    return {"transport": transport, "dials": dials, "server_cpu_s": cpu1 - cpu0, **_burst(reports, wall)}
 
 
 def probe_bytes(corpus: Path) -> dict[str, float]:

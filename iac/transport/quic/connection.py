@@ -47,6 +47,7 @@ from iac.transport.core import (
     State,
     TimerEvent,
     closed_by_this_side,
+    keepalive_slack,
 )
 from iac.transport.queues import SendQueue
 from iac.transport.quic.gso import GsoSender
@@ -67,6 +68,7 @@ from iac.transport.session import (
     perform_handshake,
     server_handshake,
 )
+from iac.transport.timers import loop_timers
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameType, encode_frame
@@ -157,10 +159,12 @@ class QuicConn(Connection):
             keepalive=config.keepalive_interval,
             probe_interval=config.probe_interval,
             probe_timeout=config.probe_timeout,
+            keepalive_defer=0.0 if dialed else 2 * keepalive_slack(config.keepalive_interval),
         )
         self._terminated = asyncio.Event()
         self._handshake_task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        #: The core's wake-up, in the loop's one timer structure (:mod:`iac.transport.timers`).
+        self._wake = loop_timers(self._loop).timer(self._on_timer)
         #: The certificate hash the HELLOs are bound to (the server's certificate).
         self.channel_binding = b""
         self.peer_hello_verified = False
@@ -465,9 +469,7 @@ class QuicConn(Connection):
         if self._room_handle is not None:
             self._room_handle.cancel()
             self._room_handle = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._wake.cancel()
         self._wake_all()
         if self._on_finished is not None:
             self._on_finished(self)
@@ -511,10 +513,7 @@ class QuicConn(Connection):
         if core.probe(self._loop.time(), bound):
             self._quic.send_ping(1)
             self._proto.transmit()
-        if self._timer is not None:  # the probe's deadline may come first
-            self._timer.cancel()
-            self._timer = None
-        self._arm_timer()
+        self._arm_timer()  # the probe's deadline may come first
         fut: asyncio.Future[bool] = self._loop.create_future()
         self._probe_waiters.append(fut)
         try:
@@ -527,10 +526,7 @@ class QuicConn(Connection):
         if waiting == self._core.waiting:
             return
         self._core.waiting = waiting
-        if waiting and self._timer is not None:  # a probe may be due before the armed timer
-            self._timer.cancel()
-            self._timer = None
-        self._arm_timer()
+        self._arm_timer()  # a probe may be due before the armed wake-up
 
     def _heard(self) -> None:
         self._core.heard(self._loop.time())
@@ -544,16 +540,16 @@ class QuicConn(Connection):
 
     # -- keep-alive and idle --------------------------------------------------------------------
 
+    def on_datagram(self, now: float) -> None:
+        """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it)."""
+        self._core.last_packet = now
+
     def _arm_timer(self) -> None:
-        """Arm the one timer the core asks for: the next PING or the idle deadline."""
-        if self._timer is not None or self._core.ended:
-            return
-        at = self._core.next_timer()
-        if at is not None:
-            self._timer = self._loop.call_at(at, self._on_timer)
+        """Ask the loop's timer structure for the wake-up the core wants: the next PING, a
+        probe's deadline or the idle deadline, each as late as it may be."""
+        self._wake.at(None if self._core.ended else self._core.next_wake())
 
     def _on_timer(self) -> None:
-        self._timer = None
         if self._core.closed:
             return
         event = self._core.handle_timer(self._loop.time())

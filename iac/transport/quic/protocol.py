@@ -23,6 +23,7 @@ from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
 from iac.transport.quic.gso import GsoSender, supported
 from iac.transport.quic.pathmtu import PmtuDriver, driver_for
+from iac.transport.timers import loop_timers
 
 
 class ConnectionEvents(Protocol):
@@ -42,6 +43,24 @@ class ConnectionEvents(Protocol):
 
     def stateless_reset(self, data: bytes) -> bool:
         """Whether ``data`` is a stateless reset of this connection (then it has ended)."""
+    def on_datagram(self, now: float) -> None:
+        """A datagram from the peer arrived at ``now`` (before the library took it)."""
+
+
+class LoopView:
+    """The event loop as the library's protocol sees it: everything is the loop's own, except
+    ``call_at``, which goes to the loop's one timer structure (:func:`~iac.transport.timers.loop_timers`,
+    exact: the library's ACK-delay, loss and pacing deadlines are not rounded)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.time = loop.time
+        self.call_soon = loop.call_soon
+        self.create_future = loop.create_future
+        self.call_at = loop_timers(loop).call_at
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loop, name)
 
 
 class QuicProtocol(asyncio.DatagramProtocol):
@@ -68,6 +87,10 @@ class QuicProtocol(asyncio.DatagramProtocol):
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
         self._cc_hooks = attach(quic, self.backend)
         self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
+        # The library arms its one timer (ACK delay, loss detection, pacing, its idle close)
+        # with ``self._loop.call_at``: through this view it is an exact entry of the loop's one
+        # timer structure instead of a handle in the loop's heap.
+        self._loop = cast(asyncio.AbstractEventLoop, LoopView(self._loop))
 
     #: Events are being handed on (``_process_events`` runs).
     _in_events = False
@@ -97,15 +120,21 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # As aioquic's, but the flush waits (see _transmit_after_receive): the tasks this
         # datagram woke (a recv() waiter) run first, so a reply they send leaves in the same
         # packet as the ACK instead of a packet of its own right after an ACK-less one.
+        now = self._loop.time()
         if self.checks_resets and self.conn is not None and self.conn.stateless_reset(cast(bytes, data)):
             return
-        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+        if self.conn is not None:
+            self.conn.on_datagram(now)
+        self._quic.receive_datagram(cast(bytes, data), addr, now=now)
         self._process_events()
         self._transmit_after_receive()
 
     def datagrams_received(self, data: list[bytes], addr: Any) -> None:
         # qh3's batched receive path (its GRO transport; unused with asyncio's own), same rule.
-        self._quic.receive_many_datagrams(data, addr, now=self._loop.time())
+        now = self._loop.time()
+        if self.conn is not None:
+            self.conn.on_datagram(now)
+        self._quic.receive_many_datagrams(data, addr, now=now)
         self._process_events()
         self._transmit_after_receive()
 

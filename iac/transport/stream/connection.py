@@ -28,6 +28,7 @@ from iac.transport.session import (
     perform_handshake,
 )
 from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
+from iac.transport.timers import loop_timers
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 
@@ -137,7 +138,8 @@ class StreamConnection(Connection):
             now=loop.time(), idle_timeout=config.idle_timeout or None, linger=config.linger_timeout
         )
         self._core.open(self._logic)  # made once the HELLO exchange verified
-        self._timer: asyncio.TimerHandle | None = None
+        #: The core's wake-up (the idle deadline), in the loop's one timer structure.
+        self._wake = loop_timers(loop).timer(self._on_timer)
         self._flush_handle: asyncio.Handle | None = None
         self._judge_handle: asyncio.Handle | None = None
         self._close_task: asyncio.Task[None] | None = None
@@ -354,9 +356,7 @@ class StreamConnection(Connection):
         self._inbox.close(error, drop=goaway is not None)
         self._decoder.discard()
         self._proto.resume_reading()  # lingering reads and discards until the peer hangs up
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._wake.cancel()
         if goaway is not None and graceful:
             self._sendq.put_nowait(goaway_frame(*goaway))
             self._sendq.finish(error)
@@ -400,12 +400,9 @@ class StreamConnection(Connection):
     # --- the core's timer -----------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
-        at = self._core.next_timer()
-        if at is not None:
-            self._timer = self._loop.call_at(at, self._on_timer)
+        self._wake.at(self._core.next_wake())
 
     def _on_timer(self) -> None:
-        self._timer = None
         if self._core.handle_timer(self._loop.time()) is TimerEvent.IDLE:
             self._closing(goaway=(CloseCode.IDLE_TIMEOUT, IDLE_REASON), graceful=True)
         else:
