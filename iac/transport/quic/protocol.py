@@ -43,6 +43,7 @@ class ConnectionEvents(Protocol):
 
     def stateless_reset(self, data: bytes) -> bool:
         """Whether ``data`` is a stateless reset of this connection (then it has ended)."""
+
     def on_datagram(self, now: float) -> None:
         """A datagram from the peer arrived at ``now`` (before the library took it)."""
 
