@@ -87,11 +87,11 @@ class QuicProtocol(asyncio.DatagramProtocol):
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
         self._cc_hooks = attach(quic, self.backend)
-        self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
         # The library arms its one timer (ACK delay, loss detection, pacing, its idle close)
         # with ``self._loop.call_at``: through this view it is an exact entry of the loop's one
-        # timer structure instead of a handle in the loop's heap.
+        # timer structure instead of a handle in the loop's heap (the probe timer too).
         self._loop = cast(asyncio.AbstractEventLoop, LoopView(self._loop))
+        self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
 
     #: Events are being handed on (``_process_events`` runs).
     _in_events = False
