@@ -342,17 +342,21 @@ class Peers:
         if getattr(err, "code", None) == CloseCode.DUPLICATE_IDENTITY and conn.peer.dialed:
             self._twin(peer, instance_of(conn.local_hello), "it refused this process's connection: "
                        "another process with this node's key is connected to it")  # fmt: skip
-        reset = getattr(err, "reason", None) == "stateless_reset"
-        if reset and conn.peer.dialed and self.tickets is not None:
+        if getattr(err, "reason", None) == "stateless_reset" and conn.peer.dialed:
             # The server restarted: a ticket of the old process would bind the next HELLO (sent as
             # early data) to the old certificate, and the new process would refuse it.
-            self.tickets.pop(conn.peer.address)
+            self.forget_ticket(conn.peer.address)
         self.table.remove(conn)
         if self.table.get(peer) is None and peer in self._live:
             self._live.discard(peer)
             self._emit(PeerEvent(peer, False, conn.peer.transport, conn.peer.address))
         if self.table.get(peer) is None and self.is_kept(peer) and not self.closing:
             self._tasks.spawn(self._redial(peer))
+
+    def forget_ticket(self, address: str) -> None:
+        """Drop the session ticket held for ``address`` (its next dial does a full handshake)."""
+        if self.tickets is not None:
+            self.tickets.pop(address)
 
     @property
     def dial_locks(self) -> int:
@@ -432,8 +436,7 @@ class Paths:
 
     def forget_ticket(self, address: str) -> None:
         """Drop the session ticket held for ``address`` (its next dial does a full handshake)."""
-        if self._peers.tickets is not None:
-            self._peers.tickets.pop(address)
+        self._peers.forget_ticket(address)
 
     def relayed(self, peer: str) -> bool:
         """True when ``peer`` has no connection of its own but a relay toward it (a connected
