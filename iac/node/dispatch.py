@@ -285,17 +285,22 @@ class Dispatcher:
         through it now (their parts cannot go; the handler's slot is freed), with no answer: the
         handler's timeout scope ends, which wakes a wait for credit too.
         Returns how many."""
-        now = asyncio.get_running_loop().time()
         n = 0
         for key, out in self._streams.items():
             if out.link != peer or key in self._abandoned:
                 continue
             self._abandoned.add(key)
-            scope = self._active.get(key)
-            if scope is not None:
-                scope.reschedule(now)
+            self._end_scope(key)
             n += 1
         return n
+
+    def _end_scope(self, key: Key) -> None:
+        """End the timeout scope the handler of ``key`` runs in, now (a CANCEL, a lost link). A
+        scope already expiring (an earlier CANCEL or its deadline) ends anyway: it is left alone,
+        as ``asyncio.Timeout`` refuses to reschedule one that is no longer entered."""
+        scope = self._active.get(key)
+        if scope is not None and not scope.expired():
+            scope.reschedule(asyncio.get_running_loop().time())
 
     def cancel(self, sender: str, msg: Message) -> None:
         """A CANCEL for a request this node is handling (or holds, waiting for a slot)."""
@@ -304,9 +309,7 @@ class Dispatcher:
             self._c.refused[Refusal.UNMATCHED_RESPONSE.value] += 1
             return
         self._cancelled.add(key)
-        scope = self._active[key]
-        if scope is not None:
-            scope.reschedule(asyncio.get_running_loop().time())
+        self._end_scope(key)
 
     # --- running a handler ----------------------------------------------------------------------
 
@@ -427,10 +430,14 @@ class Dispatcher:
         key = item.key
         if key in self._cancelled:
             when = loop.time()
-        async with asyncio.timeout_at(when) as scope:
-            if key in self._active:
-                self._active[key] = scope
-            return await aw
+        try:
+            async with asyncio.timeout_at(when) as scope:
+                if key in self._active:
+                    self._active[key] = scope
+                return await aw
+        finally:
+            if self._active.get(key) is not None:  # the scope is over: nothing can end it now
+                self._active[key] = None
 
     async def _failed(self, item: Item, exc: Exception) -> None:
         if isinstance(exc, HandlerError):
