@@ -142,6 +142,10 @@ def fuzz_runs(
             f"-seed={seed}",
             f"-artifact_prefix={work}/",
             "-print_final_stats=0",
+            # libFuzzer re-reads its output directory once a second and reruns what it finds
+            # there that is no longer in its corpus (inputs it replaced by shorter ones): on a
+            # slow machine that adds runs beyond -runs. Nothing else writes there: no reload.
+            "-reload=0",
             str(work / "new"),
             str(CORPUS / name),
         ]
