@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from a2a.types import (
     SendMessageRequest,
     TaskState,
 )
+from ports import free_port
 from starlette.applications import Starlette
 
 TOKEN = "token-for-alice-0123456789"
@@ -109,12 +109,6 @@ class Worker(AgentExecutor):
 def handler(worker: Worker, agent_card: AgentCard) -> DefaultRequestHandler:
     push = InMemoryPushNotificationConfigStore() if agent_card.capabilities.push_notifications else None
     return DefaultRequestHandler(worker, InMemoryTaskStore(), agent_card, push_config_store=push)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

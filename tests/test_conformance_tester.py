@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from iac.conformance import CASES, all_cases
 from iac.conformance.listen import CLIENT_CASES, REFUSALS
@@ -124,18 +125,11 @@ def test_wrong_to_fails_the_identity_case(node: dict[str, str]) -> None:
     assert node["id"][:16] in failed["hello.identity"]["seen"]
 
 
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(
     "url", ["tls://127.0.0.1:{tcp}", "quic://127.0.0.1:{udp}", "unix:///nonexistent/iac.sock"]
 )
 def test_unreachable_is_exit_2_and_every_case_ends_in_its_timeout(url: str) -> None:
-    url = url.format(tcp=_free_port(socket.SOCK_STREAM), udp=_free_port(socket.SOCK_DGRAM))
+    url = url.format(tcp=free_port(socket.SOCK_STREAM), udp=free_port(socket.SOCK_DGRAM))
     t0 = time.monotonic()
     out = iac(
         "conformance",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TRANSPORT_PARAMS, EchoNode, listen_url, roundtrip, run
+from ports import free_udp_port
 
 from iac.errors import ConfigError, TransportError
 from iac.transport import dial, listen
@@ -18,13 +19,6 @@ from iac.wire.identity import Identity
 
 FAST = TransportConfig(handshake_timeout=3.0, linger_timeout=0.3)
 HAVE_QUIC = "quic" in TRANSPORT_PARAMS
-
-
-def free_udp_port() -> int:
-    """A UDP port with nothing listening (bound, read, released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Recorder:

@@ -12,12 +12,12 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import HERE, ROOT, run
+from ports import free_port, free_udp_port
 
 from iac import (
     MeshClient,
@@ -394,12 +394,6 @@ def test_the_duplicate_rule_decides_by_proof_of_process_then_by_the_tie_break() 
 # --- reachability: kept connections and a registry restart ----------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def start_registry_cli(
     key: str, port: int, transport: str = "tls"
 ) -> tuple[asyncio.subprocess.Process, str]:
@@ -541,12 +535,6 @@ def test_a_quic_send_file_survives_a_receiver_restart_with_cli_defaults(tmp_path
                 await p.wait()
 
     run(main(), timeout=90)
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_send_request_and_call_go_through_a_relay_with_via(tmp_path: Path) -> None:

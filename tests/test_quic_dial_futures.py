@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import socket
 import weakref
 from typing import Any
 
 from conftest import run
+from ports import free_udp_port
 
 import iac.transport.quic.dial as dial
 from iac.errors import TransportError
@@ -36,13 +36,6 @@ class Silent(asyncio.DatagramProtocol):
         if addr not in self.sources:
             self.sources.add(addr)
             self.new_source.set()
-
-
-def closed_port() -> int:
-    """A UDP port nothing listens on (bound once, then closed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def describe(made: Any) -> str:
@@ -82,7 +75,7 @@ def test_failed_cancelled_and_successful_dials_leave_no_future() -> None:
         try:
             for _ in range(7):  # nothing listening: an ICMP unreachable or the timeout
                 with contextlib.suppress(TransportError):
-                    await dial_quic(f"quic://127.0.0.1:{closed_port()}", identity, config=FAST)
+                    await dial_quic(f"quic://127.0.0.1:{free_udp_port()}", identity, config=FAST)
                     raise AssertionError("dial to a closed port succeeded")
                 failures += 1
             for _ in range(7):  # a peer that never answers: the handshake timeout

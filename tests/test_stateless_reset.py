@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT, run
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from ports import free_udp_port
 
 from iac.transport.base import Connection
 from iac.transport.quic import dial_quic, listen_quic
@@ -81,12 +82,6 @@ def test_the_reset_rate_is_bounded_by_a_bucket_on_the_injected_clock() -> None:
     assert not bucket.take(100.01)
     assert bucket.take(100.06)  # 1/20 s later: one more
     assert sum(bucket.take(200.0) for _ in range(50)) == 5  # never more than the burst
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _nothing(conn: Connection) -> None:
