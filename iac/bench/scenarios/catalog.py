@@ -352,13 +352,13 @@ def sc_cc(ctx: Context, res: Result) -> None:
 def sc_a2a(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import a2a_calls
 
-    a2a_calls.scenario(ctx, res, run_script)
+    a2a_calls.scenario(ctx, res)
 
 
 def sc_reconnect(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import reconnect
 
-    reconnect.scenario(ctx, res, run_script)
+    reconnect.scenario(ctx, res)
 
 
 def sc_scale(ctx: Context, res: Result) -> None:

@@ -1,7 +1,7 @@
 """First delivery after a reconnect, through the Node API, at 20 ms RTT: QUIC 0-RTT vs QUIC 1-RTT
 vs TLS/TCP.
 
-    .venv/bin/python -m iac.bench.scenarios.reconnect [--quick] [--json FILE]
+    iac bench --only reconnect [--quick]
 
 One server :class:`iac.Node` listens on QUIC and TLS; each contender is a client Node that already
 spoke to it once (so a QUIC client holds a session ticket), then lost its connection. The figure is
@@ -14,14 +14,11 @@ ratios are of medians measured in the same run. Target: QUIC 0-RTT <= 0.6 x QUIC
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 from typing import Any
 
 from iac.bench.contenders.echo import TcpDelayProxy
 from iac.bench.harness.stats import median
-from iac.bench.reports import live
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.testing import Impairment, UdpRelay
@@ -29,8 +26,6 @@ from iac.testing import Impairment, UdpRelay
 ONE_WAY_DELAY = 0.010
 TARGET_0RTT = 0.6
 CONTENDERS = ("QUIC 0-RTT", "QUIC 1-RTT", "TLS/TCP")
-
-MODULE = "iac.bench.scenarios.reconnect"
 
 
 async def measure(rounds: int) -> dict[str, Any]:
@@ -110,14 +105,9 @@ def _hostport(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def scenario(ctx: Any, res: Any, run_script: Any) -> None:
-    """``iac bench --only reconnect``: this script in a child process, its figures as the suite's rows."""
-    ctx.progress("reconnect.py")
-    fill(res, run_script(ctx, "reconnect.py", ["--quick"] if ctx.quick else [], 300))
-
-
-def fill(res: Any, data: dict[str, Any]) -> None:
-    """The suite's rows of this module's output."""
+def scenario(ctx: Any, res: Any) -> None:
+    """``iac bench --only reconnect``: the measurement, its figures as the suite's rows."""
+    data = asyncio.run(measure(5 if ctx.quick else 30))
     res.baseline = "QUIC 1-RTT"
     for name, f in data["first_delivery_ms"].items():
         res.add(name, "first delivery after a reconnect, 20 ms RTT (Node API)", "ms", f, iac=True)
@@ -128,20 +118,3 @@ def fill(res: Any, data: dict[str, Any]) -> None:
         f"(target <= {TARGET_0RTT}); 0-RTT dials that resumed: {data['resumed']}/{data['rounds']}."
     )
     res.raw = data
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="5 rounds instead of 30")
-    ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args(argv)
-    data = asyncio.run(measure(5 if args.quick else 30))
-
-    def show(d: dict[str, Any]) -> None:
-        live.print_rows(MODULE, [("reconnect", fill, d)])
-
-    return live.write_or_print(data, args.json, show)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
