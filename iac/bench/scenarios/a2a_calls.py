@@ -40,7 +40,6 @@ QUICK = {"rounds": 1, "sequential": 30, "concurrent": 96, "parts": 50, "bytes_ca
 FULL = {"rounds": 5, "sequential": 500, "concurrent": 2000, "parts": 1000, "bytes_calls": 200}
 
 
-
 def available() -> str | None:
     """Why the scenario cannot run here, or None."""
     try:

@@ -29,8 +29,10 @@ def codec_json(ctx: Context) -> dict[str, Any]:
 
 
 def transport_json(ctx: Context, part: str) -> dict[str, Any]:
-    ctx.progress(f"transport.py --only {part}")
-    return run_script(ctx, "transport.py", ["--only", part, *(["--quick"] if ctx.quick else [])], 900)
+    from iac.bench.scenarios import transport
+
+    ctx.progress(f"transport: {part}")
+    return asyncio.run(transport.run(ctx.quick, part))
 
 
 # --- scenarios ----------------------------------------------------------------------------------
@@ -94,7 +96,7 @@ def rtt_rows(res: Result, data: dict[str, Any]) -> None:
         res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
         res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
     res.notes.append(
-        f"scenarios/transport.py --only rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
+        f"scenarios/transport.py, part rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
         f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
         "one event loop. "
         "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
@@ -114,7 +116,7 @@ def setup_rows(res: Result, data: dict[str, Any]) -> None:
         metric = "first delivery, loopback" if where == "loopback" else "first delivery, 20 ms RTT"
         res.add(f"IAC {what}", metric, "ms", s)
     res.notes.append(
-        f"scenarios/transport.py --only handshake: start of dial to the server's first delivered message, "
+        f"scenarios/transport.py, part handshake: start of dial to the server's first delivered message, "
         f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
         f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
         "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
@@ -146,7 +148,7 @@ def oneway_rows(res: Result, data: dict[str, Any]) -> None:
         better="higher",
     )
     res.notes.append(
-        f"iac.bench.scenarios.transport --only oneway: {data['messages_per_round']} messages per round, "
+        f"scenarios/transport.py, part oneway: {data['messages_per_round']} messages per round, "
         "one process. Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
