@@ -174,12 +174,7 @@ BROADCAST_SECURES = {
 
 def sc_broadcast(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import mesh
-    from iac.node.node import Node
 
-    if not hasattr(Node, "broadcast"):
-        res.status = "unavailable"
-        res.reason = "iac.Node has no broadcast() in this version"
-        return
     plan = BroadcastPlan((10,), 5) if ctx.quick else BroadcastPlan((10, 50, 100), 25)
     res.raw = {"sizes": list(plan.sizes), "rounds": plan.rounds, "links": {}}
     series: dict[str, dict[str, float]] = {}

@@ -63,7 +63,7 @@ from iac.testing import lanes
 from iac.testing.lanes import Lane, base_name, loop_kind
 
 TEST = TEST_CORPUS
-if importlib.util.find_spec("qh3") and importlib.util.find_spec("iac.transport.quic.backend"):
+if importlib.util.find_spec("qh3"):
     IAC = ("iac-quic", "iac-quic-qh3", "iac-tls", "iac-unix")  # type: ignore[assignment]  # the accelerated QUIC backend
 FLOORS = ("floor-quic", "floor-tls", "floor-unix")
 TRANSPORTS = ("quic", "tls", "unix")
