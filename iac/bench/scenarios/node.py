@@ -161,34 +161,20 @@ def make_client(payloads: list[Any], info: dict[str, Any], via: tuple[Any, ...] 
 
 
 @dataclass
-class Series:
-    """One figure per repetition."""
-
-    values: list[float] = field(default_factory=list)
-
-    def summary(self, digits: int = 1) -> dict[str, float] | None:
-        if not self.values:
-            return None
-        return {
-            "median": round(median(self.values), digits),
-            "min": round(min(self.values), digits),
-            "max": round(max(self.values), digits),
-        }
-
-
-@dataclass
 class Result:
+    """One figure per repetition of each measure."""
+
     name: str
-    p50_us: Series = field(default_factory=Series)
-    p99_us: Series = field(default_factory=Series)
-    rps: Series = field(default_factory=Series)
-    server_cpu_us: Series = field(default_factory=Series)
-    client_cpu_us: Series = field(default_factory=Series)
-    echo_rps: Series = field(default_factory=Series)
-    echo_server_cpu_us: Series = field(default_factory=Series)
-    echo_client_cpu_us: Series = field(default_factory=Series)
-    oneway_rate: Series = field(default_factory=Series)
-    primitives_us: Series = field(default_factory=Series)  # in sequence, right before a floor's phase
+    p50_us: list[float] = field(default_factory=list)
+    p99_us: list[float] = field(default_factory=list)
+    rps: list[float] = field(default_factory=list)
+    server_cpu_us: list[float] = field(default_factory=list)
+    client_cpu_us: list[float] = field(default_factory=list)
+    echo_rps: list[float] = field(default_factory=list)
+    echo_server_cpu_us: list[float] = field(default_factory=list)
+    echo_client_cpu_us: list[float] = field(default_factory=list)
+    oneway_rate: list[float] = field(default_factory=list)
+    primitives_us: list[float] = field(default_factory=list)  # in sequence, right before a floor's phase
     wire: dict[str, float] = field(default_factory=dict)
 
 
@@ -240,25 +226,25 @@ async def warm_up(client: Any, plan: Plan) -> None:
 async def measure_rep(client: Any, server: ServerProcess, plan: Plan, result: Result, prims: Any) -> None:
     gc.collect()
     rtts = await sequential(client.request, plan.count)
-    result.p50_us.values.append(median(rtts) * 1e6)
-    result.p99_us.values.append(percentile(rtts, 99) * 1e6)
+    result.p50_us.append(median(rtts) * 1e6)
+    result.p99_us.append(percentile(rtts, 99) * 1e6)
     if is_floor(client.name):  # what the floor's codec work costs on this machine just now
-        result.primitives_us.values.append(prims.in_sequence()["sum"])
+        result.primitives_us.append(prims.in_sequence()["sum"])
     rps, server_us, client_us = await cpu_phase(client.request, server, plan.concurrent)
-    result.rps.values.append(rps)
+    result.rps.append(rps)
     if server_us is not None:
-        result.server_cpu_us.values.append(server_us)
-    result.client_cpu_us.values.append(client_us)
+        result.server_cpu_us.append(server_us)
+    result.client_cpu_us.append(client_us)
     if is_floor(client.name):
         rps, server_us, client_us = await cpu_phase(client.echo, server, plan.concurrent)
-        result.echo_rps.values.append(rps)
+        result.echo_rps.append(rps)
         if server_us is not None:
-            result.echo_server_cpu_us.values.append(server_us)
-        result.echo_client_cpu_us.values.append(client_us)
+            result.echo_server_cpu_us.append(server_us)
+        result.echo_client_cpu_us.append(client_us)
     if isinstance(client, IacClient):
         frames = await client.prepare_oneway(plan.concurrent)
         gc.collect()
-        result.oneway_rate.values.append(await client.oneway(frames))
+        result.oneway_rate.append(await client.oneway(frames))
 
 
 async def measure_wire(
