@@ -35,25 +35,17 @@ NATS_SERVER = "nats-server"
 NATS_START_TIMEOUT = 15.0
 _LISTENING = re.compile(rb"Listening for client connections on ([\d.]+):(\d+)")
 
-#: name -> (system, signed)
+#: name -> (system, signed, label)
 KINDS = {
-    "nats": ("nats", False),
-    "nats-ed25519": ("nats", True),
-    "zmq": ("zmq", False),
-    "zmq-ed25519": ("zmq", True),
+    "nats": ("nats", False, "NATS"),
+    "nats-ed25519": ("nats", True, "NATS+Ed25519"),
+    "zmq": ("zmq", False, "ZeroMQ"),
+    "zmq-ed25519": ("zmq", True, "ZeroMQ+Ed25519"),
 }
-NAMES = {
-    "nats": "NATS",
-    "nats-ed25519": "NATS+Ed25519",
-    "zmq": "ZeroMQ",
-    "zmq-ed25519": "ZeroMQ+Ed25519",
-}
+NAMES = {name: label for name, (_, _, label) in KINDS.items()}
 #: What each secures: (encryption, per-message authentication).
 SECURES = {
-    "nats": ("none", "none"),
-    "nats-ed25519": ("none", "Ed25519 both ways"),
-    "zmq": ("none", "none"),
-    "zmq-ed25519": ("none", "Ed25519 both ways"),
+    name: ("none", "Ed25519 both ways" if signed else "none") for name, (_, signed, _) in KINDS.items()
 }
 
 
@@ -407,11 +399,11 @@ BrokerClient = NatsRequester | ZmqDealer
 
 
 def make_server(name: str, me: bytes, peer: bytes, reply: str) -> BrokerServer:
-    system, signed = KINDS[name]
+    system, signed, _ = KINDS[name]
     codec = Codec(signed, me, peer, reply)
     return NatsResponder(codec) if system == "nats" else ZmqRouter(codec)
 
 
 def make_client(name: str, me: bytes, peer: bytes, payload: str) -> BrokerClient:
-    system, signed = KINDS[name]
+    system, signed, _ = KINDS[name]
     return (NatsRequester if system == "nats" else ZmqDealer)(signed, me, peer, payload)
