@@ -8,15 +8,12 @@ with ``met: null`` and a note. CPU per request and bytes use every repetition.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import platform
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.calibrate import MIN_SCALING, PIECES
+from iac.bench.harness.environment import environment
 from iac.bench.harness.paths import RESULTS
 from iac.bench.harness.stats import median
 
@@ -50,14 +47,6 @@ TRANSPORT = {
     "http-ed25519-unix": ("HTTP/1.1 / UNIX", "Ed25519 both ways"),
     "grpc": ("HTTP/2 / TCP", "none"),
 }
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for dist in ("aioquic", "pynacl", "zstandard", "protobuf", "aiohttp", "grpcio", "uvloop"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[dist] = metadata.version(dist)
-    return out
 
 
 def _summary(values: list[float], digits: int = 1) -> dict[str, float] | None:
@@ -174,12 +163,7 @@ def build_report(
     report: dict[str, Any] = {
         "benchmark": "node",
         "command": "python -m iac.bench.scenarios.node " + " ".join(sys.argv[1:]),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "versions": versions(),
-        },
+        "machine": environment(),
         "config": {
             "sequential_per_rep": plan.count,
             "concurrent_per_rep": plan.concurrent,
