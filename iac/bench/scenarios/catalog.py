@@ -42,12 +42,12 @@ def sc_codec(ctx: Context, res: Result) -> None:
     data = codec_json(ctx)
     sp = data["speed"]["us_per_msg"]
     res.baseline = "bare PyNaCl Ed25519"
-    res.add("IAC codec", "send: encode vs sign (µs/msg)", "µs", sp["encode"])
-    res.add("bare PyNaCl Ed25519", "send: encode vs sign (µs/msg)", "µs", sp["sign"])
-    res.add("IAC codec", "receive: decode vs verify (µs/msg)", "µs", sp["decode"])
-    res.add("bare PyNaCl Ed25519", "receive: decode vs verify (µs/msg)", "µs", sp["verify"])
-    for r in res.rows:
-        r["iac"] = r["contender"] == "IAC codec"
+    for metric, codec, bare in (
+        ("send: encode vs sign", "encode", "sign"),
+        ("receive: decode vs verify", "decode", "verify"),
+    ):
+        res.add("IAC codec", f"{metric} (µs/msg)", "µs", sp[codec], iac=True)
+        res.add("bare PyNaCl Ed25519", f"{metric} (µs/msg)", "µs", sp[bare], iac=False)
     s = data["speed"]
     res.notes.append(
         f"{data['speed']['messages']} messages x {data['speed']['repetitions']} repetitions; "
@@ -133,20 +133,9 @@ def oneway_rows(res: Result, data: dict[str, Any]) -> None:
     base = "receiver decode-only (codec)"
     res.baseline = base
     res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
-    res.add(
-        "IAC-QUIC one-way, signed ahead",
-        "messages/s",
-        "msg/s",
-        data["oneway_presigned_rate"],
-        better="higher",
-    )
-    res.add(
-        "IAC-QUIC one-way, signing in loop",
-        "messages/s",
-        "msg/s",
-        data["oneway_signing_rate"],
-        better="higher",
-    )
+    for how, key in (("signed ahead", "presigned"), ("signing in loop", "signing")):
+        rate = data[f"oneway_{key}_rate"]
+        res.add(f"IAC-QUIC one-way, {how}", "messages/s", "msg/s", rate, better="higher")
     res.notes.append(
         f"scenarios/transport.py, part oneway: {data['messages_per_round']} messages per round, "
         "one process. Target: one-way >= 0.5 x the decode-only rate."
