@@ -44,9 +44,7 @@ KINDS = {
 }
 NAMES = {name: label for name, (_, _, label) in KINDS.items()}
 #: What each secures: (encryption, per-message authentication).
-SECURES = {
-    name: ("none", "Ed25519 both ways" if signed else "none") for name, (_, signed, _) in KINDS.items()
-}
+SECURES = {n: ("none", "Ed25519 both ways" if k[1] else "none") for n, k in KINDS.items()}
 
 
 def have_nats_py() -> bool:

@@ -23,7 +23,8 @@ def quic_backends() -> list[str]:
     ``IAC_QUIC_BACKEND``."""
     from iac.transport.quic import backend
 
-    return ["aioquic", *(b for b in backend.available() if b in backend.BACKENDS and b != "aioquic")]
+    found = [b for b in backend.available() if b in backend.BACKENDS and b != "aioquic"]
+    return ["aioquic", *found]
 
 
 def quic_name(backend: str) -> str:

@@ -152,7 +152,8 @@ def build_report(
             echo = [a + b for a, b in zip(r.echo_server_cpu_us, r.echo_client_cpu_us, strict=False)]
             c["per_rep"]["echo_cpu_us_per_request_at_64"] = echo
             c["per_rep"]["primitives_in_sequence_us"] = r.primitives_us
-            c["echo_cpu_us_per_request_at_64"] = _sum_medians(r.echo_server_cpu_us, r.echo_client_cpu_us)
+            echo_cpu = _sum_medians(r.echo_server_cpu_us, r.echo_client_cpu_us)
+            c["echo_cpu_us_per_request_at_64"] = echo_cpu
         contenders[name] = c
     prims: dict[str, Any] = {}
     for way in ("alone", "in_sequence"):

@@ -68,6 +68,10 @@ def headline(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def best_other(h: dict[str, Any]) -> str:
+    return "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})"
+
+
 def headline_markdown(doc: dict[str, Any]) -> list[str]:
     rows = [
         [
@@ -79,12 +83,13 @@ def headline_markdown(doc: dict[str, Any]) -> list[str]:
             _fmt(h["baseline_median"]),
             f"{h['ratio']:.2f}",
             "ahead" if h["ahead"] else "**behind**",
-            "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})",
+            best_other(h),
         ]
         for h in headline(doc)
     ]
-    head = ["scenario", "metric", "IAC", "median", "baseline", "baseline median", "× baseline", "IAC"]
-    return ["", "## Headline", "", *table([*head, "best other"], "lllrlrrll", rows)] if rows else []
+    head = ["scenario", "metric", "IAC", "median", "baseline", "baseline median", "× baseline"]
+    head += ["IAC", "best other"]
+    return ["", "## Headline", "", *table(head, "lllrlrrll", rows)] if rows else []
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -118,7 +123,8 @@ def markdown(doc: dict[str, Any]) -> str:
             rr = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
             if r["ratio"] is not None and r["baseline"] != sc["baseline"]:
                 rr += f" (vs {r['baseline']})"
-            span, unit = f"{_fmt(r['min'])} .. {_fmt(r['max'])}", f"{r['unit']} ({r['better']} is better)"
+            unit = f"{r['unit']} ({r['better']} is better)"
+            span = f"{_fmt(r['min'])} .. {_fmt(r['max'])}"
             rows.append([r["metric"], r["contender"], _fmt(r["median"]), span, unit, rr])
         head = ["metric", "contender", "median", "min .. max", "unit", "× baseline"]
         lines += table(head, "llrrlr", rows)

@@ -96,7 +96,8 @@ def rtt_rows(res: Result, data: dict[str, Any]) -> None:
         res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
         res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
     res.notes.append(
-        f"scenarios/transport.py, part rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
+        f"scenarios/transport.py, part rtt: {data['rounds']} rounds x "
+        f"{data['round_trips_per_round']} "
         f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
         "one event loop. "
         "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
@@ -116,7 +117,8 @@ def setup_rows(res: Result, data: dict[str, Any]) -> None:
         metric = "first delivery, loopback" if where == "loopback" else "first delivery, 20 ms RTT"
         res.add(f"IAC {what}", metric, "ms", s)
     res.notes.append(
-        f"scenarios/transport.py, part handshake: start of dial to the server's first delivered message, "
+        "scenarios/transport.py, part handshake: start of dial to the server's first delivered "
+        "message, "
         f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
         f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
         "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."

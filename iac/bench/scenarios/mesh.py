@@ -359,7 +359,8 @@ async def main() -> None:
     args = ap.parse_args()
     rounds = 3 if args.quick else 10
     mib = args.file_mib or (16 if args.quick else 128)
-    results: dict[str, Any] = {"broadcast": [await bench_broadcast(n, rounds) for n in (10, 50, 100)]}
+    broadcasts = [await bench_broadcast(n, rounds) for n in (10, 50, 100)]
+    results: dict[str, Any] = {"broadcast": broadcasts}
     results["relay"] = await bench_relay(1000 if args.quick else 5000)
     work = Path(tempfile.mkdtemp(prefix="iacfm-"))
     try:

@@ -174,7 +174,7 @@ class Result:
     echo_server_cpu_us: list[float] = field(default_factory=list)
     echo_client_cpu_us: list[float] = field(default_factory=list)
     oneway_rate: list[float] = field(default_factory=list)
-    primitives_us: list[float] = field(default_factory=list)  # in sequence, right before a floor's phase
+    primitives_us: list[float] = field(default_factory=list)  # in sequence, before a floor's phase
     wire: dict[str, float] = field(default_factory=dict)
 
 
