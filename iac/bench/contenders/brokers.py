@@ -209,21 +209,24 @@ class NatsServerProcess:
 # --- NATS -----------------------------------------------------------------------------------------
 
 
-class NatsResponder:
-    """The server endpoint: its own nats-server, and a responder subscribed to :data:`SUBJECT`."""
+class Responder:
+    """A server endpoint: it answers with its :class:`Codec`."""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
-        self.server = NatsServerProcess()
 
     @property
     def handled(self) -> int:
         return self.codec.handled
 
+
+class NatsResponder(Responder):
+    """The server endpoint: its own nats-server, and a responder subscribed to :data:`SUBJECT`."""
+
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         import nats
 
-        self.server.host = host
+        self.server = NatsServerProcess(host)
         url = await self.server.start()
         self.nc = await nats.connect(servers=[url], allow_reconnect=False)
 
@@ -264,15 +267,8 @@ class NatsRequester(Sender):
 # --- ZeroMQ ---------------------------------------------------------------------------------------
 
 
-class ZmqRouter:
+class ZmqRouter(Responder):
     """The server endpoint: a ROUTER socket answering each request in order of arrival."""
-
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-
-    @property
-    def handled(self) -> int:
-        return self.codec.handled
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         import zmq

@@ -82,24 +82,17 @@ def sc_bytes(ctx: Context, res: Result) -> None:
 
 
 def sc_rtt(ctx: Context, res: Result) -> None:
-    rtt_rows(res, transport_json(ctx, "rtt")["rtt"])
-
-
-def rtt_rows(res: Result, data: dict[str, Any]) -> None:
-    cases = data["cases"]
-    rename = {"bare aioquic echo": "bare aioquic echo", "bare TLS echo": "bare TLS echo"}
+    data = transport_json(ctx, "rtt")["rtt"]
     res.baseline = "bare aioquic echo"
-    for name, c in cases.items():
-        who = rename.get(name, name)
-        base = "bare TLS echo" if name in ("IAC-TLS", "IAC-UNIX") else "bare aioquic echo"
+    for who, c in data["cases"].items():
+        base = "bare TLS echo" if who in ("IAC-TLS", "IAC-UNIX") else "bare aioquic echo"
         res.add(who, "RTT p50, 1 in flight", "µs", c["p50_us"], baseline=base)
         res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
         res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
     res.notes.append(
         f"scenarios/transport.py, part rtt: {data['rounds']} rounds x "
-        f"{data['round_trips_per_round']} "
-        f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
-        "one event loop. "
+        f"{data['round_trips_per_round']} round trips and {data['requests_per_round_at_64']} "
+        "requests at 64 in flight; one process, one event loop. "
         "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
         "Target: IAC-QUIC p50 <= 1.8 x bare aioquic."
     )
@@ -107,10 +100,7 @@ def rtt_rows(res: Result, data: dict[str, Any]) -> None:
 
 
 def sc_setup(ctx: Context, res: Result) -> None:
-    setup_rows(res, transport_json(ctx, "handshake")["handshake"])
-
-
-def setup_rows(res: Result, data: dict[str, Any]) -> None:
+    data = transport_json(ctx, "handshake")["handshake"]
     res.baseline = "IAC TLS/TCP"
     for case, s in data["cases_ms"].items():
         where, what = case.split(" ", 1)
@@ -118,8 +108,8 @@ def setup_rows(res: Result, data: dict[str, Any]) -> None:
         res.add(f"IAC {what}", metric, "ms", s)
     res.notes.append(
         "scenarios/transport.py, part handshake: start of dial to the server's first delivered "
-        "message, "
-        f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
+        f"message, {data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP "
+        "delay proxy. "
         f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
         "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
     )
@@ -127,11 +117,7 @@ def setup_rows(res: Result, data: dict[str, Any]) -> None:
 
 
 def sc_oneway(ctx: Context, res: Result) -> None:
-    oneway_rows(res, transport_json(ctx, "oneway")["oneway"])
-    oneway_between_processes(ctx, res)
-
-
-def oneway_rows(res: Result, data: dict[str, Any]) -> None:
+    data = transport_json(ctx, "oneway")["oneway"]
     base = "receiver decode-only (codec)"
     res.baseline = base
     res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
@@ -143,6 +129,7 @@ def oneway_rows(res: Result, data: dict[str, Any]) -> None:
         "one process. Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
+    oneway_between_processes(ctx, res)
 
 
 @dataclass(frozen=True)
