@@ -317,8 +317,7 @@ def scenario(ctx: Any, res: Any) -> None:
         res.add(name, "SendMessage p50, 1 in flight", "µs", f["p50_us"])
         res.add(name, "SendMessage calls/s, 64 in flight", "calls/s", f["rps_64"], better="higher")
         res.add(name, "streamed parts/s, one stream", "parts/s", f["parts_per_s"], better="higher")
-        b = data["bytes_per_call"][name]
-        res.add(name, "bytes per SendMessage at the socket", "B", {"median": b, "min": b, "max": b, "n": 1})
+        res.add(name, "bytes per SendMessage at the socket", "B", [data["bytes_per_call"][name]])
     for r in res.rows:
         r["iac"] = r["contender"] != HTTP
     plan = data["plan"]

@@ -17,6 +17,7 @@ from iac.bench.contenders import brokers, endpoints
 from iac.bench.harness.environment import quic_name
 from iac.bench.harness.results import Context, Result, interleave_async, run_script
 from iac.bench.harness.stats import median
+from iac.bench.reports.figures_tables import BYTES_METRIC, SIZE_ROWS
 from iac.bench.scenarios.requests import oneway_between_processes
 
 
@@ -59,19 +60,9 @@ def sc_codec(ctx: Context, res: Result) -> None:
 
 def sc_bytes(ctx: Context, res: Result) -> None:
     data = codec_json(ctx)
-    rows = data["sizes"]["rows"]
-    base = "HTTP/1.1 POST + JSON + SHA-256"
-    res.baseline = base
-    metric = "bytes per message (test.jsonl)"
-    one = {"n": 1}
-    for name, key in (
-        ("IAC frame, zstd + dictionary", "frame_zstd_dict"),
-        ("IAC frame, zstd without dictionary", "frame_zstd"),
-        ("IAC frame, uncompressed", "frame_raw"),
-        (base, "http_json_sha256"),
-    ):
-        m = rows[key]["mean"]
-        res.add(name, metric, "B", {"median": m, "min": m, "max": m, **one}, iac=name.startswith("IAC"))
+    res.baseline = SIZE_ROWS["http_json_sha256"]
+    for key, name in SIZE_ROWS.items():  # the rows the report shows beside codec.py's own
+        res.add(name, BYTES_METRIC, "B", [data["sizes"]["rows"][key]["mean"]])
     res.notes.append(
         "Frame bytes as sent (signed Message + frame header), each message compressed alone; HTTP is "
         "the request line, four headers and the JSON body (a lower bound: real clients add headers). "
