@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -436,16 +436,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     base = QUICK if args.quick else FULL
     count = args.count or base.count
-    args.plan = Plan(
-        count=count,
-        reps=args.reps or base.reps,
-        warm_seq=base.warm_seq,
-        warm_conc=base.warm_conc,
-        bytes_requests=min(count, base.bytes_requests),
-        bytes_warmup=base.bytes_warmup,
-        settle_s=base.settle_s,
-        calibration_s=base.calibration_s,
-    )
+    reps, bytes_requests = args.reps or base.reps, min(count, base.bytes_requests)
+    args.plan = replace(base, count=count, reps=reps, bytes_requests=bytes_requests)
     if not 1 <= args.plan.count <= 100_000 or not 1 <= args.plan.reps <= 100:
         ap.error("--count must be in 1..100000 and --reps in 1..100")
     loop = args.loop or ("both" if lanes.uvloop_installed() else "asyncio")
