@@ -212,27 +212,11 @@ async def parts_per_second(c: Contender, parts: int) -> float:
 async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n: int, workdir: str) -> float:
     """Bytes at the socket per SendMessage, both ways, on a fresh connection (after a warm-up)."""
 
-    relay: Any
-    if name == IAC["quic"]:
-        host, port = info["quic"].removeprefix("quic://").rsplit(":", 1)
-        relay = counting.counting_udp_relay((host, int(port)))
-        rhost, rport = await relay.start()
-        via = f"quic://{rhost}:{rport}"
-    else:
-        if name == HTTP:
-            host, port = info["http"].removeprefix("http://").rstrip("/").rsplit(":", 1)
-            target: tuple[Any, ...] = ("tcp", host, int(port))
-        elif name == IAC["tls"]:
-            host, port = info["tls"].removeprefix("tls://").rsplit(":", 1)
-            target = ("tcp", host, int(port))
-        else:
-            target = ("unix", info["unix"].removeprefix("unix://"))
-        relay = counting.CountingProxy(target, listen_path=f"{workdir}/proxy-{len(name)}.sock")
-        addr = await relay.start()
-        if addr[0] == "unix":
-            via = f"unix://{addr[1]}"
-        else:
-            via = f"{'http' if name == HTTP else 'tls'}://{addr[1]}:{addr[2]}" + ("/" if name == HTTP else "")
+    url = info[{HTTP: "http", IAC["quic"]: "quic", IAC["tls"]: "tls"}.get(name, "unix")]
+    relay, addr = await counting.relay_for(url, f"{workdir}/proxy-{len(name)}.sock")
+    scheme = url.split("://")[0]
+    via = f"unix://{addr[1]}" if addr[0] == "unix" else f"{scheme}://{addr[1]}:{addr[2]}"
+    via += "/" if scheme == "http" else ""
     c = Contender(name, info, via)
     try:
         await c.start()

@@ -251,25 +251,13 @@ async def measure_wire(
     name: str, info: dict[str, Any], payloads: list[Any], workdir: Path, plan: Plan
 ) -> dict[str, float]:
     """Bytes at the socket per request, through a counting relay (see the module docstring)."""
-    relay: Any
-    if (is_iac(name) or is_floor(name)) and transport_of(name) == "quic":
-        host, port = (
-            _host_port(info["url"].removeprefix("quic://")) if is_iac(name) else (info["host"], info["port"])
-        )
-        relay = counting.counting_udp_relay((host, int(port)))
-        rhost, rport = await relay.start()
-        via: tuple[Any, ...] = ("udp", rhost, rport)
+    listen_path = str(workdir / f"proxy-{name}.sock")
+    if is_iac(name):
+        relay, via = await counting.relay_for(info["url"], listen_path)
+    elif is_floor(name) and transport_of(name) == "quic":
+        relay, via = await counting.relay_for(f"quic://{info['host']}:{info['port']}", listen_path)
     else:
-        if is_iac(name):
-            url = info["url"]
-            target: tuple[Any, ...] = (
-                ("unix", url.removeprefix("unix://"))
-                if url.startswith("unix://")
-                else ("tcp", *_host_port(url.removeprefix("tls://")))
-            )
-        else:
-            target = baselines.server_target(info)
-        relay = CountingProxy(target, listen_path=str(workdir / f"proxy-{name}.sock"))
+        relay = CountingProxy(baselines.server_target(info), listen_path=listen_path)
         via = await relay.start()
     client = make_client(payloads, info, via)
     try:
@@ -292,11 +280,6 @@ async def measure_wire(
     finally:
         await client.close()
         await relay.close()
-
-
-def _host_port(s: str) -> tuple[str, int]:
-    host, port = s.rsplit(":", 1)
-    return host, int(port)
 
 
 # --- the run ----------------------------------------------------------------------------------

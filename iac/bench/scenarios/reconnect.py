@@ -18,6 +18,7 @@ import asyncio
 from typing import Any
 
 from iac.bench.contenders.echo import TcpDelayProxy
+from iac.bench.harness.counting import host_port
 from iac.bench.harness.stats import median
 from iac.node.config import NodeConfig
 from iac.node.node import Node
@@ -39,9 +40,9 @@ async def measure(rounds: int) -> dict[str, Any]:
 
         server.on("RUN")(handler)
         quic, tls = server.addresses[0], server.addresses[1]
-        relay = UdpRelay(_hostport(quic), Impairment(delay=ONE_WAY_DELAY))
+        relay = UdpRelay(host_port(quic), Impairment(delay=ONE_WAY_DELAY))
         rhost, rport = await relay.start()
-        proxy = TcpDelayProxy(_hostport(tls), ONE_WAY_DELAY)
+        proxy = TcpDelayProxy(host_port(tls), ONE_WAY_DELAY)
         pport = await proxy.start()
         far_quic = f"quic://{rhost}:{rport}"
         urls = {"QUIC 0-RTT": far_quic, "QUIC 1-RTT": far_quic, "TLS/TCP": f"tls://127.0.0.1:{pport}"}
@@ -98,11 +99,6 @@ async def _first_delivery(client: Node, server: str, arrived: asyncio.Queue[floa
         while client.stats().peer_state["session_tickets"] == 0 and loop.time() < deadline:
             await asyncio.sleep(0.005)
     return took
-
-
-def _hostport(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host, int(port)
 
 
 def scenario(ctx: Any, res: Any) -> None:

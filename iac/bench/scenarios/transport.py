@@ -59,6 +59,7 @@ from iac.bench.contenders.echo import (
     tls_echo,
 )
 from iac.bench.contenders.floor import CONFIG, DICTS
+from iac.bench.harness.counting import host_port
 from iac.bench.harness.results import summarize as summary
 from iac.bench.harness.stats import median, percentile
 from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
@@ -216,10 +217,10 @@ class Bench:
     async def part_handshake(self) -> dict[str, Any]:
         plan = self.plan
         urls = {"quic": self.url("quic"), "tls": self.url("tls"), "unix": self.url("unix")}
-        relay = UdpRelay(_hostport(urls["quic"]), Impairment(delay=ONE_WAY_DELAY))
+        relay = UdpRelay(host_port(urls["quic"]), Impairment(delay=ONE_WAY_DELAY))
         rhost, rport = await relay.start()
         self.cleanup.append(relay.close)
-        proxy = TcpDelayProxy(_hostport(urls["tls"]), ONE_WAY_DELAY)
+        proxy = TcpDelayProxy(host_port(urls["tls"]), ONE_WAY_DELAY)
         pport = await proxy.start()
         self.cleanup.append(proxy.close)
         far = {"quic": f"quic://{rhost}:{rport}", "tls": f"tls://127.0.0.1:{pport}"}
@@ -322,11 +323,6 @@ class Bench:
             "oneway_signing_rate": summary(rate_enc),
             "ratio": summary(ratio),
         }
-
-
-def _hostport(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host.strip("[]"), int(port)
 
 
 async def _until(cond: Callable[[], bool], timeout: float) -> None:
