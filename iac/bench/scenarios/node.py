@@ -57,7 +57,7 @@ from iac.bench.contenders.iacnode import IAC, IacClient, start_iac, transport_of
 from iac.bench.harness import counting, process
 from iac.bench.harness.counting import CountingProxy
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.harness.process import ServerProcess
+from iac.bench.harness.process import Endpoint
 from iac.bench.harness.stats import median, percentile
 from iac.testing import lanes
 from iac.testing.lanes import Lane, base_name, loop_kind
@@ -204,12 +204,12 @@ async def concurrent(request: Request, n: int, in_flight: int = IN_FLIGHT) -> fl
     return time.perf_counter() - t
 
 
-async def cpu_phase(request: Request, server: ServerProcess, n: int) -> tuple[float, float | None, float]:
+async def cpu_phase(request: Request, proc: Endpoint, n: int) -> tuple[float, float | None, float]:
     """``n`` requests at 64 in flight: requests/s, server and client CPU µs per request."""
     gc.collect()
-    s0, c0 = server.cpu_seconds(), time.process_time()
+    s0, c0 = proc.cpu_seconds(), time.process_time()
     elapsed = await concurrent(request, n)
-    s1, c1 = server.cpu_seconds(), time.process_time()
+    s1, c1 = proc.cpu_seconds(), time.process_time()
     server_us = None if s0 is None or s1 is None else (s1 - s0) / n * 1e6
     return n / elapsed, server_us, (c1 - c0) / n * 1e6
 
@@ -223,20 +223,20 @@ async def warm_up(client: Any, plan: Plan) -> None:
         await client.oneway(await client.prepare_oneway(plan.warm_conc))
 
 
-async def measure_rep(client: Any, server: ServerProcess, plan: Plan, result: Result, prims: Any) -> None:
+async def measure_rep(client: Any, proc: Endpoint, plan: Plan, result: Result, prims: Any) -> None:
     gc.collect()
     rtts = await sequential(client.request, plan.count)
     result.p50_us.append(median(rtts) * 1e6)
     result.p99_us.append(percentile(rtts, 99) * 1e6)
     if is_floor(client.name):  # what the floor's codec work costs on this machine just now
         result.primitives_us.append(prims.in_sequence()["sum"])
-    rps, server_us, client_us = await cpu_phase(client.request, server, plan.concurrent)
+    rps, server_us, client_us = await cpu_phase(client.request, proc, plan.concurrent)
     result.rps.append(rps)
     if server_us is not None:
         result.server_cpu_us.append(server_us)
     result.client_cpu_us.append(client_us)
     if is_floor(client.name):
-        rps, server_us, client_us = await cpu_phase(client.echo, server, plan.concurrent)
+        rps, server_us, client_us = await cpu_phase(client.echo, proc, plan.concurrent)
         result.echo_rps.append(rps)
         if server_us is not None:
             result.echo_server_cpu_us.append(server_us)
@@ -314,7 +314,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     def lane(name: str) -> Lane:
         return lane_by_kind[loop_kind(name)]
 
-    servers: dict[str, ServerProcess] = {}
+    servers: dict[str, Endpoint] = {}
     clients: dict[str, Client] = {}
     results = {name: Result(name) for name in names}
     extra = Run()
@@ -322,18 +322,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     prims = Primitives(payloads)
     try:
         calibrating = asyncio.get_running_loop().run_in_executor(None, calibrator.start)
-        started = await asyncio.gather(
-            *(
-                process.spawn_server(
-                    "iac.bench.scenarios.node", n, workdir, profile_file if n == args.profile else None
-                )
-                for n in names
-            )
-        )
-        servers = {s.name: s for s in started}
+
+        def start(n: str) -> None:  # in threads, at once; each is closed below once it started
+            profile = profile_file if n == args.profile else None
+            servers[n] = process.server_endpoint("iac.bench.scenarios.node", n, workdir, profile)
+
+        await asyncio.gather(*(asyncio.to_thread(start, n) for n in names))
         say(args, f"{len(servers)} servers started")
         for name in names:
-            clients[name] = make_client(payloads, servers[name].info)
+            clients[name] = make_client(payloads, servers[name].first)
             await lane(name).run(clients[name].start())
         say(args, f"clients connected; warm-up: {len(names)} contenders")
         for name in names:
@@ -353,13 +350,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         say(args, "bytes on the wire")
         for name in names:
             results[name].wire = await lane(name).run(
-                measure_wire(name, servers[name].info, payloads, workdir, plan)
+                measure_wire(name, servers[name].first, payloads, workdir, plan)
             )
     finally:
         for name, c in clients.items():
             with contextlib.suppress(Exception):
                 await lane(name).run(c.close())
-        await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
+        closing = (asyncio.to_thread(s.close) for s in servers.values())
+        await asyncio.gather(*closing, return_exceptions=True)
         for ln in lane_by_kind.values():
             ln.close()
         calibrator.close()
