@@ -81,6 +81,20 @@ def interleave(
     return asyncio.run(interleave_async({k: step(fn) for k, fn in steps.items()}, rounds, warmup, on_round))
 
 
+async def at_depth(call: Callable[[int], Awaitable[object]], n: int, depth: int) -> float:
+    """``call(0)`` … ``call(n - 1)`` with ``depth`` outstanding (workers sharing one counter); the
+    elapsed seconds."""
+    ids = iter(range(n))
+
+    async def worker() -> None:
+        for i in ids:
+            await call(i)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(depth)))
+    return time.perf_counter() - t
+
+
 def ratio(value: float | None, base: float | None) -> float | None:
     if value is None or base is None or base == 0:
         return None

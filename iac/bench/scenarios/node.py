@@ -58,6 +58,7 @@ from iac.bench.harness import counting, process
 from iac.bench.harness.counting import CountingProxy
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.process import Endpoint
+from iac.bench.harness.results import at_depth
 from iac.bench.harness.stats import median, percentile
 from iac.testing import lanes
 from iac.testing.lanes import Lane, base_name, loop_kind
@@ -191,24 +192,11 @@ async def sequential(request: Request, n: int) -> list[float]:
     return rtts
 
 
-async def concurrent(request: Request, n: int, in_flight: int = IN_FLIGHT) -> float:
-    """Run ``n`` requests with ``in_flight`` workers; return the elapsed seconds."""
-    counter = iter(range(n))
-
-    async def worker() -> None:
-        for i in counter:
-            await request(i)
-
-    t = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
-    return time.perf_counter() - t
-
-
 async def cpu_phase(request: Request, proc: Endpoint, n: int) -> tuple[float, float | None, float]:
     """``n`` requests at 64 in flight: requests/s, server and client CPU µs per request."""
     gc.collect()
     s0, c0 = proc.cpu_seconds(), time.process_time()
-    elapsed = await concurrent(request, n)
+    elapsed = await at_depth(request, n, IN_FLIGHT)
     s1, c1 = proc.cpu_seconds(), time.process_time()
     server_us = None if s0 is None or s1 is None else (s1 - s0) / n * 1e6
     return n / elapsed, server_us, (c1 - c0) / n * 1e6
@@ -216,9 +204,9 @@ async def cpu_phase(request: Request, proc: Endpoint, n: int) -> tuple[float, fl
 
 async def warm_up(client: Any, plan: Plan) -> None:
     await sequential(client.request, plan.warm_seq)
-    await concurrent(client.request, plan.warm_conc)
+    await at_depth(client.request, plan.warm_conc, IN_FLIGHT)
     if is_floor(client.name):
-        await concurrent(client.echo, plan.warm_conc)
+        await at_depth(client.echo, plan.warm_conc, IN_FLIGHT)
     if isinstance(client, IacClient):
         await client.oneway(await client.prepare_oneway(plan.warm_conc))
 

@@ -50,6 +50,7 @@ from typing import Any
 
 from iac.bench.contenders import baselines
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.results import at_depth
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -156,17 +157,7 @@ MATRIX = (
 async def run_requests(request: Request, n: int, in_flight: int, walls: list[float] | None = None) -> float:
     """``n`` requests, ``in_flight`` at a time; CPU µs per round trip (and requests/s to ``walls``)."""
     c0, w0 = time.process_time(), time.perf_counter()
-    if in_flight == 1:
-        for i in range(n):
-            await request(i)
-    else:
-        it = iter(range(n))
-
-        async def worker() -> None:
-            for i in it:
-                await request(i)
-
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
+    await at_depth(request, n, in_flight)
     if walls is not None:
         walls.append(n / (time.perf_counter() - w0))
     return (time.process_time() - c0) / n * 1e6

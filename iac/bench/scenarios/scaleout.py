@@ -36,12 +36,14 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines
 from iac.bench.harness import process
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.results import at_depth
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -91,18 +93,15 @@ async def client_main(url: str, peer: str, count: int, payload_file: Path) -> No
     payloads = json.loads(payload_file.read_text())
     async with Node() as node:
         node.add_peer(peer, url)
-        for i in range(50):
-            await node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
+
+        def request(i: int) -> Awaitable[object]:
+            return node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
+
+        await at_depth(request, 50, 1)
         print("ready", flush=True)
         sys.stdin.readline()  # the parent starts every client at once
-        it = iter(range(count))
-
-        async def worker() -> None:
-            for i in it:
-                await node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
-
         t0 = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+        await at_depth(request, count, IN_FLIGHT)
         print(json.dumps({"start": t0, "end": time.monotonic(), "n": count}), flush=True)
 
 
