@@ -9,7 +9,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +122,6 @@ def sc_oneway(ctx: Context, res: Result) -> None:
     oneway_between_processes(ctx, res)
 
 
-@dataclass(frozen=True)
-class BroadcastPlan:
-    sizes: tuple[int, ...]
-    rounds: int
-
-
 #: What each broadcast contender secures (all on UNIX sockets or loopback TCP, none encrypted).
 _IAC_LOCAL = "encryption: none (local socket); per-message authentication: Ed25519, replay check"
 BROADCAST_SECURES = {
@@ -144,8 +137,8 @@ BROADCAST_SECURES = {
 def sc_broadcast(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import mesh
 
-    plan = BroadcastPlan((10,), 5) if ctx.quick else BroadcastPlan((10, 50, 100), 25)
-    res.raw = {"sizes": list(plan.sizes), "rounds": plan.rounds, "links": {}}
+    sizes, rounds = ((10,), 5) if ctx.quick else ((10, 50, 100), 25)
+    res.raw = {"sizes": list(sizes), "rounds": rounds, "links": {}}
     series: dict[str, dict[str, float]] = {}
     warmup = 2
 
@@ -170,9 +163,9 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
             steps = {label: counted(label, fn) for label, fn in bench.contenders().items()}
             figs = await interleave_async(
                 steps,
-                plan.rounds,
+                rounds,
                 warmup=warmup,
-                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{plan.rounds}"),
+                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{rounds}"),
             )
             for label in sent:  # the first entries are the warm-ups
                 sent[label] = sent[label][warmup:]
@@ -183,7 +176,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
 
     base = mesh.HTTP_ED25519 if endpoints.have_aiohttp() else mesh.IAC_FANOUT
     res.baseline = base
-    for n in plan.sizes:
+    for n in sizes:
         figs, sent, links = asyncio.run(one_size(n))
         res.raw["links"][str(n)] = links
         for label, values in figs.items():
@@ -213,7 +206,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
         "server, one body (Ed25519-signed once, or hashed once) POSTed to all N-1 at once; each server "
         f"verifies it. NATS fan-out: one publish on a subject that N-1 subscriber connections (in this "
         "process) receive through a nats-server on loopback; +Ed25519 signs it once, each subscriber "
-        f"verifies it. {plan.rounds} rounds after 2 warm-ups, turns A B … B A."
+        f"verifies it. {rounds} rounds after 2 warm-ups, turns A B … B A."
     )
     why = brokers.missing("nats")
     if why:
