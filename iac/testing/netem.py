@@ -303,22 +303,10 @@ class Link:
                 _ip("-n", ns, "tuntap", "add", "dev", tun, "mode", "tun")
                 _ip("-n", ns, "addr", "add", f"{addr}/{PREFIX}", "dev", tun)
                 _ip("-n", ns, "link", "set", tun, "up")
-            argv = [
-                sys.executable,
-                "-m",
-                "iac.testing.netem",
-                "forward",
-                self.ns_a,
-                self.tun_a,
-                self.ns_b,
-                self.tun_b,
-                "--seed",
-                str(self.seed),
-                "--impairment",
-                json.dumps(asdict(self.impairment)),
-                "--bottleneck",
-                json.dumps(None if self.bottleneck is None else asdict(self.bottleneck)),
-            ]
+            imp, b = asdict(self.impairment), None if self.bottleneck is None else asdict(self.bottleneck)
+            argv = [sys.executable, "-m", "iac.testing.netem", "forward", self.ns_a, self.tun_a, self.ns_b]
+            argv += [self.tun_b, "--seed", str(self.seed), "--impairment", json.dumps(imp)]
+            argv += ["--bottleneck", json.dumps(b)]
             self.forwarder = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
             )
@@ -393,10 +381,9 @@ class Link:
 def _stop(proc: subprocess.Popen[Any], grace: float = 3.0) -> None:
     if proc.poll() is not None:
         return
-    for stream in (proc.stdin,):
-        with contextlib.suppress(OSError, ValueError):
-            if stream is not None:
-                stream.close()
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdin is not None:
+            proc.stdin.close()
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:

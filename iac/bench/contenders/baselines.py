@@ -1,7 +1,7 @@
 """Baseline contenders for the IAC benchmarks, and the tools that count bytes at the socket.
 
-Servers run in their own process (``process.spawn_server`` starts ``<script> --serve NAME`` and
-reads one JSON line with the address); clients run in the benchmark's process. Every
+Servers run in their own process (``process.server_endpoint`` starts ``<script> --serve NAME``
+and reads one JSON line with the address); clients run in the benchmark's process. Every
 contender answers the same request/reply exchange: the client sends a payload (a JSON value
 from the suite's ``corpus/test.jsonl``) and waits for a reply; the server parses the payload
 and answers ``{"ok": true, "keys": <number of top-level keys>}``.
@@ -413,7 +413,7 @@ async def serve(start: Callable[[], Awaitable[Server]], profile: str | None = No
         prof = cProfile.Profile()
         prof.enable()
     server = await start()
-    info = {**server.info, "pid": os.getpid()}
+    info = {"ready": True, **server.info, "pid": os.getpid()}
     sys.stdout.write(json.dumps(info) + "\n")
     sys.stdout.flush()
     loop = asyncio.get_running_loop()

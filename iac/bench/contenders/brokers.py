@@ -35,26 +35,16 @@ NATS_SERVER = "nats-server"
 NATS_START_TIMEOUT = 15.0
 _LISTENING = re.compile(rb"Listening for client connections on ([\d.]+):(\d+)")
 
-#: name -> (system, signed)
+#: name -> (system, signed, label)
 KINDS = {
-    "nats": ("nats", False),
-    "nats-ed25519": ("nats", True),
-    "zmq": ("zmq", False),
-    "zmq-ed25519": ("zmq", True),
+    "nats": ("nats", False, "NATS"),
+    "nats-ed25519": ("nats", True, "NATS+Ed25519"),
+    "zmq": ("zmq", False, "ZeroMQ"),
+    "zmq-ed25519": ("zmq", True, "ZeroMQ+Ed25519"),
 }
-NAMES = {
-    "nats": "NATS",
-    "nats-ed25519": "NATS+Ed25519",
-    "zmq": "ZeroMQ",
-    "zmq-ed25519": "ZeroMQ+Ed25519",
-}
+NAMES = {name: label for name, (_, _, label) in KINDS.items()}
 #: What each secures: (encryption, per-message authentication).
-SECURES = {
-    "nats": ("none", "none"),
-    "nats-ed25519": ("none", "Ed25519 both ways"),
-    "zmq": ("none", "none"),
-    "zmq-ed25519": ("none", "Ed25519 both ways"),
-}
+SECURES = {n: ("none", "Ed25519 both ways" if k[1] else "none") for n, k in KINDS.items()}
 
 
 def have_nats_py() -> bool:
@@ -219,21 +209,24 @@ class NatsServerProcess:
 # --- NATS -----------------------------------------------------------------------------------------
 
 
-class NatsResponder:
-    """The server endpoint: its own nats-server, and a responder subscribed to :data:`SUBJECT`."""
+class Responder:
+    """A server endpoint: it answers with its :class:`Codec`."""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
-        self.server = NatsServerProcess()
 
     @property
     def handled(self) -> int:
         return self.codec.handled
 
+
+class NatsResponder(Responder):
+    """The server endpoint: its own nats-server, and a responder subscribed to :data:`SUBJECT`."""
+
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         import nats
 
-        self.server.host = host
+        self.server = NatsServerProcess(host)
         url = await self.server.start()
         self.nc = await nats.connect(servers=[url], allow_reconnect=False)
 
@@ -274,15 +267,8 @@ class NatsRequester(Sender):
 # --- ZeroMQ ---------------------------------------------------------------------------------------
 
 
-class ZmqRouter:
+class ZmqRouter(Responder):
     """The server endpoint: a ROUTER socket answering each request in order of arrival."""
-
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-
-    @property
-    def handled(self) -> int:
-        return self.codec.handled
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         import zmq
@@ -407,11 +393,11 @@ BrokerClient = NatsRequester | ZmqDealer
 
 
 def make_server(name: str, me: bytes, peer: bytes, reply: str) -> BrokerServer:
-    system, signed = KINDS[name]
+    system, signed, _ = KINDS[name]
     codec = Codec(signed, me, peer, reply)
     return NatsResponder(codec) if system == "nats" else ZmqRouter(codec)
 
 
 def make_client(name: str, me: bytes, peer: bytes, payload: str) -> BrokerClient:
-    system, signed = KINDS[name]
+    system, signed, _ = KINDS[name]
     return (NatsRequester if system == "nats" else ZmqDealer)(signed, me, peer, payload)

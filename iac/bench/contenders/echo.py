@@ -20,7 +20,8 @@ from aioquic.quic.connection import QuicConnection
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from iac.bench.contenders.floor import CONFIG, DICT, now_us
+from iac.bench.contenders.baselines import now_us
+from iac.bench.contenders.floor import CONFIG, DICT
 from iac.protocol.replay import ReplayGuard, require_new
 from iac.stores.memory import MemoryReplayStore
 from iac.transport.base import Connection, Incoming

@@ -39,34 +39,25 @@ from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SER
 from iac.bench.harness.paths import child_env, module_argv
 from iac.bench.harness.process import Endpoint, Pair, commands, say
 
-NAMES = {
-    "iac-quic": "IAC-QUIC",
-    "iac-tls": "IAC-TLS/TCP",
-    "iac-unix": "IAC-UNIX",
-    "http": "HTTP+JSON+SHA-256",
-    "http-ed25519": "HTTP+Ed25519 JSON",
-    "http-ed25519-tls": "HTTPS+Ed25519 JSON",
-    "http-ed25519-unix": "HTTP+Ed25519 JSON/UNIX",
-    "grpc": "gRPC unary (no auth)",
-    **brokers.NAMES,
+_SIGNED, _TLS = "Ed25519 both ways", "TLS 1.3"
+#: contender -> (label, encryption, per-message authentication)
+CONTENDERS = {
+    "iac-quic": ("IAC-QUIC", "QUIC (TLS 1.3)", f"{_SIGNED}, replay check"),
+    "iac-tls": ("IAC-TLS/TCP", _TLS, f"{_SIGNED}, replay check"),
+    "iac-unix": ("IAC-UNIX", "none (local socket)", f"{_SIGNED}, replay check"),
+    "http": ("HTTP+JSON+SHA-256", "none", "SHA-256 of payload + shared password"),
+    "http-ed25519": ("HTTP+Ed25519 JSON", "none", _SIGNED),
+    "http-ed25519-tls": ("HTTPS+Ed25519 JSON", _TLS, _SIGNED),
+    "http-ed25519-unix": ("HTTP+Ed25519 JSON/UNIX", "none (local socket)", _SIGNED),
+    "grpc": ("gRPC unary (no auth)", "none", "none"),
+    **{name: (brokers.NAMES[name], *brokers.SECURES[name]) for name in brokers.KINDS},
 }
-#: What each contender secures: (encryption, per-message authentication).
-SECURES = {
-    "iac-quic": ("QUIC (TLS 1.3)", "Ed25519 both ways, replay check"),
-    "iac-tls": ("TLS 1.3", "Ed25519 both ways, replay check"),
-    "iac-unix": ("none (local socket)", "Ed25519 both ways, replay check"),
-    "http": ("none", "SHA-256 of payload + shared password"),
-    "http-ed25519": ("none", "Ed25519 both ways"),
-    "http-ed25519-tls": ("TLS 1.3", "Ed25519 both ways"),
-    "http-ed25519-unix": ("none (local socket)", "Ed25519 both ways"),
-    "grpc": ("none", "none"),
-    **brokers.SECURES,
-}
+NAMES = {name: label for name, (label, _, _) in CONTENDERS.items()}
 
 
 def secures(contender: str) -> str:
     """``encryption: …; per-message authentication: …`` of ``contender``."""
-    enc, auth = SECURES[contender]
+    _, enc, auth = CONTENDERS[contender]
     return f"encryption: {enc}; per-message authentication: {auth}"
 
 

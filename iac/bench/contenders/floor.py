@@ -37,12 +37,11 @@ import asyncio
 import collections
 import contextlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines
-from iac.bench.contenders.baselines import Client
+from iac.bench.contenders.baselines import Client, now_us
 from iac.transport.base import TransportConfig
 from iac.transport.certs import generate_self_signed
 from iac.transport.tls import client_context, server_context
@@ -62,10 +61,6 @@ ECHO = FrameType.FORWARD
 IDLE = 3600.0
 _RUN = int(MessageType.RUN)
 _REPLY = int(MessageType.REPLY)
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 def as_echo(frame: bytes) -> bytes:

@@ -176,7 +176,7 @@ class IacClient(Client):
 
         ident, session, pj = self.oneway_identity, self.oneway_session, self.payload_json
         dictionary = self.oneway_conn.send_dictionary or floor.DICT  # the connection's, as a node uses
-        now = floor.now_us()
+        now = baselines.now_us()
         out = []
         for i in range(n):
             msg = build_message(

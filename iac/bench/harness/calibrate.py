@@ -17,8 +17,6 @@ moves with it. :class:`Calibrator` measures it between the repetitions of a benc
 
 A repetition whose scaling (the lower of the calibrations before and after it) is below
 :data:`MIN_SCALING` did not have two cores: its figures are reported but not judged.
-
-    python -m iac.bench.harness.calibrate            # measure five times and print
 """
 
 from __future__ import annotations

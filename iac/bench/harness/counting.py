@@ -76,6 +76,25 @@ class CountingProxy:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
 
+def host_port(url: str) -> tuple[str, int]:
+    """``(host, port)`` of ``scheme://host:port[/]`` or ``host:port``."""
+    host, port = url.split("://", 1)[-1].rstrip("/").rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+async def relay_for(url: str, listen_path: str) -> tuple[Any, tuple[Any, ...]]:
+    """A counting relay started in front of ``url`` (``quic://``: UDP; ``unix://``; else TCP) and
+    the address to dial instead: ``("udp"|"tcp", host, port)`` or ``("unix", path)``."""
+    if url.startswith("quic://"):
+        relay = counting_udp_relay(host_port(url))
+        return relay, ("udp", *await relay.start())
+    unix = url.startswith("unix://")
+    proxy = CountingProxy(
+        ("unix", url.removeprefix("unix://")) if unix else ("tcp", *host_port(url)), listen_path
+    )
+    return proxy, await proxy.start()
+
+
 def counting_udp_relay(target: tuple[str, int]) -> Any:
     """An ``iac.testing.relay.UdpRelay`` with no impairment that sums the UDP payload bytes it forwards."""
     from iac.testing.relay import UdpRelay

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import subprocess
@@ -19,26 +18,13 @@ LIBRARIES = ("iac", "aioquic", "qh3", "pynacl", "zstandard", "protobuf", "aiohtt
 
 
 def quic_backends() -> list[str]:
-    """QUIC backends to run the QUIC scenarios on: aioquic always; an accelerated backend
-    (qh3) when IAC's backend switch (``iac.transport.quic.backend.available()``) lists it.
-    The name reaches the endpoints as ``IAC_QUIC_BACKEND``."""
-    try:  # the backend switch of the QUIC adapter, when this IAC has one
-        from iac.transport.quic import backend as _quic_backend
+    """QUIC backends to run the QUIC scenarios on: aioquic always, then each accelerated backend
+    (qh3) that IAC's backend switch finds installed. The name reaches the endpoints as
+    ``IAC_QUIC_BACKEND``."""
+    from iac.transport.quic import backend
 
-        found = [b for b in _quic_backend.available() if b in _quic_backend.BACKENDS]
-        return ["aioquic", *[b for b in found if b != "aioquic"]]
-    except ImportError:
-        pass
-    out = ["aioquic"]
-    if importlib.util.find_spec("qh3") is not None:
-        try:
-            from iac.transport import quic
-
-            if "qh3" in getattr(quic, "BACKENDS", ()):
-                out.append("qh3")
-        except ImportError:
-            pass
-    return out
+    found = [b for b in backend.available() if b in backend.BACKENDS and b != "aioquic"]
+    return ["aioquic", *found]
 
 
 def quic_name(backend: str) -> str:

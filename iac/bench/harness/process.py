@@ -54,15 +54,11 @@ class Endpoint:
         env: dict[str, str] | None = None,
         timeout: float = 30.0,
         ready: bool = True,
+        stderr: int | None = subprocess.PIPE,
     ) -> None:
+        pipe = subprocess.PIPE
         self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
+            argv, stdin=pipe, stdout=pipe, stderr=stderr, text=True, bufsize=1, env=env
         )
         self.pid = self.proc.pid
         if ready:
@@ -92,13 +88,17 @@ class Endpoint:
         self.tell(cmd)
         return self.read(timeout)
 
+    def cpu_seconds(self) -> float | None:
+        """The process's CPU time so far (:func:`process_cpu_seconds`)."""
+        return process_cpu_seconds(self.pid)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(OSError, ValueError):
                 if self.proc.stdin is not None:
                     self.proc.stdin.close()
             try:
-                self.proc.wait(5)
+                self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
@@ -138,26 +138,6 @@ class Pair:
         self.server.close()
 
 
-@dataclass
-class ServerProcess:
-    name: str
-    proc: asyncio.subprocess.Process
-    info: dict[str, Any]
-
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process so far (Linux /proc), else None."""
-        return process_cpu_seconds(self.proc.pid)
-
-    async def stop(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), 15)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
-
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -181,21 +161,8 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
 
 
-async def spawn_server(module: str, name: str, workdir: Path, profile: str | None = None) -> ServerProcess:
-    """Start ``python -m <module> --serve NAME --workdir DIR`` and read its info line."""
+def server_endpoint(module: str, name: str, workdir: Path, profile: str | None = None) -> Endpoint:
+    """``python -m <module> --serve NAME --workdir DIR [--profile-out FILE]`` (a server of
+    ``contenders.baselines.serve``), once it has said where it listens (``first``)."""
     argv = [sys.executable, "-m", module, "--serve", name, "--workdir", str(workdir)]
-    if profile:
-        argv += ["--profile-out", profile]
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-    )
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-    except TimeoutError:
-        proc.kill()
-        raise RuntimeError(f"server {name} did not start") from None
-    if not line:
-        await proc.wait()
-        raise RuntimeError(f"server {name} exited with {proc.returncode} before it started")
-    return ServerProcess(name, proc, json.loads(line))
+    return Endpoint(argv + (["--profile-out", profile] if profile else []), timeout=60, stderr=None)

@@ -5,6 +5,7 @@ and the :class:`Context` a scenario runs in. The JSON schema is documented in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -42,33 +43,15 @@ def turn_order(names: Sequence[T], rounds: int) -> list[list[T]]:
     return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
 
 
-def interleave(
-    steps: dict[str, Callable[[], float]],
-    rounds: int,
-    warmup: int = 1,
-    on_round: Callable[[int], None] | None = None,
-) -> dict[str, list[float]]:
-    """Run every step ``warmup`` times (results discarded), then ``rounds`` rounds in
-    :func:`turn_order`; returns each step's per-round figures."""
-    for _ in range(warmup):
-        for fn in steps.values():
-            fn()
-    out: dict[str, list[float]] = {name: [] for name in steps}
-    for r, order in enumerate(turn_order(list(steps), rounds)):
-        if on_round is not None:
-            on_round(r)
-        for name in order:
-            out[name].append(steps[name]())
-    return out
-
-
 async def interleave_async(
     steps: dict[str, Callable[[], Awaitable[float]]],
     rounds: int,
     warmup: int = 1,
     on_round: Callable[[int], None] | None = None,
 ) -> dict[str, list[float]]:
-    """:func:`interleave` for coroutine steps sharing one event loop (nodes that live across rounds)."""
+    """Run every step ``warmup`` times (results discarded), then ``rounds`` rounds in
+    :func:`turn_order`; returns each step's per-round figures. The steps share one event loop
+    (nodes that live across rounds)."""
     for _ in range(warmup):
         for fn in steps.values():
             await fn()
@@ -79,6 +62,37 @@ async def interleave_async(
         for name in order:
             out[name].append(await steps[name]())
     return out
+
+
+def interleave(
+    steps: dict[str, Callable[[], float]],
+    rounds: int,
+    warmup: int = 1,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """:func:`interleave_async` for plain functions (on an event loop of its own)."""
+
+    def step(fn: Callable[[], float]) -> Callable[[], Awaitable[float]]:
+        async def run() -> float:
+            return fn()
+
+        return run
+
+    return asyncio.run(interleave_async({k: step(fn) for k, fn in steps.items()}, rounds, warmup, on_round))
+
+
+async def at_depth(call: Callable[[int], Awaitable[object]], n: int, depth: int) -> float:
+    """``call(0)`` … ``call(n - 1)`` with ``depth`` outstanding (workers sharing one counter); the
+    elapsed seconds."""
+    ids = iter(range(n))
+
+    async def worker() -> None:
+        for i in ids:
+            await call(i)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(depth)))
+    return time.perf_counter() - t
 
 
 def ratio(value: float | None, base: float | None) -> float | None:

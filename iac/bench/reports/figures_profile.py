@@ -12,25 +12,13 @@ from typing import Any
 from iac.bench.harness.stats import median
 from iac.bench.reports.figures_results import Results, Sheet, table
 
-ROUNDTRIP = (
-    "iac-quic",
-    "floor-quic",
-    "iac-tls",
-    "floor-tls",
-    "iac-unix",
-    "floor-unix",
-    "iac-tls-thread",
-    "iac-tls-signw",
-)
-
 
 def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     (r,) = res
     d = r.data
     c, cfg = d["contenders"], d["config"]
     rows = []
-    for name in (n for n in ROUNDTRIP if n in c):
-        v = c[name]
+    for name, v in c.items():  # in the order roundtrip.py's MATRIX ran them
         rows.append(
             [
                 f"`{name}`",

@@ -232,72 +232,31 @@ def suite_targets(r: Results) -> list[Target]:
     quic_file = None
     if files is not None and files["status"] == "ok":
         quic_file = next((x for x in files["rows"] if x["contender"] == "IAC-QUIC send_file"), None)
+    file_row = quic_file or {"contender": "IAC-QUIC send_file", "metric": "?"}
+    file_key = row_key("filetransfer", file_row)
+    Figure = tuple[dict[str, Any] | None, Callable[[dict[str, Any]], Any]]  # source, figure
+    rows: tuple[tuple[str, str, str, float, Figure, str, str], ...] = (  # area, what, op, limit, …
+        ("codec", "codec rate / bare Ed25519 sign + verify (median of per-repetition ratios)", ">=",
+         CODEC_RATIO_TARGET, (codec, lambda d: d["speed"]["ratio"]), "codec/ratio/median", "ratio"),
+        ("bytes", "payload bytes saved by the shipped dictionary", ">=", DICT_SAVING_TARGET,
+         (sizes, lambda d: d["payload_saving_dict"]), "bytes/saving_dict", "pct"),
+        ("rtt", "IAC-QUIC p50 RTT / bare aioquic echo (median of per-round ratios)", "<=",
+         tt["TARGET_RTT"], (rtt, lambda d: d["ratio_quic"]["median"]), "rtt/ratio_quic/median",
+         "ratio"),
+        ("oneway",
+         "one-way IAC-QUIC messages/s / receiver decode rate (median of per-round ratios)", ">=",
+         tt["TARGET_ONEWAY"], (oneway, lambda d: d["ratio"]["median"]), "oneway/ratio/median",
+         "ratio"),
+        ("setup", "20 ms RTT: QUIC 0-RTT / QUIC 1-RTT first delivery", "<=", tt["TARGET_0RTT"],
+         (setup, lambda d: d.get("ratio_0rtt_1rtt")), "setup/ratio_0rtt_1rtt", "ratio"),
+        ("setup", "20 ms RTT: QUIC 1-RTT / TLS/TCP first delivery", "<=", tt["TARGET_QUIC_TLS"],
+         (setup, lambda d: d.get("ratio_quic_tls")), "setup/ratio_quic_tls", "ratio"),
+        ("filetransfer", "IAC-QUIC send_file MB/s / bare aioquic stream", ">=", FILE_QUIC_TARGET,
+         (quic_file, lambda d: d["ratio"]), file_key + "/ratio", "ratio"),
+    )  # fmt: skip
     return [
-        Target(
-            "codec",
-            "codec rate / bare Ed25519 sign + verify (median of per-repetition ratios)",
-            ">=",
-            CODEC_RATIO_TARGET,
-            codec["speed"]["ratio"] if codec else None,
-            r,
-            "codec/ratio/median",
-        ),
-        Target(
-            "bytes",
-            "payload bytes saved by the shipped dictionary",
-            ">=",
-            DICT_SAVING_TARGET,
-            sizes["payload_saving_dict"] if sizes else None,
-            r,
-            "bytes/saving_dict",
-            "pct",
-        ),
-        Target(
-            "rtt",
-            "IAC-QUIC p50 RTT / bare aioquic echo (median of per-round ratios)",
-            "<=",
-            tt["TARGET_RTT"],
-            rtt["ratio_quic"]["median"] if rtt else None,
-            r,
-            "rtt/ratio_quic/median",
-        ),
-        Target(
-            "oneway",
-            "one-way IAC-QUIC messages/s / receiver decode rate (median of per-round ratios)",
-            ">=",
-            tt["TARGET_ONEWAY"],
-            oneway["ratio"]["median"] if oneway else None,
-            r,
-            "oneway/ratio/median",
-        ),
-        Target(
-            "setup",
-            "20 ms RTT: QUIC 0-RTT / QUIC 1-RTT first delivery",
-            "<=",
-            tt["TARGET_0RTT"],
-            setup.get("ratio_0rtt_1rtt") if setup else None,
-            r,
-            "setup/ratio_0rtt_1rtt",
-        ),
-        Target(
-            "setup",
-            "20 ms RTT: QUIC 1-RTT / TLS/TCP first delivery",
-            "<=",
-            tt["TARGET_QUIC_TLS"],
-            setup.get("ratio_quic_tls") if setup else None,
-            r,
-            "setup/ratio_quic_tls",
-        ),
-        Target(
-            "filetransfer",
-            "IAC-QUIC send_file MB/s / bare aioquic stream",
-            ">=",
-            FILE_QUIC_TARGET,
-            quic_file["ratio"] if quic_file else None,
-            r,
-            row_key("filetransfer", quic_file or {"contender": "IAC-QUIC send_file", "metric": "?"})
-            + "/ratio",
-        ),
+        Target(area, what, op, limit, get(src) if src else None, r, key, kind)
+        for area, what, op, limit, (src, get), key, kind in rows
     ]
 
 

@@ -4,11 +4,9 @@ run, rendered from this run's own output (``print_rendered``)."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.environment import environment
@@ -52,12 +50,3 @@ def print_rows(module: str, parts: Sequence[tuple[str, Fill, Any]], sections: Na
         res.finish()
         results.append(res.to_json())
     print_rendered(sections or ("suite-scenarios",), module, {"scenarios": results}, suite=True)
-
-
-def write_or_print(data: Any, path: str | Path | None, show: Callable[[Any], None]) -> int:
-    """Write ``data`` as JSON to ``path``, or (no path) ``show`` it; exit status 0."""
-    if path:
-        Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    else:
-        show(data)
-    return 0

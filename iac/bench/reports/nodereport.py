@@ -8,15 +8,12 @@ with ``met: null`` and a note. CPU per request and bytes use every repetition.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import platform
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.calibrate import MIN_SCALING, PIECES
+from iac.bench.harness.environment import environment
 from iac.bench.harness.paths import RESULTS
 from iac.bench.harness.stats import median
 
@@ -50,14 +47,6 @@ TRANSPORT = {
     "http-ed25519-unix": ("HTTP/1.1 / UNIX", "Ed25519 both ways"),
     "grpc": ("HTTP/2 / TCP", "none"),
 }
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for dist in ("aioquic", "pynacl", "zstandard", "protobuf", "aiohttp", "grpcio", "uvloop"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[dist] = metadata.version(dist)
-    return out
 
 
 def _summary(values: list[float], digits: int = 1) -> dict[str, float] | None:
@@ -130,44 +119,41 @@ def build_report(
         transport, security = TRANSPORT[role["base"]]
         if role["loop"] != "asyncio":
             transport += f", {role['loop']}"
-        cpu = [s + c for s, c in zip(r.server_cpu_us.values, r.client_cpu_us.values, strict=False)]
+        cpu = [s + c for s, c in zip(r.server_cpu_us, r.client_cpu_us, strict=False)]
         c: dict[str, Any] = {
             "role": role["role"],
             "loop": role["loop"],
             "transport": transport,
             "security": security,
-            "rtt_p50_us": r.p50_us.summary(),
-            "rtt_p99_us": r.p99_us.summary(),
-            "requests_per_s_at_64": r.rps.summary(0),
-            "server_cpu_us_per_request_at_64": r.server_cpu_us.summary(),
-            "client_cpu_us_per_request_at_64": r.client_cpu_us.summary(),
-            "cpu_us_per_request_at_64": _sum_medians(r.server_cpu_us.values, r.client_cpu_us.values),
+            "rtt_p50_us": _summary(r.p50_us),
+            "rtt_p99_us": _summary(r.p99_us),
+            "requests_per_s_at_64": _summary(r.rps, 0),
+            "server_cpu_us_per_request_at_64": _summary(r.server_cpu_us),
+            "client_cpu_us_per_request_at_64": _summary(r.client_cpu_us),
+            "cpu_us_per_request_at_64": _sum_medians(r.server_cpu_us, r.client_cpu_us),
             "bytes_per_request": r.wire.get("per_request"),
             "bytes_up": r.wire.get("up"),
             "bytes_down": r.wire.get("down"),
             "setup_bytes": r.wire.get("setup"),
             "iac_frame_bytes_per_request": r.wire.get("iac_frame_bytes"),
             "per_rep": {
-                "rtt_p50_us": r.p50_us.values,
-                "rtt_p99_us": r.p99_us.values,
-                "requests_per_s_at_64": r.rps.values,
+                "rtt_p50_us": r.p50_us,
+                "rtt_p99_us": r.p99_us,
+                "requests_per_s_at_64": r.rps,
                 "cpu_us_per_request_at_64": cpu,
             },
         }
         if role["role"] == "iac":
             c["floor"] = role["floor"]
-            c["oneway_per_s"] = r.oneway_rate.summary(0)
-            c["per_rep"]["oneway_per_s"] = r.oneway_rate.values
+            c["oneway_per_s"] = _summary(r.oneway_rate, 0)
+            c["per_rep"]["oneway_per_s"] = r.oneway_rate
         if role["role"] == "floor":
-            c["echo_requests_per_s_at_64"] = r.echo_rps.summary(0)
-            echo = [
-                a + b for a, b in zip(r.echo_server_cpu_us.values, r.echo_client_cpu_us.values, strict=False)
-            ]
+            c["echo_requests_per_s_at_64"] = _summary(r.echo_rps, 0)
+            echo = [a + b for a, b in zip(r.echo_server_cpu_us, r.echo_client_cpu_us, strict=False)]
             c["per_rep"]["echo_cpu_us_per_request_at_64"] = echo
-            c["per_rep"]["primitives_in_sequence_us"] = r.primitives_us.values
-            c["echo_cpu_us_per_request_at_64"] = _sum_medians(
-                r.echo_server_cpu_us.values, r.echo_client_cpu_us.values
-            )
+            c["per_rep"]["primitives_in_sequence_us"] = r.primitives_us
+            echo_cpu = _sum_medians(r.echo_server_cpu_us, r.echo_client_cpu_us)
+            c["echo_cpu_us_per_request_at_64"] = echo_cpu
         contenders[name] = c
     prims: dict[str, Any] = {}
     for way in ("alone", "in_sequence"):
@@ -178,12 +164,7 @@ def build_report(
     report: dict[str, Any] = {
         "benchmark": "node",
         "command": "python -m iac.bench.scenarios.node " + " ".join(sys.argv[1:]),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "versions": versions(),
-        },
+        "machine": environment(),
         "config": {
             "sequential_per_rep": plan.count,
             "concurrent_per_rep": plan.concurrent,

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from iac.bench.reports.figures_results import fmt_num
+from iac.bench.reports.figures_results import fmt_num, table
 
 
 def _fmt(x: float | None) -> str:
@@ -68,25 +68,28 @@ def headline(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def best_other(h: dict[str, Any]) -> str:
+    return "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})"
+
+
 def headline_markdown(doc: dict[str, Any]) -> list[str]:
-    rows = headline(doc)
-    if not rows:
-        return []
-    lines = [
-        "",
-        "## Headline",
-        "",
-        "| scenario | metric | IAC | median | baseline | baseline median | × baseline | IAC | best other |",
-        "|---|---|---|---:|---|---:|---:|---|---|",
+    rows = [
+        [
+            h["scenario"],
+            h["metric"],
+            h["contender"],
+            f"{_fmt(h['median'])} {h['unit']}",
+            h["baseline"],
+            _fmt(h["baseline_median"]),
+            f"{h['ratio']:.2f}",
+            "ahead" if h["ahead"] else "**behind**",
+            best_other(h),
+        ]
+        for h in headline(doc)
     ]
-    for h in rows:
-        best = "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})"
-        lines.append(
-            f"| {h['scenario']} | {h['metric']} | {h['contender']} | {_fmt(h['median'])} {h['unit']} | "
-            f"{h['baseline']} | {_fmt(h['baseline_median'])} | {h['ratio']:.2f} | "
-            f"{'ahead' if h['ahead'] else '**behind**'} | {best} |"
-        )
-    return lines
+    head = ["scenario", "metric", "IAC", "median", "baseline", "baseline median", "× baseline"]
+    head += ["IAC", "best other"]
+    return ["", "## Headline", "", *table(head, "lllrlrrll", rows)] if rows else []
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -115,16 +118,16 @@ def markdown(doc: dict[str, Any]) -> str:
         if sc["baseline"]:
             lines.append(f"Baseline: **{sc['baseline']}**. Took {sc['duration_s']:.1f} s.")
             lines.append("")
-        lines.append("| metric | contender | median | min .. max | unit | × baseline |")
-        lines.append("|---|---|---:|---:|---|---:|")
+        rows = []
         for r in sc["rows"]:
             rr = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
             if r["ratio"] is not None and r["baseline"] != sc["baseline"]:
                 rr += f" (vs {r['baseline']})"
-            lines.append(
-                f"| {r['metric']} | {r['contender']} | {_fmt(r['median'])} | "
-                f"{_fmt(r['min'])} .. {_fmt(r['max'])} | {r['unit']} ({r['better']} is better) | {rr} |"
-            )
+            unit = f"{r['unit']} ({r['better']} is better)"
+            span = f"{_fmt(r['min'])} .. {_fmt(r['max'])}"
+            rows.append([r["metric"], r["contender"], _fmt(r["median"]), span, unit, rr])
+        head = ["metric", "contender", "median", "min .. max", "unit", "× baseline"]
+        lines += table(head, "llrrlr", rows)
         lines += secures_lines(sc)
         for note in sc["notes"]:
             lines += ["", f"* {note}"]
@@ -149,6 +152,37 @@ def secures_lines(sc: dict[str, Any]) -> list[str]:
 Lines = Iterable[tuple[str, Sequence[float], Sequence[float]]]
 
 
+def cdf(series: dict[str, list[float]]) -> Lines:
+    for name, xs in series.items():
+        yield name, sorted(xs), [(i + 1) / len(xs) for i in range(len(xs))]
+
+
+def by_x(series: dict[str, dict[str, float]]) -> Lines:
+    """Points keyed by their x (``"16"``, or ``"3%"`` for a loss level), in the order of x."""
+    for name, pts in series.items():
+        xs = sorted(pts, key=lambda k: float(k.rstrip("%")))
+        yield name, [float(x.rstrip("%")) for x in xs], [pts[x] for x in xs]
+
+
+#: The plots: (scenario, series, file, title, x label, y label, lines of the series, x scale,
+#: marker).
+PLOTS: tuple[tuple[str, str, str, str, str, str, Any, dict[str, Any] | None, str | None], ...] = (
+    ("requests", "latency_cdf_us", "latency_cdf.png", "Latency CDF",
+     "RTT (µs), 1 in flight, loopback", "fraction of requests", cdf, {"value": "log"}, None),
+    ("requests", "rps_vs_in_flight", "rps_vs_in_flight.png", "Requests/s vs in-flight (loopback)",
+     "requests in flight", "requests/s", by_x, {"value": "log", "base": 2}, "o"),
+    ("broadcast", "completion_vs_agents_ms", "broadcast_completion.png",
+     "Broadcast completion vs agents (one process, UNIX sockets)", "agents",
+     "completion (ms), last agent reached", by_x, None, "o"),
+    ("loss", "p99_vs_loss_ms", "p99_vs_loss.png", "p99 vs loss, 64 concurrent requests, 20 ms RTT",
+     "packet loss per direction (%)", "p99 latency (ms)", by_x, None, "o"),
+    ("loss", "latency_cdf_ms_at_max_loss", "loss_latency_cdf.png",
+     "Latency CDF at the highest loss", "latency (ms)", "fraction of requests", cdf, None, None),
+    ("smoke", "per_round_us", "smoke_rounds.png", "Smoke test: µs per message per round",
+     "round", "µs per message", by_x, None, "o"),
+)  # fmt: skip
+
+
 def plots(doc: dict[str, Any], out: Path) -> list[str]:
     """PNG plots when matplotlib is installed; the file names written."""
     try:
@@ -160,98 +194,22 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
         return []
     made: list[str] = []
     by = {s["name"]: s for s in doc["scenarios"] if s["status"] == "ok"}
-
-    def figure(
-        fname: str,
-        title: str,
-        xlabel: str,
-        ylabel: str,
-        lines: Lines,
-        xscale: dict[str, Any] | None = None,
-        marker: str | None = "o",
-    ) -> None:
+    for name, key, fname, title, xlabel, ylabel, lines, xscale, marker in PLOTS:
+        series = by.get(name, {}).get("series", {}).get(key)
+        if not series:
+            continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, xs, ys in lines:
+        for label, xs, ys in lines(series):
             ax.plot(xs, ys, marker=marker, label=label)
         if xscale:
             ax.set_xscale(**xscale)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
         made.append(fname)
-
-    def cdf(series: dict[str, list[float]]) -> Lines:
-        for name, xs in series.items():
-            yield name, sorted(xs), [(i + 1) / len(xs) for i in range(len(xs))]
-
-    def by_int_x(series: dict[str, dict[str, float]]) -> Lines:
-        for name, pts in series.items():
-            xs = sorted(int(k) for k in pts)
-            yield name, xs, [pts[str(x)] for x in xs]
-
-    req = by.get("requests")
-    if req and req["series"].get("latency_cdf_us"):
-        figure(
-            "latency_cdf.png",
-            "Latency CDF",
-            "RTT (µs), 1 in flight, loopback",
-            "fraction of requests",
-            cdf(req["series"]["latency_cdf_us"]),
-            {"value": "log"},
-            marker=None,
-        )
-    if req and req["series"].get("rps_vs_in_flight"):
-        figure(
-            "rps_vs_in_flight.png",
-            "Requests/s vs in-flight (loopback)",
-            "requests in flight",
-            "requests/s",
-            by_int_x(req["series"]["rps_vs_in_flight"]),
-            {"value": "log", "base": 2},
-        )
-    bc = by.get("broadcast")
-    if bc and bc["series"].get("completion_vs_agents_ms"):
-        figure(
-            "broadcast_completion.png",
-            "Broadcast completion vs agents (one process, UNIX sockets)",
-            "agents",
-            "completion (ms), last agent reached",
-            by_int_x(bc["series"]["completion_vs_agents_ms"]),
-        )
-    lo = by.get("loss")
-    if lo and lo["series"].get("p99_vs_loss_ms"):
-        loss = lo["series"]["p99_vs_loss_ms"]
-        figure(
-            "p99_vs_loss.png",
-            "p99 vs loss, 64 concurrent requests, 20 ms RTT",
-            "packet loss per direction (%)",
-            "p99 latency (ms)",
-            ((name, [float(x.rstrip("%")) for x in pts], list(pts.values())) for name, pts in loss.items()),
-        )
-    if lo and lo["series"].get("latency_cdf_ms_at_max_loss"):
-        figure(
-            "loss_latency_cdf.png",
-            "Latency CDF at the highest loss",
-            "latency (ms)",
-            "fraction of requests",
-            cdf(lo["series"]["latency_cdf_ms_at_max_loss"]),
-            marker=None,
-        )
-    sm = by.get("smoke")
-    if sm and sm["series"].get("per_round_us"):
-        figure(
-            "smoke_rounds.png",
-            "Smoke test: µs per message per round",
-            "round",
-            "µs per message",
-            by_int_x(sm["series"]["per_round_us"]),
-        )
     from iac.bench.reports import ccreport
 
-    made += ccreport.plots(by.get("cc"), out)
-    return made
+    return made + ccreport.plots(by.get("cc"), out)

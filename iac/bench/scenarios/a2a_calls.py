@@ -1,7 +1,6 @@
 """The same A2A calls over A2A's JSON-RPC over HTTP and over the IAC binding (QUIC, TLS, UNIX).
 
-    .venv/bin/python -m iac.bench.scenarios.a2a_calls [--quick] [--json OUT]
-    .venv/bin/iac bench --only a2a                 # the suite's scenario (runs this script)
+    .venv/bin/iac bench --only a2a [--quick]
 
 One server process hosts the same a2a-sdk agent twice: a stock JSON-RPC server (Starlette under
 uvicorn, HTTP/1.1 keep-alive) and an IAC node serving A2A over IAC on QUIC, TLS/TCP and UNIX. The
@@ -20,7 +19,6 @@ HTTP here is plain (no TLS, no authentication); every IAC call is signed and ver
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -34,15 +32,12 @@ from typing import Any
 
 from iac.bench.harness import counting
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.reports import live
 
 HTTP = "A2A JSON-RPC/HTTP"
 IAC = {"quic": "A2A over IAC-QUIC", "tls": "A2A over IAC-TLS/TCP", "unix": "A2A over IAC-UNIX"}
 CORPUS = TEST_CORPUS
 QUICK = {"rounds": 1, "sequential": 30, "concurrent": 96, "parts": 50, "bytes_calls": 20}
 FULL = {"rounds": 5, "sequential": 500, "concurrent": 2000, "parts": 1000, "bytes_calls": 200}
-
-MODULE = "iac.bench.scenarios.a2a_calls"
 
 
 def available() -> str | None:
@@ -217,27 +212,11 @@ async def parts_per_second(c: Contender, parts: int) -> float:
 async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n: int, workdir: str) -> float:
     """Bytes at the socket per SendMessage, both ways, on a fresh connection (after a warm-up)."""
 
-    relay: Any
-    if name == IAC["quic"]:
-        host, port = info["quic"].removeprefix("quic://").rsplit(":", 1)
-        relay = counting.counting_udp_relay((host, int(port)))
-        rhost, rport = await relay.start()
-        via = f"quic://{rhost}:{rport}"
-    else:
-        if name == HTTP:
-            host, port = info["http"].removeprefix("http://").rstrip("/").rsplit(":", 1)
-            target: tuple[Any, ...] = ("tcp", host, int(port))
-        elif name == IAC["tls"]:
-            host, port = info["tls"].removeprefix("tls://").rsplit(":", 1)
-            target = ("tcp", host, int(port))
-        else:
-            target = ("unix", info["unix"].removeprefix("unix://"))
-        relay = counting.CountingProxy(target, listen_path=f"{workdir}/proxy-{len(name)}.sock")
-        addr = await relay.start()
-        if addr[0] == "unix":
-            via = f"unix://{addr[1]}"
-        else:
-            via = f"{'http' if name == HTTP else 'tls'}://{addr[1]}:{addr[2]}" + ("/" if name == HTTP else "")
+    url = info[{HTTP: "http", IAC["quic"]: "quic", IAC["tls"]: "tls"}.get(name, "unix")]
+    relay, addr = await counting.relay_for(url, f"{workdir}/proxy-{len(name)}.sock")
+    scheme = url.split("://")[0]
+    via = f"unix://{addr[1]}" if addr[0] == "unix" else f"{scheme}://{addr[1]}:{addr[2]}"
+    via += "/" if scheme == "http" else ""
     c = Contender(name, info, via)
     try:
         await c.start()
@@ -260,7 +239,7 @@ async def measure(plan: dict[str, int], say: Callable[[str], None]) -> dict[str,
     payloads = texts(max(plan["sequential"], 200))
     with tempfile.TemporaryDirectory(prefix="iac-a2a-") as workdir:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "iac.bench.scenarios.a2a_calls", "--serve", workdir,
+            sys.executable, "-m", "iac.bench.scenarios.a2a_calls", workdir,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
@@ -310,25 +289,19 @@ async def measure(plan: dict[str, int], say: Callable[[str], None]) -> dict[str,
 # --- the suite's scenario ---------------------------------------------------------------------
 
 
-def scenario(ctx: Any, res: Any, run_script: Callable[..., dict[str, Any]]) -> None:
-    """``iac bench --only a2a``: this script in a child process, its figures as the suite's rows."""
+def scenario(ctx: Any, res: Any) -> None:
+    """``iac bench --only a2a``: the server in a child process, the figures as the suite's rows."""
     why = available()
     if why is not None:
         res.status, res.reason = "skipped", why
         return
-    ctx.progress("a2a_calls.py")
-    fill(res, run_script(ctx, "a2a_calls.py", ["--quick"] if ctx.quick else [], 600))
-
-
-def fill(res: Any, data: dict[str, Any]) -> None:
-    """The suite's rows of this module's output."""
+    data = asyncio.run(measure(QUICK if ctx.quick else FULL, ctx.progress))
     res.baseline = HTTP
     for name, f in data["figures"].items():
         res.add(name, "SendMessage p50, 1 in flight", "µs", f["p50_us"])
         res.add(name, "SendMessage calls/s, 64 in flight", "calls/s", f["rps_64"], better="higher")
         res.add(name, "streamed parts/s, one stream", "parts/s", f["parts_per_s"], better="higher")
-        b = data["bytes_per_call"][name]
-        res.add(name, "bytes per SendMessage at the socket", "B", {"median": b, "min": b, "max": b, "n": 1})
+        res.add(name, "bytes per SendMessage at the socket", "B", [data["bytes_per_call"][name]])
     for r in res.rows:
         r["iac"] = r["contender"] != HTTP
     plan = data["plan"]
@@ -347,27 +320,5 @@ def fill(res: Any, data: dict[str, Any]) -> None:
     res.raw = data
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small counts (a few seconds)")
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # the server process
-    args = ap.parse_args(argv)
-    if args.serve:
-        asyncio.run(serve(args.serve))
-        return 0
-    why = available()
-    if why is not None:
-        print(why, file=sys.stderr)
-        return 2
-    say = (lambda s: None) if args.json else (lambda s: print(f"... {s}", file=sys.stderr))
-    data = asyncio.run(measure(QUICK if args.quick else FULL, say))
-
-    def show(d: dict[str, Any]) -> None:
-        live.print_rows(MODULE, [("a2a", fill, d)])
-
-    return live.write_or_print(data, args.json, show)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the server process: python -m iac.bench.scenarios.a2a_calls DIR
+    asyncio.run(serve(sys.argv[1]))

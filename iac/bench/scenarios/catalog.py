@@ -9,7 +9,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from iac.bench.contenders import brokers, endpoints
 from iac.bench.harness.environment import quic_name
 from iac.bench.harness.results import Context, Result, interleave_async, run_script
 from iac.bench.harness.stats import median
+from iac.bench.reports.figures_tables import BYTES_METRIC, SIZE_ROWS
 from iac.bench.scenarios.requests import oneway_between_processes
 
 
@@ -29,8 +29,10 @@ def codec_json(ctx: Context) -> dict[str, Any]:
 
 
 def transport_json(ctx: Context, part: str) -> dict[str, Any]:
-    ctx.progress(f"transport.py --only {part}")
-    return run_script(ctx, "transport.py", ["--only", part, *(["--quick"] if ctx.quick else [])], 900)
+    from iac.bench.scenarios import transport
+
+    ctx.progress(f"transport: {part}")
+    return asyncio.run(transport.run(ctx.quick, part))
 
 
 # --- scenarios ----------------------------------------------------------------------------------
@@ -40,12 +42,12 @@ def sc_codec(ctx: Context, res: Result) -> None:
     data = codec_json(ctx)
     sp = data["speed"]["us_per_msg"]
     res.baseline = "bare PyNaCl Ed25519"
-    res.add("IAC codec", "send: encode vs sign (µs/msg)", "µs", sp["encode"])
-    res.add("bare PyNaCl Ed25519", "send: encode vs sign (µs/msg)", "µs", sp["sign"])
-    res.add("IAC codec", "receive: decode vs verify (µs/msg)", "µs", sp["decode"])
-    res.add("bare PyNaCl Ed25519", "receive: decode vs verify (µs/msg)", "µs", sp["verify"])
-    for r in res.rows:
-        r["iac"] = r["contender"] == "IAC codec"
+    for metric, codec, bare in (
+        ("send: encode vs sign", "encode", "sign"),
+        ("receive: decode vs verify", "decode", "verify"),
+    ):
+        res.add("IAC codec", f"{metric} (µs/msg)", "µs", sp[codec], iac=True)
+        res.add("bare PyNaCl Ed25519", f"{metric} (µs/msg)", "µs", sp[bare], iac=False)
     s = data["speed"]
     res.notes.append(
         f"{data['speed']['messages']} messages x {data['speed']['repetitions']} repetitions; "
@@ -57,19 +59,9 @@ def sc_codec(ctx: Context, res: Result) -> None:
 
 def sc_bytes(ctx: Context, res: Result) -> None:
     data = codec_json(ctx)
-    rows = data["sizes"]["rows"]
-    base = "HTTP/1.1 POST + JSON + SHA-256"
-    res.baseline = base
-    metric = "bytes per message (test.jsonl)"
-    one = {"n": 1}
-    for name, key in (
-        ("IAC frame, zstd + dictionary", "frame_zstd_dict"),
-        ("IAC frame, zstd without dictionary", "frame_zstd"),
-        ("IAC frame, uncompressed", "frame_raw"),
-        (base, "http_json_sha256"),
-    ):
-        m = rows[key]["mean"]
-        res.add(name, metric, "B", {"median": m, "min": m, "max": m, **one}, iac=name.startswith("IAC"))
+    res.baseline = SIZE_ROWS["http_json_sha256"]
+    for key, name in SIZE_ROWS.items():  # the rows the report shows beside codec.py's own
+        res.add(name, BYTES_METRIC, "B", [data["sizes"]["rows"][key]["mean"]])
     res.notes.append(
         "Frame bytes as sent (signed Message + frame header), each message compressed alone; HTTP is "
         "the request line, four headers and the JSON body (a lower bound: real clients add headers). "
@@ -80,23 +72,17 @@ def sc_bytes(ctx: Context, res: Result) -> None:
 
 
 def sc_rtt(ctx: Context, res: Result) -> None:
-    rtt_rows(res, transport_json(ctx, "rtt")["rtt"])
-
-
-def rtt_rows(res: Result, data: dict[str, Any]) -> None:
-    cases = data["cases"]
-    rename = {"bare aioquic echo": "bare aioquic echo", "bare TLS echo": "bare TLS echo"}
+    data = transport_json(ctx, "rtt")["rtt"]
     res.baseline = "bare aioquic echo"
-    for name, c in cases.items():
-        who = rename.get(name, name)
-        base = "bare TLS echo" if name in ("IAC-TLS", "IAC-UNIX") else "bare aioquic echo"
+    for who, c in data["cases"].items():
+        base = "bare TLS echo" if who in ("IAC-TLS", "IAC-UNIX") else "bare aioquic echo"
         res.add(who, "RTT p50, 1 in flight", "µs", c["p50_us"], baseline=base)
         res.add(who, "RTT p99, 1 in flight", "µs", c["p99_us"], baseline=base)
         res.add(who, "requests/s, 64 in flight", "req/s", c["rps_64"], better="higher", baseline=base)
     res.notes.append(
-        f"scenarios/transport.py --only rtt: {data['rounds']} rounds x {data['round_trips_per_round']} "
-        f"round trips and {data['requests_per_round_at_64']} requests at 64 in flight; one process, "
-        "one event loop. "
+        f"scenarios/transport.py, part rtt: {data['rounds']} rounds x "
+        f"{data['round_trips_per_round']} round trips and {data['requests_per_round_at_64']} "
+        "requests at 64 in flight; one process, one event loop. "
         "IAC-QUIC is compared with bare aioquic, IAC-TLS and IAC-UNIX with the bare TLS echo. "
         "Target: IAC-QUIC p50 <= 1.8 x bare aioquic."
     )
@@ -104,18 +90,16 @@ def rtt_rows(res: Result, data: dict[str, Any]) -> None:
 
 
 def sc_setup(ctx: Context, res: Result) -> None:
-    setup_rows(res, transport_json(ctx, "handshake")["handshake"])
-
-
-def setup_rows(res: Result, data: dict[str, Any]) -> None:
+    data = transport_json(ctx, "handshake")["handshake"]
     res.baseline = "IAC TLS/TCP"
     for case, s in data["cases_ms"].items():
         where, what = case.split(" ", 1)
         metric = "first delivery, loopback" if where == "loopback" else "first delivery, 20 ms RTT"
         res.add(f"IAC {what}", metric, "ms", s)
     res.notes.append(
-        f"scenarios/transport.py --only handshake: start of dial to the server's first delivered message, "
-        f"{data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP delay proxy. "
+        "scenarios/transport.py, part handshake: start of dial to the server's first delivered "
+        f"message, {data['dials_per_case']} dials per case; 20 ms RTT through the UDP relay / TCP "
+        "delay proxy. "
         f"0-RTT dials that resumed: {data.get('resumed')}. Targets: 0-RTT <= 0.6 x 1-RTT, "
         "QUIC 1-RTT <= 0.75 x TLS/TCP (at 20 ms)."
     )
@@ -123,39 +107,19 @@ def setup_rows(res: Result, data: dict[str, Any]) -> None:
 
 
 def sc_oneway(ctx: Context, res: Result) -> None:
-    oneway_rows(res, transport_json(ctx, "oneway")["oneway"])
-    oneway_between_processes(ctx, res)
-
-
-def oneway_rows(res: Result, data: dict[str, Any]) -> None:
+    data = transport_json(ctx, "oneway")["oneway"]
     base = "receiver decode-only (codec)"
     res.baseline = base
     res.add(base, "messages/s", "msg/s", data["decode_rate"], better="higher", iac=False)
-    res.add(
-        "IAC-QUIC one-way, signed ahead",
-        "messages/s",
-        "msg/s",
-        data["oneway_presigned_rate"],
-        better="higher",
-    )
-    res.add(
-        "IAC-QUIC one-way, signing in loop",
-        "messages/s",
-        "msg/s",
-        data["oneway_signing_rate"],
-        better="higher",
-    )
+    for how, key in (("signed ahead", "presigned"), ("signing in loop", "signing")):
+        rate = data[f"oneway_{key}_rate"]
+        res.add(f"IAC-QUIC one-way, {how}", "messages/s", "msg/s", rate, better="higher")
     res.notes.append(
-        f"iac.bench.scenarios.transport --only oneway: {data['messages_per_round']} messages per round, "
+        f"scenarios/transport.py, part oneway: {data['messages_per_round']} messages per round, "
         "one process. Target: one-way >= 0.5 x the decode-only rate."
     )
     res.raw = data
-
-
-@dataclass(frozen=True)
-class BroadcastPlan:
-    sizes: tuple[int, ...]
-    rounds: int
+    oneway_between_processes(ctx, res)
 
 
 #: What each broadcast contender secures (all on UNIX sockets or loopback TCP, none encrypted).
@@ -172,14 +136,9 @@ BROADCAST_SECURES = {
 
 def sc_broadcast(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import mesh
-    from iac.node.node import Node
 
-    if not hasattr(Node, "broadcast"):
-        res.status = "unavailable"
-        res.reason = "iac.Node has no broadcast() in this version"
-        return
-    plan = BroadcastPlan((10,), 5) if ctx.quick else BroadcastPlan((10, 50, 100), 25)
-    res.raw = {"sizes": list(plan.sizes), "rounds": plan.rounds, "links": {}}
+    sizes, rounds = ((10,), 5) if ctx.quick else ((10, 50, 100), 25)
+    res.raw = {"sizes": list(sizes), "rounds": rounds, "links": {}}
     series: dict[str, dict[str, float]] = {}
     warmup = 2
 
@@ -204,9 +163,9 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
             steps = {label: counted(label, fn) for label, fn in bench.contenders().items()}
             figs = await interleave_async(
                 steps,
-                plan.rounds,
+                rounds,
                 warmup=warmup,
-                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{plan.rounds}"),
+                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{rounds}"),
             )
             for label in sent:  # the first entries are the warm-ups
                 sent[label] = sent[label][warmup:]
@@ -217,7 +176,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
 
     base = mesh.HTTP_ED25519 if endpoints.have_aiohttp() else mesh.IAC_FANOUT
     res.baseline = base
-    for n in plan.sizes:
+    for n in sizes:
         figs, sent, links = asyncio.run(one_size(n))
         res.raw["links"][str(n)] = links
         for label, values in figs.items():
@@ -247,7 +206,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
         "server, one body (Ed25519-signed once, or hashed once) POSTed to all N-1 at once; each server "
         f"verifies it. NATS fan-out: one publish on a subject that N-1 subscriber connections (in this "
         "process) receive through a nats-server on loopback; +Ed25519 signs it once, each subscriber "
-        f"verifies it. {plan.rounds} rounds after 2 warm-ups, turns A B … B A."
+        f"verifies it. {rounds} rounds after 2 warm-ups, turns A B … B A."
     )
     why = brokers.missing("nats")
     if why:
@@ -352,13 +311,13 @@ def sc_cc(ctx: Context, res: Result) -> None:
 def sc_a2a(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import a2a_calls
 
-    a2a_calls.scenario(ctx, res, run_script)
+    a2a_calls.scenario(ctx, res)
 
 
 def sc_reconnect(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import reconnect
 
-    reconnect.scenario(ctx, res, run_script)
+    reconnect.scenario(ctx, res)
 
 
 def sc_scale(ctx: Context, res: Result) -> None:

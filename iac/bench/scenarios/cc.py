@@ -1,7 +1,6 @@
 """Congestion control over an emulated bottleneck: bulk goodput and request latency.
 
-    sudo .venv/bin/python -m iac.bench.scenarios.cc --quick --json out.json   # the cc scenario alone
-    .venv/bin/iac bench --only cc                                    # the same, in the suite
+    sudo .venv/bin/iac bench --only cc [--quick]
 
 Two network namespaces joined by :class:`netem.Link`, with a bottleneck
 (:class:`netem.Bottleneck`: a rate limit and a drop-tail queue of :data:`netem.SHALLOW_BDP`
@@ -38,14 +37,12 @@ print ``{"ready": true, ...urls}``; ``cc.py bulk|requests --target JSON ...`` pr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders.ccflows import FRAME_BYTES, REQUEST_BYTES
@@ -360,27 +357,3 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         "shares": shares,
         "errors": errors,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--plan", choices=tuple(PLANS), default=None, help="full (default), targets, quick")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    from iac.bench.reports import ccreport
-
-    plan = plan_named(args.plan or ("quick" if args.quick else "full"))
-    res = run_cc(plan, lambda m: print(m, file=sys.stderr, flush=True))
-    if res["status"] != "ok":
-        print(f"cc scenario skipped: {res['reason']}")
-        return 0
-    for line in ccreport.summary_lines(res):
-        print(line)
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -40,14 +38,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import nacl
-import nacl.bindings
 import nacl.signing
 import zstandard
-from google.protobuf.internal import api_implementation
 
 from iac.bench.contenders.baselines import HTTP_PASSWORD, HTTP_PATH
-from iac.bench.harness.environment import DISTRIBUTIONS, cpu_model
+from iac.bench.harness.environment import environment
 from iac.bench.harness.paths import TEST_CORPUS
 from iac.bench.harness.stats import median
 from iac.wire import (
@@ -288,20 +283,6 @@ def measure_speed(payloads: Sequence[str], reps: int) -> dict[str, object]:
 
 
 # --- report --------------------------------------------------------------------------------------
-
-
-def environment() -> dict[str, object]:
-    return {
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": platform.machine(),
-        "processor": cpu_model(),
-        "iac": importlib.metadata.version(DISTRIBUTIONS["iac"]),
-        "zstandard": zstandard.__version__,
-        "zstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
-        "pynacl": nacl.__version__,
-        "protobuf_backend": api_implementation.Type(),
-    }
 
 
 def pin_one_core() -> int | None:

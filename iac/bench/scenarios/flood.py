@@ -115,16 +115,8 @@ async def measure(reps: int, rate: float, seconds: float, handler_ms: float) -> 
             rows = []
             for _ in range(reps):
                 quiet, n_quiet = await _p50(client, target["agent_id"], seconds)
-                flooder = await asyncio.to_thread(
-                    _endpoint,
-                    "flood",
-                    "--target",
-                    json.dumps(target),
-                    "--rate",
-                    str(rate),
-                    "--seconds",
-                    str(seconds),
-                )
+                args = ("--target", json.dumps(target), "--rate", str(rate), "--seconds", str(seconds))
+                flooder = await asyncio.to_thread(_endpoint, "flood", *args)
                 try:
                     flooding = asyncio.ensure_future(asyncio.to_thread(flooder.ask, {"cmd": "go"}, 60))
                     loaded, n_loaded = await _p50(client, target["agent_id"], seconds * 0.8)

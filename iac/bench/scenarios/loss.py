@@ -1,4 +1,4 @@
-"""Requests under loss and delay (``python -m iac.bench.scenarios.loss --quick --json out.json``, root).
+"""Requests under loss and delay (``iac bench --only loss``, as root).
 
 ``run_loss``: 64 concurrent independent requests, again and again, between two network namespaces
 joined by :class:`iac.testing.netem.Link` (10 ms each way = 20 ms RTT) at 0 %, 1 % and 3 % loss
@@ -14,9 +14,6 @@ headers and ACKs included).
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,24 +167,3 @@ def loss_rows(res: Result, out: dict[str, Any]) -> None:
     )
     res.notes.extend(out["notes"])
     res.raw = out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    res = run_loss(QUICK_PLAN if args.quick else FULL_PLAN, lambda m: print(m, file=sys.stderr))
-    if res["status"] != "ok":
-        print(f"loss scenario skipped: {res['reason']}")
-        return 0
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-    from iac.bench.reports import live
-
-    live.print_rows("iac.bench.scenarios.loss", [("loss", loss_rows, res)])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

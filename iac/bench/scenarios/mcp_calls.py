@@ -145,6 +145,8 @@ async def call(session: Any) -> None:
 
 
 async def measure(open_: Opener, sequential: int, concurrent: int) -> dict[str, float]:
+    from iac.bench.harness.results import at_depth
+
     async with open_() as session:
         for _ in range(10):  # warm up
             await call(session)
@@ -153,17 +155,7 @@ async def measure(open_: Opener, sequential: int, concurrent: int) -> dict[str, 
             t0 = time.perf_counter()
             await call(session)
             times.append(time.perf_counter() - t0)
-        left = concurrent
-
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await call(session)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-        elapsed = time.perf_counter() - t0
+        elapsed = await at_depth(lambda i: call(session), concurrent, IN_FLIGHT)
     return {"p50_ms": statistics.median(times) * 1e3, "calls_per_s": concurrent / elapsed}
 
 

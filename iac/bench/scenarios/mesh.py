@@ -359,39 +359,21 @@ async def main() -> None:
     args = ap.parse_args()
     rounds = 3 if args.quick else 10
     mib = args.file_mib or (16 if args.quick else 128)
-    results: dict[str, Any] = {"broadcast": []}
-    for n in (10, 50, 100):
-        r = await bench_broadcast(n, rounds)
-        results["broadcast"].append(r)
-        print(
-            f"broadcast {n:3d} nodes ({r['links']} links): last node after {r['median_ms']:.1f} ms median "
-            f"(max {r['max_ms']:.1f} ms)",
-            flush=True,
-        )
-    r = await bench_relay(1000 if args.quick else 5000)
-    results["relay"] = r
-    print(
-        f"delegation: direct {r['direct']:.0f} req/s, through one relay {r['via_relay']:.0f} req/s "
-        f"({r['ratio']:.2f}x)",
-        flush=True,
-    )
+    broadcasts = [await bench_broadcast(n, rounds) for n in (10, 50, 100)]
+    results: dict[str, Any] = {"broadcast": broadcasts}
+    results["relay"] = await bench_relay(1000 if args.quick else 5000)
     work = Path(tempfile.mkdtemp(prefix="iacfm-"))
     try:
         src = make_file(work / "payload.bin", mib)
-        bare = await bench_bare_aioquic(src, work)
-        results["file"] = {"mib": mib, "bare_aioquic_mb_s": bare}
-        print(f"file transfer {mib} MiB: bare aioquic single stream {bare:.1f} MB/s", flush=True)
+        results["file"] = {"mib": mib, "bare_aioquic_mb_s": await bench_bare_aioquic(src, work)}
         for url, window in (("quic://127.0.0.1:0", 8), ("quic://127.0.0.1:0", 16), ("tls://127.0.0.1:0", 16)):
             rate = await bench_iac_file(src, work, url, window)
-            scheme = url.split(":", 1)[0]
-            results["file"][f"iac_{scheme}_window{window}_mb_s"] = rate
-            print(
-                f"  iac send_file over {scheme}, window {window}: {rate:.1f} MB/s "
-                f"({rate / bare:.2f}x bare aioquic)",
-                flush=True,
-            )
+            results["file"][f"iac_{url.split(':', 1)[0]}_window{window}_mb_s"] = rate
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    from iac.bench.reports.live import print_rendered
+
+    print_rendered(("mesh-results",), "iac.bench.scenarios.mesh", results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
 

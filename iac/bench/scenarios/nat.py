@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import string
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.results import summarize
@@ -125,15 +127,15 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     data = run_script(ctx, "nat.py", ["--quick"] if ctx.quick else [], 600)
     f = data["figures"]
     res.baseline = "relayed"
-    res.add("relayed", "request RTT A -> B, 1 KiB, two NATs", "ms", f["rtt_relayed_ms"], iac=True)
-    res.add("direct", "request RTT A -> B, 1 KiB, two NATs", "ms", f["rtt_direct_ms"], iac=True)
-    res.add("direct", "time to a direct path (punch)", "ms", f["to_direct_ms"], iac=True)
-    res.add(
-        "relayed", "bytes the relay receives per request", "B", f["relay_bytes_per_request_relayed"], iac=True
-    )
-    res.add(
-        "direct", "bytes the relay receives per request", "B", f["relay_bytes_per_request_direct"], iac=True
-    )
+    rtt, bytes_ = "request RTT A -> B, 1 KiB, two NATs", "bytes the relay receives per request"
+    for who, metric, unit, key in (
+        ("relayed", rtt, "ms", "rtt_relayed_ms"),
+        ("direct", rtt, "ms", "rtt_direct_ms"),
+        ("direct", "time to a direct path (punch)", "ms", "to_direct_ms"),
+        ("relayed", bytes_, "B", "relay_bytes_per_request_relayed"),
+        ("direct", bytes_, "B", "relay_bytes_per_request_direct"),
+    ):
+        res.add(who, metric, unit, f[key], iac=True)
     sym = data["symmetric"]
     res.notes.append(
         f"scenarios/nat.py: {data['rounds']} rounds in network namespaces (MASQUERADE NATs that drop "
@@ -146,24 +148,21 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     res.raw = data
 
 
-def show(data: dict[str, Any]) -> None:
-    if "unavailable" in data:
-        print(f"nat: unavailable: {data['unavailable']}")
-    else:
-        live.print_rendered(("nat",), MODULE, data)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 rounds of 20 requests instead of 10 of 100")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     reason = unavailable()
-    if reason is not None:
-        data: dict[str, Any] = {"unavailable": reason}
+    rounds, requests = (3, 20) if args.quick else (10, 100)
+    data = {"unavailable": reason} if reason else asyncio.run(measure(rounds, requests))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    elif reason:
+        print(f"nat: unavailable: {reason}")
     else:
-        data = asyncio.run(measure(3, 20) if args.quick else measure(10, 100))
-    return live.write_or_print(data, args.json, show)
+        live.print_rendered(("nat",), MODULE, data)
+    return 0
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,14 @@ from iac.bench.contenders.iacnode import IAC, IacClient, start_iac, transport_of
 from iac.bench.harness import counting, process
 from iac.bench.harness.counting import CountingProxy
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.harness.process import ServerProcess
+from iac.bench.harness.process import Endpoint
+from iac.bench.harness.results import at_depth
 from iac.bench.harness.stats import median, percentile
 from iac.testing import lanes
 from iac.testing.lanes import Lane, base_name, loop_kind
 
 TEST = TEST_CORPUS
-if importlib.util.find_spec("qh3") and importlib.util.find_spec("iac.transport.quic.backend"):
+if importlib.util.find_spec("qh3"):
     IAC = ("iac-quic", "iac-quic-qh3", "iac-tls", "iac-unix")  # type: ignore[assignment]  # the accelerated QUIC backend
 FLOORS = ("floor-quic", "floor-tls", "floor-unix")
 TRANSPORTS = ("quic", "tls", "unix")
@@ -161,34 +162,20 @@ def make_client(payloads: list[Any], info: dict[str, Any], via: tuple[Any, ...] 
 
 
 @dataclass
-class Series:
-    """One figure per repetition."""
-
-    values: list[float] = field(default_factory=list)
-
-    def summary(self, digits: int = 1) -> dict[str, float] | None:
-        if not self.values:
-            return None
-        return {
-            "median": round(median(self.values), digits),
-            "min": round(min(self.values), digits),
-            "max": round(max(self.values), digits),
-        }
-
-
-@dataclass
 class Result:
+    """One figure per repetition of each measure."""
+
     name: str
-    p50_us: Series = field(default_factory=Series)
-    p99_us: Series = field(default_factory=Series)
-    rps: Series = field(default_factory=Series)
-    server_cpu_us: Series = field(default_factory=Series)
-    client_cpu_us: Series = field(default_factory=Series)
-    echo_rps: Series = field(default_factory=Series)
-    echo_server_cpu_us: Series = field(default_factory=Series)
-    echo_client_cpu_us: Series = field(default_factory=Series)
-    oneway_rate: Series = field(default_factory=Series)
-    primitives_us: Series = field(default_factory=Series)  # in sequence, right before a floor's phase
+    p50_us: list[float] = field(default_factory=list)
+    p99_us: list[float] = field(default_factory=list)
+    rps: list[float] = field(default_factory=list)
+    server_cpu_us: list[float] = field(default_factory=list)
+    client_cpu_us: list[float] = field(default_factory=list)
+    echo_rps: list[float] = field(default_factory=list)
+    echo_server_cpu_us: list[float] = field(default_factory=list)
+    echo_client_cpu_us: list[float] = field(default_factory=list)
+    oneway_rate: list[float] = field(default_factory=list)
+    primitives_us: list[float] = field(default_factory=list)  # in sequence, before a floor's phase
     wire: dict[str, float] = field(default_factory=dict)
 
 
@@ -205,85 +192,60 @@ async def sequential(request: Request, n: int) -> list[float]:
     return rtts
 
 
-async def concurrent(request: Request, n: int, in_flight: int = IN_FLIGHT) -> float:
-    """Run ``n`` requests with ``in_flight`` workers; return the elapsed seconds."""
-    counter = iter(range(n))
-
-    async def worker() -> None:
-        for i in counter:
-            await request(i)
-
-    t = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
-    return time.perf_counter() - t
-
-
-async def cpu_phase(request: Request, server: ServerProcess, n: int) -> tuple[float, float | None, float]:
+async def cpu_phase(request: Request, proc: Endpoint, n: int) -> tuple[float, float | None, float]:
     """``n`` requests at 64 in flight: requests/s, server and client CPU µs per request."""
     gc.collect()
-    s0, c0 = server.cpu_seconds(), time.process_time()
-    elapsed = await concurrent(request, n)
-    s1, c1 = server.cpu_seconds(), time.process_time()
+    s0, c0 = proc.cpu_seconds(), time.process_time()
+    elapsed = await at_depth(request, n, IN_FLIGHT)
+    s1, c1 = proc.cpu_seconds(), time.process_time()
     server_us = None if s0 is None or s1 is None else (s1 - s0) / n * 1e6
     return n / elapsed, server_us, (c1 - c0) / n * 1e6
 
 
 async def warm_up(client: Any, plan: Plan) -> None:
     await sequential(client.request, plan.warm_seq)
-    await concurrent(client.request, plan.warm_conc)
+    await at_depth(client.request, plan.warm_conc, IN_FLIGHT)
     if is_floor(client.name):
-        await concurrent(client.echo, plan.warm_conc)
+        await at_depth(client.echo, plan.warm_conc, IN_FLIGHT)
     if isinstance(client, IacClient):
         await client.oneway(await client.prepare_oneway(plan.warm_conc))
 
 
-async def measure_rep(client: Any, server: ServerProcess, plan: Plan, result: Result, prims: Any) -> None:
+async def measure_rep(client: Any, proc: Endpoint, plan: Plan, result: Result, prims: Any) -> None:
     gc.collect()
     rtts = await sequential(client.request, plan.count)
-    result.p50_us.values.append(median(rtts) * 1e6)
-    result.p99_us.values.append(percentile(rtts, 99) * 1e6)
+    result.p50_us.append(median(rtts) * 1e6)
+    result.p99_us.append(percentile(rtts, 99) * 1e6)
     if is_floor(client.name):  # what the floor's codec work costs on this machine just now
-        result.primitives_us.values.append(prims.in_sequence()["sum"])
-    rps, server_us, client_us = await cpu_phase(client.request, server, plan.concurrent)
-    result.rps.values.append(rps)
+        result.primitives_us.append(prims.in_sequence()["sum"])
+    rps, server_us, client_us = await cpu_phase(client.request, proc, plan.concurrent)
+    result.rps.append(rps)
     if server_us is not None:
-        result.server_cpu_us.values.append(server_us)
-    result.client_cpu_us.values.append(client_us)
+        result.server_cpu_us.append(server_us)
+    result.client_cpu_us.append(client_us)
     if is_floor(client.name):
-        rps, server_us, client_us = await cpu_phase(client.echo, server, plan.concurrent)
-        result.echo_rps.values.append(rps)
+        rps, server_us, client_us = await cpu_phase(client.echo, proc, plan.concurrent)
+        result.echo_rps.append(rps)
         if server_us is not None:
-            result.echo_server_cpu_us.values.append(server_us)
-        result.echo_client_cpu_us.values.append(client_us)
+            result.echo_server_cpu_us.append(server_us)
+        result.echo_client_cpu_us.append(client_us)
     if isinstance(client, IacClient):
         frames = await client.prepare_oneway(plan.concurrent)
         gc.collect()
-        result.oneway_rate.values.append(await client.oneway(frames))
+        result.oneway_rate.append(await client.oneway(frames))
 
 
 async def measure_wire(
     name: str, info: dict[str, Any], payloads: list[Any], workdir: Path, plan: Plan
 ) -> dict[str, float]:
     """Bytes at the socket per request, through a counting relay (see the module docstring)."""
-    relay: Any
-    if (is_iac(name) or is_floor(name)) and transport_of(name) == "quic":
-        host, port = (
-            _host_port(info["url"].removeprefix("quic://")) if is_iac(name) else (info["host"], info["port"])
-        )
-        relay = counting.counting_udp_relay((host, int(port)))
-        rhost, rport = await relay.start()
-        via: tuple[Any, ...] = ("udp", rhost, rport)
+    listen_path = str(workdir / f"proxy-{name}.sock")
+    if is_iac(name):
+        relay, via = await counting.relay_for(info["url"], listen_path)
+    elif is_floor(name) and transport_of(name) == "quic":
+        relay, via = await counting.relay_for(f"quic://{info['host']}:{info['port']}", listen_path)
     else:
-        if is_iac(name):
-            url = info["url"]
-            target: tuple[Any, ...] = (
-                ("unix", url.removeprefix("unix://"))
-                if url.startswith("unix://")
-                else ("tcp", *_host_port(url.removeprefix("tls://")))
-            )
-        else:
-            target = baselines.server_target(info)
-        relay = CountingProxy(target, listen_path=str(workdir / f"proxy-{name}.sock"))
+        relay = CountingProxy(baselines.server_target(info), listen_path=listen_path)
         via = await relay.start()
     client = make_client(payloads, info, via)
     try:
@@ -306,11 +268,6 @@ async def measure_wire(
     finally:
         await client.close()
         await relay.close()
-
-
-def _host_port(s: str) -> tuple[str, int]:
-    host, port = s.rsplit(":", 1)
-    return host, int(port)
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -345,7 +302,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     def lane(name: str) -> Lane:
         return lane_by_kind[loop_kind(name)]
 
-    servers: dict[str, ServerProcess] = {}
+    servers: dict[str, Endpoint] = {}
     clients: dict[str, Client] = {}
     results = {name: Result(name) for name in names}
     extra = Run()
@@ -353,18 +310,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     prims = Primitives(payloads)
     try:
         calibrating = asyncio.get_running_loop().run_in_executor(None, calibrator.start)
-        started = await asyncio.gather(
-            *(
-                process.spawn_server(
-                    "iac.bench.scenarios.node", n, workdir, profile_file if n == args.profile else None
-                )
-                for n in names
-            )
-        )
-        servers = {s.name: s for s in started}
+
+        def start(n: str) -> None:  # in threads, at once; each is closed below once it started
+            profile = profile_file if n == args.profile else None
+            servers[n] = process.server_endpoint("iac.bench.scenarios.node", n, workdir, profile)
+
+        await asyncio.gather(*(asyncio.to_thread(start, n) for n in names))
         say(args, f"{len(servers)} servers started")
         for name in names:
-            clients[name] = make_client(payloads, servers[name].info)
+            clients[name] = make_client(payloads, servers[name].first)
             await lane(name).run(clients[name].start())
         say(args, f"clients connected; warm-up: {len(names)} contenders")
         for name in names:
@@ -384,13 +338,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         say(args, "bytes on the wire")
         for name in names:
             results[name].wire = await lane(name).run(
-                measure_wire(name, servers[name].info, payloads, workdir, plan)
+                measure_wire(name, servers[name].first, payloads, workdir, plan)
             )
     finally:
         for name, c in clients.items():
             with contextlib.suppress(Exception):
                 await lane(name).run(c.close())
-        await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
+        closing = (asyncio.to_thread(s.close) for s in servers.values())
+        await asyncio.gather(*closing, return_exceptions=True)
         for ln in lane_by_kind.values():
             ln.close()
         calibrator.close()
@@ -450,16 +405,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     base = QUICK if args.quick else FULL
     count = args.count or base.count
-    args.plan = Plan(
-        count=count,
-        reps=args.reps or base.reps,
-        warm_seq=base.warm_seq,
-        warm_conc=base.warm_conc,
-        bytes_requests=min(count, base.bytes_requests),
-        bytes_warmup=base.bytes_warmup,
-        settle_s=base.settle_s,
-        calibration_s=base.calibration_s,
-    )
+    reps, bytes_requests = args.reps or base.reps, min(count, base.bytes_requests)
+    args.plan = replace(base, count=count, reps=reps, bytes_requests=bytes_requests)
     if not 1 <= args.plan.count <= 100_000 or not 1 <= args.plan.reps <= 100:
         ap.error("--count must be in 1..100000 and --reps in 1..100")
     loop = args.loop or ("both" if lanes.uvloop_installed() else "asyncio")

@@ -1,7 +1,7 @@
 """First delivery after a reconnect, through the Node API, at 20 ms RTT: QUIC 0-RTT vs QUIC 1-RTT
 vs TLS/TCP.
 
-    .venv/bin/python -m iac.bench.scenarios.reconnect [--quick] [--json FILE]
+    iac bench --only reconnect [--quick]
 
 One server :class:`iac.Node` listens on QUIC and TLS; each contender is a client Node that already
 spoke to it once (so a QUIC client holds a session ticket), then lost its connection. The figure is
@@ -14,14 +14,12 @@ ratios are of medians measured in the same run. Target: QUIC 0-RTT <= 0.6 x QUIC
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 from typing import Any
 
 from iac.bench.contenders.echo import TcpDelayProxy
+from iac.bench.harness.counting import host_port
 from iac.bench.harness.stats import median
-from iac.bench.reports import live
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.testing import Impairment, UdpRelay
@@ -29,8 +27,6 @@ from iac.testing import Impairment, UdpRelay
 ONE_WAY_DELAY = 0.010
 TARGET_0RTT = 0.6
 CONTENDERS = ("QUIC 0-RTT", "QUIC 1-RTT", "TLS/TCP")
-
-MODULE = "iac.bench.scenarios.reconnect"
 
 
 async def measure(rounds: int) -> dict[str, Any]:
@@ -44,9 +40,9 @@ async def measure(rounds: int) -> dict[str, Any]:
 
         server.on("RUN")(handler)
         quic, tls = server.addresses[0], server.addresses[1]
-        relay = UdpRelay(_hostport(quic), Impairment(delay=ONE_WAY_DELAY))
+        relay = UdpRelay(host_port(quic), Impairment(delay=ONE_WAY_DELAY))
         rhost, rport = await relay.start()
-        proxy = TcpDelayProxy(_hostport(tls), ONE_WAY_DELAY)
+        proxy = TcpDelayProxy(host_port(tls), ONE_WAY_DELAY)
         pport = await proxy.start()
         far_quic = f"quic://{rhost}:{rport}"
         urls = {"QUIC 0-RTT": far_quic, "QUIC 1-RTT": far_quic, "TLS/TCP": f"tls://127.0.0.1:{pport}"}
@@ -105,19 +101,9 @@ async def _first_delivery(client: Node, server: str, arrived: asyncio.Queue[floa
     return took
 
 
-def _hostport(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host, int(port)
-
-
-def scenario(ctx: Any, res: Any, run_script: Any) -> None:
-    """``iac bench --only reconnect``: this script in a child process, its figures as the suite's rows."""
-    ctx.progress("reconnect.py")
-    fill(res, run_script(ctx, "reconnect.py", ["--quick"] if ctx.quick else [], 300))
-
-
-def fill(res: Any, data: dict[str, Any]) -> None:
-    """The suite's rows of this module's output."""
+def scenario(ctx: Any, res: Any) -> None:
+    """``iac bench --only reconnect``: the measurement, its figures as the suite's rows."""
+    data = asyncio.run(measure(5 if ctx.quick else 30))
     res.baseline = "QUIC 1-RTT"
     for name, f in data["first_delivery_ms"].items():
         res.add(name, "first delivery after a reconnect, 20 ms RTT (Node API)", "ms", f, iac=True)
@@ -128,20 +114,3 @@ def fill(res: Any, data: dict[str, Any]) -> None:
         f"(target <= {TARGET_0RTT}); 0-RTT dials that resumed: {data['resumed']}/{data['rounds']}."
     )
     res.raw = data
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="5 rounds instead of 30")
-    ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args(argv)
-    data = asyncio.run(measure(5 if args.quick else 30))
-
-    def show(d: dict[str, Any]) -> None:
-        live.print_rows(MODULE, [("reconnect", fill, d)])
-
-    return live.write_or_print(data, args.json, show)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

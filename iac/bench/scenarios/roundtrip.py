@@ -50,6 +50,7 @@ from typing import Any
 
 from iac.bench.contenders import baselines
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.results import at_depth
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -119,32 +120,17 @@ async def main(args: argparse.Namespace) -> None:
     else:
         request, close = await iac_pair(args.transport, args.sync_in_thread, pl, args.sign_in_worker)
 
-    async def run(n: int) -> None:
-        if args.in_flight == 1:
-            for i in range(n):
-                await request(i)
-            return
-        it = iter(range(n))
-
-        async def worker() -> None:
-            for i in it:
-                await request(i)
-
-        await asyncio.gather(*(worker() for _ in range(args.in_flight)))
-
     try:
-        await run(300)
+        await run_requests(request, 300, args.in_flight)
         prof = cProfile.Profile() if args.profile else None
-        cpu, rps = [], []
+        cpu: list[float] = []
+        rps: list[float] = []
         for _ in range(args.reps):
-            c0, w0 = time.process_time(), time.perf_counter()
             if prof is not None:
                 prof.enable()
-            await run(args.count)
+            cpu.append(await run_requests(request, args.count, args.in_flight, rps))
             if prof is not None:
                 prof.disable()
-            cpu.append((time.process_time() - c0) / args.count * 1e6)
-            rps.append(args.count / (time.perf_counter() - w0))
         if prof is not None:
             prof.dump_stats(args.profile)
     finally:
@@ -171,17 +157,7 @@ MATRIX = (
 async def run_requests(request: Request, n: int, in_flight: int, walls: list[float] | None = None) -> float:
     """``n`` requests, ``in_flight`` at a time; CPU µs per round trip (and requests/s to ``walls``)."""
     c0, w0 = time.process_time(), time.perf_counter()
-    if in_flight == 1:
-        for i in range(n):
-            await request(i)
-    else:
-        it = iter(range(n))
-
-        async def worker() -> None:
-            for i in it:
-                await request(i)
-
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
+    await at_depth(request, n, in_flight)
     if walls is not None:
         walls.append(n / (time.perf_counter() - w0))
     return (time.process_time() - c0) / n * 1e6
@@ -208,6 +184,8 @@ async def counts(request: Request, n: int) -> dict[str, float]:
 CALLGRIND = (("iac-tls", "tls", False), ("floor-tls", "tls", True), ("iac-unix", "unix", False),
              ("floor-unix", "unix", True))  # fmt: skip
 CALLGRIND_COUNTS = (100, 300)
+#: The ratios of medians the report shows: its name -> the figure's.
+RATIOS = {"cpu_1": "cpu_us_1", "cpu_64": "cpu_us_64", "rps_64": "rps_64"}
 
 
 def instructions(transport: str, floor: bool) -> float:
@@ -263,23 +241,12 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
         v["cpu_us_64_median"] = median(v["cpu_us_64"])
         v["rps_64_median"] = median(v["rps_64"])
     ratios = {}
-    for t in ("quic", "tls", "unix"):
-        iac, fl = out[f"iac-{t}"], out[f"floor-{t}"]
-        ratios[f"iac-{t} / floor-{t}"] = {
-            "cpu_1": iac["cpu_us_1_median"] / fl["cpu_us_1_median"],
-            "cpu_64": iac["cpu_us_64_median"] / fl["cpu_us_64_median"],
+    versus = [(f"iac-{t}", f"floor-{t}") for t in ("quic", "tls", "unix")]
+    for a, b in (*versus, ("iac-tls-thread", "iac-tls"), ("iac-tls-signw", "iac-tls")):
+        keys = RATIOS if a == "iac-tls-signw" else ("cpu_1", "cpu_64")  # requests/s: signing only
+        ratios[f"{a} / {b}"] = {
+            k: out[a][f"{RATIOS[k]}_median"] / out[b][f"{RATIOS[k]}_median"] for k in keys
         }
-    th, tls = out["iac-tls-thread"], out["iac-tls"]
-    ratios["iac-tls-thread / iac-tls"] = {
-        "cpu_1": th["cpu_us_1_median"] / tls["cpu_us_1_median"],
-        "cpu_64": th["cpu_us_64_median"] / tls["cpu_us_64_median"],
-    }
-    sw = out["iac-tls-signw"]
-    ratios["iac-tls-signw / iac-tls"] = {
-        "cpu_1": sw["cpu_us_1_median"] / tls["cpu_us_1_median"],
-        "cpu_64": sw["cpu_us_64_median"] / tls["cpu_us_64_median"],
-        "rps_64": sw["rps_64_median"] / tls["rps_64_median"],
-    }
     counted: dict[str, float] = {}
     if args.callgrind:
         for name, transport, is_floor in CALLGRIND:

@@ -36,16 +36,19 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines
 from iac.bench.harness import process
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.results import at_depth
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
 IN_FLIGHT = 64
+MODULE = "iac.bench.scenarios.scaleout"
 CONTENDERS = ("1 process, memory store", "1 process, shared store", "2 processes, shared store")
 
 
@@ -90,28 +93,25 @@ async def client_main(url: str, peer: str, count: int, payload_file: Path) -> No
     payloads = json.loads(payload_file.read_text())
     async with Node() as node:
         node.add_peer(peer, url)
-        for i in range(50):
-            await node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
+
+        def request(i: int) -> Awaitable[object]:
+            return node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
+
+        await at_depth(request, 50, 1)
         print("ready", flush=True)
         sys.stdin.readline()  # the parent starts every client at once
-        it = iter(range(count))
-
-        async def worker() -> None:
-            for i in it:
-                await node.request(peer, MessageType.RUN, payloads[i % len(payloads)])
-
         t0 = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+        await at_depth(request, count, IN_FLIGHT)
         print(json.dumps({"start": t0, "end": time.monotonic(), "n": count}), flush=True)
 
 
-async def run_clients(servers: list[process.ServerProcess], count: int, payload_file: Path) -> float:
+async def run_clients(servers: list[process.Endpoint], count: int, payload_file: Path) -> float:
     """One client process per server, started together; requests/s of all of them."""
     procs = []
     for s in servers:
         p = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "iac.bench.scenarios.scaleout",
-            "--client", s.info["url"], s.info["agent_id"], str(count),
+            "--client", s.first["url"], s.first["agent_id"], str(count),
             str(payload_file), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         procs.append(p)
@@ -150,10 +150,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     scaling: list[float] = []
     calibrator = Calibrator(0.1)
     calibrator.start()
-    servers: dict[str, process.ServerProcess] = {}
+    servers: dict[str, process.Endpoint] = {}
     try:
         for n in ("mem-0", "shared-0", "shared-1"):
-            servers[n] = await process.spawn_server("iac.bench.scenarios.scaleout", n, workdir)
+            servers[n] = await asyncio.to_thread(process.server_endpoint, MODULE, n, workdir)
         before = calibrator.measure()["scaling"]
         for rep in range(args.reps):
             order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
@@ -169,7 +169,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             before = after
             print(f"  .. repetition {rep + 1}/{args.reps}: scaling {scaling[-1]:.2f}", file=sys.stderr)
     finally:
-        await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
+        closing = (asyncio.to_thread(s.close) for s in servers.values())
+        await asyncio.gather(*closing, return_exceptions=True)
         calibrator.close()
         shutil.rmtree(workdir, ignore_errors=True)
     valid = [i for i, s in enumerate(scaling) if s >= MIN_SCALING]

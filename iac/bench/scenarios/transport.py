@@ -1,9 +1,6 @@
 """Transport benchmark: IAC over quic, tls and unix next to bare aioquic and bare TLS echoes.
 
-    .venv/bin/python -m iac.bench.scenarios.transport                 # full run (about 70 s)
-    .venv/bin/python -m iac.bench.scenarios.transport --quick         # smoke test (about 15 s)
-    .venv/bin/python -m iac.bench.scenarios.transport --json out.json # also write every number as JSON
-    .venv/bin/python -m iac.bench.scenarios.transport --only rtt      # one part: rtt, handshake, oneway
+    .venv/bin/iac bench --only rtt [--quick]      # the parts: rtt, setup (handshake), oneway
 
 Everything runs in this one process on one event loop, on loopback (client and server
 share the CPU, so a figure is the CPU of both ends plus the kernel's loopback path).
@@ -42,12 +39,9 @@ QUIC 1-RTT <= 0.75 x TLS/TCP.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
-import json
-import platform
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -65,7 +59,7 @@ from iac.bench.contenders.echo import (
     tls_echo,
 )
 from iac.bench.contenders.floor import CONFIG, DICTS
-from iac.bench.harness.environment import cpu_model
+from iac.bench.harness.counting import host_port
 from iac.bench.harness.results import summarize as summary
 from iac.bench.harness.stats import median, percentile
 from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
@@ -223,10 +217,10 @@ class Bench:
     async def part_handshake(self) -> dict[str, Any]:
         plan = self.plan
         urls = {"quic": self.url("quic"), "tls": self.url("tls"), "unix": self.url("unix")}
-        relay = UdpRelay(_hostport(urls["quic"]), Impairment(delay=ONE_WAY_DELAY))
+        relay = UdpRelay(host_port(urls["quic"]), Impairment(delay=ONE_WAY_DELAY))
         rhost, rport = await relay.start()
         self.cleanup.append(relay.close)
-        proxy = TcpDelayProxy(_hostport(urls["tls"]), ONE_WAY_DELAY)
+        proxy = TcpDelayProxy(host_port(urls["tls"]), ONE_WAY_DELAY)
         pport = await proxy.start()
         self.cleanup.append(proxy.close)
         far = {"quic": f"quic://{rhost}:{rport}", "tls": f"tls://127.0.0.1:{pport}"}
@@ -331,11 +325,6 @@ class Bench:
         }
 
 
-def _hostport(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host.strip("[]"), int(port)
-
-
 async def _until(cond: Callable[[], bool], timeout: float) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -345,60 +334,15 @@ async def _until(cond: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.001)
 
 
-# --- report -------------------------------------------------------------------------------------
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "missed"
-
-
-def _mm(s: dict[str, float], fmt: str = "{:.0f}") -> str:
-    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])} .. {fmt.format(s['max'])}]"
-
-
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    plan = QUICK if args.quick else FULL
-    import aioquic
-
-    res: dict[str, Any] = {
-        "quick": args.quick,
-        "plan": plan.__dict__,
-        "environment": {
-            "python": platform.python_version(),
-            "aioquic": aioquic.__version__,
-            "processor": cpu_model(),
-        },
-    }
+async def run(quick: bool, only: str) -> dict[str, Any]:
+    """One part (``rtt``, ``handshake`` or ``oneway``) on the :data:`QUICK` or :data:`FULL` plan."""
+    plan = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="iac-bench-") as tmp:
         bench = Bench(plan, Path(tmp))
         await bench.start()
         try:
-            parts = {"rtt": bench.part_rtt, "handshake": bench.part_handshake, "oneway": bench.part_oneway}
-            for name, fn in parts.items():
-                if args.only in (None, name):
-                    res[name] = await fn()
+            parts = {"rtt": bench.part_rtt, "handshake": bench.part_handshake}
+            part = parts.get(only, bench.part_oneway)
+            return {"quick": quick, "plan": plan.__dict__, only: await part()}
         finally:
             await bench.close()
-    return res
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="smoke test (under a minute)")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--only", choices=("rtt", "handshake", "oneway"), help="run one part")
-    args = ap.parse_args()
-    res = asyncio.run(run(args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-    from iac.bench.reports import live
-    from iac.bench.scenarios import catalog
-
-    fills = {"rtt": ("rtt", catalog.rtt_rows), "handshake": ("setup", catalog.setup_rows)}
-    fills["oneway"] = ("oneway", catalog.oneway_rows)
-    parts = [(n, fill, res[k]) for k, (n, fill) in fills.items() if k in res]
-    live.print_rows("iac.bench.scenarios.transport", parts, ["transport"])
-
-
-if __name__ == "__main__":
-    main()
