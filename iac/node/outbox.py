@@ -23,7 +23,7 @@ from iac.wire.elide import elide, elides, pair_prefix
 from iac.wire.enums import type_name
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import check_agent_id_cached
-from iac.wire.message import build_message
+from iac.wire.message import build_message, sign_message
 from iac.wire.seal import seal_payload
 
 #: Forward bodies larger than this are sent without trying zstd (file chunks do not compress).
@@ -66,10 +66,13 @@ class Outbox:
         reply_session_id: int = 0,
         sealed: bool = False,
         principal: str = "",
+        now_us: int = 0,
     ) -> Message:
+        """A new message toward ``peer`` in its session of ``kind`` (``now_us``: the clock, if the
+        caller just read it; else read here)."""
         check_agent_id_cached(peer)
         text = payload_text(payload, payload_json)
-        now = self.clock.now_us()
+        now = now_us or self.clock.now_us()
         msg = build_message(
             sender=self.agent_id,
             to=peer,
@@ -98,12 +101,26 @@ class Outbox:
     # --- toward a destination ---------------------------------------------------------------------
 
     async def transmit(
-        self, peer: str, msg: Message, via: str | None = None, *, compress: bool = True, early: bool = True
+        self,
+        peer: str,
+        msg: Message,
+        via: str | None = None,
+        *,
+        compress: bool = True,
+        early: bool = True,
+        now_us: int = 0,
     ) -> None:
         """Sign (fresh timestamp) and send toward ``peer``: inside FORWARD through ``via`` when given;
-        else on the peer's connection; else through a route's next hop; else dial the peer."""
-        conn = await self._peers.first_hop(peer, via, self.clock.now_us())
-        await self.send_on(conn, msg, compress=compress, early=early)
+        else on the peer's connection; else through a route's next hop; else dial the peer.
+        ``now_us``: the clock, when the caller built ``msg`` just now (its timestamp stands)."""
+        conn = self._peers.table.get(peer) if via is None else None
+        if conn is None:
+            conn = await self._peers.first_hop(peer, via, now_us or self.clock.now_us())
+            now_us = 0  # a dial may have taken a while: stamp afresh
+        if conn.peer.agent_id == msg.to:
+            await self.transmit_on(conn, msg, compress=compress, early=early, now_us=now_us)
+        else:
+            await self.forward_on(conn, msg, early=early)
 
     async def send_on(
         self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
@@ -164,10 +181,13 @@ class Outbox:
         return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
 
     async def transmit_on(
-        self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
+        self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True, now_us: int = 0
     ) -> None:
-        msg.timestamp = self.clock.now_us()
-        body = await self.signer.sign(msg)
+        """Sign ``msg`` with a fresh timestamp (``now_us``: the clock the caller built it with just
+        now) and send it in a MESSAGE frame on ``conn``."""
+        msg.timestamp = now_us or self.clock.now_us()
+        signer = self.signer
+        body = sign_message(self.identity, msg) if signer.worker is None else await signer.sign(msg)
         dictionary, limit = self.frame_params(conn)
         peer = conn.peer
         if elides(conn.local_hello.capabilities, peer.hello.capabilities):  # both HELLOs proved from/to

@@ -1,0 +1,66 @@
+"""The pending table's request timeouts: one loop timer for every request (iac/node/pending.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+
+from conftest import run
+
+from iac.node.pending import Deadlines
+
+
+def test_deadlines_fail_only_the_requests_whose_time_passed() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        d = Deadlines()
+        now = loop.time()
+        late, soon, ended = loop.create_future(), loop.create_future(), loop.create_future()
+        d.add(loop, now + 30.0, late)
+        d.remove(d.add(loop, now + 0.01, ended))  # answered before its deadline
+        d.add(loop, now + 0.02, soon)
+        await asyncio.wait([soon], timeout=5.0)
+        assert isinstance(soon.exception(), TimeoutError)
+        assert loop.time() >= now + 0.02  # never early
+        assert not ended.done()  # removed: never failed
+        assert not late.done() and len(d) == 1
+        # The loop timer waits for the earliest one left: one handle, not one per request.
+        handles = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        assert [h.when() for h in handles].count(now + 30.0) == 1
+
+    run(main())
+
+
+def test_deadlines_heap_stays_bounded_and_holds_no_future() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        d = Deadlines()
+        at = loop.time() + 60.0
+        kept = [loop.create_future() for _ in range(10)]
+        for f in kept:
+            d.add(loop, at, f)
+        for i in range(5000):  # answered requests: their entries wait in the heap until compacted
+            f = loop.create_future()
+            ref = weakref.ref(f)
+            d.remove(d.add(loop, at + i * 1e-3, f))
+            del f
+            assert d.heap_size <= 2 * len(d) + 65
+        gc.collect()
+        assert ref() is None  # an ended request's future is not held by its heap entry
+        assert len(d) == 10 and not any(f.done() for f in kept)
+
+    run(main())
+
+
+def test_deadlines_timer_does_not_keep_the_table_alive() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        d = Deadlines()
+        d.add(loop, loop.time() + 60.0, loop.create_future())
+        ref = weakref.ref(d)
+        del d
+        gc.collect()
+        assert ref() is None
+
+    run(main())
