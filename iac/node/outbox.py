@@ -131,18 +131,18 @@ class Outbox:
         else:
             await self.forward_on(conn, msg, early=early)
 
-    async def send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
+    async def send_to(self, to: str, msg: Message, hint: Connection | None = None, now_us: int = 0) -> None:
         """Send an answer: on ``hint`` when it is an open connection to ``to`` (the one the
         request came on: while a duplicate connection is settled, the table still names the old
-        one), else the usual way."""
+        one), else the usual way. ``now_us``: the clock ``msg`` was built with just now."""
         if hint is not None and hint.peer.agent_id == to and not hint.closed:
             conn: Connection | None = hint
         else:
             conn = self._peers.table.get(to)
         if conn is not None:
-            await self.transmit_on(conn, msg)
+            await self.transmit_on(conn, msg, now_us=now_us)
         else:
-            await self.transmit(to, msg)
+            await self.transmit(to, msg, now_us=now_us)
 
     async def try_send_to(self, to: str, msg: Message, hint: Connection | None = None) -> bool:
         """:meth:`send_to`, with transport errors swallowed (an answer nobody can take is lost)."""
