@@ -61,6 +61,9 @@ class StoreRunner:
         self.blocking = False
         self.lease_us: int | None = None
         self._retention_us = 0
+        #: ``(max_skew_us, history_start_us)`` when they never change (the in-memory store): the
+        #: pipeline checks freshness with them inline; None: ask the guard for each message.
+        self.freshness: tuple[int, int] | None = None
         if guard is not None:
             self.open(guard)
 
@@ -72,6 +75,9 @@ class StoreRunner:
         #: How long the store's reservations last unless renewed (None: they never lapse).
         self.lease_us = store.reservation_lease_us
         self._retention_us = 2 * store.max_skew_us
+        start = store.history_start_us
+        if isinstance(store, MemoryReplayStore) and start is not None:
+            self.freshness = (store.max_skew_us, start)
 
     @property
     def started(self) -> bool:

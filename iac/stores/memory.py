@@ -15,6 +15,10 @@ from iac.errors import MessageRejected
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_u64, share_refusal
 
+_MASK64 = (1 << 64) - 1
+#: No window: nothing can expire.
+_NEVER = 1 << 127
+
 
 @dataclass(slots=True)
 class _Window:
@@ -51,6 +55,9 @@ class MemoryReplayStore(StoreSettings):
         self._history_start_us = started_at_us
         self._clock_us = started_at_us
         self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
+        #: At most the oldest window's ``last_seen_us`` (windows only get younger, and a new one
+        #: lowers it): while ``now - retention`` is not past it, nothing is due to expire.
+        self._floor_us = _NEVER
         self._window_size = self._config.window_size
         self._retention_us = self._config.retention_us
         self._full_mask = (1 << self._config.window_size) - 1
@@ -72,8 +79,12 @@ class MemoryReplayStore(StoreSettings):
         return self._check(sender, session_id, msg_id, now_us, via, reserve=True)
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
-        check_u64("msg_id", msg_id)
-        self._expire_due(now_us)
+        if not 0 <= msg_id <= _MASK64:
+            check_u64("msg_id", msg_id)
+        if now_us > self._clock_us:
+            self._clock_us = now_us
+        if self._clock_us - self._retention_us > self._floor_us:
+            self._expire_due(now_us)
         w = self._windows.get((sender, session_id))
         if w is None:
             return  # expired: any replay is now stale
@@ -135,10 +146,12 @@ class MemoryReplayStore(StoreSettings):
         limit = self._clock_us - self._retention_us
         windows = self._windows
         dropped = 0
+        self._floor_us = _NEVER
         while windows:
             key = next(iter(windows))
             w = windows[key]
             if w.last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
+                self._floor_us = w.last_seen_us
                 break
             del windows[key]
             _unshare(self._by_sender, key[0])
@@ -169,9 +182,13 @@ class MemoryReplayStore(StoreSettings):
     def _check(
         self, sender: str, session_id: int, msg_id: int, now_us: int, via: str | None, *, reserve: bool
     ) -> Verdict:
-        check_u64("msg_id", msg_id)
-        check_u64("session_id", session_id)
-        self._expire_due(now_us)
+        if not (0 <= msg_id <= _MASK64 and 0 <= session_id <= _MASK64):
+            check_u64("msg_id", msg_id)
+            check_u64("session_id", session_id)
+        if now_us > self._clock_us:
+            self._clock_us = now_us
+        if self._clock_us - self._retention_us > self._floor_us:
+            self._expire_due(now_us)
         key = (sender, session_id)
         w = self._windows.get(key)
         if w is None:
@@ -192,6 +209,8 @@ class MemoryReplayStore(StoreSettings):
             self._by_via[via] = held_via + 1
             w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us, via=via)
             self._windows[key] = w
+            if self._clock_us < self._floor_us:
+                self._floor_us = self._clock_us
             self._mark(w, msg_id, 0, reserve)
             return Verdict.NEW
         w.last_seen_us = self._clock_us
