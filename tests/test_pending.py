@@ -1,14 +1,16 @@
-"""The pending table's request timeouts: one loop timer for every request (iac/node/pending.py)."""
+"""The pending table's request timeouts (one loop timer for every request) and in-flight permits
+(iac/node/pending.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import weakref
 
 from conftest import run
 
-from iac.node.pending import Deadlines
+from iac.node.pending import Deadlines, Permits
 
 
 def test_deadlines_fail_only_the_requests_whose_time_passed() -> None:
@@ -62,5 +64,48 @@ def test_deadlines_timer_does_not_keep_the_table_alive() -> None:
         del d
         gc.collect()
         assert ref() is None
+
+    run(main())
+
+
+def test_permits_are_taken_in_turn_and_a_cancelled_waiter_passes_its_permit_on() -> None:
+    async def main() -> None:
+        p = Permits(1)
+        assert p.try_take() and p.locked() and not p.try_take()
+        order: list[str] = []
+
+        async def wait(name: str) -> None:
+            await p.acquire()
+            order.append(name)
+
+        first = asyncio.create_task(wait("first"))
+        gone = asyncio.create_task(wait("gone"))
+        last = asyncio.create_task(wait("last"))
+        await asyncio.sleep(0)  # all three wait (no permit is free)
+        assert order == [] and p.locked()
+        p.release()  # to "first"
+        gone.cancel()  # waits, then is cancelled: it takes nothing
+        await first
+        p.release()  # skips "gone", to "last"
+        await last
+        assert order == ["first", "last"]
+        assert gone.cancelled() and p.locked()
+        p.release()
+        assert not p.locked() and p.try_take()
+
+        # Handed a permit in the same turn as it is cancelled: the permit goes back, not lost.
+        waiter = asyncio.create_task(p.acquire())
+        await asyncio.sleep(0)
+        p.release()
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        assert not p.locked() and p.try_take()
+
+        # A lone waiter that gave up (a request's wait_for timed out) leaves no trace behind.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(p.acquire(), 0.001)
+        p.release()
+        assert not p.locked() and p.try_take()
 
     run(main())

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from types import GeneratorType
 from typing import Any, TypeAlias
 
 from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
@@ -162,7 +163,8 @@ class Dispatcher:
         make its handler plan: which function, and how it runs (decided here, once)."""
         self.per_peer[item.key[0]] += 1
         self.waiting += 1
-        self._c.backlog_peak = max(self._c.backlog_peak, self.waiting)
+        if self.waiting > self._c.backlog_peak:
+            self._c.backlog_peak = self.waiting
         if not item.broadcast:
             self._active[item.key] = None
         msg = item.msg
@@ -317,7 +319,8 @@ class Dispatcher:
         """Run the handler in the slot this item holds, answer, give the slot back. ``inline``: in
         the connection's read loop, which an awaitable returned by a plain function must not hold
         up: a task of its own takes the item over then."""
-        self._c.running_peak = max(self._c.running_peak, self.slots.used)
+        if self.slots.used > self._c.running_peak:
+            self._c.running_peak = self.slots.used
         handed_over = False
         try:
             handed_over = await self._run_handler(item, inline)
@@ -402,11 +405,16 @@ class Dispatcher:
                     call = self.speeds.timed(func, invoke) if self.config.adaptive_sync else invoke
                     result = await self._scoped(item, self.threads.run(item.key[0], call))
                 else:
-                    t0 = time.perf_counter()
-                    result = contextvars.copy_context().run(invoke)
                     if self.config.sync_in_thread:  # a quick one: is it still?
+                        t0 = time.perf_counter()
+                        result = contextvars.copy_context().run(invoke)
                         self.speeds.ran_inline(func, time.perf_counter() - t0)
-                    if inspect.isawaitable(result):
+                    else:
+                        result = contextvars.copy_context().run(invoke)
+                    # What ``await`` takes (inspect.isawaitable, without the ABC check for a plain value).
+                    if hasattr(type(result), "__await__") or (
+                        type(result) is GeneratorType and inspect.isawaitable(result)
+                    ):
                         if inline:  # its answer has to wait: go on in a task of its own
                             self._tasks.spawn(self._finish_later(item, result))
                             return True

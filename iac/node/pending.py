@@ -5,10 +5,12 @@ after every reconnect, up to ``delivery_timeout``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import math
 import weakref
+from collections import deque
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
@@ -69,6 +71,61 @@ class Out:
         self.via = via
         #: May ride in 0-RTT early data (see Connection.send).
         self.early = early
+
+
+class Permits:
+    """The ``max_in_flight`` permits toward one peer: a FIFO semaphore (``asyncio.Semaphore``'s
+    ``acquire``, ``release`` and ``locked``) whose free permit is taken by one call,
+    :meth:`try_take`, as a request at 1 in flight does every time."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def locked(self) -> bool:
+        """No permit can be taken without waiting."""
+        return self._free <= 0 or bool(self._waiters)
+
+    def try_take(self) -> bool:
+        """Take a free permit if one is there and nobody waits for one; else False."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> bool:
+        """Take a permit, waiting in turn (first come, first served) while none is free."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed a permit as it was cancelled: pass it on
+                self.release()
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+                self._wake()
+            raise
+        return True
+
+    def release(self) -> None:
+        """Give a permit back: to the first waiter, if any."""
+        self._free += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters and self._free > 0:
+            fut = waiters.popleft()
+            if not fut.done():
+                self._free -= 1
+                fut.set_result(None)
 
 
 class Deadlines:
@@ -172,7 +229,7 @@ class Pending:
         #: Per peer: smoothed request round trip (seconds), learned from its replies.
         self.rtt: dict[str, float] = {}
         self._by_peer: dict[str, dict[Key, Out]] = {}
-        self._in_flight: dict[str, asyncio.Semaphore] = {}
+        self._in_flight: dict[str, Permits] = {}
         #: The requests' timeouts (one loop timer for all of them).
         self._deadlines = Deadlines()
 
@@ -227,7 +284,7 @@ class Pending:
                 raise ConfigError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
             sem = self._sem(peer)
             left, now = timeout, start
-            if sem.locked():
+            if not sem.try_take():  # a free permit: taken without waiting (no task, no timer)
                 try:
                     await asyncio.wait_for(sem.acquire(), timeout)
                 except TimeoutError:
@@ -236,8 +293,6 @@ class Pending:
                     ) from None
                 now = loop.time()
                 left = max(0.001, timeout - (now - start))
-            else:
-                await sem.acquire()  # a free permit: taken without waiting (no task, no timer)
             out: Out | None = None
             timer = 0
             try:
@@ -272,7 +327,7 @@ class Pending:
             finally:
                 if timer:
                     self._deadlines.remove(timer)
-                if out is not None:
+                if out is not None and self.outs.get(out.key) is out:  # (an answer finished it)
                     self.finish(out, exc=asyncio.CancelledError())
                 sem.release()
             outcome = "reply"
@@ -365,10 +420,10 @@ class Pending:
 
     # --- tracking and retransmission --------------------------------------------------------------
 
-    def _sem(self, peer: str) -> asyncio.Semaphore:
+    def _sem(self, peer: str) -> Permits:
         sem = self._in_flight.get(peer)
         if sem is None:
-            sem = self._in_flight[peer] = asyncio.Semaphore(self.config.max_in_flight)
+            sem = self._in_flight[peer] = Permits(self.config.max_in_flight)
         return sem
 
     def _track(
@@ -469,9 +524,9 @@ class Pending:
     def spawn(self, coro: Any) -> None:
         self._tasks.spawn(coro)
 
-    def permit(self, peer: str) -> asyncio.Semaphore:
+    def permit(self, peer: str) -> Permits:
         """The in-flight permits toward ``peer`` (a stream takes one, as a request does)."""
         return self._sem(peer)
 
 
-__all__ = ["Out", "Pending"]
+__all__ = ["Deadlines", "Out", "Pending", "Permits"]

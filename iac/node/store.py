@@ -125,8 +125,16 @@ class StoreRunner:
             self.release(item.key, now)
 
     def commit(self, key: Key, now: int) -> None:
-        self._unhold(key)
-        self._call(self._open().commit, *key, now)
+        if self._held:
+            self._unhold(key)
+        store = self._open()
+        if self.blocking:
+            self._call(store.commit, *key, now)
+            return
+        try:  # _call's first case, written out (a commit per handled message)
+            store.commit(*key, now)
+        except StoreUnavailable as exc:
+            self._failed(exc)
 
     def release(self, key: Key, now: int) -> None:
         self._unhold(key)
@@ -189,7 +197,9 @@ class StoreRunner:
 
     def _check_all(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
         out: list[Verdict | IacError] = []
-        store = self._open()
+        store = self._replay
+        if store is None:
+            raise LocalError("the node is not started")
         for c in checks:
             sender, session_id, msg_id = c.key
             call = store.check_and_mark if c.mark else store.reserve

@@ -15,7 +15,9 @@ from iac.errors import MessageRejected
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_u64, share_refusal
 
-_MASK64 = (1 << 64) - 1
+_MOD = 1 << 64
+_HALF = 1 << 63
+_MASK64 = _MOD - 1
 #: No window: nothing can expire.
 _NEVER = 1 << 127
 
@@ -91,7 +93,7 @@ class MemoryReplayStore(StoreSettings):
         w.pending.discard(msg_id)
         offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
         if offset < 0:  # commit without reserve, ahead of the window: advance to it
-            self._advance(w, msg_id)
+            self._advance(w, msg_id, -offset)
             offset = 0
         if offset < self._window_size:
             w.bitmap |= 1 << offset
@@ -159,8 +161,8 @@ class MemoryReplayStore(StoreSettings):
             dropped += 1
         return dropped
 
-    def _advance(self, w: _Window, msg_id: int) -> None:
-        shift = serial_diff(msg_id, w.highest)
+    def _advance(self, w: _Window, msg_id: int, shift: int) -> None:
+        """Move the window's highest id ``shift`` ids ahead, to ``msg_id``."""
         w.highest = msg_id
         if shift < self._window_size:
             w.bitmap = (w.bitmap << shift) & self._full_mask
@@ -215,11 +217,17 @@ class MemoryReplayStore(StoreSettings):
             return Verdict.NEW
         w.last_seen_us = self._clock_us
         self._windows.move_to_end(key)
-        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
-        if offset < 0:
-            self._advance(w, msg_id)
-            self._mark(w, msg_id, 0, reserve)
+        # serial_diff(msg_id, w.highest), written out: how far ahead of the highest (2**63: behind)
+        d = (msg_id - w.highest) & _MASK64
+        ahead = d - _MOD if d >= _HALF else d
+        if ahead > 0:
+            self._advance(w, msg_id, ahead)
+            if reserve:
+                w.pending.add(msg_id)
+            else:
+                w.bitmap |= 1
             return Verdict.NEW
+        offset = -ahead
         if offset >= self._window_size:
             return Verdict.TOO_OLD
         if w.bitmap >> offset & 1:
