@@ -23,6 +23,7 @@ RESPONSE_TYPES: frozenset[int] = frozenset({MessageType.REPLY, MessageType.ERROR
 KNOWN_TYPES: frozenset[int] = frozenset(int(v) for v in MessageType if v != MessageType.UNKNOWN)
 KNOWN_INTENTS: frozenset[int] = frozenset(int(v) for v in Intent if v != Intent.INTENT_UNSPECIFIED)
 MAX_JSON_DEPTH = 64
+_decode = json.JSONDecoder().decode
 
 Check = tuple[Refusal, str] | None
 
@@ -35,7 +36,8 @@ def decode_payload(payload_json: str) -> tuple[Any, Check]:
     if not payload_json:
         return None, None
     try:
-        value = json.loads(payload_json)
+        # json.loads without its argument checks (a str; a leading BOM is refused: loads says so)
+        value = _decode(payload_json) if payload_json[0] != "\ufeff" else json.loads(payload_json)
     except (ValueError, RecursionError) as exc:
         return None, (Refusal.BAD_PAYLOAD, f"payload_json is not JSON: {str(exc)[:100]}")
     # Each level of nesting opens a bracket: with few brackets (counted in C, strings

@@ -110,21 +110,23 @@ def encode_frame(
     ``compress_with`` picks a dictionary; ``plain_zstd`` compresses without
     one; with neither the body goes raw.
     """
-    if len(body) > max_frame_size:
+    n = len(body)
+    if n > max_frame_size:
         raise ProtocolError(
-            f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}: send large data "
+            f"frame body is {n} bytes, above max_frame_size {max_frame_size}: send large data "
             "as a file (Node.send_file, in chunks), or raise TransportConfig.max_frame_size on both sides",
             reason="frame_too_large",
         )
     flags = 0
     if compress_with is not None or plain_zstd:
         packed = (compress_with or NO_DICTIONARY).compress(body)
-        if len(packed) < len(body):
-            body = packed
-            flags = FLAG_ZSTD
-    n = len(body)
+        m = len(packed)
+        if m < n:
+            body, n, flags = packed, m, FLAG_ZSTD
     if n < 0x80:
         return bytes((ftype, flags, n)) + body
+    if n < 0x4000:  # a two-byte length (128 B .. 16 KiB), written out
+        return bytes((ftype, flags, n & 0x7F | 0x80, n >> 7)) + body
     return bytes((ftype, flags)) + encode_varint(n) + body
 
 
@@ -148,13 +150,16 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     pos = 5 + (0 if single_segment else 1)
     if pos + did_size + fcs_size > n:
         raise ProtocolError("zstd frame header is truncated", reason="compression_error")
-    dict_id = int.from_bytes(body[pos : pos + did_size], "little")
+    dict_id = int.from_bytes(body[pos : pos + did_size], "little") if did_size else 0
     pos += did_size
     if fcs_size == 0:
         raise ProtocolError("zstd frame does not declare its content size", reason="missing_content_size")
-    content_size = int.from_bytes(body[pos : pos + fcs_size], "little")
-    if fcs_size == 2:
-        content_size += 256
+    if fcs_size == 1:
+        content_size = body[pos]
+    elif fcs_size == 2:
+        content_size = (body[pos] | body[pos + 1] << 8) + 256
+    else:
+        content_size = int.from_bytes(body[pos : pos + fcs_size], "little")
     pos += fcs_size
     if content_size == 0:
         raise ProtocolError("zstd frame declares a content size of 0", reason="zero_content_size")
@@ -166,7 +171,7 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     while True:
         if pos + 3 > n:
             raise ProtocolError("zstd frame is truncated inside a block header", reason="compression_error")
-        header = int.from_bytes(body[pos : pos + 3], "little")
+        header = body[pos] | body[pos + 1] << 8 | body[pos + 2] << 16
         pos += 3
         last = header & 1
         btype = (header >> 1) & 3
@@ -221,9 +226,11 @@ def _pack(ftype: FrameType, flags: int, body: bytes, max_frame_size: int, wire: 
     """A whole frame, its zstd layout checked (not decompressed)."""
     if flags & FLAG_ZSTD:
         dict_id, content_size = zstd_frame_info(body, max_frame_size)
-        return PackedFrame(ftype, body, dict_id, content_size, wire, max(content_size, wire))
+        return PackedFrame(
+            ftype, body, dict_id, content_size, wire, content_size if content_size > wire else wire
+        )
     n = len(body)
-    return PackedFrame(ftype, body, None, n, wire, max(n, wire))
+    return PackedFrame(ftype, body, None, n, wire, n if n > wire else wire)
 
 
 def _parse_header(
