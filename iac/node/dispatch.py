@@ -13,7 +13,6 @@ import functools
 import inspect
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from types import GeneratorType
 from typing import Any, TypeAlias
@@ -69,7 +68,8 @@ class Dispatcher:
         #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
         self._kinds: dict[Callable[..., Any], int] = {}
         self.slots = Slots(config.max_handlers)
-        self.per_peer: Counter[str] = Counter()
+        #: Admitted messages per sender (waiting or running); a sender with none has no entry.
+        self.per_peer: dict[str, int] = {}
         self.waiting = 0
         #: Synchronous handlers' threads (``sync_in_thread``), taken by the peers in turn.
         self.threads = FairThreads(config.handler_threads)
@@ -142,7 +142,7 @@ class Dispatcher:
         is free), or refuse it with ``busy``."""
         sender = item.key[0]
         c = self.config
-        if self.draining or self.waiting >= c.max_backlog or self.per_peer[sender] >= c.max_per_peer:
+        if self.draining or self.waiting >= c.max_backlog or self.per_peer.get(sender, 0) >= c.max_per_peer:
             why = (
                 "node is draining"
                 if self.draining
@@ -161,7 +161,8 @@ class Dispatcher:
     def admit(self, item: Item) -> None:
         """Count a message as waiting for a slot (before its task starts, so bounds hold), and
         make its handler plan: which function, and how it runs (decided here, once)."""
-        self.per_peer[item.key[0]] += 1
+        sender = item.key[0]
+        self.per_peer[sender] = self.per_peer.get(sender, 0) + 1
         self.waiting += 1
         if self.waiting > self._c.backlog_peak:
             self._c.backlog_peak = self.waiting
@@ -348,9 +349,11 @@ class Dispatcher:
 
     def _done(self, item: Item) -> None:
         sender = item.key[0]
-        self.per_peer[sender] -= 1
-        if self.per_peer[sender] <= 0:
-            del self.per_peer[sender]
+        n = self.per_peer.get(sender, 0) - 1
+        if n > 0:
+            self.per_peer[sender] = n
+        else:
+            self.per_peer.pop(sender, None)
         self._ended(item)
         if item.slot:
             item.slot = False

@@ -19,7 +19,7 @@ from iac.protocol.routing import Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
-from iac.wire.elide import elide, elides, pair_prefix
+from iac.wire.elide import ELIDE_CAPABILITY, elide, pair_prefix
 from iac.wire.enums import type_name
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import check_agent_id_cached
@@ -71,7 +71,7 @@ class Outbox:
         """A new message toward ``peer`` in its session of ``kind`` (``now_us``: the clock, if the
         caller just read it; else read here)."""
         check_agent_id_cached(peer)
-        text = payload_text(payload, payload_json)
+        text = payload_json if payload_json is not None else payload_text(payload, None)
         now = now_us or self.clock.now_us()
         msg = build_message(
             sender=self.agent_id,
@@ -190,7 +190,8 @@ class Outbox:
         body = sign_message(self.identity, msg) if signer.worker is None else await signer.sign(msg)
         dictionary, limit = self.frame_params(conn)
         peer = conn.peer
-        if elides(conn.local_hello.capabilities, peer.hello.capabilities):  # both HELLOs proved from/to
+        # elides(): both HELLOs proved from/to, so the body goes without them
+        if ELIDE_CAPABILITY in conn.local_hello.capabilities and ELIDE_CAPABILITY in peer.hello.capabilities:
             body = elide(body, pair_prefix(self.agent_id, peer.agent_id))
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit

@@ -35,6 +35,7 @@ from iac.node.config import NodeConfig
 from iac.node.store import Check, StoreRunner
 from iac.node.types import WANTS_ACK, WANTS_NOTHING, WANTS_REPLY, Item, Key
 from iac.protocol.guards import (
+    KNOWN_TYPES,
     RESPONSE_TYPES,
     check_call,
     check_deadline,
@@ -53,6 +54,7 @@ from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED, sender_of
 from iac.wire.seal import open_sealed
 
 _COMMAND = int(MessageType.COMMAND)
+_DELEGATE_TASK = int(MessageType.DELEGATE_TASK)
 _CANCEL = int(MessageType.CANCEL)
 _CREDIT = int(MessageType.CREDIT)
 _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
@@ -267,12 +269,18 @@ class ReceivePipeline:
 
     def _check_late(self, msg: Message, sender: str, payload: Any, now: int) -> tuple[Refusal, str] | None:
         c = self.config
-        r = (
-            check_type(msg, c.allowed_types)
-            or check_task(msg, c.delegators, sender)
-            or check_deadline(msg, now)
-            or check_principal(msg)
-        )
+        # Each check is called where it may refuse (a type not accepted, a task envelope or a
+        # delegation, a deadline passed, a principal); what passes them all needs no call.
+        mt = msg.msg_type
+        r = None
+        if mt not in (KNOWN_TYPES if c.allowed_types is None else c.allowed_types):
+            r = check_type(msg, c.allowed_types)
+        if r is None and (mt == _DELEGATE_TASK or msg.HasField("task")):
+            r = check_task(msg, c.delegators, sender)
+        if r is None and msg.deadline and msg.deadline <= now:
+            r = check_deadline(msg, now)
+        if r is None and msg.principal:
+            r = check_principal(msg)
         if r is None and msg.msg_type == _COMMAND:
             r = check_call(payload)
         if r is None and c.guards:
