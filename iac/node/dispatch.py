@@ -177,7 +177,10 @@ class Dispatcher:
         if func is None:  # refused when its turn comes: right here where a plain function would run
             item.mode = _RUN_THREAD if self.config.sync_in_thread else _RUN_LOOP
             return
-        kind = self._kind(func)
+        try:
+            kind = self._kinds[func]
+        except (KeyError, TypeError):  # not seen yet, or unhashable
+            kind = self._kind(func)
         if msg.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
             item.mode = _RUN_STREAM
         elif kind == _ASYNC:

@@ -188,10 +188,15 @@ class Outbox:
         msg.timestamp = now_us or self.clock.now_us()
         signer = self.signer
         body = sign_message(self.identity, msg) if signer.worker is None else await signer.sign(msg)
-        dictionary, limit = self.frame_params(conn)
         peer = conn.peer
+        hello = peer.hello
+        # frame_params(conn), written out (a call per message saved)
+        dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
+        limit, cap = self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30
+        if cap < limit:
+            limit = cap
         # elides(): both HELLOs proved from/to, so the body goes without them
-        if ELIDE_CAPABILITY in conn.local_hello.capabilities and ELIDE_CAPABILITY in peer.hello.capabilities:
+        if ELIDE_CAPABILITY in conn.local_hello.capabilities and ELIDE_CAPABILITY in hello.capabilities:
             body = elide(body, pair_prefix(self.agent_id, peer.agent_id))
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit

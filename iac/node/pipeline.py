@@ -32,7 +32,7 @@ from iac.errors import (
     StoreUnavailable,
 )
 from iac.node.config import NodeConfig
-from iac.node.store import Check, StoreRunner
+from iac.node.store import CheckTuple, StoreRunner
 from iac.node.types import WANTS_ACK, WANTS_NOTHING, WANTS_REPLY, Item, Key
 from iac.protocol.guards import (
     KNOWN_TYPES,
@@ -140,9 +140,9 @@ class ReceivePipeline:
         via = peer if forwarded else None
         # Freshness (no store needed), then one store call for the batch: single-phase for a
         # response, a reservation for anything a handler takes.
-        early: list[Refuse | None] = []
-        checks: list[Check] = []
-        for msg in msgs:
+        stale: dict[int, Refuse] = {}  # by position in the batch
+        checks: list[CheckTuple] = []
+        for i, msg in enumerate(msgs):
             is_response = msg.msg_type in RESPONSE_TYPES
             ts = msg.timestamp
             # Fresh by the store's fixed window (checked here), else as the guard says (it raises).
@@ -150,17 +150,19 @@ class ReceivePipeline:
                 try:
                     guard.check_fresh(ts, now)
                 except MessageRejected as exc:
-                    early.append(self._stale(msg, now, exc, guard.store.max_skew_us, is_response, forwarded))
+                    stale[i] = self._stale(msg, now, exc, guard.store.max_skew_us, is_response, forwarded)
                     continue
-            early.append(None)
             sender = sender_of(msg) if forwarded else peer
-            checks.append(Check((sender, msg.session_id, msg.msg_id), is_response, via))
-        verdicts = iter(await store.check(checks, now) if checks else ())
+            checks.append(((sender, msg.session_id, msg.msg_id), is_response, via))
+        verdicts = await store.check(checks, now) if checks else []
         out: list[Decision] = []
-        for msg, refused in zip(msgs, early, strict=True):
-            out.append(
-                refused if refused is not None else self._judge(conn, msg, now, next(verdicts), forwarded)
-            )
+        j = 0  # the next verdict
+        for i, msg in enumerate(msgs):
+            if stale and i in stale:
+                out.append(stale[i])
+            else:
+                out.append(self._judge(conn, msg, now, verdicts[j], forwarded))
+                j += 1
         return out
 
     @staticmethod

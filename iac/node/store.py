@@ -20,8 +20,7 @@ import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from iac.errors import IacError, LocalError, StoreUnavailable
 from iac.node.types import Item, Key
@@ -32,15 +31,19 @@ from iac.stores.memory import MemoryReplayStore
 log = logging.getLogger("iac.node")
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One replay check: ``mark`` (a response: single-phase) or reserve (two-phase)."""
+class Check(NamedTuple):
+    """One replay check: ``mark`` (a response: single-phase) or reserve (two-phase). A plain
+    tuple of the same three fields is a check too (the pipeline makes one per message)."""
 
     key: Key
     mark: bool
     #: The neighbour that delivered it (a FORWARD's relay), when not its sender: its share counts
     #: the session too.
     via: str | None = None
+
+
+#: What :meth:`StoreRunner.check` takes: ``(key, mark, via)``.
+CheckTuple = tuple[Key, bool, "str | None"]
 
 
 class StoreRunner:
@@ -90,7 +93,7 @@ class StoreRunner:
             raise LocalError("the node is not started")
         return self._guard
 
-    async def check(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
+    async def check(self, checks: Sequence[CheckTuple], now: int) -> list[Verdict | IacError]:
         """The verdict of each check, in order; a failed call gives its typed error in its place."""
         verdicts: list[Verdict | IacError]
         if not self.blocking:
@@ -100,10 +103,10 @@ class StoreRunner:
         if self.lease_us is None:  # reservations that never lapse need no renewal
             return verdicts
         held = self._held
-        for i, c in enumerate(checks):
-            if c.mark or verdicts[i] is not Verdict.NEW:
+        for i, (key, mark, _) in enumerate(checks):
+            if mark or verdicts[i] is not Verdict.NEW:
                 continue
-            sender, session_id, msg_id = c.key
+            sender, session_id, msg_id = key
             ids = held.setdefault((sender, session_id), {})
             if msg_id in ids:  # its lease lapsed while this node holds it: still in progress here
                 verdicts[i] = Verdict.IN_PROGRESS
@@ -195,19 +198,19 @@ class StoreRunner:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _check_all(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
+    def _check_all(self, checks: Sequence[CheckTuple], now: int) -> list[Verdict | IacError]:
         out: list[Verdict | IacError] = []
         store = self._replay
         if store is None:
             raise LocalError("the node is not started")
         for c in checks:
-            sender, session_id, msg_id = c.key
-            call = store.check_and_mark if c.mark else store.reserve
+            (sender, session_id, msg_id), mark, via = c
+            call = store.check_and_mark if mark else store.reserve
             try:
-                if c.via is None or c.via == sender:
+                if via is None or via == sender:
                     verdict = call(sender, session_id, msg_id, now)
                 else:
-                    verdict = call(sender, session_id, msg_id, now, via=c.via)
+                    verdict = call(sender, session_id, msg_id, now, via=via)
             except IacError as exc:  # StoreUnavailable, replay_store_full: typed by the store
                 if isinstance(exc, StoreUnavailable):
                     self.failures += 1
@@ -272,4 +275,4 @@ class StoreRunner:
         return await job
 
 
-__all__ = ["Check", "StoreRunner"]
+__all__ = ["Check", "CheckTuple", "StoreRunner"]

@@ -91,7 +91,9 @@ class MemoryReplayStore(StoreSettings):
         if w is None:
             return  # expired: any replay is now stale
         w.pending.discard(msg_id)
-        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
+        # -serial_diff(msg_id, w.highest), written out: how far behind the highest (2**63: behind)
+        d = (msg_id - w.highest) & _MASK64
+        offset = _MOD - d if d >= _HALF else -d
         if offset < 0:  # commit without reserve, ahead of the window: advance to it
             self._advance(w, msg_id, -offset)
             offset = 0

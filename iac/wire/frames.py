@@ -22,7 +22,7 @@ import zstandard
 
 from iac.errors import ProtocolError
 from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
-from iac.wire.elide import restore
+from iac.wire.elide import MAX_ELIDED_BODY
 from iac.wire.scan import decode_varint, encode_varint
 
 #: The largest frame a node reads or writes unless configured otherwise (4 MiB; ``max_frame_size``).
@@ -37,6 +37,8 @@ _ZSTD_BLOCK_MAX = 128 * 1024
 #: up to _PIECE bytes.
 _SMALL = 4096
 _PIECE = 64 * 1024
+#: Message field 3 (``msg_type``, a varint): what an elided MESSAGE body starts with.
+_MSG_TYPE_TAG = 0x18
 
 
 class FrameType(IntEnum):
@@ -92,8 +94,15 @@ class PackedFrame:
         else:
             plain = _inflate(self.payload, self.dict_id, self.size, dictionaries)
         prefix = dictionaries.restore_prefix
-        if prefix and self.type == FrameType.MESSAGE:
-            plain = restore(plain, prefix)
+        # restore(plain, prefix), written out: a body that starts with field 3 gets its prefix back
+        if (
+            prefix
+            and self.type == FrameType.MESSAGE
+            and plain
+            and plain[0] == _MSG_TYPE_TAG
+            and len(plain) <= MAX_ELIDED_BODY
+        ):
+            plain = prefix + plain
         return Frame(self.type, plain, self.dict_id, self.wire_size)
 
 
