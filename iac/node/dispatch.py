@@ -357,7 +357,8 @@ class Dispatcher:
             self.per_peer[sender] = n
         else:
             self.per_peer.pop(sender, None)
-        self._ended(item)
+        if item.key in self._active:  # not ended yet (a key a CANCEL named is active too)
+            self._ended(item)
         if item.slot:
             item.slot = False
             self.slots.give()

@@ -117,7 +117,8 @@ class Permits:
     def release(self) -> None:
         """Give a permit back: to the first waiter, if any."""
         self._free += 1
-        self._wake()
+        if self._waiters:
+            self._wake()
 
     def _wake(self) -> None:
         waiters = self._waiters
@@ -282,7 +283,7 @@ class Pending:
         try:
             if not 0 < timeout < math.inf:
                 raise ConfigError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
-            sem = self._sem(peer)
+            sem = self._in_flight.get(peer) or self._sem(peer)
             left, now = timeout, start
             if not sem.try_take():  # a free permit: taken without waiting (no task, no timer)
                 try:
@@ -307,7 +308,9 @@ class Pending:
                     now_us=now_us,
                     **build,
                 )
-                out = self._track(peer, msg, reliable=ack, is_request=True, via=via, early=early, now=now)
+                out = self._track(
+                    peer, msg, reliable=ack, is_request=True, via=via, early=early, now=now, loop=loop
+                )
                 await self._first_send(out, now_us)
                 # The table's one timer for every request (not a loop timer each): on expiry it
                 # fails the future with TimeoutError. A cancelled caller cancels the future
@@ -436,9 +439,12 @@ class Pending:
         via: str | None,
         early: bool,
         now: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Out:
-        """Track ``msg`` until its answer (``now``: the loop's time, if the caller just read it)."""
-        loop = asyncio.get_running_loop()
+        """Track ``msg`` until its answer (``now``: the loop's time, if the caller just read it;
+        ``loop``: the running loop, if the caller has it)."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         out = Out(
             peer,
             msg,

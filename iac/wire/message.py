@@ -83,8 +83,8 @@ def build_message(
         timestamp=timestamp_us,
         msg_id=session.next_msg_id() if msg_id is None else msg_id,
         session_id=session.session_id,
+        **{"from": sender},  # type: ignore[arg-type]  # a Python keyword: given by name
     )
-    setattr(msg, "from", sender)
     # Optional fields are set only when used: passing defaults to the constructor costs ~0.3 µs.
     if extra_data:
         msg.extra_data = extra_data
