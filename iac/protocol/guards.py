@@ -7,7 +7,6 @@ an argument.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from iac.errors import Refusal
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import Intent, MessageType, type_name
+from iac.wire.jsonutil import loads_text
 
 # MessageType values as plain ints (a protobuf enum attribute lookup costs a Python call).
 _DELEGATE_TASK: int = MessageType.DELEGATE_TASK
@@ -23,7 +23,6 @@ RESPONSE_TYPES: frozenset[int] = frozenset({MessageType.REPLY, MessageType.ERROR
 KNOWN_TYPES: frozenset[int] = frozenset(int(v) for v in MessageType if v != MessageType.UNKNOWN)
 KNOWN_INTENTS: frozenset[int] = frozenset(int(v) for v in Intent if v != Intent.INTENT_UNSPECIFIED)
 MAX_JSON_DEPTH = 64
-_decode = json.JSONDecoder().decode
 
 Check = tuple[Refusal, str] | None
 
@@ -36,8 +35,7 @@ def decode_payload(payload_json: str) -> tuple[Any, Check]:
     if not payload_json:
         return None, None
     try:
-        # json.loads without its argument checks (a str; a leading BOM is refused: loads says so)
-        value = _decode(payload_json) if payload_json[0] != "\ufeff" else json.loads(payload_json)
+        value = loads_text(payload_json)
     except (ValueError, RecursionError) as exc:
         return None, (Refusal.BAD_PAYLOAD, f"payload_json is not JSON: {str(exc)[:100]}")
     # Each level of nesting opens a bracket: with few brackets (counted in C, strings
