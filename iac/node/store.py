@@ -130,7 +130,9 @@ class StoreRunner:
     def commit(self, key: Key, now: int) -> None:
         if self._held:
             self._unhold(key)
-        store = self._open()
+        store = self._replay
+        if store is None:
+            raise LocalError("the node is not started")
         if self.blocking:
             self._call(store.commit, *key, now)
             return

@@ -170,7 +170,7 @@ class MemoryReplayStore(StoreSettings):
             w.bitmap = (w.bitmap << shift) & self._full_mask
             # Reservations that left the window are harmless until pruned: lookups and
             # commits only concern ids inside it, and it moves forward.
-            if len(w.pending) > 2 * self._window_size:
+            if w.pending and len(w.pending) > 2 * self._window_size:
                 self._prune(w)
         else:  # everything behind the old highest left the window
             w.bitmap = 0

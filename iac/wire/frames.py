@@ -386,7 +386,50 @@ class FrameDecoder:
         if self._failed:
             raise ProtocolError("frame decoder used after an error", reason="frame_error")
         try:
-            out = self._feed(memoryview(data))
+            mv = memoryview(data)
+            out: list[PackedFrame] = []
+            pos = 0
+            n = len(mv)
+            buf = self._buf
+            max_size = self.max_frame_size
+            while True:
+                if self._header is None:
+                    if buf:
+                        take = mv[pos : pos + MAX_HEADER_SIZE - len(buf)]
+                        before = len(buf)
+                        buf += take
+                        parsed = _parse_header(buf, max_size)
+                        if parsed is None:
+                            pos += len(take)
+                            break
+                        pos += parsed[3] - before
+                        buf.clear()
+                    else:
+                        if pos >= n:
+                            break
+                        parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
+                        if parsed is None:
+                            buf += mv[pos:]
+                            break
+                        pos += parsed[3]
+                    self._header = parsed
+                ftype, flags, length, hend = self._header
+                have = self._have
+                body: bytes | bytearray
+                if not have and n - pos >= length:
+                    body = bytes(mv[pos : pos + length])
+                    pos += length
+                else:
+                    take = mv[pos : pos + length - have]
+                    pos += len(take)
+                    self._keep(take)
+                    if self._have < length:
+                        break
+                    body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+                    self._parts = []
+                    self._have = 0
+                self._header = None
+                out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
             if final and not self.idle:
                 raise ProtocolError("stream ends inside a frame", reason="truncated_frame")
             return out
@@ -401,51 +444,6 @@ class FrameDecoder:
         self._parts = []
         self._have = 0
         self._header = None
-
-    def _feed(self, mv: memoryview) -> list[PackedFrame]:
-        out: list[PackedFrame] = []
-        pos = 0
-        n = len(mv)
-        buf = self._buf
-        max_size = self.max_frame_size
-        while True:
-            if self._header is None:
-                if buf:
-                    take = mv[pos : pos + MAX_HEADER_SIZE - len(buf)]
-                    before = len(buf)
-                    buf += take
-                    parsed = _parse_header(buf, max_size)
-                    if parsed is None:
-                        pos += len(take)
-                        return out
-                    pos += parsed[3] - before
-                    buf.clear()
-                else:
-                    if pos >= n:
-                        return out
-                    parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
-                    if parsed is None:
-                        buf += mv[pos:]
-                        return out
-                    pos += parsed[3]
-                self._header = parsed
-            ftype, flags, length, hend = self._header
-            have = self._have
-            body: bytes | bytearray
-            if not have and n - pos >= length:
-                body = bytes(mv[pos : pos + length])
-                pos += length
-            else:
-                take = mv[pos : pos + length - have]
-                pos += len(take)
-                self._keep(take)
-                if self._have < length:
-                    return out
-                body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-                self._parts = []
-                self._have = 0
-            self._header = None
-            out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
 
     def _keep(self, take: memoryview) -> None:
         """Hold part of a body: as pieces, not one growing buffer (no copies as it grows, and

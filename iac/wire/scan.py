@@ -266,18 +266,19 @@ def _message_span_fast(data: bytes) -> tuple[int, int] | None:
     order (so none repeats), right wire types, a 64-byte signature, no field 9, 11 or 13; a
     trace context (field 16) whose own fields the full scan accepts; a principal (field 19) last.
     """
+    size = len(data)
     head = _MSG_HEAD(data)
     pos = head.end()  # type: ignore[union-attr]  # the pattern matches the empty string
     n = head.group(1)  # type: ignore[union-attr]
     if n is not None:
         pos += _short_varint(n)
-        if pos > len(data):
+        if pos > size:
             return None
     rest = _MSG_REST(data, pos)
     if rest is None:
         return None
     n = rest.group(2)
-    if rest.end() + (0 if n is None else _short_varint(n)) == len(data):
+    if rest.end() + (0 if n is None else _short_varint(n)) == size:
         s, e = rest.span(1)
         return s - 2, e
     tail = _MSG_TAIL(data, pos)
