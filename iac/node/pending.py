@@ -1,6 +1,10 @@
 """What this node waits for: requests until their REPLY or ERROR, and ACK_REQUESTED messages until
 their ACK — retransmitted (same ids, fresh timestamp, signed again) with exponential backoff and
-after every reconnect, up to ``delivery_timeout``."""
+after every reconnect, up to ``delivery_timeout``.
+
+Per request the table keeps an :class:`Out`, a permit of the peer's ``max_in_flight``
+(:class:`Permits`) and a deadline in :class:`Deadlines`: one event-loop timer for all the
+requests' timeouts, armed for the earliest, not a loop timer per request."""
 
 from __future__ import annotations
 

@@ -407,7 +407,20 @@ class FrameDecoder:
                     else:
                         if pos >= n:
                             break
-                        parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
+                        parsed = None
+                        if n - pos >= 4:  # _parse_header's two fast paths, written out
+                            ftype = _TYPE_BY_CODE.get(mv[pos])
+                            flags, b2 = mv[pos + 1], mv[pos + 2]
+                            if ftype is not None and not flags & ~_KNOWN_FLAGS:
+                                if b2 < 0x80:
+                                    if b2 <= max_size:
+                                        parsed = (ftype, flags, b2, 3)
+                                elif mv[pos + 3] < 0x80:
+                                    length = (b2 & 0x7F) | (mv[pos + 3] << 7)
+                                    if length <= max_size:
+                                        parsed = (ftype, flags, length, 4)
+                        if parsed is None:
+                            parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
                         if parsed is None:
                             buf += mv[pos:]
                             break
