@@ -109,3 +109,25 @@ def test_permits_are_taken_in_turn_and_a_cancelled_waiter_passes_its_permit_on()
         assert not p.locked() and p.try_take()
 
     run(main())
+
+
+def test_deadlines_go_on_in_a_new_event_loop() -> None:
+    """A node used from one event loop and then another (asyncio.run twice): a request left on
+    the closed loop is dropped, and the new loop's requests still time out."""
+    d = Deadlines()
+
+    async def abandoned() -> None:
+        loop = asyncio.get_running_loop()
+        d.add(loop, loop.time() + 0.01, loop.create_future())  # its loop closes before it is due
+
+    async def next_loop() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.02)  # the abandoned deadline has passed
+        f = loop.create_future()
+        d.add(loop, loop.time() + 0.01, f)
+        await asyncio.wait([f], timeout=5.0)
+        assert isinstance(f.exception(), TimeoutError)
+        assert len(d) == 0
+
+    run(abandoned())
+    run(next_loop())

@@ -210,7 +210,8 @@ class Deadlines:
                 return
             heapq.heappop(heap)
             del live[seq]
-            if not future.done():
+            # (a request left waiting on a loop that was closed meanwhile is only dropped)
+            if not future.done() and future.get_loop() is loop:
                 future.set_exception(TimeoutError())
 
 
