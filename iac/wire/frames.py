@@ -443,7 +443,7 @@ class FrameDecoder:
                     self._have = 0
                 self._header = None
                 out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
-            if final and not self.idle:
+            if final and (self._header is not None or buf):  # not idle
                 raise ProtocolError("stream ends inside a frame", reason="truncated_frame")
             return out
         except BaseException:
