@@ -261,3 +261,25 @@ def test_valid_frame_streams_round_trip_in_any_chunking(items, data):
         pos += n
     dec.feed(b"", final=True)
     assert [(f.type, f.body) for f in out] == items
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (bytes((1, 0, 101)) + b"x" * 101, "frame_too_large"),  # one-byte length over the limit
+        (bytes((1, 0)) + encode_varint(300) + b"x" * 300, "frame_too_large"),  # two-byte length
+        (b"\x09\x00\x05" + b"x" * 5, "unknown_frame_type"),
+        (b"\x01\x02\x05" + b"x" * 5, "unknown_frame_flag"),
+    ],
+)
+def test_the_decoder_refuses_a_bad_header_that_arrives_whole(data: bytes, reason: str) -> None:
+    """A header read in one piece with its body (the decoder's fast path) is refused as one
+    read byte by byte is."""
+    for chunks in ([data], [data[i : i + 1] for i in range(len(data))]):
+        dec = FrameDecoder(max_frame_size=100)
+        with pytest.raises(iac.errors.ProtocolError) as exc_info:
+            for chunk in chunks:
+                dec.feed_packed(chunk)
+        assert exc_info.value.reason == reason
+    ok = FrameDecoder(max_frame_size=300).feed_packed(bytes((1, 0)) + encode_varint(300) + b"x" * 300)
+    assert [(p.type, p.size, p.wire_size) for p in ok] == [(FrameType.MESSAGE, 300, 304)]

@@ -707,3 +707,23 @@ def test_a_refused_message_sent_again_gets_the_same_error_never_an_ack() -> None
             assert woke == []  # neither refused message ever reached a handler
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a": [1, 2.5, "x"]}', "  [true, null] ", '"\u00e9"', "\ufeff{}", "{", "[1] x", "-Infinity", "1e400"],
+)
+def test_payload_decoding_agrees_with_json_loads(text: str) -> None:
+    """The schema step decodes payload_json as json.loads does: the same value, or a refusal
+    that quotes the same error (a leading byte-order mark included)."""
+    from iac.errors import Refusal
+    from iac.protocol.guards import decode_payload
+
+    value, refusal = decode_payload(text)
+    try:
+        expected = json.loads(text)
+    except ValueError as exc:
+        assert value is None and refusal is not None
+        assert refusal == (Refusal.BAD_PAYLOAD, f"payload_json is not JSON: {str(exc)[:100]}")
+    else:
+        assert refusal is None and value == expected

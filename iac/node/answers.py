@@ -100,6 +100,7 @@ class Answers:
             err.stream_seq = item.parts + 1
             await self._outbox.try_send_to(sender, err, item.conn)
             return
+        now_us = self._outbox.clock.now_us()  # the answer's one clock read: built and sent
         ans = self._outbox.build(
             sender,
             msg_type,
@@ -108,10 +109,11 @@ class Answers:
             reply_to=msg.msg_id,
             reply_session_id=msg.session_id,
             sealed=item.sealed,
+            now_us=now_us,
         )
         self._remember(item.key, ans)
         try:
-            await self._outbox.send_to(sender, ans, item.conn)
+            await self._outbox.send_to(sender, ans, item.conn, now_us)
         except ProtocolError as exc:
             if exc.reason != "frame_too_large":
                 raise

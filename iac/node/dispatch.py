@@ -13,8 +13,8 @@ import functools
 import inspect
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
+from types import GeneratorType
 from typing import Any, TypeAlias
 
 from iac.errors import ConfigError, ErrorCode, HandlerError, Refusal
@@ -68,7 +68,8 @@ class Dispatcher:
         #: What each handler is: 0 a plain function, 1 a coroutine function, 2 an async generator.
         self._kinds: dict[Callable[..., Any], int] = {}
         self.slots = Slots(config.max_handlers)
-        self.per_peer: Counter[str] = Counter()
+        #: Admitted messages per sender (waiting or running); a sender with none has no entry.
+        self.per_peer: dict[str, int] = {}
         self.waiting = 0
         #: Synchronous handlers' threads (``sync_in_thread``), taken by the peers in turn.
         self.threads = FairThreads(config.handler_threads)
@@ -141,7 +142,7 @@ class Dispatcher:
         is free), or refuse it with ``busy``."""
         sender = item.key[0]
         c = self.config
-        if self.draining or self.waiting >= c.max_backlog or self.per_peer[sender] >= c.max_per_peer:
+        if self.draining or self.waiting >= c.max_backlog or self.per_peer.get(sender, 0) >= c.max_per_peer:
             why = (
                 "node is draining"
                 if self.draining
@@ -160,9 +161,11 @@ class Dispatcher:
     def admit(self, item: Item) -> None:
         """Count a message as waiting for a slot (before its task starts, so bounds hold), and
         make its handler plan: which function, and how it runs (decided here, once)."""
-        self.per_peer[item.key[0]] += 1
+        sender = item.key[0]
+        self.per_peer[sender] = self.per_peer.get(sender, 0) + 1
         self.waiting += 1
-        self._c.backlog_peak = max(self._c.backlog_peak, self.waiting)
+        if self.waiting > self._c.backlog_peak:
+            self._c.backlog_peak = self.waiting
         if not item.broadcast:
             self._active[item.key] = None
         msg = item.msg
@@ -174,7 +177,10 @@ class Dispatcher:
         if func is None:  # refused when its turn comes: right here where a plain function would run
             item.mode = _RUN_THREAD if self.config.sync_in_thread else _RUN_LOOP
             return
-        kind = self._kind(func)
+        try:
+            kind = self._kinds[func]
+        except (KeyError, TypeError):  # not seen yet, or unhashable
+            kind = self._kind(func)
         if msg.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
             item.mode = _RUN_STREAM
         elif kind == _ASYNC:
@@ -317,7 +323,8 @@ class Dispatcher:
         """Run the handler in the slot this item holds, answer, give the slot back. ``inline``: in
         the connection's read loop, which an awaitable returned by a plain function must not hold
         up: a task of its own takes the item over then."""
-        self._c.running_peak = max(self._c.running_peak, self.slots.used)
+        if self.slots.used > self._c.running_peak:
+            self._c.running_peak = self.slots.used
         handed_over = False
         try:
             handed_over = await self._run_handler(item, inline)
@@ -345,10 +352,13 @@ class Dispatcher:
 
     def _done(self, item: Item) -> None:
         sender = item.key[0]
-        self.per_peer[sender] -= 1
-        if self.per_peer[sender] <= 0:
-            del self.per_peer[sender]
-        self._ended(item)
+        n = self.per_peer.get(sender, 0) - 1
+        if n > 0:
+            self.per_peer[sender] = n
+        else:
+            self.per_peer.pop(sender, None)
+        if item.key in self._active:  # not ended yet (a key a CANCEL named is active too)
+            self._ended(item)
         if item.slot:
             item.slot = False
             self.slots.give()
@@ -402,11 +412,16 @@ class Dispatcher:
                     call = self.speeds.timed(func, invoke) if self.config.adaptive_sync else invoke
                     result = await self._scoped(item, self.threads.run(item.key[0], call))
                 else:
-                    t0 = time.perf_counter()
-                    result = contextvars.copy_context().run(invoke)
                     if self.config.sync_in_thread:  # a quick one: is it still?
+                        t0 = time.perf_counter()
+                        result = contextvars.copy_context().run(invoke)
                         self.speeds.ran_inline(func, time.perf_counter() - t0)
-                    if inspect.isawaitable(result):
+                    else:
+                        result = contextvars.copy_context().run(invoke)
+                    # What ``await`` takes (inspect.isawaitable, without the ABC check for a plain value).
+                    if hasattr(type(result), "__await__") or (
+                        type(result) is GeneratorType and inspect.isawaitable(result)
+                    ):
                         if inline:  # its answer has to wait: go on in a task of its own
                             self._tasks.spawn(self._finish_later(item, result))
                             return True

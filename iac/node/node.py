@@ -455,14 +455,17 @@ class Node:
         acknowledges. ``via``: through this relay (see :meth:`send`); the reply comes back the same way.
         ``early=False``: never in 0-RTT early data (see :meth:`send`). ``options``: these settings
         in one :class:`~iac.SendOptions` (the keywords win)."""
-        self._check_open()
-        o = send_options(options, timeout=timeout, ack=ack, sealed=sealed, extra_data=extra_data,
-                         via=via, early=early, principal=principal)  # fmt: skip
+        self._runtime.check_open()
+        if options is not None:
+            o = options.merged(timeout=timeout, ack=ack, sealed=sealed, extra_data=extra_data, via=via,
+                               early=early, principal=principal)  # fmt: skip
+            timeout, ack, sealed, extra_data = o.timeout, o.ack, o.sealed, o.extra_data
+            via, early, principal = o.via, o.early, o.principal
         return await self._pending.request(
             peer, message_type(msg_type), payload,
-            timeout=self.config.request_timeout if o.timeout is None else o.timeout,
-            ack=o.ack, task=task, via=o.via, early=o.early, payload_json=payload_json,
-            extra_data=o.extra_data, sealed=o.sealed, principal=o.principal,
+            timeout=self.config.request_timeout if timeout is None else timeout,
+            ack=ack, task=task, via=via, early=early, payload_json=payload_json,
+            extra_data=extra_data, sealed=sealed, principal=principal,
         )  # fmt: skip
 
     def stream(

@@ -19,11 +19,11 @@ from iac.protocol.routing import Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
-from iac.wire.elide import elide, elides, pair_prefix
+from iac.wire.elide import ELIDE_CAPABILITY, elide, pair_prefix
 from iac.wire.enums import type_name
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import check_agent_id_cached
-from iac.wire.message import build_message
+from iac.wire.message import build_message, sign_message
 from iac.wire.seal import seal_payload
 
 #: Forward bodies larger than this are sent without trying zstd (file chunks do not compress).
@@ -66,10 +66,13 @@ class Outbox:
         reply_session_id: int = 0,
         sealed: bool = False,
         principal: str = "",
+        now_us: int = 0,
     ) -> Message:
+        """A new message toward ``peer`` in its session of ``kind`` (``now_us``: the clock, if the
+        caller just read it; else read here)."""
         check_agent_id_cached(peer)
-        text = payload_text(payload, payload_json)
-        now = self.clock.now_us()
+        text = payload_json if payload_json is not None else payload_text(payload, None)
+        now = now_us or self.clock.now_us()
         msg = build_message(
             sender=self.agent_id,
             to=peer,
@@ -98,12 +101,26 @@ class Outbox:
     # --- toward a destination ---------------------------------------------------------------------
 
     async def transmit(
-        self, peer: str, msg: Message, via: str | None = None, *, compress: bool = True, early: bool = True
+        self,
+        peer: str,
+        msg: Message,
+        via: str | None = None,
+        *,
+        compress: bool = True,
+        early: bool = True,
+        now_us: int = 0,
     ) -> None:
         """Sign (fresh timestamp) and send toward ``peer``: inside FORWARD through ``via`` when given;
-        else on the peer's connection; else through a route's next hop; else dial the peer."""
-        conn = await self._peers.first_hop(peer, via, self.clock.now_us())
-        await self.send_on(conn, msg, compress=compress, early=early)
+        else on the peer's connection; else through a route's next hop; else dial the peer.
+        ``now_us``: the clock, when the caller built ``msg`` just now (its timestamp stands)."""
+        conn = self._peers.table.get(peer) if via is None else None
+        if conn is None:
+            conn = await self._peers.first_hop(peer, via, now_us or self.clock.now_us())
+            now_us = 0  # a dial may have taken a while: stamp afresh
+        if conn.peer.agent_id == msg.to:
+            await self.transmit_on(conn, msg, compress=compress, early=early, now_us=now_us)
+        else:
+            await self.forward_on(conn, msg, early=early)
 
     async def send_on(
         self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
@@ -114,18 +131,18 @@ class Outbox:
         else:
             await self.forward_on(conn, msg, early=early)
 
-    async def send_to(self, to: str, msg: Message, hint: Connection | None = None) -> None:
+    async def send_to(self, to: str, msg: Message, hint: Connection | None = None, now_us: int = 0) -> None:
         """Send an answer: on ``hint`` when it is an open connection to ``to`` (the one the
         request came on: while a duplicate connection is settled, the table still names the old
-        one), else the usual way."""
+        one), else the usual way. ``now_us``: the clock ``msg`` was built with just now."""
         if hint is not None and hint.peer.agent_id == to and not hint.closed:
             conn: Connection | None = hint
         else:
             conn = self._peers.table.get(to)
         if conn is not None:
-            await self.transmit_on(conn, msg)
+            await self.transmit_on(conn, msg, now_us=now_us)
         else:
-            await self.transmit(to, msg)
+            await self.transmit(to, msg, now_us=now_us)
 
     async def try_send_to(self, to: str, msg: Message, hint: Connection | None = None) -> bool:
         """:meth:`send_to`, with transport errors swallowed (an answer nobody can take is lost)."""
@@ -164,13 +181,22 @@ class Outbox:
         return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
 
     async def transmit_on(
-        self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True
+        self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True, now_us: int = 0
     ) -> None:
-        msg.timestamp = self.clock.now_us()
-        body = await self.signer.sign(msg)
-        dictionary, limit = self.frame_params(conn)
+        """Sign ``msg`` with a fresh timestamp (``now_us``: the clock the caller built it with just
+        now) and send it in a MESSAGE frame on ``conn``."""
+        msg.timestamp = now_us or self.clock.now_us()
+        signer = self.signer
+        body = sign_message(self.identity, msg) if signer.worker is None else await signer.sign(msg)
         peer = conn.peer
-        if elides(conn.local_hello.capabilities, peer.hello.capabilities):  # both HELLOs proved from/to
+        hello = peer.hello
+        # frame_params(conn), written out (a call per message saved)
+        dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
+        limit, cap = self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30
+        if cap < limit:
+            limit = cap
+        # elides(): both HELLOs proved from/to, so the body goes without them
+        if ELIDE_CAPABILITY in conn.local_hello.capabilities and ELIDE_CAPABILITY in hello.capabilities:
             body = elide(body, pair_prefix(self.agent_id, peer.agent_id))
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit

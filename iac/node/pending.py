@@ -1,12 +1,20 @@
 """What this node waits for: requests until their REPLY or ERROR, and ACK_REQUESTED messages until
 their ACK — retransmitted (same ids, fresh timestamp, signed again) with exponential backoff and
-after every reconnect, up to ``delivery_timeout``."""
+after every reconnect, up to ``delivery_timeout``.
+
+Per request the table keeps an :class:`Out`, a permit of the peer's ``max_in_flight``
+(:class:`Permits`) and a deadline in :class:`Deadlines`: one event-loop timer for all the
+requests' timeouts, armed for the earliest, not a loop timer per request."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
 import logging
 import math
+import weakref
+from collections import deque
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
@@ -69,10 +77,148 @@ class Out:
         self.early = early
 
 
-def _expire(future: asyncio.Future[Any]) -> None:
-    """A request's timer fired before its answer came (becomes :class:`RequestTimeout`)."""
-    if not future.done():
-        future.set_exception(TimeoutError())
+class Permits:
+    """The ``max_in_flight`` permits toward one peer: a FIFO semaphore (``asyncio.Semaphore``'s
+    ``acquire``, ``release`` and ``locked``) whose free permit is taken by one call,
+    :meth:`try_take`, as a request at 1 in flight does every time."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def locked(self) -> bool:
+        """No permit can be taken without waiting."""
+        return self._free <= 0 or bool(self._waiters)
+
+    def try_take(self) -> bool:
+        """Take a free permit if one is there and nobody waits for one; else False."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> bool:
+        """Take a permit, waiting in turn (first come, first served) while none is free."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed a permit as it was cancelled: pass it on
+                self.release()
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+                self._wake()
+            raise
+        return True
+
+    def release(self) -> None:
+        """Give a permit back: to the first waiter, if any."""
+        self._free += 1
+        if self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters and self._free > 0:
+            fut = waiters.popleft()
+            if not fut.done():
+                self._free -= 1
+                fut.set_result(None)
+
+
+class Deadlines:
+    """The request timeouts of one pending table, on one event-loop timer.
+
+    A request's deadline is an entry ``(when, number)`` in a heap and its future by number; the
+    loop timer is armed for the earliest entry only, so a request costs a heap push and a dict
+    entry, not a loop timer of its own (its ``TimerHandle``, and the cancelled ones the loop's
+    heap keeps until they reach its top). An answered request's entry stays in the heap until it
+    reaches the top or the stale entries outnumber the live ones (then the heap is rebuilt): it
+    holds two numbers, never the future. On expiry the future fails with ``TimeoutError``."""
+
+    __slots__ = ("__weakref__", "_armed", "_handle", "_heap", "_live", "_loop", "_seq", "_stale")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+        self._live: dict[int, asyncio.Future[Any]] = {}
+        self._seq = 0
+        self._stale = 0  # heap entries whose request ended
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed = math.inf  # when the loop timer fires
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __len__(self) -> int:
+        """Requests with a deadline."""
+        return len(self._live)
+
+    @property
+    def heap_size(self) -> int:
+        """Heap entries, stale ones included (at most about twice the live ones, plus 64)."""
+        return len(self._heap)
+
+    def add(self, loop: asyncio.AbstractEventLoop, when: float, future: asyncio.Future[Any]) -> int:
+        """Fail ``future`` with ``TimeoutError`` once ``loop.time()`` reaches ``when``, unless it is
+        :meth:`remove`-d first; the number that removes it."""
+        seq = self._seq = self._seq + 1
+        self._live[seq] = future
+        heapq.heappush(self._heap, (when, seq))
+        if when < self._armed or loop is not self._loop:
+            self._arm(loop, self._heap[0][0])
+        return seq
+
+    def remove(self, seq: int) -> None:
+        """The request of ``seq`` ended: its deadline no longer matters."""
+        if self._live.pop(seq, None) is not None:
+            self._stale += 1
+            if self._stale > 64 and self._stale > len(self._live):
+                live = self._live
+                self._heap = [e for e in self._heap if e[1] in live]
+                heapq.heapify(self._heap)
+                self._stale = 0
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._loop, self._armed = loop, when
+        # The timer holds the table weakly: a closed node's table goes with the node.
+        self._handle = loop.call_at(when, _fire, weakref.ref(self))
+
+    def fire(self) -> None:
+        """The loop timer fired: fail the requests whose deadline passed; arm for the next."""
+        self._handle, self._armed = None, math.inf
+        loop = self._loop
+        if loop is None:  # pragma: no cover - armed only with a loop
+            return
+        now = loop.time()
+        heap, live = self._heap, self._live
+        while heap:
+            when, seq = heap[0]
+            future = live.get(seq)
+            if future is None:  # its request ended
+                heapq.heappop(heap)
+                self._stale -= 1
+                continue
+            if when > now:
+                self._arm(loop, when)
+                return
+            heapq.heappop(heap)
+            del live[seq]
+            # (a request left waiting on a loop that was closed meanwhile is only dropped)
+            if not future.done() and future.get_loop() is loop:
+                future.set_exception(TimeoutError())
+
+
+def _fire(ref: weakref.ReferenceType[Deadlines]) -> None:
+    deadlines = ref()
+    if deadlines is not None:
+        deadlines.fire()
 
 
 class Pending:
@@ -89,7 +235,9 @@ class Pending:
         #: Per peer: smoothed request round trip (seconds), learned from its replies.
         self.rtt: dict[str, float] = {}
         self._by_peer: dict[str, dict[Key, Out]] = {}
-        self._in_flight: dict[str, asyncio.Semaphore] = {}
+        self._in_flight: dict[str, Permits] = {}
+        #: The requests' timeouts (one loop timer for all of them).
+        self._deadlines = Deadlines()
 
     # --- the calls ------------------------------------------------------------------------------
 
@@ -138,8 +286,58 @@ class Pending:
         start = loop.time()
         outcome = "transport"
         try:
-            reply = await self._request(peer, msg_type, payload, timeout=timeout, ack=ack, task=task, via=via,
-                                        early=early, **build)  # fmt: skip
+            if not 0 < timeout < math.inf:
+                raise ConfigError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
+            sem = self._in_flight.get(peer) or self._sem(peer)
+            left, now = timeout, start
+            if not sem.try_take():  # a free permit: taken without waiting (no task, no timer)
+                try:
+                    await asyncio.wait_for(sem.acquire(), timeout)
+                except TimeoutError:
+                    raise RequestTimeout(
+                        f"{peer[:16]}…: {self.config.max_in_flight} requests in flight"
+                    ) from None
+                now = loop.time()
+                left = max(0.001, timeout - (now - start))
+            out: Out | None = None
+            timer = 0
+            try:
+                now_us = self._outbox.clock.now_us()  # the message's one clock read: built and sent
+                msg = self._outbox.build(
+                    peer,
+                    msg_type,
+                    payload,
+                    flags=FLAG_ACK_REQUESTED if ack else 0,
+                    task=task,
+                    deadline_us=now_us + int(left * 1e6),
+                    now_us=now_us,
+                    **build,
+                )
+                out = self._track(
+                    peer, msg, reliable=ack, is_request=True, via=via, early=early, now=now, loop=loop
+                )
+                await self._first_send(out, now_us)
+                # The table's one timer for every request (not a loop timer each): on expiry it
+                # fails the future with TimeoutError. A cancelled caller cancels the future
+                # itself; the out stays tracked until `finally`, which is how the handler below
+                # tells "not answered yet" (send CANCEL) from answered.
+                if not out.future.done():
+                    timer = self._deadlines.add(loop, loop.time() + left, out.future)
+                reply: Reply = await out.future
+            except TimeoutError:
+                if out is not None:
+                    self._tasks.spawn(self._send_cancel(out))
+                raise RequestTimeout(f"no answer from {peer[:16]}… within {timeout:g} s") from None
+            except asyncio.CancelledError:
+                if out is not None and self.outs.get(out.key) is out:
+                    self._tasks.spawn(self._send_cancel(out))
+                raise
+            finally:
+                if timer:
+                    self._deadlines.remove(timer)
+                if out is not None and self.outs.get(out.key) is out:  # (an answer finished it)
+                    self.finish(out, exc=asyncio.CancelledError())
+                sem.release()
             outcome = "reply"
             rtt = loop.time() - start
             old = self.rtt.get(peer)
@@ -157,70 +355,6 @@ class Pending:
         finally:
             if self._observers.items:
                 self._observers.answered(peer, msg_type, loop.time() - start, outcome)
-
-    async def _request(
-        self,
-        peer: str,
-        msg_type: int,
-        payload: Any,
-        *,
-        timeout: float,
-        ack: bool,
-        task: TaskState | None,
-        via: str | None,
-        early: bool = True,
-        **build: Any,
-    ) -> Reply:
-        if not 0 < timeout < math.inf:
-            raise ConfigError(f"timeout must be a positive, finite number of seconds, not {timeout!r}")
-        sem = self._sem(peer)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        if sem.locked():
-            try:
-                await asyncio.wait_for(sem.acquire(), timeout)
-            except TimeoutError:
-                raise RequestTimeout(
-                    f"{peer[:16]}…: {self.config.max_in_flight} requests in flight"
-                ) from None
-        else:
-            await sem.acquire()  # a free permit: taken without waiting (no task, no timer)
-        out: Out | None = None
-        timer: asyncio.TimerHandle | None = None
-        try:
-            left = max(0.001, timeout - (loop.time() - start))
-            msg = self._outbox.build(
-                peer,
-                msg_type,
-                payload,
-                flags=FLAG_ACK_REQUESTED if ack else 0,
-                task=task,
-                deadline_us=self._outbox.clock.now_us() + int(left * 1e6),
-                **build,
-            )
-            out = self._track(peer, msg, reliable=ack, is_request=True, via=via, early=early)
-            await self._first_send(out)
-            # One timer instead of wait_for(shield(...)): on expiry it fails the future with TimeoutError.
-            # A cancelled caller cancels the future itself; the out stays tracked until `finally`,
-            # which is how the handler below tells "not answered yet" (send CANCEL) from answered.
-            if not out.future.done():
-                timer = loop.call_later(left, _expire, out.future)
-            result: Reply = await out.future
-            return result
-        except TimeoutError:
-            if out is not None:
-                self._tasks.spawn(self._send_cancel(out))
-            raise RequestTimeout(f"no answer from {peer[:16]}… within {timeout:g} s") from None
-        except asyncio.CancelledError:
-            if out is not None and self.outs.get(out.key) is out:
-                self._tasks.spawn(self._send_cancel(out))
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if out is not None:
-                self.finish(out, exc=asyncio.CancelledError())
-            sem.release()
 
     # --- answers ----------------------------------------------------------------------------------
 
@@ -294,22 +428,34 @@ class Pending:
 
     # --- tracking and retransmission --------------------------------------------------------------
 
-    def _sem(self, peer: str) -> asyncio.Semaphore:
+    def _sem(self, peer: str) -> Permits:
         sem = self._in_flight.get(peer)
         if sem is None:
-            sem = self._in_flight[peer] = asyncio.Semaphore(self.config.max_in_flight)
+            sem = self._in_flight[peer] = Permits(self.config.max_in_flight)
         return sem
 
     def _track(
-        self, peer: str, msg: Message, *, reliable: bool, is_request: bool, via: str | None, early: bool
+        self,
+        peer: str,
+        msg: Message,
+        *,
+        reliable: bool,
+        is_request: bool,
+        via: str | None,
+        early: bool,
+        now: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Out:
-        loop = asyncio.get_running_loop()
+        """Track ``msg`` until its answer (``now``: the loop's time, if the caller just read it;
+        ``loop``: the running loop, if the caller has it)."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
         out = Out(
             peer,
             msg,
             reliable=reliable,
             is_request=is_request,
-            give_up_at=loop.time() + self.config.delivery_timeout,
+            give_up_at=(loop.time() if now is None else now) + self.config.delivery_timeout,
             rto=self.config.retransmit_initial,
             future=loop.create_future(),
             via=via,
@@ -338,9 +484,10 @@ class Pending:
             else:
                 out.future.set_result(result)
 
-    async def _first_send(self, out: Out) -> None:
+    async def _first_send(self, out: Out, now_us: int = 0) -> None:
+        """Send ``out`` for the first time (``now_us``: when it was built, if just now)."""
         try:
-            await self._outbox.transmit(out.peer, out.msg, out.via, early=out.early)
+            await self._outbox.transmit(out.peer, out.msg, out.via, early=out.early, now_us=now_us)
         except TransportError as exc:
             if not out.reliable:
                 self.finish(out, exc=exc)
@@ -388,9 +535,9 @@ class Pending:
     def spawn(self, coro: Any) -> None:
         self._tasks.spawn(coro)
 
-    def permit(self, peer: str) -> asyncio.Semaphore:
+    def permit(self, peer: str) -> Permits:
         """The in-flight permits toward ``peer`` (a stream takes one, as a request does)."""
         return self._sem(peer)
 
 
-__all__ = ["Out", "Pending"]
+__all__ = ["Deadlines", "Out", "Pending", "Permits"]

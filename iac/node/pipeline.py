@@ -32,9 +32,10 @@ from iac.errors import (
     StoreUnavailable,
 )
 from iac.node.config import NodeConfig
-from iac.node.store import Check, StoreRunner
+from iac.node.store import CheckTuple, StoreRunner
 from iac.node.types import WANTS_ACK, WANTS_NOTHING, WANTS_REPLY, Item, Key
 from iac.protocol.guards import (
+    KNOWN_TYPES,
     RESPONSE_TYPES,
     check_call,
     check_deadline,
@@ -53,6 +54,7 @@ from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED, sender_of
 from iac.wire.seal import open_sealed
 
 _COMMAND = int(MessageType.COMMAND)
+_DELEGATE_TASK = int(MessageType.DELEGATE_TASK)
 _CANCEL = int(MessageType.CANCEL)
 _CREDIT = int(MessageType.CREDIT)
 _FILE_TRANSFER = int(MessageType.FILE_TRANSFER)
@@ -131,30 +133,36 @@ class ReceivePipeline:
         inner messages of FORWARD frames it relayed), in order."""
         store = self.store
         guard = store.guard
+        fixed = store.freshness
         # A MESSAGE frame's sender is the connection's peer (verify.py checked it); a FORWARD's
         # inner message names its origin.
         peer = conn.peer.agent_id
         via = peer if forwarded else None
         # Freshness (no store needed), then one store call for the batch: single-phase for a
         # response, a reservation for anything a handler takes.
-        early: list[Refuse | None] = []
-        checks: list[Check] = []
-        for msg in msgs:
+        stale: dict[int, Refuse] = {}  # by position in the batch
+        checks: list[CheckTuple] = []
+        for i, msg in enumerate(msgs):
             is_response = msg.msg_type in RESPONSE_TYPES
-            try:
-                guard.check_fresh(msg.timestamp, now)
-            except MessageRejected as exc:
-                early.append(self._stale(msg, now, exc, guard.store.max_skew_us, is_response, forwarded))
-                continue
-            early.append(None)
+            ts = msg.timestamp
+            # Fresh by the store's fixed window (checked here), else as the guard says (it raises).
+            if fixed is None or not now - fixed[0] <= ts <= now + fixed[0] or ts < fixed[1]:
+                try:
+                    guard.check_fresh(ts, now)
+                except MessageRejected as exc:
+                    stale[i] = self._stale(msg, now, exc, guard.store.max_skew_us, is_response, forwarded)
+                    continue
             sender = sender_of(msg) if forwarded else peer
-            checks.append(Check((sender, msg.session_id, msg.msg_id), is_response, via))
-        verdicts = iter(await store.check(checks, now) if checks else ())
+            checks.append(((sender, msg.session_id, msg.msg_id), is_response, via))
+        verdicts = await store.check(checks, now) if checks else []
         out: list[Decision] = []
-        for msg, refused in zip(msgs, early, strict=True):
-            out.append(
-                refused if refused is not None else self._judge(conn, msg, now, next(verdicts), forwarded)
-            )
+        j = 0  # the next verdict
+        for i, msg in enumerate(msgs):
+            if stale and i in stale:
+                out.append(stale[i])
+            else:
+                out.append(self._judge(conn, msg, now, verdicts[j], forwarded))
+                j += 1
         return out
 
     @staticmethod
@@ -263,12 +271,18 @@ class ReceivePipeline:
 
     def _check_late(self, msg: Message, sender: str, payload: Any, now: int) -> tuple[Refusal, str] | None:
         c = self.config
-        r = (
-            check_type(msg, c.allowed_types)
-            or check_task(msg, c.delegators, sender)
-            or check_deadline(msg, now)
-            or check_principal(msg)
-        )
+        # Each check is called where it may refuse (a type not accepted, a task envelope or a
+        # delegation, a deadline passed, a principal); what passes them all needs no call.
+        mt = msg.msg_type
+        r = None
+        if mt not in (KNOWN_TYPES if c.allowed_types is None else c.allowed_types):
+            r = check_type(msg, c.allowed_types)
+        if r is None and (mt == _DELEGATE_TASK or msg.HasField("task")):
+            r = check_task(msg, c.delegators, sender)
+        if r is None and msg.deadline and msg.deadline <= now:
+            r = check_deadline(msg, now)
+        if r is None and msg.principal:
+            r = check_principal(msg)
         if r is None and msg.msg_type == _COMMAND:
             r = check_call(payload)
         if r is None and c.guards:

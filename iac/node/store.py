@@ -20,8 +20,7 @@ import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from iac.errors import IacError, LocalError, StoreUnavailable
 from iac.node.types import Item, Key
@@ -32,15 +31,19 @@ from iac.stores.memory import MemoryReplayStore
 log = logging.getLogger("iac.node")
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One replay check: ``mark`` (a response: single-phase) or reserve (two-phase)."""
+class Check(NamedTuple):
+    """One replay check: ``mark`` (a response: single-phase) or reserve (two-phase). A plain
+    tuple of the same three fields is a check too (the pipeline makes one per message)."""
 
     key: Key
     mark: bool
     #: The neighbour that delivered it (a FORWARD's relay), when not its sender: its share counts
     #: the session too.
     via: str | None = None
+
+
+#: What :meth:`StoreRunner.check` takes: ``(key, mark, via)``.
+CheckTuple = tuple[Key, bool, "str | None"]
 
 
 class StoreRunner:
@@ -61,6 +64,9 @@ class StoreRunner:
         self.blocking = False
         self.lease_us: int | None = None
         self._retention_us = 0
+        #: ``(max_skew_us, history_start_us)`` when they never change (the in-memory store): the
+        #: pipeline checks freshness with them inline; None: ask the guard for each message.
+        self.freshness: tuple[int, int] | None = None
         if guard is not None:
             self.open(guard)
 
@@ -72,6 +78,9 @@ class StoreRunner:
         #: How long the store's reservations last unless renewed (None: they never lapse).
         self.lease_us = store.reservation_lease_us
         self._retention_us = 2 * store.max_skew_us
+        start = store.history_start_us
+        if isinstance(store, MemoryReplayStore) and start is not None:
+            self.freshness = (store.max_skew_us, start)
 
     @property
     def started(self) -> bool:
@@ -84,7 +93,7 @@ class StoreRunner:
             raise LocalError("the node is not started")
         return self._guard
 
-    async def check(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
+    async def check(self, checks: Sequence[CheckTuple], now: int) -> list[Verdict | IacError]:
         """The verdict of each check, in order; a failed call gives its typed error in its place."""
         verdicts: list[Verdict | IacError]
         if not self.blocking:
@@ -94,10 +103,10 @@ class StoreRunner:
         if self.lease_us is None:  # reservations that never lapse need no renewal
             return verdicts
         held = self._held
-        for i, c in enumerate(checks):
-            if c.mark or verdicts[i] is not Verdict.NEW:
+        for i, (key, mark, _) in enumerate(checks):
+            if mark or verdicts[i] is not Verdict.NEW:
                 continue
-            sender, session_id, msg_id = c.key
+            sender, session_id, msg_id = key
             ids = held.setdefault((sender, session_id), {})
             if msg_id in ids:  # its lease lapsed while this node holds it: still in progress here
                 verdicts[i] = Verdict.IN_PROGRESS
@@ -119,8 +128,18 @@ class StoreRunner:
             self.release(item.key, now)
 
     def commit(self, key: Key, now: int) -> None:
-        self._unhold(key)
-        self._call(self._open().commit, *key, now)
+        if self._held:
+            self._unhold(key)
+        store = self._replay
+        if store is None:
+            raise LocalError("the node is not started")
+        if self.blocking:
+            self._call(store.commit, *key, now)
+            return
+        try:  # _call's first case, written out (a commit per handled message)
+            store.commit(*key, now)
+        except StoreUnavailable as exc:
+            self._failed(exc)
 
     def release(self, key: Key, now: int) -> None:
         self._unhold(key)
@@ -181,17 +200,19 @@ class StoreRunner:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _check_all(self, checks: Sequence[Check], now: int) -> list[Verdict | IacError]:
+    def _check_all(self, checks: Sequence[CheckTuple], now: int) -> list[Verdict | IacError]:
         out: list[Verdict | IacError] = []
-        store = self._open()
+        store = self._replay
+        if store is None:
+            raise LocalError("the node is not started")
         for c in checks:
-            sender, session_id, msg_id = c.key
-            call = store.check_and_mark if c.mark else store.reserve
+            (sender, session_id, msg_id), mark, via = c
+            call = store.check_and_mark if mark else store.reserve
             try:
-                if c.via is None or c.via == sender:
+                if via is None or via == sender:
                     verdict = call(sender, session_id, msg_id, now)
                 else:
-                    verdict = call(sender, session_id, msg_id, now, via=c.via)
+                    verdict = call(sender, session_id, msg_id, now, via=via)
             except IacError as exc:  # StoreUnavailable, replay_store_full: typed by the store
                 if isinstance(exc, StoreUnavailable):
                     self.failures += 1
@@ -256,4 +277,4 @@ class StoreRunner:
         return await job
 
 
-__all__ = ["Check", "StoreRunner"]
+__all__ = ["Check", "CheckTuple", "StoreRunner"]

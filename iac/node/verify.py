@@ -31,22 +31,30 @@ def open_frame(body: bytes, peer: str) -> Message:
     whose HELLO proved this connection (``impersonation``: other origins travel
     inside FORWARD)."""
     msg = open_message(body)
-    sender = sender_of(msg)
-    if sender != peer:
-        raise ProtocolError(
-            f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
-            f"{peer[:16]}… (other origins travel inside FORWARD)",
-            reason="impersonation",
-        )
+    if getattr(msg, "from") != peer:
+        _impersonation(msg, peer)
     return msg
 
 
+def _impersonation(msg: Message, peer: str) -> None:
+    sender = sender_of(msg)
+    raise ProtocolError(
+        f"MESSAGE from {sender[:16]}… on a connection whose HELLO proved "
+        f"{peer[:16]}… (other origins travel inside FORWARD)",
+        reason="impersonation",
+    )
+
+
 def open_all(bodies: Sequence[bytes], peer: str) -> list[Opened]:
-    """Open each body as a MESSAGE from ``peer``; a refusal is returned in its place, in order."""
+    """Open each body as a MESSAGE from ``peer`` (:func:`open_frame`); a refusal is returned in
+    its place, in order."""
     out: list[Opened] = []
     for body in bodies:
         try:
-            out.append(open_frame(body, peer))
+            msg = open_message(body)
+            if getattr(msg, "from") != peer:
+                _impersonation(msg, peer)
+            out.append(msg)
         except IacError as exc:
             out.append(exc)
     return out

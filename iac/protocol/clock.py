@@ -95,6 +95,8 @@ class SteadyClock:
         # every batch of received frames).
         system = type(clock) is SystemClock
         self._wall: Callable[[], int] = _wall_us if system else clock.now_us
+        #: The system clock's nanoseconds (None: another clock, read through ``_wall``).
+        self._wall_ns: Callable[[], int] | None = time.time_ns if system else None
         self._steady: Callable[[], float] = time.monotonic if system else clock.monotonic
         self.slack_us = slack_us
         self._last = clock.now_us()
@@ -104,7 +106,8 @@ class SteadyClock:
         self.offset_us = 0
 
     def now_us(self) -> int:
-        wall = self._wall()
+        ns = self._wall_ns
+        wall = ns() // 1000 if ns is not None else self._wall()
         mono = self._steady()
         last = self._last
         expected = last + int((mono - self._mono) * 1_000_000)

@@ -7,7 +7,6 @@ an argument.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from iac.errors import Refusal
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.enums import Intent, MessageType, type_name
+from iac.wire.jsonutil import loads_text
 
 # MessageType values as plain ints (a protobuf enum attribute lookup costs a Python call).
 _DELEGATE_TASK: int = MessageType.DELEGATE_TASK
@@ -35,7 +35,7 @@ def decode_payload(payload_json: str) -> tuple[Any, Check]:
     if not payload_json:
         return None, None
     try:
-        value = json.loads(payload_json)
+        value = loads_text(payload_json)
     except (ValueError, RecursionError) as exc:
         return None, (Refusal.BAD_PAYLOAD, f"payload_json is not JSON: {str(exc)[:100]}")
     # Each level of nesting opens a bracket: with few brackets (counted in C, strings

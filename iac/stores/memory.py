@@ -15,6 +15,12 @@ from iac.errors import MessageRejected
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
 from iac.stores.common import check_u64, share_refusal
 
+_MOD = 1 << 64
+_HALF = 1 << 63
+_MASK64 = _MOD - 1
+#: No window: nothing can expire.
+_NEVER = 1 << 127
+
 
 @dataclass(slots=True)
 class _Window:
@@ -51,6 +57,9 @@ class MemoryReplayStore(StoreSettings):
         self._history_start_us = started_at_us
         self._clock_us = started_at_us
         self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
+        #: At most the oldest window's ``last_seen_us`` (windows only get younger, and a new one
+        #: lowers it): while ``now - retention`` is not past it, nothing is due to expire.
+        self._floor_us = _NEVER
         self._window_size = self._config.window_size
         self._retention_us = self._config.retention_us
         self._full_mask = (1 << self._config.window_size) - 1
@@ -72,15 +81,21 @@ class MemoryReplayStore(StoreSettings):
         return self._check(sender, session_id, msg_id, now_us, via, reserve=True)
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
-        check_u64("msg_id", msg_id)
-        self._expire_due(now_us)
+        if not 0 <= msg_id <= _MASK64:
+            check_u64("msg_id", msg_id)
+        if now_us > self._clock_us:
+            self._clock_us = now_us
+        if self._clock_us - self._retention_us > self._floor_us:
+            self._expire_due(now_us)
         w = self._windows.get((sender, session_id))
         if w is None:
             return  # expired: any replay is now stale
         w.pending.discard(msg_id)
-        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
+        # -serial_diff(msg_id, w.highest), written out: how far behind the highest (2**63: behind)
+        d = (msg_id - w.highest) & _MASK64
+        offset = _MOD - d if d >= _HALF else -d
         if offset < 0:  # commit without reserve, ahead of the window: advance to it
-            self._advance(w, msg_id)
+            self._advance(w, msg_id, -offset)
             offset = 0
         if offset < self._window_size:
             w.bitmap |= 1 << offset
@@ -135,10 +150,12 @@ class MemoryReplayStore(StoreSettings):
         limit = self._clock_us - self._retention_us
         windows = self._windows
         dropped = 0
+        self._floor_us = _NEVER
         while windows:
             key = next(iter(windows))
             w = windows[key]
             if w.last_seen_us >= limit:  # kept while now <= last_seen + 2 * max_skew
+                self._floor_us = w.last_seen_us
                 break
             del windows[key]
             _unshare(self._by_sender, key[0])
@@ -146,14 +163,14 @@ class MemoryReplayStore(StoreSettings):
             dropped += 1
         return dropped
 
-    def _advance(self, w: _Window, msg_id: int) -> None:
-        shift = serial_diff(msg_id, w.highest)
+    def _advance(self, w: _Window, msg_id: int, shift: int) -> None:
+        """Move the window's highest id ``shift`` ids ahead, to ``msg_id``."""
         w.highest = msg_id
         if shift < self._window_size:
             w.bitmap = (w.bitmap << shift) & self._full_mask
             # Reservations that left the window are harmless until pruned: lookups and
             # commits only concern ids inside it, and it moves forward.
-            if len(w.pending) > 2 * self._window_size:
+            if w.pending and len(w.pending) > 2 * self._window_size:
                 self._prune(w)
         else:  # everything behind the old highest left the window
             w.bitmap = 0
@@ -169,9 +186,13 @@ class MemoryReplayStore(StoreSettings):
     def _check(
         self, sender: str, session_id: int, msg_id: int, now_us: int, via: str | None, *, reserve: bool
     ) -> Verdict:
-        check_u64("msg_id", msg_id)
-        check_u64("session_id", session_id)
-        self._expire_due(now_us)
+        if not (0 <= msg_id <= _MASK64 and 0 <= session_id <= _MASK64):
+            check_u64("msg_id", msg_id)
+            check_u64("session_id", session_id)
+        if now_us > self._clock_us:
+            self._clock_us = now_us
+        if self._clock_us - self._retention_us > self._floor_us:
+            self._expire_due(now_us)
         key = (sender, session_id)
         w = self._windows.get(key)
         if w is None:
@@ -192,15 +213,23 @@ class MemoryReplayStore(StoreSettings):
             self._by_via[via] = held_via + 1
             w = _Window(highest=msg_id, bitmap=0, last_seen_us=self._clock_us, via=via)
             self._windows[key] = w
+            if self._clock_us < self._floor_us:
+                self._floor_us = self._clock_us
             self._mark(w, msg_id, 0, reserve)
             return Verdict.NEW
         w.last_seen_us = self._clock_us
         self._windows.move_to_end(key)
-        offset = -serial_diff(msg_id, w.highest)  # how far behind the highest; 2**63 counts as behind
-        if offset < 0:
-            self._advance(w, msg_id)
-            self._mark(w, msg_id, 0, reserve)
+        # serial_diff(msg_id, w.highest), written out: how far ahead of the highest (2**63: behind)
+        d = (msg_id - w.highest) & _MASK64
+        ahead = d - _MOD if d >= _HALF else d
+        if ahead > 0:
+            self._advance(w, msg_id, ahead)
+            if reserve:
+                w.pending.add(msg_id)
+            else:
+                w.bitmap |= 1
             return Verdict.NEW
+        offset = -ahead
         if offset >= self._window_size:
             return Verdict.TOO_OLD
         if w.bitmap >> offset & 1:

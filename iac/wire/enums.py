@@ -49,8 +49,15 @@ class Intent(IntEnum):
         return self.name
 
 
+#: Each MessageType by its number.
+_BY_NUMBER: dict[int, MessageType] = {int(t): t for t in MessageType}
+
+
 def message_type(value: int | str) -> MessageType:
     """A :class:`MessageType` from itself, its number or its name (any case); else ConfigError."""
+    known = _BY_NUMBER.get(value) if type(value) is int else None  # a plain number: one lookup
+    if known is not None:
+        return known
     try:
         if isinstance(value, str):
             return MessageType[value.strip().upper()]

@@ -22,7 +22,7 @@ import zstandard
 
 from iac.errors import ProtocolError
 from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
-from iac.wire.elide import restore
+from iac.wire.elide import MAX_ELIDED_BODY
 from iac.wire.scan import decode_varint, encode_varint
 
 #: The largest frame a node reads or writes unless configured otherwise (4 MiB; ``max_frame_size``).
@@ -37,6 +37,8 @@ _ZSTD_BLOCK_MAX = 128 * 1024
 #: up to _PIECE bytes.
 _SMALL = 4096
 _PIECE = 64 * 1024
+#: Message field 3 (``msg_type``, a varint): what an elided MESSAGE body starts with.
+_MSG_TYPE_TAG = 0x18
 
 
 class FrameType(IntEnum):
@@ -92,8 +94,15 @@ class PackedFrame:
         else:
             plain = _inflate(self.payload, self.dict_id, self.size, dictionaries)
         prefix = dictionaries.restore_prefix
-        if prefix and self.type == FrameType.MESSAGE:
-            plain = restore(plain, prefix)
+        # restore(plain, prefix), written out: a body that starts with field 3 gets its prefix back
+        if (
+            prefix
+            and self.type == FrameType.MESSAGE
+            and plain
+            and plain[0] == _MSG_TYPE_TAG
+            and len(plain) <= MAX_ELIDED_BODY
+        ):
+            plain = prefix + plain
         return Frame(self.type, plain, self.dict_id, self.wire_size)
 
 
@@ -110,21 +119,23 @@ def encode_frame(
     ``compress_with`` picks a dictionary; ``plain_zstd`` compresses without
     one; with neither the body goes raw.
     """
-    if len(body) > max_frame_size:
+    n = len(body)
+    if n > max_frame_size:
         raise ProtocolError(
-            f"frame body is {len(body)} bytes, above max_frame_size {max_frame_size}: send large data "
+            f"frame body is {n} bytes, above max_frame_size {max_frame_size}: send large data "
             "as a file (Node.send_file, in chunks), or raise TransportConfig.max_frame_size on both sides",
             reason="frame_too_large",
         )
     flags = 0
     if compress_with is not None or plain_zstd:
         packed = (compress_with or NO_DICTIONARY).compress(body)
-        if len(packed) < len(body):
-            body = packed
-            flags = FLAG_ZSTD
-    n = len(body)
+        m = len(packed)
+        if m < n:
+            body, n, flags = packed, m, FLAG_ZSTD
     if n < 0x80:
         return bytes((ftype, flags, n)) + body
+    if n < 0x4000:  # a two-byte length (128 B .. 16 KiB), written out
+        return bytes((ftype, flags, n & 0x7F | 0x80, n >> 7)) + body
     return bytes((ftype, flags)) + encode_varint(n) + body
 
 
@@ -148,13 +159,16 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     pos = 5 + (0 if single_segment else 1)
     if pos + did_size + fcs_size > n:
         raise ProtocolError("zstd frame header is truncated", reason="compression_error")
-    dict_id = int.from_bytes(body[pos : pos + did_size], "little")
+    dict_id = int.from_bytes(body[pos : pos + did_size], "little") if did_size else 0
     pos += did_size
     if fcs_size == 0:
         raise ProtocolError("zstd frame does not declare its content size", reason="missing_content_size")
-    content_size = int.from_bytes(body[pos : pos + fcs_size], "little")
-    if fcs_size == 2:
-        content_size += 256
+    if fcs_size == 1:
+        content_size = body[pos]
+    elif fcs_size == 2:
+        content_size = (body[pos] | body[pos + 1] << 8) + 256
+    else:
+        content_size = int.from_bytes(body[pos : pos + fcs_size], "little")
     pos += fcs_size
     if content_size == 0:
         raise ProtocolError("zstd frame declares a content size of 0", reason="zero_content_size")
@@ -166,7 +180,7 @@ def zstd_frame_info(body: bytes | memoryview, max_size: int) -> tuple[int, int]:
     while True:
         if pos + 3 > n:
             raise ProtocolError("zstd frame is truncated inside a block header", reason="compression_error")
-        header = int.from_bytes(body[pos : pos + 3], "little")
+        header = body[pos] | body[pos + 1] << 8 | body[pos + 2] << 16
         pos += 3
         last = header & 1
         btype = (header >> 1) & 3
@@ -221,9 +235,11 @@ def _pack(ftype: FrameType, flags: int, body: bytes, max_frame_size: int, wire: 
     """A whole frame, its zstd layout checked (not decompressed)."""
     if flags & FLAG_ZSTD:
         dict_id, content_size = zstd_frame_info(body, max_frame_size)
-        return PackedFrame(ftype, body, dict_id, content_size, wire, max(content_size, wire))
+        return PackedFrame(
+            ftype, body, dict_id, content_size, wire, content_size if content_size > wire else wire
+        )
     n = len(body)
-    return PackedFrame(ftype, body, None, n, wire, max(n, wire))
+    return PackedFrame(ftype, body, None, n, wire, n if n > wire else wire)
 
 
 def _parse_header(
@@ -370,8 +386,64 @@ class FrameDecoder:
         if self._failed:
             raise ProtocolError("frame decoder used after an error", reason="frame_error")
         try:
-            out = self._feed(memoryview(data))
-            if final and not self.idle:
+            mv = memoryview(data)
+            out: list[PackedFrame] = []
+            pos = 0
+            n = len(mv)
+            buf = self._buf
+            max_size = self.max_frame_size
+            while True:
+                if self._header is None:
+                    if buf:
+                        take = mv[pos : pos + MAX_HEADER_SIZE - len(buf)]
+                        before = len(buf)
+                        buf += take
+                        parsed = _parse_header(buf, max_size)
+                        if parsed is None:
+                            pos += len(take)
+                            break
+                        pos += parsed[3] - before
+                        buf.clear()
+                    else:
+                        if pos >= n:
+                            break
+                        parsed = None
+                        if n - pos >= 4:  # _parse_header's two fast paths, written out
+                            ftype = _TYPE_BY_CODE.get(mv[pos])
+                            flags, b2 = mv[pos + 1], mv[pos + 2]
+                            if ftype is not None and not flags & ~_KNOWN_FLAGS:
+                                if b2 < 0x80:
+                                    if b2 <= max_size:
+                                        parsed = (ftype, flags, b2, 3)
+                                elif mv[pos + 3] < 0x80:
+                                    length = (b2 & 0x7F) | (mv[pos + 3] << 7)
+                                    if length <= max_size:
+                                        parsed = (ftype, flags, length, 4)
+                        if parsed is None:
+                            parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
+                        if parsed is None:
+                            buf += mv[pos:]
+                            break
+                        pos += parsed[3]
+                    self._header = parsed
+                ftype, flags, length, hend = self._header
+                have = self._have
+                body: bytes | bytearray
+                if not have and n - pos >= length:
+                    body = bytes(mv[pos : pos + length])
+                    pos += length
+                else:
+                    take = mv[pos : pos + length - have]
+                    pos += len(take)
+                    self._keep(take)
+                    if self._have < length:
+                        break
+                    body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+                    self._parts = []
+                    self._have = 0
+                self._header = None
+                out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
+            if final and (self._header is not None or buf):  # not idle
                 raise ProtocolError("stream ends inside a frame", reason="truncated_frame")
             return out
         except BaseException:
@@ -385,51 +457,6 @@ class FrameDecoder:
         self._parts = []
         self._have = 0
         self._header = None
-
-    def _feed(self, mv: memoryview) -> list[PackedFrame]:
-        out: list[PackedFrame] = []
-        pos = 0
-        n = len(mv)
-        buf = self._buf
-        max_size = self.max_frame_size
-        while True:
-            if self._header is None:
-                if buf:
-                    take = mv[pos : pos + MAX_HEADER_SIZE - len(buf)]
-                    before = len(buf)
-                    buf += take
-                    parsed = _parse_header(buf, max_size)
-                    if parsed is None:
-                        pos += len(take)
-                        return out
-                    pos += parsed[3] - before
-                    buf.clear()
-                else:
-                    if pos >= n:
-                        return out
-                    parsed = _parse_header(mv[pos : pos + MAX_HEADER_SIZE], max_size)
-                    if parsed is None:
-                        buf += mv[pos:]
-                        return out
-                    pos += parsed[3]
-                self._header = parsed
-            ftype, flags, length, hend = self._header
-            have = self._have
-            body: bytes | bytearray
-            if not have and n - pos >= length:
-                body = bytes(mv[pos : pos + length])
-                pos += length
-            else:
-                take = mv[pos : pos + length - have]
-                pos += len(take)
-                self._keep(take)
-                if self._have < length:
-                    return out
-                body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-                self._parts = []
-                self._have = 0
-            self._header = None
-            out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
 
     def _keep(self, take: memoryview) -> None:
         """Hold part of a body: as pieces, not one growing buffer (no copies as it grows, and

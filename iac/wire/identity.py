@@ -120,7 +120,7 @@ def verify(agent_id: str, domain: Domain, data: bytes, signature: bytes) -> None
 
 def verify_signed(agent_id: str, signed: bytes) -> None:
     """Check ``signed`` = ``signature(64) || DOMAIN || 0x00 || data`` by ``agent_id`` (one buffer)."""
-    key = _key_of(agent_id)
+    key = _public_key(agent_id) if type(agent_id) is str and len(agent_id) == 64 else _key_of(agent_id)
     try:
         nacl.bindings.crypto_sign_open(signed, key)
     except nacl.exceptions.BadSignatureError:

@@ -83,8 +83,8 @@ def build_message(
         timestamp=timestamp_us,
         msg_id=session.next_msg_id() if msg_id is None else msg_id,
         session_id=session.session_id,
+        **{"from": sender},  # type: ignore[arg-type]  # a Python keyword: given by name
     )
-    setattr(msg, "from", sender)
     # Optional fields are set only when used: passing defaults to the constructor costs ~0.3 µs.
     if extra_data:
         msg.extra_data = extra_data
@@ -121,7 +121,7 @@ def unsigned_bytes(msg: Message) -> bytes:
 
 def sign_message(identity: Identity, msg: Message) -> bytes:
     """Sign ``msg`` in place (sets ``signature``) and return the signed bytes."""
-    if sender_of(msg) != identity.agent_id:
+    if getattr(msg, "from") != identity.agent_id:
         raise ConfigError("a message must be signed by the identity in its `from` field")
     if msg.signature:
         msg.signature = b""
@@ -143,7 +143,7 @@ def open_message(data: bytes) -> Message:
         raise ProtocolError(f"Message does not parse: {exc}", reason="malformed_message") from None
     mv = memoryview(data)
     # one copy: signature || "iac-msg-v1" 0x00 || the bytes around field 8 (what libsodium's open takes)
-    verify_signed(sender_of(msg), b"".join((mv[e - SIGNATURE_SIZE : e], _MSG_PREFIX, mv[:s], mv[e:])))
+    verify_signed(getattr(msg, "from"), b"".join((mv[e - SIGNATURE_SIZE : e], _MSG_PREFIX, mv[:s], mv[e:])))
     return msg
 
 

@@ -248,8 +248,13 @@ _MSG_TAIL = re.compile(
     re.DOTALL,
 ).match
 #: The end: varint fields 17 and 18, and the length of field 19 (the principal), two-byte tags.
-_MSG_END = re.compile(
-    rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?(?:\x9a\x01([\x80-\xff]?[\x00-\x7f]))?",
+_END = rb"(?:\x88\x01" + _V + rb")?(?:\x90\x01" + _V + rb")?(?:\x9a\x01([\x80-\xff]?[\x00-\x7f]))?"
+_MSG_END = re.compile(_END, re.DOTALL).match
+#: The tail and the end in one pattern, for a message without a trace context (the common case:
+#: field 16 stops it short of the end, and the two patterns above decide).
+_MSG_REST = re.compile(
+    rb"(?:\x28" + _V + rb")?(?:\x30" + _V + rb")?(?:\x38" + _V + rb")?\x42\x40(.{64})"
+    rb"(?:\x50" + _V + rb")?(?:\x60" + _V + rb")?(?:\x70" + _V + rb")?(?:\x78" + _V + rb")?" + _END,
     re.DOTALL,
 ).match
 
@@ -261,15 +266,23 @@ def _message_span_fast(data: bytes) -> tuple[int, int] | None:
     order (so none repeats), right wire types, a 64-byte signature, no field 9, 11 or 13; a
     trace context (field 16) whose own fields the full scan accepts; a principal (field 19) last.
     """
+    size = len(data)
     head = _MSG_HEAD(data)
     pos = head.end()  # type: ignore[union-attr]  # the pattern matches the empty string
     n = head.group(1)  # type: ignore[union-attr]
     if n is not None:
         pos += _short_varint(n)
-        if pos > len(data):
+        if pos > size:
             return None
+    rest = _MSG_REST(data, pos)
+    if rest is None:
+        return None
+    n = rest.group(2)
+    if rest.end() + (0 if n is None else _short_varint(n)) == size:
+        s, e = rest.span(1)
+        return s - 2, e
     tail = _MSG_TAIL(data, pos)
-    if tail is None:
+    if tail is None:  # pragma: no cover - _MSG_REST matched the same fields
         return None
     pos = tail.end()
     n = tail.group(2)
