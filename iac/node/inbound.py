@@ -105,27 +105,23 @@ class Inbound:
 
     async def read_loop(self, conn: Connection) -> None:
         """Read ``conn`` until it closes: frames in batches (what is already received, up to
-        ``BATCH``), opened together, acted on in order; the answers they got are written at once.
-        After a batch the loop yields if more frames are waiting, so that every connection with
-        frames waiting gets its turn (one peer's flood does not hold the others up); with none
-        waiting, the next ``recv_many`` waits anyway."""
+        ``BATCH``), opened together, acted on in order; the answers they got are written at once
+        (:meth:`Connection.serve`: a batch runs right in the transport's receive callback when
+        it can finish there, and yields to the other connections while more frames wait)."""
         peer = conn.peer.agent_id
         clock = self._clock
+        frames = self._frames
+
+        async def batch(incs: list[Incoming]) -> bool:
+            n = len(incs)
+            frames[peer] += n
+            now = clock.now_us()  # the batch's one clock read (again only after a throttle)
+            if await self._throttle(peer, float(n), now):
+                now = clock.now_us()
+            return await self._on_batch(conn, incs, now)
+
         try:
-            while True:
-                incs = await conn.recv_many(BATCH)
-                n = len(incs)
-                self._frames[peer] += n
-                now = clock.now_us()  # the batch's one clock read (again only after a throttle)
-                if await self._throttle(peer, float(n), now):
-                    now = clock.now_us()
-                ok = await self._on_batch(conn, incs, now)
-                del incs  # the frames go now, also when the batch closed the connection
-                if not ok:
-                    break
-                conn.flush()
-                if conn.received():
-                    await asyncio.sleep(0)
+            await conn.serve(batch, BATCH)
         except IacError as exc:
             if not conn.closed:  # this side failed (a worker): close it, never leave it unread
                 self._close_failed(conn, exc)

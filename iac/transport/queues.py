@@ -14,7 +14,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from iac.errors import ConnectionClosed, IacError, ProtocolError
 from iac.transport.base import Incoming
@@ -30,6 +30,13 @@ LEASE_BYTES = 64 * 1024
 #: How long a connection waiting for the node's budget waits before it asks for leased
 #: budget to be reclaimed (:meth:`MemoryBudget.reclaim`).
 RECLAIM_DELAY = 0.05
+
+
+class _Reader(Protocol):
+    """What an :class:`Inbox` knows of its reader (:class:`~iac.transport.reader.Reader`)."""
+
+    def wake(self) -> None: ...
+    def deliver(self) -> None: ...
 
 
 class _Lease:
@@ -232,6 +239,9 @@ class Inbox:
         self._getters: deque[asyncio.Future[None]] = deque()
         self._waiting_node = False
         self._reclaim_handle: asyncio.TimerHandle | None = None
+        #: The connection's reader while it serves (:meth:`Connection.serve`): the adapter
+        #: calls its ``deliver()`` after judging frames in, and a close wakes it.
+        self.reader: _Reader | None = None
 
     def __len__(self) -> int:
         """Frames waiting for ``recv()``."""
@@ -307,11 +317,7 @@ class Inbox:
         """Wait for one frame; return it decoded, with up to ``limit - 1`` more that are
         already queued while their decompressed bytes stay within ``batch_bytes``. What the
         previous call handed out is given back to the budget now."""
-        if self._lent:
-            self.budget.returned(self._lent)
-            self._lent = 0
-            self._handed = []
-            self._on_room()
+        self.give_back()
         queue = self._queue
         while not queue:
             if self._error is not None:
@@ -319,8 +325,26 @@ class Inbox:
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
             await fut
+        return self.take(limit)
+
+    def give_back(self) -> None:
+        """The reader is done with the frames it was handed last: their budget comes back."""
+        if self._lent:
+            self.budget.returned(self._lent)
+            self._lent = 0
+            self._handed = []
+            self._on_room()
+
+    def take(self, limit: int) -> list[Incoming]:
+        """:meth:`get_many` without the wait, for a reader that was told frames are queued (a
+        :class:`~iac.transport.reader.Reader`): the frames queued (none if none is), or the
+        close error once the inbox closed and nothing is queued."""
+        queue = self._queue
+        if not queue and self._error is not None:
+            raise self._error
         out: list[Incoming] = []
-        size = lent = 0
+        size = 0
+        lent = self._lent
         while queue and len(out) < limit:
             frame = queue[0]
             if out and size + frame.size > self.batch_bytes:
@@ -367,6 +391,8 @@ class Inbox:
         else:
             self._settle()
         _wake(self._getters)
+        if self.reader is not None:
+            self.reader.wake()
 
     def _settle(self) -> None:
         """Closed, nothing queued: give back everything but what the reader still holds."""

@@ -38,7 +38,7 @@ from iac.protocol.handshake import (
     channel_binding,
     error_from_close,
 )
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, format_host
+from iac.transport.base import BatchHandler, Connection, Incoming, PeerInfo, TransportConfig, format_host
 from iac.transport.core import (
     IDLE_REASON,
     SILENT_REASON,
@@ -56,6 +56,7 @@ from iac.transport.quic.pathmtu import PmtuDriver
 from iac.transport.quic.protocol import QuicProtocol
 from iac.transport.quic.reset import ResetTokens, matches, may_be_reset
 from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, write_streams
+from iac.transport.reader import Reader
 from iac.transport.session import (
     DictState,
     HandshakeChannel,
@@ -145,6 +146,7 @@ class QuicConn(Connection):
         )
         self._inbox = self._rx.inbox
         self._recv_full = False  # the inbox is blocked: new stream credit is withheld
+        self._receiving = False  # a datagram's events are being handed on (on_datagram)
         self._withheld = 0
         self._room_handle: asyncio.Handle | None = None
         self._ctl_waiter: asyncio.Future[None] | None = None
@@ -198,6 +200,9 @@ class QuicConn(Connection):
 
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
+
+    async def serve(self, handle: BatchHandler, limit: int) -> None:
+        await Reader(self._inbox, handle, limit, self.flush).run()
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         core = self._core
@@ -371,6 +376,9 @@ class QuicConn(Connection):
             return
         if self._inbox.blocked != self._recv_full:
             self._proto.transmit_soon()  # withhold or grant stream credit
+        reader = self._inbox.reader
+        if reader is not None and not self._receiving:  # (inside a datagram: after its events)
+            reader.deliver()
 
     def _room(self) -> None:
         """Budget came back or the queue has room: judge the backlog (next turn)."""
@@ -543,6 +551,15 @@ class QuicConn(Connection):
     def on_datagram(self, now: float) -> None:
         """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it)."""
         self._core.last_packet = now
+        self._receiving = True
+
+    def after_datagram(self) -> None:
+        """The library's events of a datagram were handed on: the reader takes what they
+        judged into the inbox (right here when it can: never inside the library's events)."""
+        self._receiving = False
+        reader = self._inbox.reader
+        if reader is not None:
+            reader.deliver()
 
     def _arm_timer(self) -> None:
         """Ask the loop's timer structure for the wake-up the core wants: the next PING, a

@@ -15,10 +15,18 @@ from collections.abc import Callable, Iterator
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, map_network_errors
+from iac.transport.base import (
+    BatchHandler,
+    Connection,
+    Incoming,
+    PeerInfo,
+    TransportConfig,
+    map_network_errors,
+)
 from iac.transport.budget import RecvBudget
 from iac.transport.core import IDLE_REASON, ConnectionCore, Judged, State, TimerEvent, closed_by_this_side
 from iac.transport.queues import Inbox, SendQueue
+from iac.transport.reader import Reader
 from iac.transport.session import (
     DictState,
     SessionLogic,
@@ -204,6 +212,9 @@ class StreamConnection(Connection):
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
 
+    async def serve(self, handle: BatchHandler, limit: int) -> None:
+        await Reader(self._inbox, handle, limit, self.flush).run()
+
     def flush(self) -> None:
         handle = self._flush_handle
         if handle is not None:
@@ -246,7 +257,7 @@ class StreamConnection(Connection):
     def _judge_backlog(self) -> None:
         """Judge backlog frames into the receive queue while the budget holds them, at most
         :data:`FRAMES_PER_TURN` per event-loop turn; read again once nothing is left and
-        the budget has room."""
+        the budget has room. Then the reader takes what was judged (right here when it can)."""
         self._judge_handle = None
         inbox = self._inbox
         try:
@@ -257,14 +268,12 @@ class StreamConnection(Connection):
         if judged is Judged.MORE:  # let the application work on what it has; go on next turn
             self._proto.pause_reading()
             self._judge_handle = self._loop.call_soon(self._judge_backlog)
-            return
-        if judged is Judged.BLOCKED:  # no room: a recv() (or another connection) gives budget back
+        elif judged is Judged.BLOCKED:  # no room: a recv() (or another connection) gives budget back
             self._proto.pause_reading()
-            return
-        if judged is Judged.GOAWAY:
+        elif judged is Judged.GOAWAY:
             self._closing(goaway=None, graceful=False)
             return
-        if self._eof_pending:
+        elif self._eof_pending:
             self._eof_pending = False
             self.on_eof()
         elif not self._core.closed:
@@ -272,6 +281,9 @@ class StreamConnection(Connection):
                 self._proto.pause_reading()
             else:
                 self._proto.resume_reading()
+        reader = inbox.reader
+        if reader is not None:
+            reader.deliver()
 
     def on_eof(self) -> None:
         if not self._core.closed:
