@@ -337,7 +337,9 @@ class Connection(ABC):
     @abstractmethod
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         """Queue one frame. Waits while the send queue is full; frames queued in one
-        event-loop turn are written together. ``early=False``: on a connection whose HELLO
+        event-loop turn are written together (TLS/TCP and UNIX: the first of a turn at once,
+        those behind it at the end of the turn; the answers of a batch a reader runs in the
+        receive callback when it ends). ``early=False``: on a connection whose HELLO
         went as 0-RTT early data, wait until the peer's HELLO verified, so that this frame
         never rides in early data (other connections ignore it)."""
 

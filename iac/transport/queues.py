@@ -35,6 +35,9 @@ RECLAIM_DELAY = 0.05
 class _Reader(Protocol):
     """What an :class:`Inbox` knows of its reader (:class:`~iac.transport.reader.Reader`)."""
 
+    running: bool
+    busy: bool
+
     def wake(self) -> None: ...
     def deliver(self) -> None: ...
 
@@ -102,10 +105,14 @@ class SendQueue(_Bounded[bytes]):
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` if that needs no wait; False when full (or closing: ``put`` raises)."""
-        if self._error is not None or self._finished or not self.has_room(len(frame)):
+        items = self._items
+        size = len(frame)
+        if self._error is not None or self._finished:
             return False
-        self._items.append(frame)
-        self._bytes += len(frame)
+        if items and (len(items) >= self.max_frames or self._bytes + size > self.max_bytes):
+            return False  # (has_room, written out: this runs for every frame sent)
+        items.append(frame)
+        self._bytes += size
         return True
 
     async def put(self, frame: bytes) -> None:
@@ -231,7 +238,11 @@ class Inbox:
         self.backlog: deque[PackedFrame] = deque()
         #: Wire bytes of the backlog.
         self.backlog_bytes = 0
-        self._queue: deque[PackedFrame] = deque()
+        #: Judged frames waiting for ``recv()``, in order (read it; the inbox keeps it).
+        self.queue: deque[PackedFrame] = deque()
+        #: The inbox closed (:meth:`close`): nothing more is judged. Kept by the inbox.
+        self.closed = False
+        self._told_blocked = False  # blocked was True since the last on_room
         self._partial = 0
         self._lent = 0
         self._handed: list[weakref.ref[Frame]] = []  # the last batch, when it was large
@@ -245,11 +256,7 @@ class Inbox:
 
     def __len__(self) -> int:
         """Frames waiting for ``recv()``."""
-        return len(self._queue)
-
-    @property
-    def closed(self) -> bool:
-        return self._error is not None
+        return len(self.queue)
 
     @property
     def blocked(self) -> bool:
@@ -257,9 +264,13 @@ class Inbox:
         the node's) is spent. While the node's is, ``on_room`` follows when it comes back."""
         if self._error is not None:
             return False
-        if self.budget.node.spent:
+        budget = self.budget
+        if budget.node.spent:
             self._wait_node()
-        return bool(self.backlog) or self.budget.spent
+        elif not self.backlog and not budget.spent:
+            return False
+        self._told_blocked = True
+        return True
 
     # --- fed by the adapter ---------------------------------------------------------------------
 
@@ -273,7 +284,9 @@ class Inbox:
         """Whole frames received, to be judged in order (they are here: counted even past the budget)."""
         if self._error is not None:
             return
-        size = sum(frame.wire_size for frame in frames)
+        size = 0
+        for frame in frames:
+            size += frame.wire_size
         self.budget.take(size)
         self.backlog_bytes += size
         self.backlog.extend(frames)
@@ -288,11 +301,11 @@ class Inbox:
         """The first backlog frame, once the queue has room and the budget can hold it
         decompressed (the difference is taken); None while it cannot: read no further."""
         backlog = self.backlog
-        if not backlog or self._error is not None or len(self._queue) >= self.max_frames:
+        if not backlog or self._error is not None or len(self.queue) >= self.max_frames:
             return None
         frame = backlog[0]
         extra = frame.cost - frame.wire_size
-        if not self.budget.try_take(extra):
+        if extra > 0 and not self.budget.try_take(extra):
             if not self.budget.node.room_for(extra):
                 self._wait_node()
             return None
@@ -307,7 +320,7 @@ class Inbox:
             self.budget.give(frame.cost)
             return
         self.budget.lend(frame.cost)
-        self._queue.append(frame)
+        self.queue.append(frame)
         if self._getters:
             _wake(self._getters)
 
@@ -318,7 +331,7 @@ class Inbox:
         already queued while their decompressed bytes stay within ``batch_bytes``. What the
         previous call handed out is given back to the budget now."""
         self.give_back()
-        queue = self._queue
+        queue = self.queue
         while not queue:
             if self._error is not None:
                 raise self._error
@@ -328,18 +341,21 @@ class Inbox:
         return self.take(limit)
 
     def give_back(self) -> None:
-        """The reader is done with the frames it was handed last: their budget comes back."""
+        """The reader is done with the frames it was handed last: their budget comes back
+        (``on_room`` when frames wait to be judged or the adapter was told to stop reading)."""
         if self._lent:
             self.budget.returned(self._lent)
             self._lent = 0
             self._handed = []
-            self._on_room()
+            if self.backlog or self._told_blocked:
+                self._told_blocked = False
+                self._on_room()
 
     def take(self, limit: int) -> list[Incoming]:
         """:meth:`get_many` without the wait, for a reader that was told frames are queued (a
         :class:`~iac.transport.reader.Reader`): the frames queued (none if none is), or the
         close error once the inbox closed and nothing is queued."""
-        queue = self._queue
+        queue = self.queue
         if not queue and self._error is not None:
             raise self._error
         out: list[Incoming] = []
@@ -365,8 +381,8 @@ class Inbox:
             self._handed = [weakref.ref(inc.frame) for inc in out]
         if self._error is not None and not queue:
             self._settle()
-        else:
-            self._on_room()  # the queue has room again
+        elif self.backlog:
+            self._on_room()  # the queue has room again for frames waiting to be judged
         return out
 
     def close(self, error: IacError, *, drop: bool = False) -> None:
@@ -376,6 +392,7 @@ class Inbox:
         handed out last stay counted until the reader comes back or drops them."""
         if self._error is None:
             self._error = error
+            self.closed = True
             self.budget.node.forget(self._node_room)
             if self._reclaim_handle is not None:
                 self._reclaim_handle.cancel()
@@ -383,10 +400,10 @@ class Inbox:
             self.budget.give(self._partial + self.backlog_bytes)
             self.backlog.clear()
             self.backlog_bytes = self._partial = 0
-        if drop and self._queue:
-            self.budget.returned(sum(frame.cost for frame in self._queue))
-            self._queue.clear()
-        if self._queue:
+        if drop and self.queue:
+            self.budget.returned(sum(frame.cost for frame in self.queue))
+            self.queue.clear()
+        if self.queue:
             weakref.finalize(self, self.budget.release)
         else:
             self._settle()

@@ -87,11 +87,16 @@ class Reader:
         self.handle = handle
         self.limit = limit
         self.flush = flush
+        #: A batch runs in the adapter's callback right now: what it sends waits for the
+        #: ``flush`` when it stops (read by the adapter's ``send``; kept by the reader).
+        self.running = False
+        #: A batch is under way (in the callback, handed over, or in the task): what others
+        #: send meanwhile is written at the end of the loop turn, as before there was a reader.
+        self.busy = False
         #: Batches that ran in the adapter's callback, and batches of those handed to the task.
         self.eager = 0
         self.handed = 0
         self._idle: asyncio.Future[None] | None = None  # the task waits for frames on it
-        self._running = False  # an eager batch is running right now
         self._handoff: _Resume | None = None  # an eager batch for the task to finish
         self._stop = False  # an eager batch returned False
         self._raised: BaseException | None = None  # ... or raised this
@@ -103,13 +108,15 @@ class Reader:
         """The reader's task: batches until ``handle`` returns False; raises what a batch raises,
         or the close error once the connection closed and every frame was handed out."""
         inbox, handle, limit = self.inbox, self.handle, self.limit
+        queue = inbox.queue
         self._loop = loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._context = contextvars.copy_context()
         inbox.reader = self
         try:
             while True:
-                if len(inbox) or inbox.closed:
+                if queue or inbox.closed:
+                    self.busy = True
                     ok = await handle(inbox.take(limit))  # take raises the close error at the end
                 else:
                     self._idle = idle = loop.create_future()
@@ -133,23 +140,21 @@ class Reader:
                     ok = await resume
                 if not ok:
                     return
-                self._after()
-                if len(inbox):
+                self.flush()  # the batch is done: its answers go, its frames' budget comes back
+                inbox.give_back()
+                self.busy = False
+                if queue:
                     await asyncio.sleep(0)  # let every other connection with frames have its turn
         finally:
             inbox.reader = None
+            self.busy = False
             self._idle = self._handoff = self._raised = None
-
-    def _after(self) -> None:
-        """A batch is done: write its answers, give back the budget its frames held."""
-        self.flush()
-        self.inbox.give_back()
 
     def wake(self) -> None:
         """Wake the task (frames for it, or the connection closed); not inside an eager batch,
         which looks at the inbox again when it ends."""
         idle = self._idle
-        if idle is not None and not self._running and not idle.done():
+        if idle is not None and not self.running and not idle.done():
             idle.set_result(None)
 
     def deliver(self) -> None:
@@ -157,46 +162,45 @@ class Reader:
         task is running (else wake the task); hand it to the task if it has to wait."""
         idle = self._idle
         inbox = self.inbox
-        if idle is None or self._running or idle.done() or not len(inbox):
+        if idle is None or self.running or not inbox.queue or idle.done():
             return
         loop, task = self._loop, self._task
-        if (
-            _enter_task is None
-            or _leave_task is None
-            or task is None
-            or loop is None
-            or asyncio.current_task(loop) is not None
-        ):
+        if _enter_task is None or _leave_task is None or loop is None or task is None:
+            idle.set_result(None)  # pragma: no cover - every CPython the project supports has them
+            return
+        try:
+            _enter_task(loop, task)
+        except RuntimeError:  # called from inside a task: the reader's own task takes the frames
             idle.set_result(None)
             return
-        self._running = True
-        wake = True  # the task goes on after this batch (frames behind it, a hand-off, an end)
+        self.running = self.busy = True
+        handed = None
         try:
             coro = self.handle(inbox.take(self.limit))
-            _enter_task(loop, task)
-            try:
-                waiting = self._context.run(coro.send, None)
-            finally:
-                _leave_task(loop, task)
+            handed = _Resume(coro, self._context.run(coro.send, None))
         except StopIteration as stop:
-            self.eager += 1
-            if not stop.value:
-                self._stop = True
-            else:
-                self._after()
-                wake = bool(len(inbox)) or inbox.closed
+            self._stop = not stop.value
         except BaseException as exc:
             self._raised = exc
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-        else:
-            self.eager += 1
-            self.handed += 1
-            self._handoff = _Resume(coro, waiting)
         finally:
-            self._running = False
-            if wake and not idle.done():  # (a cancel of the task cancelled it: the task knows)
-                idle.set_result(None)
+            _leave_task(loop, task)
+            self.running = False
+        self.eager += 1
+        self.flush()  # what it sent goes now that it stopped (done, or waiting for something)
+        if handed is not None:  # it waits: the task finishes it, then takes what is behind it
+            self.handed += 1
+            self._handoff = handed
+        elif self._raised is None and not self._stop:
+            inbox.give_back()
+            self.busy = False
+            if not inbox.queue and not inbox.closed:
+                return  # done; the task goes on waiting
+        else:
+            self.busy = False
+        if not idle.done():  # (a cancel of the task cancelled it: the task knows)
+            idle.set_result(None)
+        if isinstance(self._raised, (KeyboardInterrupt, SystemExit)):
+            raise self._raised
 
 
 __all__ = ["Reader"]

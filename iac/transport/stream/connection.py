@@ -149,6 +149,7 @@ class StreamConnection(Connection):
         #: The core's wake-up (the idle deadline), in the loop's one timer structure.
         self._wake = loop_timers(loop).timer(self._on_timer)
         self._flush_handle: asyncio.Handle | None = None
+        self._held = False  # frames a batch in the receive callback sent: written when it stops
         self._judge_handle: asyncio.Handle | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._arm_timer()
@@ -204,6 +205,13 @@ class StreamConnection(Connection):
         if not q.offer(frame):
             await q.put(frame)
         if self._flush_handle is None:
+            reader = self._inbox.reader
+            if reader is None or not reader.busy:  # the first frame of this turn: at once
+                self._flush()
+            elif reader.running:  # a batch in the receive callback: written when it stops
+                self._held = True
+                return
+            # the frames queued behind it in this turn: together, at its end
             self._flush_handle = self._loop.call_soon(self._flush)
 
     async def recv(self) -> Incoming:
@@ -219,6 +227,8 @@ class StreamConnection(Connection):
         handle = self._flush_handle
         if handle is not None:
             handle.cancel()
+            self._flush()
+        elif self._held:
             self._flush()
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
@@ -277,10 +287,11 @@ class StreamConnection(Connection):
             self._eof_pending = False
             self.on_eof()
         elif not self._core.closed:
+            proto = self._proto
             if inbox.blocked:
-                self._proto.pause_reading()
-            else:
-                self._proto.resume_reading()
+                proto.pause_reading()
+            elif proto.reading_paused:
+                proto.resume_reading()
         reader = inbox.reader
         if reader is not None:
             reader.deliver()
@@ -323,8 +334,9 @@ class StreamConnection(Connection):
     # --- writing --------------------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Write everything queued in this event-loop turn with one write (unless backpressured)."""
+        """Write everything queued with one write (unless backpressured)."""
         self._flush_handle = None
+        self._held = False
         proto = self._proto
         if proto.writing_paused or proto.lost:
             return  # resume_writing flushes
@@ -336,7 +348,7 @@ class StreamConnection(Connection):
                 self.on_lost(exc)
                 return
             self._core.last_activity = self._loop.time()
-        if self._sendq.done and not proto.writing_paused:
+        if self._core.closed and self._sendq.done and not proto.writing_paused:
             self._write_done.set()
 
     def _send_control(self, frame: bytes) -> None:
