@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -108,20 +109,8 @@ class Inbound:
         ``BATCH``), opened together, acted on in order; the answers they got are written at once
         (:meth:`Connection.serve`: a batch runs right in the transport's receive callback when
         it can finish there, and yields to the other connections while more frames wait)."""
-        peer = conn.peer.agent_id
-        clock = self._clock
-        frames = self._frames
-
-        async def batch(incs: list[Incoming]) -> bool:
-            n = len(incs)
-            frames[peer] += n
-            now = clock.now_us()  # the batch's one clock read (again only after a throttle)
-            if await self._throttle(peer, float(n), now):
-                now = clock.now_us()
-            return await self._on_batch(conn, incs, now)
-
         try:
-            await conn.serve(batch, BATCH)
+            await conn.serve(functools.partial(self._on_batch, conn), BATCH)
         except IacError as exc:
             if not conn.closed:  # this side failed (a worker): close it, never leave it unread
                 self._close_failed(conn, exc)
@@ -175,26 +164,39 @@ class Inbound:
     def budgets(self) -> int:
         return len(self._buckets)
 
-    async def _throttle(self, peer: str, cost: float, now_us: int) -> bool:
-        """Take ``cost`` from ``peer``'s verify budget (its bucket runs on the receive clock's
-        seconds); True when it had to wait for it."""
+    def _bucket(self, peer: str, now_us: int) -> TokenBucket:
+        """``peer``'s verify budget (its bucket runs on the receive clock's seconds)."""
         bucket = self._buckets.get(peer)
-        now = now_us * 1e-6
         if bucket is None:
-            bucket = self._buckets[peer] = TokenBucket(self.config.verify_rate, self.config.verify_burst, now)
-        wait = bucket.take(cost, now)
+            bucket = self._buckets[peer] = TokenBucket(
+                self.config.verify_rate, self.config.verify_burst, now_us * 1e-6
+            )
+        return bucket
+
+    async def _throttle(self, peer: str, cost: float, now_us: int) -> bool:
+        """Take ``cost`` from ``peer``'s verify budget; True when it had to wait for it."""
+        wait = self._bucket(peer, now_us).take(cost, now_us * 1e-6)
         if wait <= 0:
             return False
         self._c.throttled += 1
         await asyncio.sleep(wait)
         return True
 
-    async def _on_batch(self, conn: Connection, incs: list[Incoming], now: int) -> bool:
-        """Act on a batch of frames in order (``now``: read once for it); False when the
-        connection was closed for a fault."""
+    async def _on_batch(self, conn: Connection, incs: list[Incoming]) -> bool:
+        """Act on a batch of frames in order, the clock read once for it (again only after the
+        verify budget made it wait); False when the connection was closed for a fault."""
         peer = conn.peer.agent_id
+        n = len(incs)
+        self._frames[peer] += n
+        now = self._clock.now_us()
+        bucket = self._buckets.get(peer) or self._bucket(peer, now)
+        wait = bucket.take(n, now * 1e-6)  # the frames' share of the verify budget
+        if wait > 0:
+            self._c.throttled += 1
+            await asyncio.sleep(wait)
+            now = self._clock.now_us()
         c = self._c
-        c.received += len(incs)
+        c.received += n
         size = 0
         bodies: list[bytes] = []
         for inc in incs:

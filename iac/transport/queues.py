@@ -73,19 +73,16 @@ class _Bounded(Generic[T]):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self._items: deque[T] = deque()
-        self._bytes = 0
+        #: Bytes queued (read it; the queue keeps it).
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     def has_room(self, size: int) -> bool:
         """Whether a frame of ``size`` bytes fits now (an empty queue takes any frame)."""
         return not self._items or (
-            len(self._items) < self.max_frames and self._bytes + size <= self.max_bytes
+            len(self._items) < self.max_frames and self.nbytes + size <= self.max_bytes
         )
 
 
@@ -109,10 +106,10 @@ class SendQueue(_Bounded[bytes]):
         size = len(frame)
         if self._error is not None or self._finished:
             return False
-        if items and (len(items) >= self.max_frames or self._bytes + size > self.max_bytes):
+        if items and (len(items) >= self.max_frames or self.nbytes + size > self.max_bytes):
             return False  # (has_room, written out: this runs for every frame sent)
         items.append(frame)
-        self._bytes += size
+        self.nbytes += size
         return True
 
     async def put(self, frame: bytes) -> None:
@@ -131,7 +128,7 @@ class SendQueue(_Bounded[bytes]):
     def put_nowait(self, frame: bytes) -> None:
         """Queue regardless of the bound (GOAWAY, internal control frames)."""
         self._items.append(frame)
-        self._bytes += len(frame)
+        self.nbytes += len(frame)
         if self._getter is not None and not self._getter.done():
             self._getter.set_result(None)
 
@@ -157,7 +154,7 @@ class SendQueue(_Bounded[bytes]):
             nxt = items.popleft()
             out.append(nxt)
             size += len(nxt)
-        self._bytes -= size
+        self.nbytes -= size
         if self._putters:
             _wake(self._putters)
         return out
@@ -166,7 +163,7 @@ class SendQueue(_Bounded[bytes]):
         """Everything queued now (maybe nothing), without waiting; wakes waiting ``put`` calls."""
         out = list(self._items)
         self._items.clear()
-        self._bytes = 0
+        self.nbytes = 0
         if self._putters:
             _wake(self._putters)
         return out
@@ -189,7 +186,7 @@ class SendQueue(_Bounded[bytes]):
         """Drop everything queued; waiting and later ``put`` calls raise ``error``."""
         self._error = error
         self._items.clear()
-        self._bytes = 0
+        self.nbytes = 0
         _wake(self._putters)
         if self._getter is not None and not self._getter.done():
             self._getter.set_result(None)
@@ -243,7 +240,8 @@ class Inbox:
         #: The inbox closed (:meth:`close`): nothing more is judged. Kept by the inbox.
         self.closed = False
         self._told_blocked = False  # blocked was True since the last on_room
-        self._partial = 0
+        #: Bytes of partly received frames the decoders hold (:meth:`set_partial`).
+        self.partial = 0
         self._lent = 0
         self._handed: list[weakref.ref[Frame]] = []  # the last batch, when it was large
         self._error: IacError | None = None
@@ -265,9 +263,10 @@ class Inbox:
         if self._error is not None:
             return False
         budget = self.budget
-        if budget.node.spent:
-            self._wait_node()
-        elif not self.backlog and not budget.spent:
+        if budget.spent:
+            if budget.node.spent:
+                self._wait_node()
+        elif not self.backlog:
             return False
         self._told_blocked = True
         return True
@@ -276,9 +275,9 @@ class Inbox:
 
     def set_partial(self, nbytes: int) -> None:
         """The decoders now hold ``nbytes`` of partly received frames."""
-        if self._error is None and nbytes != self._partial:
-            self.budget.take(nbytes - self._partial)
-            self._partial = nbytes
+        if self._error is None and nbytes != self.partial:
+            self.budget.take(nbytes - self.partial)
+            self.partial = nbytes
 
     def arrived(self, frames: list[PackedFrame]) -> None:
         """Whole frames received, to be judged in order (they are here: counted even past the budget)."""
@@ -397,9 +396,9 @@ class Inbox:
             if self._reclaim_handle is not None:
                 self._reclaim_handle.cancel()
                 self._reclaim_handle = None
-            self.budget.give(self._partial + self.backlog_bytes)
+            self.budget.give(self.partial + self.backlog_bytes)
             self.backlog.clear()
-            self.backlog_bytes = self._partial = 0
+            self.backlog_bytes = self.partial = 0
         if drop and self.queue:
             self.budget.returned(sum(frame.cost for frame in self.queue))
             self.queue.clear()

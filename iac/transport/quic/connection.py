@@ -186,9 +186,9 @@ class QuicConn(Connection):
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         if not early and self.early_data and not self.peer_hello_verified:
             await self._verified.wait()  # out of early data: after the server's HELLO verified
-        error = self._core.error
-        if error is not None:
-            raise error
+        core = self._core
+        if core.closed:
+            raise core.error or ConnectionClosed("connection closed")
         queue = self._queue
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
@@ -271,7 +271,7 @@ class QuicConn(Connection):
     def _write_streams(self) -> bool:
         """Move queued frames into new uni streams while the peer's stream credit lasts;
         True if any moved."""
-        if not len(self._queue):
+        if not self._queue.nbytes:
             return False
         if not self.peer_hello_verified and not self.early_data:
             return False
@@ -309,7 +309,7 @@ class QuicConn(Connection):
                     fut.set_result(None)
 
     def _drained(self) -> bool:
-        if len(self._queue):
+        if self._queue.nbytes:
             return False
         return self.backend.uni_streams_finished(self._quic, self.dialed)
 
@@ -820,7 +820,7 @@ class QuicConn(Connection):
             self._send_control_soon(push)  # on the control stream, behind our HELLO
         self._rx.start(session)  # what came behind the HELLO and what overtook it
         self._judge()
-        if len(self._queue):
+        if self._queue.nbytes:
             self._proto.transmit_soon()
 
 

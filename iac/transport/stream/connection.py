@@ -198,9 +198,9 @@ class StreamConnection(Connection):
         return len(self._inbox)
 
     async def send(self, frame: bytes, *, early: bool = True) -> None:
-        error = self._core.error
-        if error is not None:
-            raise error
+        core = self._core
+        if core.closed:
+            raise core.error or ConnectionClosed("connection closed")
         q = self._sendq
         if not q.offer(frame):
             await q.put(frame)
@@ -250,7 +250,9 @@ class StreamConnection(Connection):
         except ProtocolError as exc:
             self._protocol_fault(exc)
             return
-        inbox.set_partial(self._decoder.buffered)
+        partial = self._decoder.buffered
+        if partial != inbox.partial:
+            inbox.set_partial(partial)
         if frames:
             inbox.arrived(frames)
             if self._judge_handle is None:
@@ -340,7 +342,7 @@ class StreamConnection(Connection):
         proto = self._proto
         if proto.writing_paused or proto.lost:
             return  # resume_writing flushes
-        batch = self._sendq.take_all()
+        batch = self._sendq.take_all() if self._sendq.nbytes else None
         if batch:
             try:
                 self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
