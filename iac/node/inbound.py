@@ -188,14 +188,14 @@ class Inbound:
         peer = conn.peer.agent_id
         n = len(incs)
         self._frames[peer] += n
+        c = self._c
         now = self._clock.now_us()
         bucket = self._buckets.get(peer) or self._bucket(peer, now)
         wait = bucket.take(n, now * 1e-6)  # the frames' share of the verify budget
         if wait > 0:
-            self._c.throttled += 1
+            c.throttled += 1
             await asyncio.sleep(wait)
             now = self._clock.now_us()
-        c = self._c
         c.received += n
         size = 0
         bodies: list[bytes] = []
@@ -206,13 +206,13 @@ class Inbound:
                 bodies.append(frame.body)
         c.bytes_received += size
         opened: list[Opened] = []
-        msgs: list[Message] = []
+        decisions: list[Decision] = []
         if bodies:
             opened = await self._verifier.open(bodies, peer)
             msgs = [m for m in opened if not isinstance(m, IacError)]
-        # One pipeline call for the batch's verified messages (their replay checks together).
-        decisions = iter(await self._pipeline.receive(conn, msgs, now) if msgs else ())
-        results = iter(opened)
+            if msgs:  # one pipeline call for the batch's verified messages (their replay checks together)
+                decisions = await self._pipeline.receive(conn, msgs, now)
+        at = decided = 0  # the next of opened, of decisions
         for inc in incs:
             frame = inc.frame
             if frame.type == _FORWARD_FRAME:
@@ -220,9 +220,11 @@ class Inbound:
                 continue
             if frame.type != _MESSAGE_FRAME:
                 continue
-            result = next(results)
+            result = opened[at]
+            at += 1
             if isinstance(result, Message):
-                await self._act(conn, result, now, next(decisions))
+                decided += 1
+                await self._act(conn, result, now, decisions[decided - 1])
             elif isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
                 await self._on_bad_signature(conn, frame.body)
             elif isinstance(result, ProtocolError):  # malformed, or an impersonation: close it
