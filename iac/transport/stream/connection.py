@@ -2,8 +2,10 @@
 
 :class:`StreamConnection` is the asyncio adapter around the sans-IO
 :class:`~iac.transport.core.ConnectionCore`: it feeds received bytes to the frame decoder
-and the core's backlog judge, writes what ``send`` queued once per loop turn, arms the one
-timer the core asks for, and carries out a close the core decided (GOAWAY, flush, linger,
+and the core's backlog judge, hands what was judged to the connection's reader
+(:mod:`iac.transport.reader`, right in the receive callback when it can), writes the first
+frame ``send`` queued in a loop turn at once and those behind it at the turn's end, arms the
+one timer the core asks for, and carries out a close the core decided (GOAWAY, flush, linger,
 socket close). State, close error and idle decisions live in the core."""
 
 from __future__ import annotations
