@@ -10,7 +10,8 @@ frame on each end. :class:`Reader` saves it, as Python 3.12's eager tasks do, wr
 
 * Its task (the one that called ``serve``) waits while the queue is empty. When the adapter has
   judged frames into the queue (:meth:`Reader.deliver`, at the end of its receive callback) and no
-  task is running, the batch's coroutine starts right there, *as* that task (``current_task()``
+  task is running (the callback came from the loop, not from inside a task), the batch's
+  coroutine starts right there, *as* that task (``current_task()``
   is the reader's task while it runs, so ``asyncio.timeout`` and task-counting code behave as in
   the task). A batch that finishes there costs no task wake-up; its answers are flushed at once.
 * A batch that has to wait (a worker, a full send queue, a throttle) is handed to the reader's
@@ -93,9 +94,6 @@ class Reader:
         #: A batch is under way (in the callback, handed over, or in the task): what others
         #: send meanwhile is written at the end of the loop turn, as before there was a reader.
         self.busy = False
-        #: Batches that ran in the adapter's callback, and batches of those handed to the task.
-        self.eager = 0
-        self.handed = 0
         self._idle: asyncio.Future[None] | None = None  # the task waits for frames on it
         self._handoff: _Resume | None = None  # an eager batch for the task to finish
         self._stop = False  # an eager batch returned False
@@ -185,10 +183,8 @@ class Reader:
         finally:
             _leave_task(loop, task)
             self.running = False
-        self.eager += 1
         self.flush()  # what it sent goes now that it stopped (done, or waiting for something)
         if handed is not None:  # it waits: the task finishes it, then takes what is behind it
-            self.handed += 1
             self._handoff = handed
         elif self._raised is None and not self._stop:
             inbox.give_back()
