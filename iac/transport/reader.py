@@ -11,9 +11,9 @@ frame on each end. :class:`Reader` saves it, as Python 3.12's eager tasks do, wr
 * Its task (the one that called ``serve``) waits while the queue is empty. When the adapter has
   judged frames into the queue (:meth:`Reader.deliver`, at the end of its receive callback) and no
   task is running (the callback came from the loop, not from inside a task), the batch's
-  coroutine starts right there, *as* that task (``current_task()``
-  is the reader's task while it runs, so ``asyncio.timeout`` and task-counting code behave as in
-  the task). A batch that finishes there costs no task wake-up; its answers are flushed at once.
+  coroutine starts right there, *as* that task (``current_task()`` is the reader's task while it
+  runs, so ``asyncio.timeout`` and task-counting code behave as in the task). A batch that
+  finishes there costs no task wake-up; its answers are flushed at once.
 * A batch that has to wait (a worker, a full send queue, a throttle) is handed to the reader's
   task, which resumes it when what it awaits is done, and goes on with the frames behind it: a
   batch never overtakes an earlier one, and never runs while another is unfinished.
