@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -105,27 +106,11 @@ class Inbound:
 
     async def read_loop(self, conn: Connection) -> None:
         """Read ``conn`` until it closes: frames in batches (what is already received, up to
-        ``BATCH``), opened together, acted on in order; the answers they got are written at once.
-        After a batch the loop yields if more frames are waiting, so that every connection with
-        frames waiting gets its turn (one peer's flood does not hold the others up); with none
-        waiting, the next ``recv_many`` waits anyway."""
-        peer = conn.peer.agent_id
-        clock = self._clock
+        ``BATCH``), opened together, acted on in order; the answers they got are written at once
+        (:meth:`Connection.serve`: a batch runs right in the transport's receive callback when
+        it can finish there, and yields to the other connections while more frames wait)."""
         try:
-            while True:
-                incs = await conn.recv_many(BATCH)
-                n = len(incs)
-                self._frames[peer] += n
-                now = clock.now_us()  # the batch's one clock read (again only after a throttle)
-                if await self._throttle(peer, float(n), now):
-                    now = clock.now_us()
-                ok = await self._on_batch(conn, incs, now)
-                del incs  # the frames go now, also when the batch closed the connection
-                if not ok:
-                    break
-                conn.flush()
-                if conn.received():
-                    await asyncio.sleep(0)
+            await conn.serve(functools.partial(self._on_batch, conn), BATCH)
         except IacError as exc:
             if not conn.closed:  # this side failed (a worker): close it, never leave it unread
                 self._close_failed(conn, exc)
@@ -179,26 +164,39 @@ class Inbound:
     def budgets(self) -> int:
         return len(self._buckets)
 
-    async def _throttle(self, peer: str, cost: float, now_us: int) -> bool:
-        """Take ``cost`` from ``peer``'s verify budget (its bucket runs on the receive clock's
-        seconds); True when it had to wait for it."""
+    def _bucket(self, peer: str, now_us: int) -> TokenBucket:
+        """``peer``'s verify budget (its bucket runs on the receive clock's seconds)."""
         bucket = self._buckets.get(peer)
-        now = now_us * 1e-6
         if bucket is None:
-            bucket = self._buckets[peer] = TokenBucket(self.config.verify_rate, self.config.verify_burst, now)
-        wait = bucket.take(cost, now)
+            bucket = self._buckets[peer] = TokenBucket(
+                self.config.verify_rate, self.config.verify_burst, now_us * 1e-6
+            )
+        return bucket
+
+    async def _throttle(self, peer: str, cost: float, now_us: int) -> bool:
+        """Take ``cost`` from ``peer``'s verify budget; True when it had to wait for it."""
+        wait = self._bucket(peer, now_us).take(cost, now_us * 1e-6)
         if wait <= 0:
             return False
         self._c.throttled += 1
         await asyncio.sleep(wait)
         return True
 
-    async def _on_batch(self, conn: Connection, incs: list[Incoming], now: int) -> bool:
-        """Act on a batch of frames in order (``now``: read once for it); False when the
-        connection was closed for a fault."""
+    async def _on_batch(self, conn: Connection, incs: list[Incoming]) -> bool:
+        """Act on a batch of frames in order, the clock read once for it (again only after the
+        verify budget made it wait); False when the connection was closed for a fault."""
         peer = conn.peer.agent_id
+        n = len(incs)
+        self._frames[peer] += n
         c = self._c
-        c.received += len(incs)
+        now = self._clock.now_us()
+        bucket = self._buckets.get(peer) or self._bucket(peer, now)
+        wait = bucket.take(n, now * 1e-6)  # the frames' share of the verify budget
+        if wait > 0:
+            c.throttled += 1
+            await asyncio.sleep(wait)
+            now = self._clock.now_us()
+        c.received += n
         size = 0
         bodies: list[bytes] = []
         for inc in incs:
@@ -208,13 +206,13 @@ class Inbound:
                 bodies.append(frame.body)
         c.bytes_received += size
         opened: list[Opened] = []
-        msgs: list[Message] = []
+        decisions: list[Decision] = []
         if bodies:
             opened = await self._verifier.open(bodies, peer)
             msgs = [m for m in opened if not isinstance(m, IacError)]
-        # One pipeline call for the batch's verified messages (their replay checks together).
-        decisions = iter(await self._pipeline.receive(conn, msgs, now) if msgs else ())
-        results = iter(opened)
+            if msgs:  # one pipeline call for the batch's verified messages (their replay checks together)
+                decisions = await self._pipeline.receive(conn, msgs, now)
+        at = decided = 0  # the next of opened, of decisions
         for inc in incs:
             frame = inc.frame
             if frame.type == _FORWARD_FRAME:
@@ -222,9 +220,11 @@ class Inbound:
                 continue
             if frame.type != _MESSAGE_FRAME:
                 continue
-            result = next(results)
+            result = opened[at]
+            at += 1
             if isinstance(result, Message):
-                await self._act(conn, result, now, next(decisions))
+                decided += 1
+                await self._act(conn, result, now, decisions[decided - 1])
             elif isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
                 await self._on_bad_signature(conn, frame.body)
             elif isinstance(result, ProtocolError):  # malformed, or an impersonation: close it

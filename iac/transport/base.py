@@ -18,14 +18,16 @@ an adapter's I/O are in :mod:`iac.transport.queues`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import ipaddress
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
 from iac.errors import CloseCode, ConfigError, IacError, TransportError
@@ -269,6 +271,10 @@ class Incoming:
     frame: Frame
 
 
+#: What :meth:`Connection.serve` runs on each batch of received frames: True to go on reading.
+BatchHandler = Callable[[list[Incoming]], Coroutine[Any, Any, bool]]
+
+
 # --- errors at the boundary ---------------------------------------------------------------------
 
 #: What the network raises under an adapter; translated at the boundary (:func:`map_network_errors`).
@@ -331,7 +337,9 @@ class Connection(ABC):
     @abstractmethod
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         """Queue one frame. Waits while the send queue is full; frames queued in one
-        event-loop turn are written together. ``early=False``: on a connection whose HELLO
+        event-loop turn are written together (TLS/TCP and UNIX: the first of a turn at once,
+        those behind it at the end of the turn; the answers of a batch a reader runs in the
+        receive callback when it ends). ``early=False``: on a connection whose HELLO
         went as 0-RTT early data, wait until the peer's HELLO verified, so that this frame
         never rides in early data (other connections ignore it)."""
 
@@ -343,6 +351,21 @@ class Connection(ABC):
         """Wait for the next frame, then take up to ``limit`` frames in all that are already
         received (a reader that handles frames in batches; order is kept)."""
         return [await self.recv()]
+
+    async def serve(self, handle: BatchHandler, limit: int) -> None:
+        """Hand every received frame, in order, to ``handle`` in batches (what is already
+        received, up to ``limit``), one batch at a time, until ``handle`` returns False; raises
+        what ``handle`` raises, or the close error once every frame was handed out. After each
+        batch, what it queued to send is written (:meth:`flush`) and, with more frames waiting,
+        the reader yields a loop turn to the other connections. The adapters run a batch right
+        in their receive callback when it can finish there (:mod:`iac.transport.reader`): no
+        task wake-up per batch; this default is a plain loop over :meth:`recv_many`."""
+        while True:
+            if not await handle(await self.recv_many(limit)):
+                return
+            self.flush()
+            if self.received():
+                await asyncio.sleep(0)
 
     def received(self) -> int:
         """Frames received and waiting for ``recv()``. A reader that yields to the other
@@ -569,6 +592,7 @@ __all__ = [
     "RETRY_MODES",
     "TRANSPORTS",
     "Address",
+    "BatchHandler",
     "Connection",
     "ConnectionTable",
     "Incoming",

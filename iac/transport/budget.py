@@ -156,7 +156,8 @@ class RecvBudget:
     def give(self, n: int) -> None:
         if self.released or n <= 0:
             return
-        n = min(n, self.held)
+        if n > self.held:
+            n = self.held
         self.held -= n
         self.node.give(n)
 
@@ -171,7 +172,8 @@ class RecvBudget:
         """The reader is done with ``n`` lent bytes."""
         if self.released or n <= 0:
             return
-        n = min(n, self.returnable)
+        if n > self.returnable:
+            n = self.returnable
         self.returnable -= n
         self.node.returnable -= n
         self.give(n)

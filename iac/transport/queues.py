@@ -14,7 +14,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from iac.errors import ConnectionClosed, IacError, ProtocolError
 from iac.transport.base import Incoming
@@ -30,6 +30,16 @@ LEASE_BYTES = 64 * 1024
 #: How long a connection waiting for the node's budget waits before it asks for leased
 #: budget to be reclaimed (:meth:`MemoryBudget.reclaim`).
 RECLAIM_DELAY = 0.05
+
+
+class _Reader(Protocol):
+    """What an :class:`Inbox` knows of its reader (:class:`~iac.transport.reader.Reader`)."""
+
+    running: bool
+    busy: bool
+
+    def wake(self) -> None: ...
+    def deliver(self) -> None: ...
 
 
 class _Lease:
@@ -63,19 +73,16 @@ class _Bounded(Generic[T]):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self._items: deque[T] = deque()
-        self._bytes = 0
+        #: Bytes queued (read it; the queue keeps it).
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     def has_room(self, size: int) -> bool:
         """Whether a frame of ``size`` bytes fits now (an empty queue takes any frame)."""
         return not self._items or (
-            len(self._items) < self.max_frames and self._bytes + size <= self.max_bytes
+            len(self._items) < self.max_frames and self.nbytes + size <= self.max_bytes
         )
 
 
@@ -95,10 +102,14 @@ class SendQueue(_Bounded[bytes]):
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` if that needs no wait; False when full (or closing: ``put`` raises)."""
-        if self._error is not None or self._finished or not self.has_room(len(frame)):
+        items = self._items
+        size = len(frame)
+        if self._error is not None or self._finished:
             return False
-        self._items.append(frame)
-        self._bytes += len(frame)
+        if items and (len(items) >= self.max_frames or self.nbytes + size > self.max_bytes):
+            return False  # (has_room, written out: this runs for every frame sent)
+        items.append(frame)
+        self.nbytes += size
         return True
 
     async def put(self, frame: bytes) -> None:
@@ -117,7 +128,7 @@ class SendQueue(_Bounded[bytes]):
     def put_nowait(self, frame: bytes) -> None:
         """Queue regardless of the bound (GOAWAY, internal control frames)."""
         self._items.append(frame)
-        self._bytes += len(frame)
+        self.nbytes += len(frame)
         if self._getter is not None and not self._getter.done():
             self._getter.set_result(None)
 
@@ -143,7 +154,7 @@ class SendQueue(_Bounded[bytes]):
             nxt = items.popleft()
             out.append(nxt)
             size += len(nxt)
-        self._bytes -= size
+        self.nbytes -= size
         if self._putters:
             _wake(self._putters)
         return out
@@ -152,7 +163,7 @@ class SendQueue(_Bounded[bytes]):
         """Everything queued now (maybe nothing), without waiting; wakes waiting ``put`` calls."""
         out = list(self._items)
         self._items.clear()
-        self._bytes = 0
+        self.nbytes = 0
         if self._putters:
             _wake(self._putters)
         return out
@@ -175,7 +186,7 @@ class SendQueue(_Bounded[bytes]):
         """Drop everything queued; waiting and later ``put`` calls raise ``error``."""
         self._error = error
         self._items.clear()
-        self._bytes = 0
+        self.nbytes = 0
         _wake(self._putters)
         if self._getter is not None and not self._getter.done():
             self._getter.set_result(None)
@@ -224,22 +235,26 @@ class Inbox:
         self.backlog: deque[PackedFrame] = deque()
         #: Wire bytes of the backlog.
         self.backlog_bytes = 0
-        self._queue: deque[PackedFrame] = deque()
-        self._partial = 0
+        #: Judged frames waiting for ``recv()``, in order (read it; the inbox keeps it).
+        self.queue: deque[PackedFrame] = deque()
+        #: The inbox closed (:meth:`close`): nothing more is judged. Kept by the inbox.
+        self.closed = False
+        self._told_blocked = False  # blocked was True since the last on_room
+        #: Bytes of partly received frames the decoders hold (:meth:`set_partial`).
+        self.partial = 0
         self._lent = 0
         self._handed: list[weakref.ref[Frame]] = []  # the last batch, when it was large
         self._error: IacError | None = None
         self._getters: deque[asyncio.Future[None]] = deque()
         self._waiting_node = False
         self._reclaim_handle: asyncio.TimerHandle | None = None
+        #: The connection's reader while it serves (:meth:`Connection.serve`): the adapter
+        #: calls its ``deliver()`` after judging frames in, and a close wakes it.
+        self.reader: _Reader | None = None
 
     def __len__(self) -> int:
         """Frames waiting for ``recv()``."""
-        return len(self._queue)
-
-    @property
-    def closed(self) -> bool:
-        return self._error is not None
+        return len(self.queue)
 
     @property
     def blocked(self) -> bool:
@@ -247,23 +262,30 @@ class Inbox:
         the node's) is spent. While the node's is, ``on_room`` follows when it comes back."""
         if self._error is not None:
             return False
-        if self.budget.node.spent:
-            self._wait_node()
-        return bool(self.backlog) or self.budget.spent
+        budget = self.budget
+        if budget.spent:
+            if budget.node.spent:
+                self._wait_node()
+        elif not self.backlog:
+            return False
+        self._told_blocked = True
+        return True
 
     # --- fed by the adapter ---------------------------------------------------------------------
 
     def set_partial(self, nbytes: int) -> None:
         """The decoders now hold ``nbytes`` of partly received frames."""
-        if self._error is None and nbytes != self._partial:
-            self.budget.take(nbytes - self._partial)
-            self._partial = nbytes
+        if self._error is None and nbytes != self.partial:
+            self.budget.take(nbytes - self.partial)
+            self.partial = nbytes
 
     def arrived(self, frames: list[PackedFrame]) -> None:
         """Whole frames received, to be judged in order (they are here: counted even past the budget)."""
         if self._error is not None:
             return
-        size = sum(frame.wire_size for frame in frames)
+        size = 0
+        for frame in frames:
+            size += frame.wire_size
         self.budget.take(size)
         self.backlog_bytes += size
         self.backlog.extend(frames)
@@ -278,11 +300,11 @@ class Inbox:
         """The first backlog frame, once the queue has room and the budget can hold it
         decompressed (the difference is taken); None while it cannot: read no further."""
         backlog = self.backlog
-        if not backlog or self._error is not None or len(self._queue) >= self.max_frames:
+        if not backlog or self._error is not None or len(self.queue) >= self.max_frames:
             return None
         frame = backlog[0]
         extra = frame.cost - frame.wire_size
-        if not self.budget.try_take(extra):
+        if extra > 0 and not self.budget.try_take(extra):
             if not self.budget.node.room_for(extra):
                 self._wait_node()
             return None
@@ -297,7 +319,7 @@ class Inbox:
             self.budget.give(frame.cost)
             return
         self.budget.lend(frame.cost)
-        self._queue.append(frame)
+        self.queue.append(frame)
         if self._getters:
             _wake(self._getters)
 
@@ -307,20 +329,37 @@ class Inbox:
         """Wait for one frame; return it decoded, with up to ``limit - 1`` more that are
         already queued while their decompressed bytes stay within ``batch_bytes``. What the
         previous call handed out is given back to the budget now."""
-        if self._lent:
-            self.budget.returned(self._lent)
-            self._lent = 0
-            self._handed = []
-            self._on_room()
-        queue = self._queue
+        self.give_back()
+        queue = self.queue
         while not queue:
             if self._error is not None:
                 raise self._error
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
             await fut
+        return self.take(limit)
+
+    def give_back(self) -> None:
+        """The reader is done with the frames it was handed last: their budget comes back
+        (``on_room`` when frames wait to be judged or the adapter was told to stop reading)."""
+        if self._lent:
+            self.budget.returned(self._lent)
+            self._lent = 0
+            self._handed = []
+            if self.backlog or self._told_blocked:
+                self._told_blocked = False
+                self._on_room()
+
+    def take(self, limit: int) -> list[Incoming]:
+        """:meth:`get_many` without the wait, for a reader that was told frames are queued (a
+        :class:`~iac.transport.reader.Reader`): the frames queued (none if none is), or the
+        close error once the inbox closed and nothing is queued."""
+        queue = self.queue
+        if not queue and self._error is not None:
+            raise self._error
         out: list[Incoming] = []
-        size = lent = 0
+        size = 0
+        lent = self._lent
         while queue and len(out) < limit:
             frame = queue[0]
             if out and size + frame.size > self.batch_bytes:
@@ -341,8 +380,8 @@ class Inbox:
             self._handed = [weakref.ref(inc.frame) for inc in out]
         if self._error is not None and not queue:
             self._settle()
-        else:
-            self._on_room()  # the queue has room again
+        elif self.backlog:
+            self._on_room()  # the queue has room again for frames waiting to be judged
         return out
 
     def close(self, error: IacError, *, drop: bool = False) -> None:
@@ -352,21 +391,24 @@ class Inbox:
         handed out last stay counted until the reader comes back or drops them."""
         if self._error is None:
             self._error = error
+            self.closed = True
             self.budget.node.forget(self._node_room)
             if self._reclaim_handle is not None:
                 self._reclaim_handle.cancel()
                 self._reclaim_handle = None
-            self.budget.give(self._partial + self.backlog_bytes)
+            self.budget.give(self.partial + self.backlog_bytes)
             self.backlog.clear()
-            self.backlog_bytes = self._partial = 0
-        if drop and self._queue:
-            self.budget.returned(sum(frame.cost for frame in self._queue))
-            self._queue.clear()
-        if self._queue:
+            self.backlog_bytes = self.partial = 0
+        if drop and self.queue:
+            self.budget.returned(sum(frame.cost for frame in self.queue))
+            self.queue.clear()
+        if self.queue:
             weakref.finalize(self, self.budget.release)
         else:
             self._settle()
         _wake(self._getters)
+        if self.reader is not None:
+            self.reader.wake()
 
     def _settle(self) -> None:
         """Closed, nothing queued: give back everything but what the reader still holds."""

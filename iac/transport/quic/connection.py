@@ -38,7 +38,7 @@ from iac.protocol.handshake import (
     channel_binding,
     error_from_close,
 )
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, format_host
+from iac.transport.base import BatchHandler, Connection, Incoming, PeerInfo, TransportConfig, format_host
 from iac.transport.core import (
     IDLE_REASON,
     SILENT_REASON,
@@ -56,6 +56,7 @@ from iac.transport.quic.pathmtu import PmtuDriver
 from iac.transport.quic.protocol import QuicProtocol
 from iac.transport.quic.reset import ResetTokens, matches, may_be_reset
 from iac.transport.quic.streams import CONTROL_STREAM, QuicStats, write_streams
+from iac.transport.reader import Reader
 from iac.transport.session import (
     DictState,
     HandshakeChannel,
@@ -145,6 +146,7 @@ class QuicConn(Connection):
         )
         self._inbox = self._rx.inbox
         self._recv_full = False  # the inbox is blocked: new stream credit is withheld
+        self._receiving = False  # a datagram's events are being handed on (on_datagram)
         self._withheld = 0
         self._room_handle: asyncio.Handle | None = None
         self._ctl_waiter: asyncio.Future[None] | None = None
@@ -184,9 +186,9 @@ class QuicConn(Connection):
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         if not early and self.early_data and not self.peer_hello_verified:
             await self._verified.wait()  # out of early data: after the server's HELLO verified
-        error = self._core.error
-        if error is not None:
-            raise error
+        core = self._core
+        if core.closed:
+            raise core.error or ConnectionClosed("connection closed")
         queue = self._queue
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
@@ -198,6 +200,9 @@ class QuicConn(Connection):
 
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
+
+    async def serve(self, handle: BatchHandler, limit: int) -> None:
+        await Reader(self._inbox, handle, limit, self.flush).run()
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
         core = self._core
@@ -266,7 +271,7 @@ class QuicConn(Connection):
     def _write_streams(self) -> bool:
         """Move queued frames into new uni streams while the peer's stream credit lasts;
         True if any moved."""
-        if not len(self._queue):
+        if not self._queue.nbytes:
             return False
         if not self.peer_hello_verified and not self.early_data:
             return False
@@ -304,7 +309,7 @@ class QuicConn(Connection):
                     fut.set_result(None)
 
     def _drained(self) -> bool:
-        if len(self._queue):
+        if self._queue.nbytes:
             return False
         return self.backend.uni_streams_finished(self._quic, self.dialed)
 
@@ -371,6 +376,9 @@ class QuicConn(Connection):
             return
         if self._inbox.blocked != self._recv_full:
             self._proto.transmit_soon()  # withhold or grant stream credit
+        reader = self._inbox.reader
+        if reader is not None and not self._receiving:  # (inside a datagram: after its events)
+            reader.deliver()
 
     def _room(self) -> None:
         """Budget came back or the queue has room: judge the backlog (next turn)."""
@@ -543,6 +551,15 @@ class QuicConn(Connection):
     def on_datagram(self, now: float) -> None:
         """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it)."""
         self._core.last_packet = now
+        self._receiving = True
+
+    def after_datagram(self) -> None:
+        """The library's events of a datagram were handed on: the reader takes what they
+        judged into the inbox (right here when it can: never inside the library's events)."""
+        self._receiving = False
+        reader = self._inbox.reader
+        if reader is not None:
+            reader.deliver()
 
     def _arm_timer(self) -> None:
         """Ask the loop's timer structure for the wake-up the core wants: the next PING, a
@@ -803,7 +820,7 @@ class QuicConn(Connection):
             self._send_control_soon(push)  # on the control stream, behind our HELLO
         self._rx.start(session)  # what came behind the HELLO and what overtook it
         self._judge()
-        if len(self._queue):
+        if self._queue.nbytes:
             self._proto.transmit_soon()
 
 

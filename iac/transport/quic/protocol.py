@@ -47,6 +47,9 @@ class ConnectionEvents(Protocol):
     def on_datagram(self, now: float) -> None:
         """A datagram from the peer arrived at ``now`` (before the library took it)."""
 
+    def after_datagram(self) -> None:
+        """The library's events of that datagram were handed on (the reader may take frames)."""
+
 
 class LoopView:
     """The event loop as the library's protocol sees it: everything is the loop's own, except
@@ -118,9 +121,9 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self.conn.on_quic_event(event)
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        # As aioquic's, but the flush waits (see _transmit_after_receive): the tasks this
-        # datagram woke (a recv() waiter) run first, so a reply they send leaves in the same
-        # packet as the ACK instead of a packet of its own right after an ACK-less one.
+        # As aioquic's, but the reader takes what the datagram's events judged in first, and
+        # the flush waits for its reply (see _transmit_after_receive), so that the reply leaves
+        # in the same packet as the ACK instead of a packet of its own right after an ACK-less one.
         now = self._loop.time()
         if self.checks_resets and self.conn is not None and self.conn.stateless_reset(cast(bytes, data)):
             return
@@ -128,6 +131,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self.conn.on_datagram(now)
         self._quic.receive_datagram(cast(bytes, data), addr, now=now)
         self._process_events()
+        if self.conn is not None:
+            self.conn.after_datagram()
         self._transmit_after_receive()
 
     def datagrams_received(self, data: list[bytes], addr: Any) -> None:
@@ -137,6 +142,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self.conn.on_datagram(now)
         self._quic.receive_many_datagrams(data, addr, now=now)
         self._process_events()
+        if self.conn is not None:
+            self.conn.after_datagram()
         self._transmit_after_receive()
 
     #: A send asked for a flush since the last one (``_transmit_soon``).
@@ -160,12 +167,16 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self._transport.close()
 
     def _transmit_after_receive(self) -> None:
-        """The flush after received datagrams: at the end of this loop turn if a send is
-        waiting by then (a reply the woken reader sent), else one turn later. A reply wakes
-        the reader in one turn and the task that asked in the next: if that task sends its
-        next request, the request and the pending ACK leave in one packet and one flush,
-        instead of a flush that finds nothing to send (the ACK is not due yet) and another."""
-        if self._transmit_task is None:
+        """The flush after received datagrams: now if a send is waiting already (the reader
+        answered right in this callback, :mod:`iac.transport.reader`: the reply and the ACK
+        leave together), else at the end of this loop turn if a send is waiting by then (a
+        reply of a reader woken in its task), else one turn later. A reply wakes the task that
+        asked in the next turn: if that task sends its next request, the request and the
+        pending ACK leave in one packet and one flush, instead of a flush that finds nothing to
+        send (the ACK is not due yet) and another."""
+        if self._send_waiting:  # the reader answered right in this callback: with the ACK, now
+            self.transmit()
+        elif self._transmit_task is None:
             self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
 
     def _transmit_if_sending(self) -> None:

@@ -47,7 +47,7 @@ def write_streams(queue: SendQueue, quic: Any, backend: Backend, stats: QuicStat
     lasts; return how many frames moved (taking them wakes a ``send()`` waiting for room)."""
     sent = 0
     credit = backend.remote_max_streams_uni(quic)
-    while len(queue):
+    while queue.nbytes:
         stream_id = backend.next_stream_id_uni(quic)
         if stream_id // 4 >= credit:
             stats.credit_stalls += 1

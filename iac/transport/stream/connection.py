@@ -2,8 +2,10 @@
 
 :class:`StreamConnection` is the asyncio adapter around the sans-IO
 :class:`~iac.transport.core.ConnectionCore`: it feeds received bytes to the frame decoder
-and the core's backlog judge, writes what ``send`` queued once per loop turn, arms the one
-timer the core asks for, and carries out a close the core decided (GOAWAY, flush, linger,
+and the core's backlog judge, hands what was judged to the connection's reader
+(:mod:`iac.transport.reader`, right in the receive callback when it can), writes the first
+frame ``send`` queued in a loop turn at once and those behind it at the turn's end, arms the
+one timer the core asks for, and carries out a close the core decided (GOAWAY, flush, linger,
 socket close). State, close error and idle decisions live in the core."""
 
 from __future__ import annotations
@@ -15,10 +17,18 @@ from collections.abc import Callable, Iterator
 
 from iac.errors import CloseCode, ConnectionClosed, IacError, ProtocolError, TransportError
 from iac.protocol.handshake import ClientHandshake, ServerHandshake
-from iac.transport.base import Connection, Incoming, PeerInfo, TransportConfig, map_network_errors
+from iac.transport.base import (
+    BatchHandler,
+    Connection,
+    Incoming,
+    PeerInfo,
+    TransportConfig,
+    map_network_errors,
+)
 from iac.transport.budget import RecvBudget
 from iac.transport.core import IDLE_REASON, ConnectionCore, Judged, State, TimerEvent, closed_by_this_side
 from iac.transport.queues import Inbox, SendQueue
+from iac.transport.reader import Reader
 from iac.transport.session import (
     DictState,
     SessionLogic,
@@ -141,6 +151,7 @@ class StreamConnection(Connection):
         #: The core's wake-up (the idle deadline), in the loop's one timer structure.
         self._wake = loop_timers(loop).timer(self._on_timer)
         self._flush_handle: asyncio.Handle | None = None
+        self._held = False  # frames a batch in the receive callback sent: written when it stops
         self._judge_handle: asyncio.Handle | None = None
         self._close_task: asyncio.Task[None] | None = None
         self._arm_timer()
@@ -189,13 +200,20 @@ class StreamConnection(Connection):
         return len(self._inbox)
 
     async def send(self, frame: bytes, *, early: bool = True) -> None:
-        error = self._core.error
-        if error is not None:
-            raise error
+        core = self._core
+        if core.closed:
+            raise core.error or ConnectionClosed("connection closed")
         q = self._sendq
         if not q.offer(frame):
             await q.put(frame)
         if self._flush_handle is None:
+            reader = self._inbox.reader
+            if reader is None or not reader.busy:  # the first frame of this turn: at once
+                self._flush()
+            elif reader.running:  # a batch in the receive callback: written when it stops
+                self._held = True
+                return
+            # the frames queued behind it in this turn: together, at its end
             self._flush_handle = self._loop.call_soon(self._flush)
 
     async def recv(self) -> Incoming:
@@ -204,10 +222,15 @@ class StreamConnection(Connection):
     async def recv_many(self, limit: int) -> list[Incoming]:
         return await self._inbox.get_many(limit)
 
+    async def serve(self, handle: BatchHandler, limit: int) -> None:
+        await Reader(self._inbox, handle, limit, self.flush).run()
+
     def flush(self) -> None:
         handle = self._flush_handle
         if handle is not None:
             handle.cancel()
+            self._flush()
+        elif self._held:
             self._flush()
 
     async def close(self, code: int = CloseCode.NO_ERROR, reason: str = "") -> None:
@@ -229,7 +252,9 @@ class StreamConnection(Connection):
         except ProtocolError as exc:
             self._protocol_fault(exc)
             return
-        inbox.set_partial(self._decoder.buffered)
+        partial = self._decoder.buffered
+        if partial != inbox.partial:
+            inbox.set_partial(partial)
         if frames:
             inbox.arrived(frames)
             if self._judge_handle is None:
@@ -246,7 +271,7 @@ class StreamConnection(Connection):
     def _judge_backlog(self) -> None:
         """Judge backlog frames into the receive queue while the budget holds them, at most
         :data:`FRAMES_PER_TURN` per event-loop turn; read again once nothing is left and
-        the budget has room."""
+        the budget has room. Then the reader takes what was judged (right here when it can)."""
         self._judge_handle = None
         inbox = self._inbox
         try:
@@ -257,21 +282,23 @@ class StreamConnection(Connection):
         if judged is Judged.MORE:  # let the application work on what it has; go on next turn
             self._proto.pause_reading()
             self._judge_handle = self._loop.call_soon(self._judge_backlog)
-            return
-        if judged is Judged.BLOCKED:  # no room: a recv() (or another connection) gives budget back
+        elif judged is Judged.BLOCKED:  # no room: a recv() (or another connection) gives budget back
             self._proto.pause_reading()
-            return
-        if judged is Judged.GOAWAY:
+        elif judged is Judged.GOAWAY:
             self._closing(goaway=None, graceful=False)
             return
-        if self._eof_pending:
+        elif self._eof_pending:
             self._eof_pending = False
             self.on_eof()
         elif not self._core.closed:
+            proto = self._proto
             if inbox.blocked:
-                self._proto.pause_reading()
-            else:
-                self._proto.resume_reading()
+                proto.pause_reading()
+            elif proto.reading_paused:
+                proto.resume_reading()
+        reader = inbox.reader
+        if reader is not None:
+            reader.deliver()
 
     def on_eof(self) -> None:
         if not self._core.closed:
@@ -311,12 +338,13 @@ class StreamConnection(Connection):
     # --- writing --------------------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Write everything queued in this event-loop turn with one write (unless backpressured)."""
+        """Write everything queued with one write (unless backpressured)."""
         self._flush_handle = None
+        self._held = False
         proto = self._proto
         if proto.writing_paused or proto.lost:
             return  # resume_writing flushes
-        batch = self._sendq.take_all()
+        batch = self._sendq.take_all() if self._sendq.nbytes else None
         if batch:
             try:
                 self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
@@ -324,7 +352,7 @@ class StreamConnection(Connection):
                 self.on_lost(exc)
                 return
             self._core.last_activity = self._loop.time()
-        if self._sendq.done and not proto.writing_paused:
+        if self._core.closed and self._sendq.done and not proto.writing_paused:
             self._write_done.set()
 
     def _send_control(self, frame: bytes) -> None:
