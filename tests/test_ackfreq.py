@@ -182,22 +182,30 @@ def test_sender_updates_the_frame_as_the_window_changes_at_most_once_a_round_tri
     tx = AckFrequencySender()
     tx.on_peer_parameters(1000, 0.025)
     first = tx.poll(0.0, 48_000, 1200, 0.01)
-    assert first == AckFrequencyFrame(0, 20, 25000, 3)
+    assert first == AckFrequencyFrame(0, 20, 2500, 3)  # half the window, a quarter of the RTT
     assert tx.poll(0.001, 48_000, 1200, 0.01) is None  # nothing changed
-    assert tx.poll(0.5, 50_400, 1200, 0.01) is None  # 21 packets: within a quarter of 20
+    assert tx.poll(0.5, 50_400, 1200, 0.011) is None  # 21 packets, 2.75 ms: within a quarter
     assert tx.poll(0.005, 96_000, 1200, 0.01) is None  # doubled, but within a round trip
     second = tx.poll(0.02, 96_000, 1200, 0.01)
-    assert second == AckFrequencyFrame(1, 40, 25000, 3)
-    tx.on_lost(0)  # an older frame lost: the newer one carries the values
-    assert tx.poll(0.021, 96_000, 1200, 0.01) is None
-    tx.on_lost(1)
-    again = tx.poll(0.022, 96_000, 1200, 0.01)
-    assert again == AckFrequencyFrame(2, 40, 25000, 3) and tx.stats.frames_sent == 3
+    assert second == AckFrequencyFrame(1, 40, 2500, 3)
+    third = tx.poll(0.1, 96_000, 1200, 0.02)  # the same window, twice the RTT
+    assert third == AckFrequencyFrame(2, 40, 5000, 3)
+    tx.on_lost(1)  # an older frame lost: the newer one carries the values
+    assert tx.poll(0.101, 96_000, 1200, 0.02) is None
+    tx.on_lost(2)
+    again = tx.poll(0.102, 96_000, 1200, 0.02)
+    assert again == AckFrequencyFrame(3, 40, 5000, 3) and tx.stats.frames_sent == 4
 
 
-def test_requested_delay_is_the_peers_max_ack_delay_never_below_its_minimum() -> None:
+def test_requested_delay_is_a_quarter_rtt_within_the_peers_bounds() -> None:
     tx = AckFrequencySender()
     tx.on_peer_parameters(1000, 0.025)
-    assert tx.requested_delay_us() == 25000
-    tx.on_peer_parameters(5000, 0.002)
-    assert tx.requested_delay_us() == 5000
+    assert tx.requested_delay_us(0.01) == 2500
+    assert tx.requested_delay_us(0.2) == 25000  # at most the peer's max_ack_delay
+    assert tx.requested_delay_us(0.001) == 1000  # at least its min_ack_delay
+    tx.on_peer_parameters(0, 0.025)
+    assert tx.requested_delay_us(0.0) == 1000  # and 1 ms
+    tx.on_peer_parameters(5000, 0.025)
+    assert tx.requested_delay_us(0.004) == 5000
+    tx.on_peer_parameters(0, 0.0005)
+    assert tx.requested_delay_us(0.01) == 500  # never above the peer's max_ack_delay

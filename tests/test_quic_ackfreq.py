@@ -41,8 +41,8 @@ from iac.wire.identity import Identity
 
 
 async def _send_file(size: int, config: TransportConfig) -> tuple[int, QuicConn, QuicConn]:
-    """ACK frames the sender processed during one ``send_file`` of ``size`` bytes, and both
-    ends' connections (the file arrived intact)."""
+    """ACK frames the sender processed during one ``send_file`` of ``size`` bytes over a path of
+    10 ms each way (the relay), and both ends' connections (the file arrived intact)."""
     d = Path(tempfile.mkdtemp(prefix="iacaf-"))
     try:
         data = os.urandom(size)
@@ -53,17 +53,24 @@ async def _send_file(size: int, config: TransportConfig) -> tuple[int, QuicConn,
             Node(listen=["quic://127.0.0.1:0"], config=rx_cfg) as rx,
             Node(config=NodeConfig(transport=config)) as tx,
         ):
-            tx.add_peer(rx.agent_id, *rx.addresses)
-            await tx.connect(rx.agent_id)
-            conn, peer = tx.connection(rx.agent_id), rx.connection(tx.agent_id)
-            assert isinstance(conn, QuicConn) and isinstance(peer, QuicConn)
-            hook = conn.backend.ack_counter
-            assert hook is not None
-            acks = hook(conn.quic)
-            res = await tx.send_file(rx.agent_id, src, timeout=30)
-            assert res.sha256 == hashlib.sha256(data).hexdigest()
-            assert (d / "in" / "f.bin").read_bytes() == data
-            return acks(), conn, peer
+            port = int(rx.addresses[0].rsplit(":", 1)[1])
+            relay = UdpRelay(("127.0.0.1", port), seed=17)
+            relay.set_impairment(Impairment(delay=0.01), Impairment(delay=0.01))
+            host, rport = await relay.start()
+            try:
+                tx.add_peer(rx.agent_id, f"quic://{host}:{rport}")
+                await tx.connect(rx.agent_id)
+                conn, peer = tx.connection(rx.agent_id), rx.connection(tx.agent_id)
+                assert isinstance(conn, QuicConn) and isinstance(peer, QuicConn)
+                hook = conn.backend.ack_counter
+                assert hook is not None
+                acks = hook(conn.quic)
+                res = await tx.send_file(rx.agent_id, src, timeout=30)
+                assert res.sha256 == hashlib.sha256(data).hexdigest()
+                assert (d / "in" / "f.bin").read_bytes() == data
+                return acks(), conn, peer
+            finally:
+                await relay.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -79,11 +86,13 @@ def test_two_nodes_negotiate_and_the_sender_processes_fewer_acks() -> None:
         assert sender.stats.frames_sent >= 1 and receiver.receiver.active
         assert receiver.stats.frames_received >= 1 and receiver.stats.refused_frames == 0
         current = sender.sender.current
-        assert current is not None and current.threshold >= 2 and current.max_ack_delay_us == 25000
+        assert current is not None and current.threshold >= 2
+        assert 1000 <= current.max_ack_delay_us <= 25000  # a quarter RTT: about 5 ms here
         off, conn_off, _ = await _send_file(size, TransportConfig(quic_ack_frequency=False))
         assert conn_off.ack_frequency is None
-        # on loopback about 27 against 71 ACK frames per MB (docs/IMPLEMENTATION.md); a margin
-        assert on < 0.75 * off, (on, off)
+        # over this 20 ms path about a quarter of the ACK frames (the library's own rule
+        # acknowledges 1 ms after a packet); a wide margin
+        assert on < 0.6 * off, (on, off)
 
     run(main(), timeout=60)
 
