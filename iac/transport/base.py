@@ -192,6 +192,12 @@ class TransportConfig:
     #: UDP segmentation offload (Linux ``UDP_SEGMENT``, detected at start; off elsewhere): a
     #: QUIC flush's train of same-size datagrams to one address leaves in one ``sendmsg``.
     quic_gso: bool = True
+    #: QUIC ACK Frequency (docs/PROTOCOL.md, "ACK frequency"): offered with the transport
+    #: parameter ``min_ack_delay``; to a peer that offers it too, a data sender asks for an ACK
+    #: per half congestion window (2..64 packets) or per quarter RTT (within the peer's
+    #: ``max_ack_delay``), and a receiver acknowledges as the peer asks. False: neither offered
+    #: nor honoured.
+    quic_ack_frequency: bool = True
 
     @property
     def connections(self) -> ConnectionBound:

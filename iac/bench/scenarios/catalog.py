@@ -242,6 +242,9 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
         return lambda: filetransfer.bench_bare_aioquic(src, work, lib)
 
     steps[base] = bare("aioquic")
+    steps[f"{base}, 1,472-byte datagrams"] = lambda: filetransfer.bench_bare_aioquic(
+        src, work, "aioquic", 1472
+    )
 
     bases: dict[str, str] = {}
     for b in ctx.backends:
@@ -279,8 +282,8 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
         "one QUIC stream, the server writes the bytes to disk and hashes them, nothing signed: the "
         "ceiling of the QUIC stack IAC-QUIC runs on (IAC-QUIC[qh3] is compared with bare qh3, when "
         "installed). TLS and UNIX rows are compared with bare aioquic too (a different transport). "
-        "IAC-QUIC runs with path MTU discovery (up to 1,472 bytes) and segmentation offload (GSO) "
-        "by default; the variants turn them off, or let the probe go up to 16 KiB (loopback "
+        "IAC-QUIC runs with path MTU discovery (up to 1,472 bytes), segmentation offload (GSO) and "
+        "ACK frequency by default; the variants turn them off, or let the probe go up to 16 KiB (loopback "
         "carries 65,536-byte packets); 'datagram size' is what the search settled on, 'CPU s per "
         "MB' the process CPU of both nodes (one process) per MB sent."
     )

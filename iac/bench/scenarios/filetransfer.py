@@ -19,7 +19,8 @@ from iac.node.node import Node
 
 #: The IAC-QUIC variants of the scenario: ``TransportConfig`` fields by label suffix.
 LINK_VARIANTS: dict[str, dict[str, Any]] = {
-    "PMTUD and GSO off": {"quic_pmtud": False, "quic_gso": False},
+    "PMTUD, GSO and ACK frequency off": {"quic_pmtud": False, "quic_gso": False, "quic_ack_frequency": False},
+    "ACK frequency off": {"quic_ack_frequency": False},
     "GSO off": {"quic_gso": False},
     "up to 16 KiB datagrams": {"quic_max_datagram_size": 16384},
 }
@@ -111,8 +112,9 @@ async def bench_iac_file(
     return res.size / seconds / 1e6
 
 
-async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic") -> float:
-    """One QUIC stream: the client reads the file onto it; the server writes it to disk and hashes it.
+async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic", datagram: int = 1200) -> float:
+    """One QUIC stream: the client reads the file onto it; the server writes it to disk and hashes it;
+    ``datagram``: both sides' largest UDP payload.
 
     ``lib``: ``aioquic``, or ``qh3`` (aioquic's API on a Rust core) for the accelerated backend's ceiling.
     """
@@ -161,7 +163,9 @@ async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic") ->
         verify_mode=ssl.CERT_NONE,
         max_stream_data=16 << 20,
         max_data=64 << 20,
+        max_datagram_size=datagram,
     )
+    scfg.max_datagram_size = datagram
     try:
         async with connect("127.0.0.1", port, configuration=ccfg) as client:
             t0 = time.perf_counter()

@@ -66,6 +66,16 @@ from functools import partial
 from typing import Any
 
 from iac.errors import ConfigError
+from iac.transport.quic.ackfreq import (
+    ACK_FREQUENCY,
+    IMMEDIATE_ACK,
+    AckFrequency,
+    AckFrequencyFrame,
+    AckFrequencySettings,
+    encode_frame,
+    encode_min_ack_delay,
+    parse_min_ack_delay,
+)
 
 #: The backends this module knows.
 BACKENDS = ("aioquic", "qh3")
@@ -184,6 +194,9 @@ class Backend:
     ack_counter: Callable[[Any], Callable[[], int]] | None = None
     #: Stateless reset hooks (:mod:`.reset`; aioquic only, see :func:`_aioquic_resets`).
     resets: ResetHooks | None = None
+    #: ``(quic) -> state``: the ACK Frequency extension (:mod:`.ackfreq`) on a new connection
+    #: when its configuration asks for it, else None (aioquic only, :func:`_aioquic_ack_frequency`).
+    ack_frequency: Callable[[Any], AckFrequency | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -389,6 +402,7 @@ def _aioquic() -> Backend:
         set_retry=set_retry if pinned else None,
         attach_dialed=attach_dialed if pinned else None,
         resets=_aioquic_resets() if pinned else None,
+        ack_frequency=_aioquic_ack_frequency() if pinned else None,
     )
 
 
@@ -446,6 +460,138 @@ def _aioquic_resets() -> ResetHooks:
     return ResetHooks(issue_tokens, peer_tokens, owns, unknown, protocols, drop)
 
 
+def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
+    """The ACK Frequency extension on aioquic :data:`AIOQUIC_PINNED`, which knows neither its
+    transport parameter nor its frames. Each hook wraps a method of the one connection (an
+    instance attribute, so other connections keep the library's): the transport parameters
+    (``_serialize_transport_parameters`` appends ``min_ack_delay``, ``_parse_transport_parameters``
+    reads the peer's), the frame table (``_QuicConnection__frame_handlers`` gains ACK_FREQUENCY
+    and IMMEDIATE_ACK), the receiver's ACK deadline (``receive_datagram`` and
+    ``_payload_received`` count ack-eliciting packets and move the 1-RTT space's ``ack_at``,
+    which the library's one timer follows; ``_write_ack_frame`` says when an ACK left) and the
+    sender's frame (written after ``_write_connection_limits``, which runs for every 1-RTT
+    packet the library builds)."""
+    from aioquic.quic.connection import EPOCHS, QuicConnectionError
+    from aioquic.quic.packet import QuicFrameType
+    from aioquic.quic.packet_builder import QuicDeliveryState
+    from aioquic.tls import Epoch
+
+    frame_room = 2 + 4 * 8  # the type and four varints at their longest
+
+    def install(quic: Any) -> AckFrequency | None:
+        settings = getattr(quic._configuration, "iac_ack_frequency", None)
+        if not isinstance(settings, AckFrequencySettings) or not settings.enabled:
+            return None
+        state = AckFrequency()
+        sender, receiver = state.sender, state.receiver
+        quic._iac_ack_frequency = state  # path MTU probes carry IMMEDIATE_ACK when negotiated
+        clock = [0.0]  # the time of the flush being built
+        eliciting = [False]  # the datagram being taken carried an ack-eliciting 1-RTT packet
+
+        serialize = quic._serialize_transport_parameters
+        quic._serialize_transport_parameters = lambda: serialize() + encode_min_ack_delay()
+
+        parse = quic._parse_transport_parameters
+
+        def parse_hooked(data: bytes, from_session_ticket: bool = False) -> None:
+            parse(data, from_session_ticket=from_session_ticket)
+            if from_session_ticket:  # a resumed session's old parameters: the handshake's decide
+                return
+            found = parse_min_ack_delay(data, float(quic._loss.max_ack_delay))
+            if not isinstance(found, int) and found is not None:
+                state.parameter_refused()
+                raise QuicConnectionError(
+                    error_code=found.code, frame_type=QuicFrameType.CRYPTO, reason_phrase=found.phrase
+                )
+            sender.on_peer_parameters(found, float(quic._loss.max_ack_delay))
+
+        quic._parse_transport_parameters = parse_hooked
+
+        def on_ack_frequency(context: Any, frame_type: int, buf: Any) -> None:
+            fields = [buf.pull_uint_var() for _ in range(4)]
+            refused = receiver.on_frame(AckFrequencyFrame(*fields))
+            if refused is not None:
+                raise QuicConnectionError(
+                    error_code=refused.code, frame_type=frame_type, reason_phrase=refused.phrase
+                )
+
+        def on_immediate_ack(context: Any, frame_type: int, buf: Any) -> None:
+            receiver.on_immediate_ack()
+
+        handlers = quic._QuicConnection__frame_handlers
+        handlers[ACK_FREQUENCY] = (on_ack_frequency, EPOCHS("01"))
+        handlers[IMMEDIATE_ACK] = (on_immediate_ack, EPOCHS("01"))
+
+        payload_received = quic._payload_received
+
+        def payload_hooked(context: Any, plain: bytes, *args: Any, **kwargs: Any) -> tuple[bool, bool]:
+            ack_eliciting, probing = payload_received(context, plain, *args, **kwargs)
+            if ack_eliciting and context.epoch == Epoch.ONE_RTT:
+                receiver.on_ack_eliciting(context.time)
+                eliciting[0] = True
+            return ack_eliciting, probing
+
+        quic._payload_received = payload_hooked
+        receive = quic.receive_datagram
+
+        def receive_hooked(data: bytes, addr: Any, now: float) -> None:
+            space = quic._spaces.get(Epoch.ONE_RTT)
+            before = -1 if space is None else space.largest_received_packet
+            eliciting[0] = False
+            receive(data, addr, now=now)
+            space = quic._spaces.get(Epoch.ONE_RTT)
+            if space is None or not receiver.active or space.ack_at is None:
+                return
+            receiver.on_largest(before, space.largest_received_packet, eliciting[0])
+            due = receiver.ack_deadline(now)
+            if due is not None:
+                space.ack_at = due  # the library's timer follows it
+
+        quic.receive_datagram = receive_hooked
+        write_ack = quic._write_ack_frame
+
+        def write_ack_hooked(builder: Any, space: Any, now: float) -> None:
+            write_ack(builder=builder, space=space, now=now)
+            if space is quic._spaces.get(Epoch.ONE_RTT):
+                receiver.on_ack_sent(space.largest_received_packet)
+
+        quic._write_ack_frame = write_ack_hooked
+        to_send = quic.datagrams_to_send
+
+        def to_send_hooked(now: float) -> Any:
+            clock[0] = now
+            return to_send(now=now)
+
+        quic.datagrams_to_send = to_send_hooked
+        write_limits = quic._write_connection_limits
+
+        def delivered(delivery: Any, sequence: int) -> None:
+            if delivery == QuicDeliveryState.LOST:
+                sender.on_lost(sequence)
+
+        def write_limits_hooked(builder: Any, space: Any) -> None:
+            write_limits(builder=builder, space=space)
+            if not sender.negotiated or builder.remaining_buffer_space < frame_room:
+                return
+            if builder.remaining_flight_space < frame_room:
+                return
+            loss = quic._loss
+            cwnd = int(getattr(loss._cc, "congestion_window", 0) or 0)
+            frame = sender.poll(clock[0], cwnd, int(quic._max_datagram_size), float(loss._rtt_smoothed))
+            if frame is None:
+                return
+            body = encode_frame(frame)
+            buf = builder.start_frame(
+                ACK_FREQUENCY, capacity=2 + len(body), handler=delivered, handler_args=(frame.sequence,)
+            )
+            buf.push_bytes(body)
+
+        quic._write_connection_limits = write_limits_hooked
+        return state
+
+    return install
+
+
 def _aioquic_pmtu() -> PmtuHooks:
     from aioquic._buffer import Buffer
     from aioquic.quic.connection import END_STATES
@@ -474,8 +620,9 @@ def _aioquic_pmtu() -> PmtuHooks:
             version=quic._version,
         )
         builder.start_packet(QuicPacketType.ONE_RTT, crypto)
-        builder.start_frame(
-            QuicFrameType.PING,
+        ackfreq = getattr(quic, "_iac_ack_frequency", None)
+        builder.start_frame(  # a peer that delays its ACKs answers IMMEDIATE_ACK at once
+            IMMEDIATE_ACK if ackfreq is not None and ackfreq.negotiated else QuicFrameType.PING,
             capacity=1,
             handler=lambda state: done(state == QuicDeliveryState.ACKED),
         )

@@ -22,6 +22,7 @@ from iac.protocol.handshake import ALPN
 from iac.transport.base import TransportConfig
 from iac.transport.certs import node_certificate
 from iac.transport.debug import set_quic_debugging
+from iac.transport.quic.ackfreq import AckFrequencySettings
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import configure as configure_congestion
 from iac.transport.quic.pmtud import PmtuSettings
@@ -85,6 +86,7 @@ def _configure_pmtud(qc: Any, config: TransportConfig) -> None:
     with contextlib.suppress(AttributeError):  # a library whose configuration has slots
         qc.iac_pmtud = PmtuSettings(enabled=config.quic_pmtud, max_size=config.quic_max_datagram_size)
         qc.iac_gso = config.quic_gso
+        qc.iac_ack_frequency = AckFrequencySettings(enabled=config.quic_ack_frequency)
 
 
 def _load_certificate(

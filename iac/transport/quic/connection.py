@@ -50,6 +50,7 @@ from iac.transport.core import (
     keepalive_slack,
 )
 from iac.transport.queues import SendQueue
+from iac.transport.quic.ackfreq import AckFrequency
 from iac.transport.quic.gso import GsoSender
 from iac.transport.quic.inbound import QuicInbound
 from iac.transport.quic.pathmtu import PmtuDriver
@@ -260,6 +261,12 @@ class QuicConn(Connection):
         """Segmentation offload on this connection's sends (its counts); None when it is off
         (``TransportConfig.quic_gso``, a kernel without ``UDP_SEGMENT``, another QUIC library)."""
         return self._proto.gso
+
+    @property
+    def ack_frequency(self) -> AckFrequency | None:
+        """The ACK Frequency extension on this connection (``negotiated``, ``stats``); None when
+        it is off (``TransportConfig.quic_ack_frequency``) or the QUIC library lacks the hooks."""
+        return self._proto.ackfreq
 
     @property
     def quic(self) -> Any:

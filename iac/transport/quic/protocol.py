@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from iac.transport.quic.ackfreq import AckFrequency
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
 from iac.transport.quic.gso import GsoSender, supported
@@ -86,6 +87,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
     #: Segmentation offload (:mod:`iac.transport.quic.gso`); None: one ``sendto`` per datagram.
     gso: GsoSender | None = None
     _gso_checked = False
+    #: The ACK Frequency extension (:mod:`iac.transport.quic.ackfreq`); None: off.
+    ackfreq: AckFrequency | None = None
 
     def __init__(self, quic: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(quic, *args, **kwargs)  # type: ignore[call-arg]  # the library's protocol
@@ -95,6 +98,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # timer structure instead of a handle in the loop's heap (the probe timer too).
         self._loop = cast(asyncio.AbstractEventLoop, LoopView(self._loop))
         self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
+        if self.backend.ack_frequency is not None:  # before the transport parameters are made
+            self.ackfreq = self.backend.ack_frequency(quic)
 
     #: Events are being handed on (``_process_events`` runs).
     _in_events = False

@@ -1,0 +1,211 @@
+"""The ACK Frequency extension's sans-IO core (iac.transport.quic.ackfreq) with an explicit clock:
+the transport parameter and frame codec and their bounds, the receiver's ACK deadline (threshold,
+delay, reordering, IMMEDIATE_ACK, stale frames) and the sender's choice of frame."""
+
+from __future__ import annotations
+
+import pytest
+
+from iac.transport.quic import ackfreq
+from iac.transport.quic.ackfreq import (
+    FRAME_ENCODING_ERROR,
+    MAX_THRESHOLD,
+    MIN_ACK_DELAY_US,
+    PROTOCOL_VIOLATION,
+    TP_MIN_ACK_DELAY,
+    TRANSPORT_PARAMETER_ERROR,
+    AckFrequencyFrame,
+    AckFrequencyReceiver,
+    AckFrequencySender,
+    Refused,
+    choose_threshold,
+    decode_varint,
+    encode_frame,
+    encode_min_ack_delay,
+    encode_varint,
+    parse_min_ack_delay,
+)
+
+
+@pytest.mark.parametrize("value", [0, 63, 64, 16383, 16384, 2**30 - 1, 2**30, 2**62 - 1])
+def test_varint_round_trip(value: int) -> None:
+    data = encode_varint(value)
+    assert len(data) in (1, 2, 4, 8)
+    assert decode_varint(data + b"\xff", 0) == (value, len(data))
+    with pytest.raises(ValueError):
+        decode_varint(data[:-1], 0)  # ends inside the integer
+    with pytest.raises(ValueError):
+        encode_varint(2**62)
+
+
+def _params(*pairs: tuple[int, bytes]) -> bytes:
+    return b"".join(encode_varint(i) + encode_varint(len(v)) + v for i, v in pairs)
+
+
+def test_min_ack_delay_parameter_is_found_among_others_and_bounded() -> None:
+    other = (0x01, encode_varint(30000))  # max_idle_timeout, say
+    ours = encode_min_ack_delay()
+    assert ours.startswith(encode_varint(TP_MIN_ACK_DELAY))
+    assert parse_min_ack_delay(_params(other) + ours, 0.025) == MIN_ACK_DELAY_US
+    assert parse_min_ack_delay(_params(other), 0.025) is None  # a plain peer
+    assert parse_min_ack_delay(encode_min_ack_delay(25000), 0.025) == 25000  # equal to max_ack_delay
+    # above the peer's own max_ack_delay, at 2^24, a length that does not match, truncated
+    bad = [
+        encode_min_ack_delay(25001),
+        _params((TP_MIN_ACK_DELAY, encode_varint(1 << 24))),
+        _params((TP_MIN_ACK_DELAY, encode_varint(1000) + b"\x00")),
+        ours[:-1],
+    ]
+    for params in bad:
+        refused = parse_min_ack_delay(params, 0.025)
+        assert isinstance(refused, Refused) and refused.code == TRANSPORT_PARAMETER_ERROR, params
+
+
+def _frame(seq: int, threshold: int = 10, delay_us: int = 25000, reordering: int = 3) -> AckFrequencyFrame:
+    return AckFrequencyFrame(seq, threshold, delay_us, reordering)
+
+
+def test_frame_encoding_is_four_varints() -> None:
+    frame = _frame(70, 64, 25000, 3)
+    body = encode_frame(frame)
+    fields, offset = [], 0
+    for _ in range(4):
+        value, offset = decode_varint(body, offset)
+        fields.append(value)
+    assert offset == len(body) and AckFrequencyFrame(*fields) == frame
+
+
+def test_receiver_keeps_the_librarys_rule_until_a_frame_arrives() -> None:
+    rx = AckFrequencyReceiver()
+    rx.on_ack_eliciting(1.0)
+    assert not rx.active and rx.ack_deadline(1.0) is None
+
+
+def test_receiver_acknowledges_after_threshold_packets_or_the_delay() -> None:
+    rx = AckFrequencyReceiver()
+    assert rx.on_frame(_frame(0, threshold=10, delay_us=20000)) is None
+    assert rx.ack_deadline(5.0) is None  # nothing to acknowledge
+    for i in range(10):
+        rx.on_ack_eliciting(5.0 + i * 0.001)
+        rx.on_largest(i - 1, i, True)
+        assert rx.ack_deadline(5.0 + i * 0.001) == pytest.approx(5.020)  # from the first one
+    rx.on_ack_eliciting(5.011)  # the eleventh: more than the threshold
+    rx.on_largest(9, 10, True)
+    assert rx.ack_deadline(5.011) == 5.011
+    rx.on_ack_sent(10)
+    assert rx.ack_deadline(5.012) is None
+    rx.on_ack_eliciting(6.0)
+    rx.on_largest(10, 11, True)
+    assert rx.ack_deadline(6.0) == pytest.approx(6.020)
+
+
+def test_receiver_acknowledges_at_once_on_a_gap_of_the_reordering_threshold() -> None:
+    rx = AckFrequencyReceiver()
+    rx.on_frame(_frame(0, threshold=50, reordering=3))
+    rx.on_ack_eliciting(1.0)
+    rx.on_largest(9, 10, True)
+    rx.on_ack_sent(10)
+    rx.on_ack_eliciting(1.1)
+    rx.on_largest(10, 12, True)  # 11 missing: one packet past it
+    assert rx.ack_deadline(1.1) == pytest.approx(1.125)
+    rx.on_ack_eliciting(1.2)
+    rx.on_largest(12, 13, True)
+    assert rx.ack_deadline(1.2) == pytest.approx(1.125)
+    rx.on_ack_eliciting(1.3)
+    rx.on_largest(13, 14, True)  # 14 - 11 = 3: the sender would declare 11 lost
+    assert rx.ack_deadline(1.3) == 1.3
+    # reordering threshold 1 (RFC 9000's rule): a packet older than the largest, at once
+    rx.on_frame(_frame(1, threshold=50, reordering=1))
+    rx.on_ack_sent(14)
+    rx.on_ack_eliciting(2.0)
+    rx.on_largest(14, 14, True)
+    assert rx.ack_deadline(2.0) == 2.0
+    # reordering threshold 0: gaps never hurry the ACK
+    rx.on_frame(_frame(2, threshold=50, reordering=0))
+    rx.on_ack_sent(14)
+    rx.on_ack_eliciting(3.0)
+    rx.on_largest(14, 30, True)
+    assert rx.ack_deadline(3.0) == pytest.approx(3.025)
+
+
+def test_immediate_ack_frame_hurries_the_ack() -> None:
+    rx = AckFrequencyReceiver()
+    rx.on_frame(_frame(0, threshold=50))
+    rx.on_ack_eliciting(1.0)
+    rx.on_immediate_ack()
+    assert rx.ack_deadline(1.0) == 1.0 and rx.stats.immediate_acks_received == 1
+
+
+def test_receiver_honours_the_latest_sequence_number_only() -> None:
+    rx = AckFrequencyReceiver()
+    assert rx.on_frame(_frame(5, threshold=20)) is None
+    assert rx.on_frame(_frame(3, threshold=2)) is None  # older: stale, ignored
+    assert rx.on_frame(_frame(5, threshold=2)) is None  # the same: stale too
+    assert rx.threshold == 20 and rx.stats.stale_frames == 2 and rx.stats.frames_received == 1
+    assert rx.on_frame(_frame(6, threshold=4, delay_us=5000, reordering=0)) is None
+    assert (rx.threshold, rx.max_ack_delay, rx.reordering) == (4, 0.005, 0)
+
+
+def test_receiver_refuses_frames_outside_the_bounds_and_counts_them() -> None:
+    rx = AckFrequencyReceiver()
+    before = ackfreq.TOTALS.refused_frames
+    cases = [
+        (_frame(0, delay_us=MIN_ACK_DELAY_US - 1), PROTOCOL_VIOLATION),
+        (_frame(0, delay_us=(1 << 14) * 1000), FRAME_ENCODING_ERROR),
+        (_frame(0, threshold=MAX_THRESHOLD + 1), FRAME_ENCODING_ERROR),
+        (_frame(0, reordering=MAX_THRESHOLD + 1), FRAME_ENCODING_ERROR),
+    ]
+    for frame, code in cases:
+        refused = rx.on_frame(frame)
+        assert isinstance(refused, Refused) and refused.code == code, frame
+    assert not rx.active, "a refused frame changes nothing"
+    assert rx.stats.refused_frames == 4 and ackfreq.TOTALS.refused_frames == before + 4
+    edge = _frame(0, threshold=MAX_THRESHOLD, delay_us=(1 << 14) * 1000 - 1, reordering=MAX_THRESHOLD)
+    assert rx.on_frame(edge) is None and rx.active
+
+
+def test_threshold_is_half_the_window_within_bounds() -> None:
+    assert choose_threshold(12000, 1200) == 5  # the initial window: ten packets
+    assert choose_threshold(1200, 1200) == 2
+    assert choose_threshold(10_000_000, 1472) == 64
+    assert choose_threshold(0, 1472) == 2
+
+
+def test_sender_sends_only_to_a_peer_that_offered_the_extension() -> None:
+    tx = AckFrequencySender()
+    assert tx.poll(0.0, 100_000, 1200, 0.01) is None and tx.stats.frames_sent == 0
+    tx.on_peer_parameters(None, 0.025)
+    assert tx.poll(0.0, 100_000, 1200, 0.01) is None
+
+
+def test_sender_updates_the_frame_as_the_window_changes_at_most_once_a_round_trip() -> None:
+    tx = AckFrequencySender()
+    tx.on_peer_parameters(1000, 0.025)
+    first = tx.poll(0.0, 48_000, 1200, 0.01)
+    assert first == AckFrequencyFrame(0, 20, 2500, 3)  # half the window, a quarter of the RTT
+    assert tx.poll(0.001, 48_000, 1200, 0.01) is None  # nothing changed
+    assert tx.poll(0.5, 50_400, 1200, 0.011) is None  # 21 packets, 2.75 ms: within a quarter
+    assert tx.poll(0.005, 96_000, 1200, 0.01) is None  # doubled, but within a round trip
+    second = tx.poll(0.02, 96_000, 1200, 0.01)
+    assert second == AckFrequencyFrame(1, 40, 2500, 3)
+    third = tx.poll(0.1, 96_000, 1200, 0.02)  # the same window, twice the RTT
+    assert third == AckFrequencyFrame(2, 40, 5000, 3)
+    tx.on_lost(1)  # an older frame lost: the newer one carries the values
+    assert tx.poll(0.101, 96_000, 1200, 0.02) is None
+    tx.on_lost(2)
+    again = tx.poll(0.102, 96_000, 1200, 0.02)
+    assert again == AckFrequencyFrame(3, 40, 5000, 3) and tx.stats.frames_sent == 4
+
+
+def test_requested_delay_is_a_quarter_rtt_within_the_peers_bounds() -> None:
+    tx = AckFrequencySender()
+    tx.on_peer_parameters(1000, 0.025)
+    assert tx.requested_delay_us(0.01) == 2500
+    assert tx.requested_delay_us(0.2) == 25000  # at most the peer's max_ack_delay
+    assert tx.requested_delay_us(0.001) == 1000  # at least its min_ack_delay
+    tx.on_peer_parameters(0, 0.025)
+    assert tx.requested_delay_us(0.0) == 1000  # and 1 ms
+    tx.on_peer_parameters(5000, 0.025)
+    assert tx.requested_delay_us(0.004) == 5000
+    tx.on_peer_parameters(0, 0.0005)
+    assert tx.requested_delay_us(0.01) == 500  # never above the peer's max_ack_delay
