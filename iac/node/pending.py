@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
@@ -269,6 +270,10 @@ class Pending:
     def in_flight(self, peer: str) -> int:
         """Requests and unacknowledged messages toward ``peer`` now."""
         return len(self._by_peer.get(peer, ()))
+
+    def waited_on(self) -> Iterable[str]:
+        """The peers with requests or unacknowledged messages toward them now (each once)."""
+        return self._by_peer.keys()
 
     @property
     def tracked_peers(self) -> int:
