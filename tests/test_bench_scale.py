@@ -31,7 +31,7 @@ def test_the_plan_reads_its_command_line() -> None:
     full = scale.make_plan(False)
     assert full.peers == (1, 10, 100, 1_000) and full.in_flight == 64 and full.big == ()
     big = scale.make_plan(False, big=True)  # the 10,000-peer step: opt-in, TLS, dials staged
-    assert big.big == (10_000,) and big.big_transports == ("tls",) and big.big_at_once == 256
+    assert big.big == (10_000,) and big.big_transports == ("tls",) and big.big_at_once == 64
     plan = scale.make_plan(False, "1,10,500", "quic", 3, 2.5)
     assert (plan.peers, plan.transports, plan.procs, plan.idle_s) == ((1, 10, 500), ("quic",), 3, 2.5)
     assert scale.peers_allowed(1024) == 1024 - 2 * FD_RESERVE
