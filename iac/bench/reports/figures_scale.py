@@ -54,9 +54,10 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     ]
     limit = d["rlimit_nofile"]
     out.append(
-        f"One server node per transport and peer count (the shipped configuration, `idle_timeout` off); "
-        f"the peers, each with an identity of its own, spread over {p['procs']} client processes, dial all "
-        f"at once (retries with backoff and jitter), then {p['requests']:,} requests at {p['in_flight']} "
+        f"One server node per transport and peer count (the shipped configuration, `idle_timeout` off, "
+        f"relaying unicast FORWARDs); the peers, each with an identity of its own, spread over {p['procs']} "
+        f"client processes, dial all at once (retries with backoff and jitter; a step marked so: that many "
+        f"at a time), then {p['requests']:,} requests (at least one per peer) at {p['in_flight']} "
         f"in flight round-robin; KiB per peer = the server's RSS growth over the empty server right after "
         f"that load step, divided by the peers; idle CPU over {p['idle_s']:g} s with every connection "
         f"held. RLIMIT_NOFILE {limit['soft']:,} (hard {limit['hard']:,}) allows {d['peers_allowed']:,} "
@@ -100,14 +101,14 @@ def _more(sheet: Sheet, r: Results, d: dict[str, Any]) -> list[str]:
         "bytes per signed MESSAGE frame",
         "broadcast handled by all, ms",
         "a peer's broadcast relayed, ms",
-        "peers reached (fewest)",
+        "server's broadcast reached (fewest)",
         "corpus frame B: direct / relayed",
     ]
     c, n = d.get("corpus_frame_bytes") or {}, d["plan"].get("broadcasts", 0)
     text = (
         "Per step, the same run: the CPU seconds of the dial burst on the server and in the clients; the "
         "mean size on the wire of the server's signed MESSAGE frames (its REPLYs to the load step's small "
-        f"requests); the median over {n} broadcasts of the server node (the registry every peer is connected "
+        f"requests); the median over {n} broadcasts of the server node (which every peer is connected "
         "to), and over as many of one peer's that the server relays to the others, of the time until the "
         "last peer verified it; the corpus's lines in requests whose REPLYs echo them (direct: `from`/`to` "
         "elided) and in messages the server relays from one peer to another (a FORWARD frame: the origin's "
