@@ -14,7 +14,14 @@ from iac.bench.scenarios import scale
 from iac.transport.bound import FD_RESERVE
 
 TINY = scale.Plan(
-    peers=(3,), transports=("tls", "quic"), procs=2, requests=30, in_flight=4, idle_s=0.2, broadcasts=1
+    peers=(3,),
+    transports=("tls", "quic"),
+    procs=2,
+    requests=30,
+    in_flight=4,
+    idle_s=0.2,
+    broadcasts=1,
+    corpus=12,
 )
 
 
@@ -22,7 +29,9 @@ def test_the_plan_reads_its_command_line() -> None:
     assert scale.make_plan(True) == scale.QUICK
     assert max(scale.QUICK.peers) <= 100 and scale.QUICK.requests <= 500
     full = scale.make_plan(False)
-    assert full.peers == (1, 10, 100, 1_000, 10_000) and full.in_flight == 64
+    assert full.peers == (1, 10, 100, 1_000) and full.in_flight == 64 and full.big == ()
+    big = scale.make_plan(False, big=True)  # the 10,000-peer step: opt-in, TLS, dials staged
+    assert big.big == (10_000,) and big.big_transports == ("tls",) and big.big_at_once == 64
     plan = scale.make_plan(False, "1,10,500", "quic", 3, 2.5)
     assert (plan.peers, plan.transports, plan.procs, plan.idle_s) == ((1, 10, 500), ("quic",), 3, 2.5)
     assert scale.peers_allowed(1024) == 1024 - 2 * FD_RESERVE
@@ -45,6 +54,13 @@ def test_a_tiny_plan_connects_every_peer_and_answers_every_request() -> None:
         assert s["burst"]["client_cpu_s"] > 0 and s["message_frame_bytes"] > 0, s
         flood = s["broadcast"]  # every connected peer verified each broadcast of the server node
         assert flood["sent_to"] == 3 and flood["reached_min"] == 3 and flood["median_s"] > 0, s
+        flood = s["relayed_broadcast"]  # a peer's broadcast, relayed by the server to the other two
+        assert flood["sent_to"] == 2 and flood["reached_min"] == 2 and flood["median_s"] > 0, s
+        corpus = s["corpus"]  # every corpus request answered; the relayed messages all arrived
+        assert corpus["failed"] == 0 and corpus["frames"] == 12, s
+        assert corpus["relayed_sent"] == 6 and corpus["relayed"] == 6, s  # the process with 2 peers
+        # through the relay the origin's whole signed message travels (from/to, and the path)
+        assert 0 < corpus["direct_frame_bytes"] < corpus["relayed_frame_bytes"], s
     assert set(data["corpus_frame_bytes"]) == {"shipped", "derived", "elided"}
 
     # the suite's rows, from that run's data (the child process replaced by it)
@@ -65,6 +81,8 @@ def test_a_tiny_plan_connects_every_peer_and_answers_every_request() -> None:
         assert (who, "server RSS per peer, 3 peers") in metrics
         assert (who, "server CPU per request at 4 in flight, 3 peers") in metrics
         assert (who, "broadcast handled by all 3 peers") in metrics
+        assert (who, "relayed broadcast, 3 peers") in metrics
+        assert (who, "signed MESSAGE frame of the corpus, through the relay, 3 peers") in metrics
         assert (who, "signed MESSAGE frame at the load step, 3 peers") in metrics
         assert (who, "dial burst failures, 3 at once") in metrics
     tls = next(r for r in res.rows if r["metric"] == "server RSS per peer, 3 peers")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iac.errors import IacError
@@ -226,7 +226,7 @@ class Outbox:
         await conn.send(frame, early=early)
         self._c.bytes_sent += len(frame)
 
-    async def send_all(self, conns: dict[str, Connection], sends: Sequence[Send]) -> None:
+    async def send_all(self, conns: Mapping[str, Connection], sends: Sequence[Send]) -> None:
         """Send Forwards to several peers at once (one slow peer does not hold up the others)."""
         jobs = [self.send_forward(conns[s.peer], s.data) for s in sends if s.peer in conns]
         if len(jobs) == 1:

@@ -15,6 +15,7 @@ import logging
 import math
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
@@ -403,6 +404,10 @@ class Pending:
     def in_flight(self, peer: str) -> int:
         """Requests and unacknowledged messages toward ``peer`` now."""
         return len(self._by_peer.get(peer, ()))
+
+    def waited_on(self) -> Iterable[str]:
+        """The peers with requests or unacknowledged messages toward them now (each once)."""
+        return self._by_peer.keys()
 
     @property
     def tracked_peers(self) -> int:

@@ -35,7 +35,7 @@ from iac.node.observe import Observers
 from iac.node.ordered import OrderedDelivery
 from iac.node.outbox import Outbox
 from iac.node.parts import Parts
-from iac.node.peers import KEPT_PROBE_INTERVAL, Peers
+from iac.node.peers import KEPT_PROBE_INTERVAL, LinkWatch, Peers
 from iac.node.pending import Pending
 from iac.node.pipeline import ReceivePipeline
 from iac.node.sign import Signer
@@ -57,6 +57,10 @@ from iac.wire.identity import Identity
 
 _PING = int(MessageType.PING)
 log = logging.getLogger("iac.node")
+#: The per-peer state of peers that went away is swept once a second up to this many connections,
+#: beyond that once every ``connections // EXPIRE_SWEEP`` seconds (10 s at 10,000): the sweep
+#: walks every peer's entries, so its cost per second stays that of this many peers.
+EXPIRE_SWEEP = 1000
 
 #: The HELLO capability of streamed replies (docs/PROTOCOL.md, section 11, "Streaming replies").
 _STREAM_CAPABILITY = "stream/1"
@@ -133,6 +137,8 @@ class NodeRuntime:
             start_reader=self._start_reader,
             on_connection=self._on_registered,
         )
+        #: The connections told that something here waits on their peer (:meth:`_watch_links`).
+        self._watch = LinkWatch()
         #: One worker thread for Ed25519 batches: received frames verified, outgoing ones signed.
         self.crypto = CryptoWorker()
         signer = Signer(self.identity, self.crypto if config.sign_in_worker else None)
@@ -282,6 +288,7 @@ class NodeRuntime:
         await self.inbound.read_loop(conn)
 
     async def _housekeep(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(1.0)
             now = self.rx_clock.now_us()
@@ -294,7 +301,10 @@ class NodeRuntime:
                 else:
                     log.info("the clock agrees with the steady time again")
             self.store.expire(now)
-            self._expire_peer_state(now)
+            ticks += 1
+            if ticks >= len(self.peers.table) // EXPIRE_SWEEP:  # a pass over the peers' state,
+                ticks = 0  # EXPIRE_SWEEP peers' worth per second on average
+                self._expire_peer_state(now)
             self.router.expire(now)
             self.files.expire()
             self.ordered.expire(now)
@@ -326,12 +336,12 @@ class NodeRuntime:
         """Tell each connection whether something here waits on its peer (requests and
         unacknowledged messages, streams either way, file transfers): a QUIC peer is then
         probed while it is quiet, so a dead one is found within seconds (docs/IMPLEMENTATION.md,
-        "Dead peers"), not after the idle timeout."""
+        "Dead peers"), not after the idle timeout. Only the connections whose answer changed are
+        told (:class:`LinkWatch`)."""
         waiting = {key[0] for key in self.streams.open} | self.dispatch.stream_links()
         waiting |= {peer for peer, _ in self.files.outgoing_keys()}
-        for conn in self.peers.table.connections():
-            peer = conn.peer.agent_id
-            conn.watch(peer in waiting or self.pending.in_flight(peer) > 0)
+        waiting.update(self.pending.waited_on())
+        self._watch.update(waiting, self.peers.table.by_peer())
 
     # --- state ------------------------------------------------------------------------------------
 

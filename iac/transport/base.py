@@ -24,7 +24,7 @@ import enum
 import ipaddress
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -589,6 +589,33 @@ class ConnectionTable:
 
     def connections(self) -> list[Connection]:
         return [c for c in self._by_peer.values() if not c.closed]
+
+    def by_peer(self) -> Mapping[str, Connection]:
+        """The open connections by peer AgentId, as a live read-only view: a lookup costs what a
+        dict's does whatever the number of connections (a closed connection reads as absent), so
+        a relay or a router asks it per frame; only iterating it walks every connection."""
+        return _Open(self._by_peer)
+
+
+class _Open(Mapping[str, Connection]):
+    """:meth:`ConnectionTable.by_peer`: the table's dict, closed connections left out."""
+
+    __slots__ = ("_by_peer",)
+
+    def __init__(self, by_peer: dict[str, Connection]) -> None:
+        self._by_peer = by_peer
+
+    def __getitem__(self, peer: str) -> Connection:
+        conn = self._by_peer[peer]
+        if conn.closed:
+            raise KeyError(peer)
+        return conn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([p for p, c in self._by_peer.items() if not c.closed])  # a snapshot
+
+    def __len__(self) -> int:
+        return sum(1 for c in self._by_peer.values() if not c.closed)
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import Any
 from iac.bench.reports.figures_results import Results, Sheet, not_ok, table
 
 LABEL = {"tls": "TLS/TCP", "quic": "QUIC"}
+CORPUS = ("direct_frame_bytes", "relayed_frame_bytes")
 
 
 def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
@@ -24,6 +25,8 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         key = f"scale/{s['transport']}/{s['peers']}"
         b = s["burst"]
         p99 = "—" if b["p99_s"] is None else sheet.put(r, f"{key}/burst_p99_s", b["p99_s"])
+        if b.get("p99_first_attempt_s") is not None:  # the dials that took no retry
+            p99 += f" ({sheet.put(r, f'{key}/burst_p99_first_s', b['p99_first_attempt_s'])})"
         rows.append(
             [
                 LABEL.get(s["transport"], s["transport"]),
@@ -34,9 +37,9 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
                 + " + "
                 + sheet.put(r, f"{key}/client_cpu_us", s["client_cpu_us_per_request"]),
                 sheet.put(r, f"{key}/idle_cpu_percent", s["idle_cpu_percent"]),
-                f"{b['ok']:,} / {b['failed']:,} ({b['retries']:,})",
+                f"{b['ok']:,} / {b['failed']:,} ({b['retries']:,})"
+                + (f", {b['at_once']} at a time per process" if b.get("at_once") else ""),
                 p99,
-                sheet.put(r, f"{key}/burst_server_cpu_s", b["server_cpu_s"]),
             ]
         )
     head = [
@@ -47,24 +50,20 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         "CPU µs/request server + clients",
         "idle CPU %",
         "dials ok / failed (retries)",
-        "dial p99 s",
-        "server CPU s, burst",
+        "dial p99 s (first attempts)",
     ]
     limit = d["rlimit_nofile"]
     out.append(
-        f"One server node per transport and peer count (the shipped configuration, `idle_timeout` off); "
-        f"the peers, each with an identity of its own, spread over {p['procs']} client processes, dial all "
-        f"at once (retries with backoff and jitter), then {p['requests']:,} requests at {p['in_flight']} "
+        f"One server node per transport and peer count (the shipped configuration, `idle_timeout` off, "
+        f"relaying unicast FORWARDs); the peers, each with an identity of its own, spread over {p['procs']} "
+        f"client processes, dial all at once (retries with backoff and jitter; a step marked so: that many "
+        f"at a time), then {p['requests']:,} requests (at least one per peer) at {p['in_flight']} "
         f"in flight round-robin; KiB per peer = the server's RSS growth over the empty server right after "
         f"that load step, divided by the peers; idle CPU over {p['idle_s']:g} s with every connection "
-        f"held. RLIMIT_NOFILE {limit['soft']:,} (hard {limit['hard']:,}) allows {d['peers_allowed']:,} peers"
-        + (
-            f"; not run: {', '.join(f'{n:,}' for n in d['skipped_peers'])} peers."
-            if d["skipped_peers"]
-            else "."
-        )
+        f"held. RLIMIT_NOFILE {limit['soft']:,} (hard {limit['hard']:,}) allows {d['peers_allowed']:,} "
+        f"peers; not run: {', '.join(f'{n:,}' for n in d['skipped_peers']) or 'none'}."
     )
-    return [*out, "", *table(head, "lrrrrrrrr", rows), *_more(sheet, r, d)]
+    return [*out, "", *table(head, "lrrrrrrr", rows), *_more(sheet, r, d)]
 
 
 def _more(sheet: Sheet, r: Results, d: dict[str, Any]) -> list[str]:
@@ -78,7 +77,8 @@ def _more(sheet: Sheet, r: Results, d: dict[str, Any]) -> list[str]:
     for s in steps:
         key = f"scale/{s['transport']}/{s['peers']}"
         b, flood = s["burst"], s["broadcast"]
-        took = flood.get("median_s")
+        took, corpus = flood.get("median_s"), s.get("corpus") or {}
+        relay = (s.get("relayed_broadcast") or {}).get("median_s")
         rows.append(
             [
                 LABEL.get(s["transport"], s["transport"]),
@@ -88,7 +88,10 @@ def _more(sheet: Sheet, r: Results, d: dict[str, Any]) -> list[str]:
                 + sheet.put(r, f"{key}/burst_client_cpu_s", b.get("client_cpu_s", 0.0)),
                 sheet.put(r, f"{key}/message_frame_bytes", s["message_frame_bytes"]),
                 "—" if took is None else sheet.put(r, f"{key}/broadcast_ms", took * 1e3),
+                "—" if relay is None else sheet.put(r, f"{key}/relayed_broadcast_ms", relay * 1e3),
                 f"{flood['reached_min']:,} of {flood['sent_to']:,}",
+                " / ".join(sheet.put(r, f"{key}/corpus_{k}", corpus[k]) for k in CORPUS if corpus.get(k))
+                or "—",
             ]
         )
     head = [
@@ -97,25 +100,24 @@ def _more(sheet: Sheet, r: Results, d: dict[str, Any]) -> list[str]:
         "CPU s, burst: server + clients",
         "bytes per signed MESSAGE frame",
         "broadcast handled by all, ms",
-        "peers reached (fewest)",
+        "a peer's broadcast relayed, ms",
+        "server's broadcast reached (fewest)",
+        "corpus frame B: direct / relayed",
     ]
-    corpus = d.get("corpus_frame_bytes") or {}
-    plan = d["plan"]
+    c, n = d.get("corpus_frame_bytes") or {}, d["plan"].get("broadcasts", 0)
     text = (
-        f"Per step, the same run: the CPU seconds the dial burst took on the server and in the client "
-        f"processes together; the mean size on the wire of the server node's signed MESSAGE frames (its "
-        f"REPLYs to the load step's small requests); and the median over {plan.get('broadcasts', 0)} "
-        f"broadcasts of the server node (the registry every peer is connected to) of the time from "
-        f"`broadcast()` until the last connected peer verified it."
+        "Per step, the same run: the CPU seconds of the dial burst on the server and in the clients; the "
+        "mean size on the wire of the server's signed MESSAGE frames (its REPLYs to the load step's small "
+        f"requests); the median over {n} broadcasts of the server node (which every peer is connected "
+        "to), and over as many of one peer's that the server relays to the others, of the time until the "
+        "last peer verified it; the corpus's lines in requests whose REPLYs echo them (direct: `from`/`to` "
+        "elided) and in messages the server relays from one peer to another (a FORWARD frame: the origin's "
+        "whole signed message and the path), the mean frame as the receiving peer read it."
     )
-    if corpus:
+    if c:
         text += (
-            f" The corpus's signed MESSAGE frames (`scale.py bytes`): {corpus['shipped']:.0f} B with the "
-            f"shipped dictionary, {corpus['derived']:.0f} B with a per-connection derived one, "
-            f"{corpus['elided']:.0f} B with `from`/`to` elided (what a direct connection sends)."
+            f" The corpus alone (`tools/scale_probe.py bytes`): {c['shipped']:.0f} B with the shipped "
+            f"dictionary, {c['derived']:.0f} B with a per-connection derived one, {c['elided']:.0f} B elided."
         )
-    text += (
-        " The machine is shared with other work while these run: CPU and time figures are noisy; "
-        "compare rows of the same run."
-    )
-    return ["", text, "", *table(head, "lrrrrr", rows)]
+    text += " The machine is shared with other work: CPU and time figures are noisy; compare rows of one run."
+    return ["", text, "", *table(head, "lrrrrrrr", rows)]

@@ -1,28 +1,20 @@
-"""Scale: a server node's memory per connected peer, CPU per request and idle, and dial bursts,
-at 1 to 10,000 peers, over TLS and QUIC (``iac bench --only scale``).
+"""Scale: a server node's memory per connected peer, CPU per request and idle, dial bursts,
+broadcasts and relayed frames, at 1 to 10,000 peers, over TLS and QUIC (``iac bench --only scale``).
 
-    .venv/bin/python -m iac.bench.scenarios.scale [--quick] [--peers 1,10,100,1000] [--json FILE]
-    .venv/bin/python -m iac.bench.scenarios.scale memory --transport tls --peers 1000 [--procs 4]
-    .venv/bin/python -m iac.bench.scenarios.scale burst --transport quic --dials 1000 [--procs 4]
-    .venv/bin/python -m iac.bench.scenarios.scale bytes [CORPUS.jsonl]
+    .venv/bin/python -m iac.bench.scenarios.scale [--quick] [--peers 1,10,100,1000] [--big] [--json FILE]
 
-The plan (no sub-command): for each transport and each peer count, a server node runs in a
-process of its own (``serve``, the shipped configuration with ``idle_timeout`` off); the peers,
-each with an identity of its own, are spread over ``--procs`` client processes and dial all at
-once (each dial retried with a jittered, doubling backoff), each getting one request answered:
-that is the dial burst (failures, retries, p50/p99 from a client's first attempt to its first
-answer, the server's CPU seconds for the burst). Then the load step: ``--requests`` signed RUN
-requests, ``--in-flight`` in flight in total, round-robin over every connection; the server's CPU
-per request over that step, then its resident set (after a collection and ``malloc_trim``):
-the growth over the empty server, divided by the peers, is the memory per peer. Last, the
-server's CPU over ``--idle`` seconds with every connection held open and quiet. Before anything,
-RLIMIT_NOFILE is raised to its hard limit (the processes inherit it); a peer count the limit does
-not allow is skipped, and the result says how many peers it allows.
-
-``memory``, ``burst`` and ``bytes`` are the single probes: the RSS growth per added peer between
-``--base`` and ``--peers`` peers, one burst of dials, and the mean signed MESSAGE frame over a
-corpus with the shipped dictionary alone, a per-connection derived dictionary, and the prefix
-elided (docs/PROTOCOL.md, section 5).
+For each transport and peer count a server node runs in a process of its own (``serve``: the
+shipped configuration, ``idle_timeout`` off, relaying unicast FORWARDs as a registry does);
+the peers, each with an identity of its own, are spread over ``--procs`` client processes. The
+dial burst: every peer dials at once (retried with a jittered, doubling backoff) and gets one
+request answered. The load step: signed RUN requests (``requests``, at least one per peer) at
+``in_flight`` in total, round-robin; the server's CPU per request, then its resident set (after
+a collection and ``malloc_trim``) less the empty server's, per peer. Then the server's CPU over
+``--idle`` quiet seconds; broadcasts of the server and of one peer (relayed by the server),
+timed until every other peer verified them; and the corpus (``corpus`` lines): requests whose
+REPLYs echo it, and messages relayed peer to peer, their mean frame sizes. RLIMIT_NOFILE is
+raised to its hard limit first; a peer count it does not allow is skipped and said. ``--big``
+adds the 10,000-peer step (TLS; dials staged, not a burst). Single probes: tools/scale_probe.py.
 """
 
 from __future__ import annotations
@@ -49,7 +41,8 @@ from iac.bench.harness.process import commands, say
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
-from iac.protocol.routing.forward import open_forward
+from iac.protocol.routing.decisions import RelayPolicy
+from iac.protocol.routing.forward import open_forward, wrap_forward
 from iac.transport.base import Connection, TransportConfig
 from iac.transport.bound import FD_RESERVE
 from iac.transport.dialer import Backoff
@@ -64,6 +57,7 @@ from iac.wire.message import Session, build_message, open_message, sign_message
 
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "iac" / "bench" / "corpus" / "test.jsonl"
+CORPUS_LINES = [x for x in CORPUS.read_text(encoding="utf-8").splitlines() if x.strip()]
 MODULE = "iac.bench.scenarios.scale"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -89,7 +83,8 @@ async def serve(spec: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(spec["rlimit_nofile"]), hard))
     fields: dict[str, Any] = {"idle_timeout": None, **spec.get("transport", {})}
     transport = TransportConfig(dictionaries=DictionarySet([default_dictionary()]), **fields)
-    config = NodeConfig(transport=transport, **spec.get("node", {}))
+    relay = RelayPolicy(relay_unicast=True)  # relays unicast FORWARDs, as `iac registry --relay` does
+    config = NodeConfig(transport=transport, relay_policy=relay, **spec.get("node", {}))
     async with Node(listen=spec["listen"], config=config) as node:
 
         @node.on(MessageType.RUN)
@@ -129,10 +124,7 @@ class Server:
         return await self.command_with({"cmd": name})
 
     async def command_with(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd).encode() + b"\n")
-        await self.proc.stdin.drain()
-        return dict(json.loads(await self.proc.stdout.readline()))
+        return dict((await _ask([self.proc], cmd))[0])
 
     async def rss(self) -> int:
         return int((await self.command("rss"))["rss"])
@@ -142,18 +134,7 @@ class Server:
 async def server(listen: Sequence[str], *, stderr: int | None = None, **spec: Any) -> AsyncIterator[Server]:
     """Start ``serve`` in a process of its own; stop it when the block ends. ``stderr``:
     ``subprocess.PIPE`` to read the server's log (``proc.stderr``, after the block)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        MODULE,
-        "serve",
-        json.dumps({"listen": list(listen), **spec}),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    proc = await _child("serve", {"listen": list(listen), **spec}, stderr)
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
@@ -234,29 +215,6 @@ async def open_peer(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def open_peers(
-    url: str, server_id: str, n: int, config: TransportConfig, *, at_once: int | None = None
-) -> tuple[list[Connection], list[float], list[BaseException], int]:
-    """``n`` peers via :func:`open_peer`, ``at_once`` at a time (None: all at once): the
-    connections, each one's time from its first attempt, the failures, the retries made."""
-    gate = asyncio.Semaphore(at_once or n)
-
-    async def one() -> tuple[Connection, float, int]:
-        async with gate:
-            return await open_peer(url, server_id, config)
-
-    results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
-    conns = [r[0] for r in results if isinstance(r, tuple)]
-    times = [r[1] for r in results if isinstance(r, tuple)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    retries = sum(r[2] - 1 for r in results if isinstance(r, tuple))
-    return conns, times, errors, retries
-
-
-async def close_all(conns: Sequence[Connection]) -> None:
-    await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
-
-
 # --- client peers under load ------------------------------------------------------------------
 
 
@@ -268,6 +226,15 @@ class Broadcasts:
         self.expected = expected
         self.arrived: dict[int, list[float]] = {}
         self._done: dict[int, asyncio.Event] = {}
+        self.own: set[int] = set()  # keys one of these peers originated (it does not get it back)
+        self.relayed = self.relayed_bytes = 0  # unicast FORWARDs the relay delivered, their bytes
+        self.relayed_due = 0
+        self.relayed_all = asyncio.Event()
+
+    def relay_arrived(self, size: int) -> None:
+        self.relayed, self.relayed_bytes = self.relayed + 1, self.relayed_bytes + size
+        if self.relayed >= self.relayed_due:
+            self.relayed_all.set()
 
     def done(self, key: int) -> asyncio.Event:
         return self._done.setdefault(key, asyncio.Event())
@@ -275,7 +242,7 @@ class Broadcasts:
     def handled(self, key: int) -> None:
         times = self.arrived.setdefault(key, [])
         times.append(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process of the machine
-        if len(times) >= self.expected:
+        if len(times) >= self.expected - (key in self.own):
             self.done(key).set()
 
 
@@ -301,7 +268,9 @@ class Peer:
                 frame = (await self.conn.recv()).frame
                 if frame.type == FrameType.FORWARD:
                     _env, msg = open_forward(frame.body)
-                    if self.board is not None:
+                    if self.board is not None and msg.to:
+                        self.board.relay_arrived(frame.wire_size)
+                    elif self.board is not None:
                         self.board.handled(int(json.loads(msg.payload_json)["k"]))
                     continue
                 self.frames += 1
@@ -323,6 +292,19 @@ class Peer:
         await self.conn.send(encode_frame(FrameType.MESSAGE, sign_message(self.identity, msg)))
         await asyncio.wait_for(fut, timeout)
 
+    async def forward(self, to: str, payload_json: str) -> float:
+        """A signed message to ``to`` (empty: a broadcast) inside a FORWARD to the server, which
+        relays it; the moment it was sent."""
+        now_us = time.time_ns() // 1000
+        msg_type = MessageType.COMMAND if to else MessageType.BROADCAST
+        me, session = self.identity.agent_id, self.session
+        msg = build_message(sender=me, to=to, msg_type=msg_type, session=session, timestamp_us=now_us,
+                            payload_json=payload_json)  # fmt: skip
+        body = wrap_forward(sign_message(self.identity, msg), 8 if to else 16, [me])
+        t0 = time.monotonic()
+        await self.conn.send(encode_frame(FrameType.FORWARD, body))
+        return t0
+
     async def close(self) -> None:
         self.reader.cancel()
         with contextlib.suppress(BaseException):
@@ -330,8 +312,13 @@ class Peer:
         await self.conn.close()
 
 
-async def load(peers: Sequence[Peer], count: int, in_flight: int) -> int:
-    """``count`` requests, ``in_flight`` at a time, round-robin over ``peers``; the failures."""
+def small(i: int) -> object:
+    return {"i": i}
+
+
+async def load(peers: Sequence[Peer], count: int, in_flight: int, body: Any = small) -> int:
+    """``count`` requests (``body(i)``), ``in_flight`` at a time, round-robin over ``peers``; the
+    failures."""
     it = iter(range(count))
     failed = 0
 
@@ -339,7 +326,7 @@ async def load(peers: Sequence[Peer], count: int, in_flight: int) -> int:
         nonlocal failed
         for i in it:
             try:
-                await peers[i % len(peers)].call({"i": i})
+                await peers[i % len(peers)].call(body(i))
             except (IacError, TimeoutError):
                 failed += 1
 
@@ -373,9 +360,14 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
             "failed": len(errors),
             "retries": sum(r[2] - 1 for r in results if isinstance(r, tuple)),
             "times": [r[1] for r in results if isinstance(r, tuple)],
+            "tries": [r[2] for r in results if isinstance(r, tuple)],
         }
     )
     async for cmd in commands():
+        if cmd["cmd"] == "originate":  # a broadcast of this process's first peer, through the server
+            board.own.add(int(cmd["k"]))
+            say({"t0": await peers[0].forward("", json.dumps({"k": cmd["k"]}))})
+            continue
         if cmd["cmd"] == "topup":  # the peers the burst lost, dialed again a few at a time
             few = asyncio.Semaphore(int(cmd["at_once"]))
 
@@ -396,88 +388,117 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
         if cmd["cmd"] == "bcast":  # wait until every peer here handled broadcast ``k``
             key = int(cmd["k"])
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(board.done(key).wait(), float(cmd.get("timeout", 60.0)))
+                due = board.expected - (key in board.own) > 0  # someone here is to get it
+                await asyncio.wait_for(board.done(key).wait(), float(cmd.get("timeout", 60.0)) * due)
             times = board.arrived.get(key, [])
-            say({"got": len(times), "last": max(times, default=None)})
+            say(
+                {
+                    "got": len(times),
+                    "of": board.expected - (key in board.own),
+                    "last": max(times, default=None),
+                }
+            )
             continue
         for p in peers:
             p.frames = p.frame_bytes = 0
-        cpu0, t0 = time.process_time(), time.monotonic()
-        failed = await load(peers, int(cmd["count"]), int(cmd["in_flight"])) if peers else cmd["count"]
-        say(
-            {
-                "failed": failed,
-                "cpu_s": time.process_time() - cpu0,
-                "wall_s": time.monotonic() - t0,
-                "frames": sum(p.frames for p in peers),
-                "frame_bytes": sum(p.frame_bytes for p in peers),
-            }
+        # "load": small requests; "corpus": requests carrying the corpus's lines (from line
+        # ``first``), then as many of its lines relayed by the server from peer i to peer i + 1
+        k, n, first, lines = int(cmd["count"]), len(peers), int(cmd.get("first", 0)), CORPUS_LINES
+        body = (
+            small
+            if cmd["cmd"] == "load"
+            else lambda i, f=first: json.loads(CORPUS_LINES[(f + i) % len(CORPUS_LINES)])
         )
+        cpu0, t0 = time.process_time(), time.monotonic()
+        failed = await load(peers, k, int(cmd["in_flight"]), body) if peers else k
+        report = {"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0}
+        report |= {"frames": sum(p.frames for p in peers), "frame_bytes": sum(p.frame_bytes for p in peers)}
+        if cmd["cmd"] == "corpus":
+            board.relayed = board.relayed_bytes = 0
+            board.relayed_due, board.relayed_all = (k if n > 1 else 0), asyncio.Event()
+            for i in range(board.relayed_due):
+                await peers[i % n].forward(
+                    peers[(i + 1) % n].identity.agent_id, lines[(first + i) % len(lines)]
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(board.relayed_all.wait(), 30.0 if board.relayed_due else 0.0)
+            report |= {
+                "relayed_sent": board.relayed_due,
+                "relayed": board.relayed,
+                "relayed_bytes": board.relayed_bytes,
+            }
+        say(report)
     await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
     return {}
+
+
+async def _child(cmd: str, spec: dict[str, Any], stderr: int | None = None) -> asyncio.subprocess.Process:
+    """``python -m MODULE CMD SPEC``: a child process driven by JSON lines on stdin and stdout."""
+    argv = [sys.executable, "-m", MODULE, cmd, json.dumps(spec)]
+    env, pipe = {**os.environ, "PYTHONPATH": str(ROOT)}, subprocess.PIPE
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=pipe, stdout=pipe, stderr=stderr, cwd=ROOT, env=env
+    )
 
 
 async def _spread(url: str, server_id: str, n: int, procs: int, at_once: int | None) -> tuple[list[Any], Any]:
     """``n`` peers over ``procs`` client processes; their reports, and the processes (held open)."""
     share = [n // procs + (i < n % procs) for i in range(procs)]
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            MODULE,
-            "client",
-            json.dumps({"url": url, "server": server_id, "n": k, "at_once": at_once}),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=str(ROOT),
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        for k in share
-        if k
-    ]
-    reports = [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
-    return reports, children
+    spec = {"url": url, "server": server_id, "at_once": at_once}
+    children = [await _child("client", {**spec, "n": k}) for k in share if k]
+    return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None], children
 
 
-async def _load_all(children: Sequence[asyncio.subprocess.Process], count: int, in_flight: int) -> list[Any]:
-    """A load step over every client process: ``count`` requests, ``in_flight`` in flight, split
-    evenly between the processes; their reports."""
-    m = len(children)
-    for i, c in enumerate(children):
-        assert c.stdin is not None
-        k, f = count // m + (i < count % m), max(1, in_flight // m + (i < in_flight % m))
-        c.stdin.write(json.dumps({"cmd": "load", "count": k, "in_flight": f}).encode() + b"\n")
-        await c.stdin.drain()
-    return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
-
-
-async def _ask_all(children: Sequence[asyncio.subprocess.Process], cmd: dict[str, Any]) -> list[Any]:
-    """One command to every client process; their answers."""
-    for c in children:
+async def _ask(children: Sequence[asyncio.subprocess.Process], *cmds: dict[str, Any]) -> list[Any]:
+    """A command to each child process (one command: the same to all); their answers."""
+    for c, cmd in zip(children, cmds * len(children) if len(cmds) == 1 else cmds, strict=True):
         assert c.stdin is not None
         c.stdin.write(json.dumps(cmd).encode() + b"\n")
         await c.stdin.drain()
     return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
 
 
+async def _load_all(
+    children: Sequence[asyncio.subprocess.Process], count: int, in_flight: int, cmd: str = "load"
+) -> list[Any]:
+    """A load step over every client process: ``count`` requests, ``in_flight`` in flight, split
+    evenly between the processes; their reports."""
+    m = len(children)
+    ks, fs = (
+        [count // m + (i < count % m) for i in range(m)],
+        [max(1, in_flight // m + (i < in_flight % m)) for i in range(m)],
+    )
+    cmds = (
+        {"cmd": cmd, "count": k, "in_flight": f, "first": sum(ks[:i])}
+        for i, (k, f) in enumerate(zip(ks, fs, strict=True))
+    )
+    return await _ask(children, *cmds)
+
+
 async def broadcast_rounds(
-    srv: Server, children: Sequence[asyncio.subprocess.Process], rounds: int
+    srv: Server, children: Sequence[asyncio.subprocess.Process], rounds: int, relayed: bool = False
 ) -> dict[str, Any]:
-    """``rounds`` broadcasts from the server node (the registry every peer is connected to), one
-    at a time: each one's time from the server's ``broadcast()`` call to the moment the last of
-    the connected peers handled (verified) it; and the fewest peers one reached."""
+    """``rounds`` broadcasts, one at a time, from the server node (the registry every peer is
+    connected to) or, ``relayed``, from a peer of the first client process that the server relays
+    to every other: each one's time from its sending to the moment the last of the connected
+    peers it was for handled (verified) it; and the fewest peers one reached."""
     took: list[float] = []
     reached: list[int] = []
-    for k in range(rounds):
-        sent = await srv.command_with({"cmd": "broadcast", "k": k})
-        answers = await _ask_all(children, {"cmd": "bcast", "k": k})
+    sent_to = 0
+    for key in range(1000 * relayed, 1000 * relayed + rounds):
+        if relayed:
+            t0 = (await _ask(children[:1], {"cmd": "originate", "k": key}))[0]["t0"]
+        else:
+            t0 = (await srv.command_with({"cmd": "broadcast", "k": key}))["t0"]
+        answers = await _ask(children, {"cmd": "bcast", "k": key})
         reached.append(sum(a["got"] for a in answers))
+        sent_to = sum(a["of"] for a in answers)
         lasts = [a["last"] for a in answers if a["last"] is not None]
         if lasts:
-            took.append(max(lasts) - sent["t0"])
+            took.append(max(lasts) - t0)
     return {
         "rounds": rounds,
-        "sent_to": sent["peers"] if rounds else 0,
+        "sent_to": sent_to,
         "reached_min": min(reached, default=0),
         "median_s": statistics.median(took) if took else None,
         "max_s": max(took, default=None),
@@ -498,8 +519,13 @@ async def _release(children: Sequence[asyncio.subprocess.Process]) -> None:
 class Plan:
     """What one run measures (``--quick``: small enough for ``iac bench --quick``)."""
 
-    peers: tuple[int, ...] = (1, 10, 100, 1_000, 10_000)
+    peers: tuple[int, ...] = (1, 10, 100, 1_000)
     transports: tuple[str, ...] = ("tls", "quic")
+    #: The big steps, after the others (opt-in: ``--big``, ``IAC_SCALE_BIG=1``): these peer counts
+    #: over ``big_transports``, dialed ``big_at_once`` at a time per client process (not a burst).
+    big: tuple[int, ...] = ()
+    big_transports: tuple[str, ...] = ("tls",)
+    big_at_once: int = 64
     procs: int = 4
     requests: int = 2_000
     in_flight: int = 64
@@ -508,9 +534,16 @@ class Plan:
     #: After the burst, the peers it lost are dialed again this many at a time per client process,
     #: so that the later figures are over every peer (0: not; the burst's own figures are kept).
     top_up: int = 8
+    #: After the load step: this many requests carrying the corpus's lines (its bytes per signed
+    #: MESSAGE frame), and as many messages of the corpus relayed by the server peer to peer.
+    corpus: int = 2_000
 
 
-QUICK = Plan(peers=(1, 10, 50), procs=2, requests=200, idle_s=1.0, broadcasts=1)
+#: The full plan with the 10,000-peer step (TLS): ``--big``.
+BIG = Plan(big=(10_000,))
+
+
+QUICK = Plan(peers=(1, 10, 50), procs=2, requests=200, idle_s=1.0, broadcasts=1, corpus=100)
 
 
 def raise_nofile() -> tuple[int, int]:
@@ -536,6 +569,9 @@ def _burst(reports: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     total = {k: sum(r[k] for r in reports) for k in ("ok", "failed", "retries")}
     errors = [e for r in reports for e in r["errors"]][:5]
     pcts = {"p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99)}
+    # the dials answered at their first attempt (no backoff pause in their time)
+    first = [t for r in reports for t, n in zip(r["times"], r.get("tries", ()), strict=False) if n == 1]
+    pcts["p99_first_attempt_s"] = _pct(first, 0.99)
     client_cpu = sum(r.get("cpu_s", 0.0) for r in reports)  # the clients' CPU for their dials
     return {**total, "errors": errors, "wall_s": wall, **pcts, "client_cpu_s": client_cpu}
 
@@ -545,43 +581,50 @@ def _pct(xs: Sequence[float], q: float) -> float | None:
     return s[min(len(s) - 1, int(len(s) * q))] if s else None
 
 
-async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]:
-    """One transport at one peer count: the dial burst, the load step, memory, idle CPU."""
+async def measure_step(transport: str, peers: int, plan: Plan, at_once: int | None = None) -> dict[str, Any]:
+    """One transport at one peer count: the dial burst (``at_once``: that many dials at a time per
+    client process instead), the load step (at least one request per peer), memory, idle CPU,
+    broadcasts from the server and relayed by it, the corpus direct and relayed."""
+    requests = max(plan.requests, peers)
     async with server([f"{transport}://127.0.0.1:0"]) as srv:
         url = srv.address(transport)
         rss0 = await srv.rss()
         cpu0 = (await srv.command("stats"))["cpu_s"]
         t0 = time.monotonic()
-        reports, children = await _spread(url, srv.agent_id, peers, min(plan.procs, peers), None)
+        reports, children = await _spread(url, srv.agent_id, peers, min(plan.procs, peers), at_once)
         burst_wall = time.monotonic() - t0
         try:
             cpu1 = (await srv.command("stats"))["cpu_s"]
             topup = {"ok": 0, "failed": 0}
             if plan.top_up and sum(r["failed"] for r in reports):
-                for a in await _ask_all(children, {"cmd": "topup", "at_once": plan.top_up}):
+                for a in await _ask(children, {"cmd": "topup", "at_once": plan.top_up}):
                     topup = {k: topup[k] + a[k] for k in topup}
-            loads = await _load_all(children, plan.requests, plan.in_flight)
+            cpu1t = (await srv.command("stats"))["cpu_s"]  # the load step's CPU starts after the top-up
+            loads = await _load_all(children, requests, plan.in_flight)
             cpu2 = (await srv.command("stats"))["cpu_s"]
             rss1 = await srv.rss()
             cpu3 = (await srv.command("stats"))["cpu_s"]
             await asyncio.sleep(plan.idle_s)  # the measurement window: every connection quiet
             st = await srv.command("stats")
             flood = await broadcast_rounds(srv, children, plan.broadcasts)
+            relayed = await broadcast_rounds(srv, children, plan.broadcasts, relayed=True)
+            corpus = await _load_all(children, plan.corpus, plan.in_flight, "corpus")
         finally:
             await _release(children)
     ok = sum(r["ok"] for r in reports)
     held = ok + topup["ok"]  # the peers every later figure is over
-    done = plan.requests - sum(x["failed"] for x in loads)
+    done = requests - sum(x["failed"] for x in loads)
+    tot = {k: sum(x[k] for x in corpus) for k in corpus[0]} if corpus else {}
     return {
         "transport": transport,
         "peers": peers,
         "connected": held,
         "topped_up": topup,
         "server_connections": st["connections"],
-        "burst": {**_burst(reports, burst_wall), "server_cpu_s": cpu1 - cpu0},
-        "requests": plan.requests,
-        "requests_failed": plan.requests - done,
-        "server_cpu_us_per_request": (cpu2 - cpu1) / max(1, done) * 1e6,
+        "burst": {**_burst(reports, burst_wall), "server_cpu_s": cpu1 - cpu0, "at_once": at_once},
+        "requests": requests,
+        "requests_failed": requests - done,
+        "server_cpu_us_per_request": (cpu2 - cpu1t) / max(1, done) * 1e6,
         "client_cpu_us_per_request": sum(x["cpu_s"] for x in loads) / max(1, done) * 1e6,
         "load_wall_s": max(x["wall_s"] for x in loads),
         "rss_empty_mib": rss0 / 2**20,
@@ -592,6 +635,14 @@ async def measure_step(transport: str, peers: int, plan: Plan) -> dict[str, Any]
         "message_frame_bytes": sum(x.get("frame_bytes", 0) for x in loads)
         / max(1, sum(x.get("frames", 0) for x in loads)),
         "broadcast": flood,
+        "relayed_broadcast": relayed,
+        # the corpus: the server's REPLYs echoing its lines (direct, from/to elided), and the
+        # FORWARDs it relayed between two peers (the origin's whole signed message inside)
+        "corpus": {
+            **tot,
+            "direct_frame_bytes": tot.get("frame_bytes", 0) / max(1, tot.get("frames", 0)),
+            "relayed_frame_bytes": tot.get("relayed_bytes", 0) / max(1, tot.get("relayed", 0)),
+        },
     }
 
 
@@ -600,14 +651,16 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
     soft, hard = raise_nofile()
     allowed = peers_allowed(soft)
     steps, skipped = [], []
-    for n in plan.peers:
+    todo: list[tuple[int, tuple[str, ...], int | None]] = [(n, plan.transports, None) for n in plan.peers]
+    todo += [(n, plan.big_transports, plan.big_at_once) for n in plan.big]
+    for n, transports, at_once in todo:
         if n > allowed:
             skipped.append(n)
             continue
-        for t in plan.transports:
+        for t in transports:
             if progress is not None:
                 progress(f"{t} at {n} peers")
-            steps.append(await measure_step(t, n, plan))
+            steps.append(await measure_step(t, n, plan, at_once))
     return {
         "plan": asdict(plan),
         "corpus_frame_bytes": probe_bytes(CORPUS),
@@ -627,11 +680,14 @@ def _one(x: float) -> dict[str, float]:
 
 def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     """``iac bench --only scale``: the plan in a child process, its figures as the suite's rows.
-    ``IAC_SCALE_PEERS`` (e.g. ``1,10,100,1000``) replaces the full plan's peer counts."""
+    ``IAC_SCALE_PEERS`` (e.g. ``1,10,100``) replaces the full plan's peer counts; ``IAC_SCALE_BIG=1``
+    adds the 10,000-peer step (``--big``)."""
     ctx.progress("scale.py")
     args = ["--quick"] if ctx.quick else []
     if peers := os.environ.get("IAC_SCALE_PEERS"):
         args += ["--peers", peers]
+    if os.environ.get("IAC_SCALE_BIG") == "1" and not ctx.quick:
+        args += ["--big"]
     fill(res, run_script(ctx, "scale.py", args, 600 if ctx.quick else 7200))
 
 
@@ -651,58 +707,27 @@ def fill(res: Any, data: dict[str, Any]) -> None:
             res.add(
                 who, f"signed MESSAGE frame at the load step, {n} peers", "B", _one(s["message_frame_bytes"])
             )
-        flood = s.get("broadcast") or {}
-        if flood.get("median_s") is not None:
-            res.add(who, f"broadcast handled by all {n} peers", "ms", _one(flood["median_s"] * 1e3))
+        names = {
+            "broadcast": "broadcast handled by all {} peers",
+            "relayed_broadcast": "relayed broadcast, {} peers",
+        }
+        for key, name in names.items():
+            if (flood := s.get(key) or {}).get("median_s") is not None:
+                res.add(who, name.format(n), "ms", _one(flood["median_s"] * 1e3))
+        for key, what in (("direct_frame_bytes", "direct"), ("relayed_frame_bytes", "through the relay")):
+            if x := (s.get("corpus") or {}).get(key):
+                res.add(who, f"signed MESSAGE frame of the corpus, {what}, {n} peers", "B", _one(x))
     res.notes.append(
         f"scenarios/scale.py: one server node per transport and peer count; peers over {p['procs']} client "
         f"processes dial at once, then {p['requests']} requests at {p['in_flight']} in flight round-robin; "
         f"RSS per peer = growth over the empty server; idle CPU over {p['idle_s']:g} s. RLIMIT_NOFILE "
-        f"{data['rlimit_nofile']['soft']} allows {data['peers_allowed']} peers"
-        + (
-            f"; skipped: {', '.join(map(str, data['skipped_peers']))} peers."
-            if data["skipped_peers"]
-            else "."
-        )
+        f"{data['rlimit_nofile']['soft']} allows {data['peers_allowed']} peers; skipped: "
+        f"{', '.join(map(str, data['skipped_peers'])) or 'none'}."
     )
     res.raw = data
 
 
 # --- single probes -----------------------------------------------------------------------------
-
-
-async def probe_memory(transport: str, peers: int, base: int, procs: int) -> dict[str, Any]:
-    async with server([f"{transport}://127.0.0.1:0"]) as srv:
-        url = srv.address(transport)
-        first, c1 = await _spread(url, srv.agent_id, base, procs, 64)
-        rss0 = await srv.rss()
-        more, c2 = await _spread(url, srv.agent_id, peers - base, procs, 64)
-        rss1 = await srv.rss()
-        failed = sum(r["failed"] for r in first + more)
-        retries = sum(r["retries"] for r in first + more)
-        await _release(c1 + c2)
-    added = sum(r["ok"] for r in more)  # the peers that connected between the two readings
-    return {
-        "transport": transport,
-        "peers": peers,
-        "rss_base_mib": rss0 / 2**20,
-        "rss_mib": rss1 / 2**20,
-        "per_peer_kib": (rss1 - rss0) / max(1, added) / 1024,
-        "failed": failed,
-        "retries": retries,
-    }
-
-
-async def probe_burst(transport: str, dials: int, procs: int) -> dict[str, Any]:
-    async with server([f"{transport}://127.0.0.1:0"]) as srv:
-        url = srv.address(transport)
-        cpu0 = (await srv.command("stats"))["cpu_s"]
-        t0 = time.monotonic()
-        reports, children = await _spread(url, srv.agent_id, dials, procs, None)
-        wall = time.monotonic() - t0
-        cpu1 = (await srv.command("stats"))["cpu_s"]
-        await _release(children)
-    return {"transport": transport, "dials": dials, "server_cpu_s": cpu1 - cpu0, **_burst(reports, wall)}
 
 
 def probe_bytes(corpus: Path) -> dict[str, float]:
@@ -733,7 +758,9 @@ def probe_bytes(corpus: Path) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the small plan: 1, 10, 50 peers, 200 requests")
-    ap.add_argument("--peers", default=None, help="peer counts, comma-separated (1,10,100,1000,10000)")
+    ap.add_argument("--peers", default=None, help="peer counts, comma-separated (1,10,100,1000)")
+    ap.add_argument("--big", action="store_true", help="add the 10,000-peer step (TLS, 64 dials at a time)")
+    ap.add_argument("--big-transports", default=None, help="the big step's transports (tls; e.g. tls,quic)")
     ap.add_argument("--transports", default=None, help="comma-separated (tls,quic)")
     ap.add_argument("--procs", type=int, default=None, help="client processes (4; quick: 2)")
     ap.add_argument("--idle", type=float, default=None, help="idle CPU window, s (10; quick: 1)")
@@ -741,17 +768,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd")
     for name in ("serve", "client"):
         sub.add_parser(name, help=argparse.SUPPRESS).add_argument("spec")
-    m = sub.add_parser("memory", help="server RSS growth per added peer")
-    m.add_argument("--transport", choices=("tls", "quic", "unix"), default="tls")
-    m.add_argument("--peers", type=int, default=1000)
-    m.add_argument("--base", type=int, default=50, help="peers connected before the first reading (50)")
-    m.add_argument("--procs", type=int, default=4, help="client processes (4)")
-    b = sub.add_parser("burst", help="dials arriving at once")
-    b.add_argument("--transport", choices=("tls", "quic"), default="quic")
-    b.add_argument("--dials", type=int, default=1000)
-    b.add_argument("--procs", type=int, default=4, help="client processes (4)")
-    y = sub.add_parser("bytes", help="mean signed MESSAGE frame over a corpus")
-    y.add_argument("corpus", nargs="?", type=Path, default=CORPUS)
     args = ap.parse_args(argv)
     if args.cmd == "serve":
         level = os.environ.get("IAC_PROBE_LOG")  # e.g. INFO: the server's refusals on stderr
@@ -763,24 +779,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = json.loads(args.spec)
         asyncio.run(_client_proc(s["url"], s["server"], s["n"], s["at_once"]))
         return 0
-    out: Any
-    if args.cmd == "memory":
-        out = asyncio.run(probe_memory(args.transport, args.peers, args.base, args.procs))
-    elif args.cmd == "burst":
-        out = asyncio.run(probe_burst(args.transport, args.dials, args.procs))
-    elif args.cmd == "bytes":
-        out = probe_bytes(args.corpus)
+    plan = make_plan(args.quick, args.peers, args.transports, args.procs, args.idle, args.big)
+    if args.big_transports:
+        plan = replace(plan, big_transports=tuple(args.big_transports.split(",")))
+    data = asyncio.run(measure(plan, lambda what: print(what, file=sys.stderr, flush=True)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     else:
-        plan = make_plan(args.quick, args.peers, args.transports, args.procs, args.idle)
-        data = asyncio.run(measure(plan, lambda what: print(what, file=sys.stderr, flush=True)))
-        if args.json:
-            Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        else:
-            from iac.bench.reports import live
+        from iac.bench.reports import live
 
-            live.print_rows(MODULE, [("scale", fill, data)], ["scale"])
-        return 0
-    print(json.dumps(out, indent=1))
+        live.print_rows(MODULE, [("scale", fill, data)], ["scale"])
     return 0
 
 
@@ -790,9 +798,10 @@ def make_plan(
     transports: str | None = None,
     procs: int | None = None,
     idle_s: float | None = None,
+    big: bool = False,
 ) -> Plan:
-    """The full plan or :data:`QUICK`, with what the command line replaces."""
-    plan = QUICK if quick else Plan()
+    """The full plan (``big``: :data:`BIG`) or :data:`QUICK`, with what the command line replaces."""
+    plan = QUICK if quick else BIG if big else Plan()
     if peers:
         plan = replace(plan, peers=tuple(int(x) for x in peers.split(",")))
     if transports:
