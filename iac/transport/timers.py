@@ -89,13 +89,15 @@ class TimerWheel(Generic[K]):
         if at is None:
             if old is not None:
                 del self._live[key]
-                self._compact()
+                if len(self._heap) > 2 * len(self._live) + 64:  # (_compact's test: a call saved)
+                    self._compact()
             return None
         seq = next(self._seq)
         self._live[key] = (at, seq)
         self._owner[seq] = key
         heapq.heappush(self._heap, (at, seq))
-        self._compact()
+        if len(self._heap) > 2 * len(self._live) + 64:
+            self._compact()
         return at
 
     def deadline(self, key: K) -> float | None:
@@ -199,6 +201,10 @@ class LoopTimers:
         if self._taken:
             self._taken.discard(timer)  # taken as due in this wake-up: cancelled or moved meanwhile
         wheel.set(timer, when, slack)
+        if when is None:
+            # A cleared deadline: the armed wake-up, at or before every deadline left, stays (it
+            # finds nothing due, as below); no look at the heap.
+            return
         first = wheel.next_deadline()
         armed = self._armed_at
         if first is None:
