@@ -347,7 +347,8 @@ class QuicConn(Connection):
     def _on_stream_data(self, event: Any) -> None:
         if self._core.closed:
             return
-        self._core.last_heard = self._loop.time()  # the peer is alive: no probe needed
+        now = self._loop.time()
+        self._core.last_heard = now  # the peer is alive: no probe needed
         sid = event.stream_id
         if not sid & 2 and sid != CONTROL_STREAM:
             raise ProtocolError(f"unexpected bidirectional stream {sid} (only the control stream is used)")
@@ -355,7 +356,7 @@ class QuicConn(Connection):
             return
         if not self._rx.stream_data(sid, event.data, event.end_stream):
             return
-        self._core.last_activity = self._loop.time()
+        self._core.last_activity = now  # (the same instant: one clock read per event)
         if self._core.session is not None:
             self._judge()
         elif self._rx.ctl_frames and self._ctl_waiter is not None and not self._ctl_waiter.done():
