@@ -17,6 +17,8 @@ told before and after every flush (:class:`~iac.transport.quic.congestion.Transm
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.backend import Backend
@@ -58,7 +60,10 @@ class LoopView:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.time = loop.time
+        # asyncio's own loop.time() is time.monotonic(): read it directly (the library reads
+        # the clock several times a datagram); any other loop's (uvloop, a test's) as it is.
+        own = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
+        self.time: Callable[[], float] = time.monotonic if own else loop.time
         self.call_soon = loop.call_soon
         self.create_future = loop.create_future
         self.call_at = loop_timers(loop).call_at
