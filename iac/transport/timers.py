@@ -29,6 +29,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
@@ -250,6 +251,15 @@ _drivers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.Reference
 )
 
 
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop.time`` as a function to call: :func:`time.monotonic` itself for asyncio's own
+    loops (whose ``time()`` returns just that: one call per read, not two), else ``loop.time``
+    (uvloop's, a test loop's own clock)."""
+    if getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
+
+
 def loop_timers(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimers:
     """The one :class:`LoopTimers` of ``loop`` (default: the running loop)."""
     loop = loop or asyncio.get_running_loop()
@@ -261,4 +271,4 @@ def loop_timers(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimers:
     return drv
 
 
-__all__ = ["GRIDS", "LoopTimers", "Timer", "TimerWheel", "loop_timers", "rounded"]
+__all__ = ["GRIDS", "LoopTimers", "Timer", "TimerWheel", "loop_clock", "loop_timers", "rounded"]

@@ -69,7 +69,7 @@ from iac.transport.session import (
     perform_handshake,
     server_handshake,
 )
-from iac.transport.timers import loop_timers
+from iac.transport.timers import loop_clock, loop_timers
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameType, encode_frame
@@ -122,6 +122,7 @@ class QuicConn(Connection):
         self.backend = proto.backend
         self._quic: Any = proto.quic
         self._loop = asyncio.get_running_loop()
+        self._time = loop_clock(self._loop)  # loop.time, one call a read (hot paths)
         self.identity = identity
         self.config = config
         self.dialed = dialed
@@ -192,7 +193,7 @@ class QuicConn(Connection):
         queue = self._queue
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
-        self._core.last_activity = self._loop.time()
+        self._core.last_activity = self._time()
         self._proto.transmit_soon()
 
     async def recv(self) -> Incoming:
@@ -287,7 +288,7 @@ class QuicConn(Connection):
             except ProtocolError as exc:
                 self._protocol_error(exc)
         if self._write_streams():
-            self.backend.ack_now(self._quic, self._loop.time())
+            self.backend.ack_now(self._quic, self._time())
         self._stream_credit()
         self.stats.transmits += 1
 
@@ -347,7 +348,7 @@ class QuicConn(Connection):
     def _on_stream_data(self, event: Any) -> None:
         if self._core.closed:
             return
-        now = self._loop.time()
+        now = self._time()
         self._core.last_heard = now  # the peer is alive: no probe needed
         sid = event.stream_id
         if not sid & 2 and sid != CONTROL_STREAM:

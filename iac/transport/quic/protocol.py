@@ -17,15 +17,13 @@ told before and after every flush (:class:`~iac.transport.quic.congestion.Transm
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
 from iac.transport.quic.gso import GsoSender, supported
 from iac.transport.quic.pathmtu import PmtuDriver, driver_for
-from iac.transport.timers import loop_timers
+from iac.transport.timers import loop_clock, loop_timers
 
 
 class ConnectionEvents(Protocol):
@@ -60,10 +58,7 @@ class LoopView:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        # asyncio's own loop.time() is time.monotonic(): read it directly (the library reads
-        # the clock several times a datagram); any other loop's (uvloop, a test's) as it is.
-        own = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
-        self.time: Callable[[], float] = time.monotonic if own else loop.time
+        self.time = loop_clock(loop)  # (the library reads the clock several times a datagram)
         self.call_soon = loop.call_soon
         self.create_future = loop.create_future
         self.call_at = loop_timers(loop).call_at
