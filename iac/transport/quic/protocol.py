@@ -125,11 +125,12 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # the flush waits for its reply (see _transmit_after_receive), so that the reply leaves
         # in the same packet as the ACK instead of a packet of its own right after an ACK-less one.
         now = self._loop.time()
-        if self.checks_resets and self.conn is not None and self.conn.stateless_reset(cast(bytes, data)):
+        raw: bytes = data  # type: ignore[assignment]  # (asyncio's are bytes; cast() is a call)
+        if self.checks_resets and self.conn is not None and self.conn.stateless_reset(raw):
             return
         if self.conn is not None:
             self.conn.on_datagram(now)
-        self._quic.receive_datagram(cast(bytes, data), addr, now=now)
+        self._quic.receive_datagram(raw, addr, now=now)
         self._process_events()
         if self.conn is not None:
             self.conn.after_datagram()
