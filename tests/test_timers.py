@@ -4,6 +4,7 @@ clock, its asyncio driver, and the connections that use it (one loop timer for m
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from conftest import run
@@ -14,7 +15,7 @@ from iac.node.node import Context, Node
 from iac.transport.base import TransportConfig
 from iac.transport.core import ConnectionCore, TimerEvent
 from iac.transport.session import SessionLogic
-from iac.transport.timers import LoopTimers, TimerWheel, loop_timers, rounded
+from iac.transport.timers import LoopTimers, TimerWheel, loop_clock, loop_timers, rounded
 from iac.wire.enums import MessageType
 
 # --- the wheel, with an explicit clock --------------------------------------------------------
@@ -161,6 +162,45 @@ async def _many_owners() -> None:
     assert fired == [0, 1, 2, 3]
     assert drv.fired == 5 and drv.wakes <= 6
     assert len(drv.wheel) == 0
+
+
+def test_after_the_earliest_deadline_is_cleared_the_next_one_still_fires() -> None:
+    run(_earliest_cleared())
+
+
+async def _earliest_cleared() -> None:
+    loop = asyncio.get_running_loop()
+    drv = LoopTimers(loop)
+    ran: list[str] = []
+    done = asyncio.Event()
+    now = loop.time()
+    first = drv.call_at(now + 0.005, ran.append, "first")
+    drv.call_at(now + 0.02, ran.append, "second")
+    first.cancel()  # the loop timer armed for it stays, finds nothing due, re-arms for the next
+    drv.call_at(now + 0.03, done.set)
+    async with asyncio.timeout(5):
+        await done.wait()
+    assert ran == ["second"]
+    assert len(drv.wheel) == 0
+
+
+class _ShiftedLoop(asyncio.SelectorEventLoop):
+    """A loop with a clock of its own (an hour ahead of time.monotonic)."""
+
+    def time(self) -> float:
+        return time.monotonic() + 3600.0
+
+
+def test_loop_clock_is_the_loops_own_time() -> None:
+    loop = asyncio.new_event_loop()
+    shifted = _ShiftedLoop()
+    try:
+        assert loop_clock(loop) is time.monotonic  # asyncio's loop.time() is just that
+        clock = loop_clock(shifted)
+        assert clock != time.monotonic and clock() - time.monotonic() > 3500.0
+    finally:
+        loop.close()
+        shifted.close()
 
 
 def test_a_timer_cancelled_or_moved_by_an_earlier_callback_of_the_same_wake_up_does_not_run() -> None:

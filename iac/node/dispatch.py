@@ -418,9 +418,11 @@ class Dispatcher:
                         self.speeds.ran_inline(func, time.perf_counter() - t0)
                     else:
                         result = contextvars.copy_context().run(invoke)
-                    # What ``await`` takes (inspect.isawaitable, without the ABC check for a plain value).
-                    if hasattr(type(result), "__await__") or (
-                        type(result) is GeneratorType and inspect.isawaitable(result)
+                    # What ``await`` takes (inspect.isawaitable, without the ABC check for a plain
+                    # value; a JSON value's own type, the usual result, needs no call at all).
+                    if type(result) not in _JSON_TYPES and (
+                        hasattr(type(result), "__await__")
+                        or (type(result) is GeneratorType and inspect.isawaitable(result))
                     ):
                         if inline:  # its answer has to wait: go on in a task of its own
                             self._tasks.spawn(self._finish_later(item, result))
@@ -531,6 +533,8 @@ class Dispatcher:
 
 
 _PLAIN, _ASYNC, _ASYNC_GEN = 0, 1, 2
+#: The types of JSON values (exactly these: a subclass may be awaitable).
+_JSON_TYPES = frozenset((dict, list, str, int, float, bool, type(None)))
 #: How an admitted message's handler runs (``Item.mode``): a plain function on the loop (right in
 #: the read loop when a slot is free), a plain function on the handler threads, a coroutine
 #: function in a task, an async generator or STREAM request in a task that produces its parts.

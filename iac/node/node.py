@@ -20,6 +20,7 @@ Conventions this node keeps on the wire:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -158,7 +159,7 @@ class Node:
             replay_store=replay_store,
             clock=clock,
             peers=peers,
-            context=self._context,
+            context=functools.partial(Context, self),  # (the dispatcher always names ``via``)
         )
         self.identity: Identity = rt.identity
         self.config: NodeConfig = rt.config
@@ -177,9 +178,6 @@ class Node:
             rt.inbound,
         )
         self._paths = Paths(rt.peers, rt.clock)
-
-    def _context(self, msg: Message, payload: Any, expects_reply: bool, via: str = "") -> Context:
-        return Context(self, msg, payload, expects_reply, via or sender_of(msg))
 
     # --- lifecycle --------------------------------------------------------------------------------
 

@@ -322,8 +322,8 @@ class Pending:
                 # fails the future with TimeoutError. A cancelled caller cancels the future
                 # itself; the out stays tracked until `finally`, which is how the handler below
                 # tells "not answered yet" (send CANCEL) from answered.
-                if not out.future.done():
-                    timer = self._deadlines.add(loop, loop.time() + left, out.future)
+                if not out.future.done():  # (``now + left``: ``timeout`` after the call began)
+                    timer = self._deadlines.add(loop, now + left, out.future)
                 reply: Reply = await out.future
             except TimeoutError:
                 if out is not None:

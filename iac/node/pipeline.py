@@ -132,8 +132,10 @@ class ReceivePipeline:
         """The decision on each verified message of a batch from ``conn`` (``forwarded``: the
         inner messages of FORWARD frames it relayed), in order."""
         store = self.store
-        guard = store.guard
         fixed = store.freshness
+        # The guard (a property that raises before the store is open) only when the store's
+        # fixed window is unknown; else only for a message outside it.
+        guard = store.guard if fixed is None else None
         # A MESSAGE frame's sender is the connection's peer (verify.py checked it); a FORWARD's
         # inner message names its origin.
         peer = conn.peer.agent_id
@@ -147,6 +149,8 @@ class ReceivePipeline:
             ts = msg.timestamp
             # Fresh by the store's fixed window (checked here), else as the guard says (it raises).
             if fixed is None or not now - fixed[0] <= ts <= now + fixed[0] or ts < fixed[1]:
+                if guard is None:
+                    guard = store.guard
                 try:
                     guard.check_fresh(ts, now)
                 except MessageRejected as exc:

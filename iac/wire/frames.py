@@ -442,7 +442,14 @@ class FrameDecoder:
                     self._parts = []
                     self._have = 0
                 self._header = None
-                out.append(_pack(ftype, flags, bytes(body), max_size, hend + length))
+                # _pack(ftype, flags, bytes(body), max_size, wire), written out (a call per frame)
+                whole, wire = bytes(body), hend + length
+                if flags & FLAG_ZSTD:
+                    dict_id, size = zstd_frame_info(whole, max_size)
+                    cost = size if size > wire else wire
+                    out.append(PackedFrame(ftype, whole, dict_id, size, wire, cost))
+                else:
+                    out.append(PackedFrame(ftype, whole, None, length, wire, wire))
             if final and (self._header is not None or buf):  # not idle
                 raise ProtocolError("stream ends inside a frame", reason="truncated_frame")
             return out

@@ -70,7 +70,7 @@ from iac.transport.session import (
     perform_handshake,
     server_handshake,
 )
-from iac.transport.timers import loop_timers
+from iac.transport.timers import loop_clock, loop_timers
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 from iac.wire.frames import Frame, FrameType, encode_frame
@@ -123,6 +123,7 @@ class QuicConn(Connection):
         self.backend = proto.backend
         self._quic: Any = proto.quic
         self._loop = asyncio.get_running_loop()
+        self._time = loop_clock(self._loop)  # loop.time, one call a read (hot paths)
         self.identity = identity
         self.config = config
         self.dialed = dialed
@@ -193,7 +194,7 @@ class QuicConn(Connection):
         queue = self._queue
         if not queue.offer(frame):
             await queue.put(frame)  # waits for room; raises once the connection closes
-        self._core.last_activity = self._loop.time()
+        self._core.last_activity = self._time()
         self._proto.transmit_soon()
 
     async def recv(self) -> Incoming:
@@ -294,7 +295,7 @@ class QuicConn(Connection):
             except ProtocolError as exc:
                 self._protocol_error(exc)
         if self._write_streams():
-            self.backend.ack_now(self._quic, self._loop.time())
+            self.backend.ack_now(self._quic, self._time())
         self._stream_credit()
         self.stats.transmits += 1
 
@@ -354,7 +355,8 @@ class QuicConn(Connection):
     def _on_stream_data(self, event: Any) -> None:
         if self._core.closed:
             return
-        self._core.last_heard = self._loop.time()  # the peer is alive: no probe needed
+        now = self._time()
+        self._core.last_heard = now  # the peer is alive: no probe needed
         sid = event.stream_id
         if not sid & 2 and sid != CONTROL_STREAM:
             raise ProtocolError(f"unexpected bidirectional stream {sid} (only the control stream is used)")
@@ -362,7 +364,7 @@ class QuicConn(Connection):
             return
         if not self._rx.stream_data(sid, event.data, event.end_stream):
             return
-        self._core.last_activity = self._loop.time()
+        self._core.last_activity = now  # (the same instant: one clock read per event)
         if self._core.session is not None:
             self._judge()
         elif self._rx.ctl_frames and self._ctl_waiter is not None and not self._ctl_waiter.done():

@@ -106,11 +106,14 @@ class PmtuDriver:
         if addr != self._addr:  # a new path (migration, a NAT-punched path): start it at the base
             self._addr = addr
             path.reset(now)
-        self._apply(now)
+        if path.mtu != self._applied:  # (_apply's test, written out: it runs for every flush)
+            self._apply(now)
         size = path.next_probe(now)
         if size is not None and transport is not None:  # one at a time, outside the congestion window
             self._probe(transport, size, now)
-        self._arm(path.probe_deadline)
+        at = path.probe_deadline
+        if at != self._timer_at:  # (_arm's test, written out)
+            self._arm(at)
 
     def on_send_error(self, exc: OSError) -> bool:
         """The socket refused a send: True when it was a probe too large to leave (consumed)."""

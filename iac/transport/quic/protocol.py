@@ -24,7 +24,7 @@ from iac.transport.quic.backend import Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
 from iac.transport.quic.gso import GsoSender, supported
 from iac.transport.quic.pathmtu import PmtuDriver, driver_for
-from iac.transport.timers import loop_timers
+from iac.transport.timers import loop_clock, loop_timers
 
 
 class ConnectionEvents(Protocol):
@@ -59,7 +59,7 @@ class LoopView:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.time = loop.time
+        self.time = loop_clock(loop)  # (the library reads the clock several times a datagram)
         self.call_soon = loop.call_soon
         self.create_future = loop.create_future
         self.call_at = loop_timers(loop).call_at
@@ -130,11 +130,12 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # the flush waits for its reply (see _transmit_after_receive), so that the reply leaves
         # in the same packet as the ACK instead of a packet of its own right after an ACK-less one.
         now = self._loop.time()
-        if self.checks_resets and self.conn is not None and self.conn.stateless_reset(cast(bytes, data)):
+        raw: bytes = data  # type: ignore[assignment]  # (asyncio's are bytes; cast() is a call)
+        if self.checks_resets and self.conn is not None and self.conn.stateless_reset(raw):
             return
         if self.conn is not None:
             self.conn.on_datagram(now)
-        self._quic.receive_datagram(cast(bytes, data), addr, now=now)
+        self._quic.receive_datagram(raw, addr, now=now)
         self._process_events()
         if self.conn is not None:
             self.conn.after_datagram()

@@ -83,14 +83,17 @@ class StreamDecoders:
         """The frames completed by ``data``. ``end_stream`` forgets the stream's decoder;
         ``final`` also refuses a frame cut off by the end (unidirectional streams)."""
         dec = self._decoders.get(stream_id)
-        if dec is None:
+        if dec is None:  # (a new stream: its decoder holds nothing yet)
             dec = self._decoders[stream_id] = FrameDecoder(max_frame_size=self._max_frame_size)
-        before = dec.buffered
+            before = 0
+        else:
+            before = dec.buffered
         frames = dec.feed_packed(data, final=final)
-        self.buffered += dec.buffered - before
-        if end_stream:
+        if end_stream:  # what the stream's decoder held goes with it
             self._decoders.pop(stream_id, None)
-            self.buffered -= dec.buffered
+            self.buffered -= before
+        else:
+            self.buffered += dec.buffered - before
         return frames
 
     def reset(self, stream_id: int) -> None:

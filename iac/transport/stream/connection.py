@@ -38,7 +38,7 @@ from iac.transport.session import (
     perform_handshake,
 )
 from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describe_error
-from iac.transport.timers import loop_timers
+from iac.transport.timers import loop_clock, loop_timers
 from iac.wire._pb.iac_pb2 import Hello
 from iac.wire.dicts import Dictionary
 
@@ -144,6 +144,7 @@ class StreamConnection(Connection):
         self._write_done = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._time = loop_clock(loop)  # loop.time, one call a read (every read and write)
         self._core = ConnectionCore(
             now=loop.time(), idle_timeout=config.idle_timeout or None, linger=config.linger_timeout
         )
@@ -245,7 +246,7 @@ class StreamConnection(Connection):
     def on_data(self, data: bytes) -> None:
         if self._core.closed:
             return  # lingering: discard until the peer hangs up
-        self._core.last_activity = self._loop.time()
+        self._core.last_activity = self._time()
         inbox = self._inbox
         try:
             frames = self._decoder.feed_packed(data)
@@ -351,7 +352,7 @@ class StreamConnection(Connection):
             except NETWORK_ERRORS as exc:  # the boundary: the connection is lost, with why
                 self.on_lost(exc)
                 return
-            self._core.last_activity = self._loop.time()
+            self._core.last_activity = self._time()
         if self._core.closed and self._sendq.done and not proto.writing_paused:
             self._write_done.set()
 
