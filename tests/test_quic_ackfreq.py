@@ -16,15 +16,13 @@ from typing import Any
 
 import pytest
 from conftest import run
-from test_quic_pmtud import _frame
+from test_quic_pmtud import BareServer, _frame
 
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Node
-from iac.protocol.handshake import ALPN
 from iac.testing import Impairment, UdpRelay, eventually
 from iac.transport.base import TransportConfig
-from iac.transport.certs import node_certificate
 from iac.transport.quic import QuicConn, backend, dial_quic, listen_quic
 from iac.transport.quic.ackfreq import (
     FRAME_ENCODING_ERROR,
@@ -101,30 +99,11 @@ def test_a_bare_aioquic_peer_is_never_sent_a_frame() -> None:
     """IAC's adapter against a plain aioquic server: the server ignores the unknown transport
     parameter and sends none, so no ACK_FREQUENCY or IMMEDIATE_ACK frame is sent (it would be
     an unknown frame to the server: FRAME_ENCODING_ERROR) and every byte arrives."""
-    from aioquic.asyncio import serve
-    from aioquic.quic.configuration import QuicConfiguration
 
     async def main() -> None:
         be = get_backend("aioquic")
-        identity = Identity.generate()
-        node = node_certificate(identity.agent_id, None, None)
-        server_qc = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
-        server_qc.certificate, server_qc.private_key, server_qc.certificate_chain = be.load_certificates(
-            node.chain_pem or node.cert_pem, node.key_pem
-        )
-        received = bytearray()
-        done = asyncio.Event()
-        readers: list[asyncio.Future[None]] = []
-
-        def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            async def read() -> None:
-                received.extend(await reader.read())
-                done.set()
-
-            readers.append(asyncio.ensure_future(read()))
-
-        server = await serve("127.0.0.1", 0, configuration=server_qc, stream_handler=handler)
-        port = server._transport.get_extra_info("sockname")[1]
+        server = await BareServer.start(be)
+        port, received, done = server.port, server.received, server.done
         loop = asyncio.get_running_loop()
         qc = client_configuration(TransportConfig(), "127.0.0.1", be)
         proto_cls = protocol_class(be)

@@ -47,6 +47,41 @@ async def _relayed_pair(config: TransportConfig) -> tuple[Any, UdpRelay, QuicCon
     return listener, relay, conn, accepted
 
 
+class BareServer:
+    """A plain aioquic server (no IAC adapter) that reads the first stream to its end."""
+
+    def __init__(self, server: Any, received: bytearray, done: asyncio.Event) -> None:
+        self.server, self.received, self.done = server, received, done
+        self.port: int = server._transport.get_extra_info("sockname")[1]
+
+    @classmethod
+    async def start(cls, backend: Any) -> BareServer:
+        from aioquic.asyncio import serve
+        from aioquic.quic.configuration import QuicConfiguration
+
+        node = node_certificate(Identity.generate().agent_id, None, None)
+        qc = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
+        qc.certificate, qc.private_key, qc.certificate_chain = backend.load_certificates(
+            node.chain_pem or node.cert_pem, node.key_pem
+        )
+        received = bytearray()
+        done = asyncio.Event()
+        readers: list[asyncio.Future[None]] = []
+
+        def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            async def read() -> None:
+                received.extend(await reader.read())
+                done.set()
+
+            readers.append(asyncio.ensure_future(read()))
+
+        server = await serve("127.0.0.1", 0, configuration=qc, stream_handler=handler)
+        return cls(server, received, done)
+
+    def close(self) -> None:
+        self.server.close()
+
+
 def test_packets_grow_to_what_the_probe_confirmed() -> None:
     async def main() -> None:
         listener, relay, conn, accepted = await _relayed_pair(TransportConfig())
@@ -193,30 +228,11 @@ def test_bare_aioquic_peer_takes_probes_and_large_packets() -> None:
     """IAC's QUIC adapter (its asyncio protocol, with path MTU discovery) against a plain
     aioquic server that never probes and advertises no max_udp_payload_size: the adapter's
     probe is acknowledged, its packets grow, and the server gets every byte."""
-    from aioquic.asyncio import serve
-    from aioquic.quic.configuration import QuicConfiguration
 
     async def main() -> None:
         backend = get_backend("aioquic")
-        identity = Identity.generate()
-        node = node_certificate(identity.agent_id, None, None)
-        server_qc = QuicConfiguration(is_client=False, alpn_protocols=[ALPN])
-        server_qc.certificate, server_qc.private_key, server_qc.certificate_chain = backend.load_certificates(
-            node.chain_pem or node.cert_pem, node.key_pem
-        )
-        received = bytearray()
-        done = asyncio.Event()
-        readers: list[asyncio.Future[None]] = []
-
-        def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            async def read() -> None:
-                received.extend(await reader.read())
-                done.set()
-
-            readers.append(asyncio.ensure_future(read()))
-
-        server = await serve("127.0.0.1", 0, configuration=server_qc, stream_handler=handler)
-        port = server._transport.get_extra_info("sockname")[1]
+        server = await BareServer.start(backend)
+        port, received, done = server.port, server.received, server.done
         relay = UdpRelay(("127.0.0.1", port), seed=11)
         host, rport = await relay.start()
         loop = asyncio.get_running_loop()
