@@ -320,7 +320,7 @@ class AckFrequencySender:
 
     def poll(self, now: float, cwnd_bytes: int, datagram_size: int, rtt: float) -> AckFrequencyFrame | None:
         """The frame to send now, if one is due (it is then taken as sent)."""
-        if not self.negotiated:
+        if self.peer_min_ack_delay_us is None:  # not negotiated
             return None
         threshold = choose_threshold(cwnd_bytes, datagram_size)
         delay = self.requested_delay_us(rtt)

@@ -487,6 +487,10 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
         quic._iac_ack_frequency = state  # path MTU probes carry IMMEDIATE_ACK when negotiated
         clock = [0.0]  # the time of the flush being built
         eliciting = [False]  # the datagram being taken carried an ack-eliciting 1-RTT packet
+        # The window and the RTT move only when an acknowledgement or a loss arrives: the
+        # sender looks at its frame again after a received datagram or a lost frame, not at
+        # every packet built.
+        stale = [True]
 
         serialize = quic._serialize_transport_parameters
         quic._serialize_transport_parameters = lambda: serialize() + encode_min_ack_delay()
@@ -538,9 +542,10 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
             space = quic._spaces.get(Epoch.ONE_RTT)
             before = -1 if space is None else space.largest_received_packet
             eliciting[0] = False
+            stale[0] = True
             receive(data, addr, now=now)
             space = quic._spaces.get(Epoch.ONE_RTT)
-            if space is None or not receiver.active or space.ack_at is None:
+            if space is None or receiver.sequence is None or space.ack_at is None:  # not active
                 return
             receiver.on_largest(before, space.largest_received_packet, eliciting[0])
             due = receiver.ack_deadline(now)
@@ -568,13 +573,15 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
         def delivered(delivery: Any, sequence: int) -> None:
             if delivery == QuicDeliveryState.LOST:
                 sender.on_lost(sequence)
+                stale[0] = True
 
         def write_limits_hooked(builder: Any, space: Any) -> None:
             write_limits(builder=builder, space=space)
-            if not sender.negotiated or builder.remaining_buffer_space < frame_room:
+            if not stale[0] or sender.peer_min_ack_delay_us is None:  # nothing moved, or not negotiated
                 return
-            if builder.remaining_flight_space < frame_room:
+            if builder.remaining_buffer_space < frame_room or builder.remaining_flight_space < frame_room:
                 return
+            stale[0] = False
             loss = quic._loss
             cwnd = int(getattr(loss._cc, "congestion_window", 0) or 0)
             frame = sender.poll(clock[0], cwnd, int(quic._max_datagram_size), float(loss._rtt_smoothed))
