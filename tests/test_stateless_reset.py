@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,17 @@ async def _nothing(conn: Connection) -> None:
     await conn.wait_closed()
 
 
+def restartable_node(
+    tmp_path: Path,
+) -> tuple[Callable[[], Awaitable[asyncio.subprocess.Process]], str, str]:
+    """A saved key and a free QUIC address: what starts `iac node` there (again after a kill),
+    its agent id and the address."""
+    key = tmp_path / "r.key"
+    Identity.generate().save(key)
+    url = f"quic://127.0.0.1:{free_udp_port()}"
+    return partial(start_node, key, url), Identity.load(key).agent_id, url
+
+
 async def start_node(key: Path, url: str) -> asyncio.subprocess.Process:
     """`iac node` with ``key`` listening on ``url``, once it printed its ID and address."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -110,14 +123,7 @@ def test_a_receiver_restarted_under_sigkill_resets_the_senders_connections_at_on
     answered with a stateless reset that closes it, instead of probes running out."""
 
     async def main() -> None:
-        key = tmp_path / "r.key"
-        Identity.generate().save(key)
-        rid = Identity.load(key).agent_id
-        url = f"quic://127.0.0.1:{free_udp_port()}"
-
-        async def receiver() -> asyncio.subprocess.Process:
-            return await start_node(key, url)
-
+        receiver, rid, url = restartable_node(tmp_path)
         proc = await receiver()
         listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), _nothing)
         try:
@@ -209,14 +215,7 @@ def test_a_node_forgets_the_ticket_of_a_server_that_reset_and_its_next_request_i
     from iac import MessageType, Node
 
     async def main() -> None:
-        key = tmp_path / "r.key"
-        Identity.generate().save(key)
-        rid = Identity.load(key).agent_id
-        url = f"quic://127.0.0.1:{free_udp_port()}"
-
-        async def receiver() -> asyncio.subprocess.Process:
-            return await start_node(key, url)
-
+        receiver, rid, url = restartable_node(tmp_path)
         proc = await receiver()
         try:
             async with Node() as node:
