@@ -1,49 +1,14 @@
-"""Baseline contenders for the IAC benchmarks, and the tools that count bytes at the socket.
-
-Servers run in their own process (``process.server_endpoint`` starts ``<script> --serve NAME``
-and reads one JSON line with the address); clients run in the benchmark's process. Every
-contender answers the same request/reply exchange: the client sends a payload (a JSON value
-from the suite's ``corpus/test.jsonl``) and waits for a reply; the server parses the payload
-and answers ``{"ok": true, "keys": <number of top-level keys>}``.
-
-Contenders (``BASELINES``):
-
-* ``http-sha256`` — the HTTP RFC as Agent Zero does it: aiohttp keep-alive client and
-  server, ``POST /iac/v1/messages`` with a compact JSON body ``{"from", "to", "type",
-  "payload", "timestamp", "msg_id", "session_id", "hash"}`` where ``hash`` = hex SHA-256 of
-  payload JSON + a shared password; the server recomputes and compares the hash (constant
-  time) and answers plain JSON. The hash proves only knowledge of the password.
-* ``http-ed25519`` — equal security to IAC: the same POST with an Ed25519-signed envelope.
-  The client signs the canonical JSON of the envelope (keys sorted, no spaces, UTF-8, with a
-  domain tag) and adds ``"sig"``; the server re-canonicalizes, verifies against the ``from``
-  key, checks ``to``, freshness (±120 s) and replay (a bounded set of ``(from, session,
-  msg_id)``), and answers a signed envelope (``in_reply_to`` = the request's msg_id) that
-  the client verifies against the server's key. Both directions are signed, as in IAC.
-* ``http-ed25519-tls`` / ``http-ed25519-unix`` — the same over HTTPS (TLS 1.3, self-signed
-  certificate, client does not verify it) and over a UNIX socket: the transport-matched
-  comparisons for IAC-TLS and IAC-UNIX (supplementary; the targets use
-  ``http-ed25519`` over plain TCP).
-* ``grpc`` — grpcio aio unary calls over an insecure HTTP/2 channel (TCP). No code
-  generation: a generic handler with bytes in and bytes out (``/iac.bench.Bench/Call``; the
-  request is the payload JSON, the reply the reply JSON), so no .proto is compiled. No
-  authentication at all (gRPC would need mTLS or per-call tokens for that).
-
-HTTP/1.1 has no multiplexing in aiohttp, so at 64 requests in flight the HTTP clients hold up
-to 64 keep-alive connections (``TCPConnector(limit=64)``); IAC and gRPC multiplex over one.
-
-Byte counting (headers included, counted at the socket, in a separate untimed pass):
-
-* ``counting.CountingProxy`` — a TCP or UNIX stream relay that counts the bytes it reads from
-  each side: TLS records, HTTP/1.1 and HTTP/2 headers, IAC frames. TCP/IP headers and pure
-  ACK segments are not counted (the kernel does not hand them to a socket).
-* :class:`CountingUdpRelay` — ``iac.testing.relay.UdpRelay`` with no impairment that also sums the
-  UDP payload bytes it forwards: every QUIC packet, ACK-only packets included (so QUIC pays
-  for its ACKs and TCP does not — a slight bias against QUIC). UDP/IP headers not counted.
-"""
+"""The HTTP and gRPC baselines (``BASELINES``): one server per process (``serve``), clients in the
+benchmark's process. Every contender sends a payload and waits for the reply its server computes
+(:func:`answer`). ``http-sha256`` hashes the payload with a shared password (as Agent Zero does);
+``http-ed25519`` (and its ``-tls`` and ``-unix`` variants) signs a JSON envelope both ways and
+checks ``to``, freshness and replay; ``grpc`` is a grpcio aio unary call with no authentication.
+benchmarks/README.md ("Requests: the contenders") describes each."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import itertools
@@ -58,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from iac.bench.harness.process import say
 
 HTTP_PATH = "/iac/v1/messages"
 HTTP_PASSWORD = "correct horse battery staple"  # noqa: S105 (the baseline's shared secret, public by design)
@@ -98,15 +65,11 @@ class Server:
     close: Callable[[], Awaitable[None]]
 
 
-def _replay_set() -> OrderedDict[tuple[str, int, int], None]:
-    return OrderedDict()
-
-
 @dataclass
 class _HttpApp:
     signed: bool
     signing_key: Any = None
-    seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=_replay_set)
+    seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict)
 
     async def handle(self, request: Any) -> Any:
         from aiohttp import web
@@ -220,11 +183,7 @@ async def start_grpc(name: str, workdir: Path, host: str = "127.0.0.1") -> Serve
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port(f"{host}:0")
     await server.start()
-
-    async def close() -> None:
-        await server.stop(None)
-
-    return Server({"name": name, "host": host, "port": port}, close)
+    return Server({"name": name, "host": host, "port": port}, functools.partial(server.stop, None))
 
 
 async def start_baseline(name: str, workdir: Path, host: str = "127.0.0.1") -> Server:
@@ -253,6 +212,9 @@ class Client:
     async def request(self, i: int) -> None:
         raise NotImplementedError
 
+    def frame_bytes(self) -> int | None:
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -272,7 +234,7 @@ class HttpClient(Client):
 
         self.name = info["name"]
         self.info = info
-        self.via = via
+        self.addr = via or server_target(info)
         self.signed = "server_key" in info
         self.key = nacl.signing.SigningKey.generate()
         self.me = self.key.verify_key.encode().hex()
@@ -281,25 +243,19 @@ class HttpClient(Client):
         self.session_id = secrets.randbits(63)
         self.msg_ids = itertools.count(1)
         self.session: Any = None
-        tls = bool(info.get("tls"))
-        if "unix" in info:
-            host = "localhost"
-        else:  # through a proxy the Host header names the proxy's port (5 digits either way)
-            host = f"{via[1]}:{via[2]}" if via else f"{info['host']}:{info['port']}"
-        self.url = f"{'https' if tls else 'http'}://{host}{HTTP_PATH}"
+        # through a proxy the Host header names the proxy's port (5 digits either way)
+        host = "localhost" if "unix" in info else f"{self.addr[1]}:{self.addr[2]}"
+        self.url = f"{'https' if info.get('tls') else 'http'}://{host}{HTTP_PATH}"
 
     async def start(self) -> None:
         import aiohttp
 
         kw: dict[str, Any] = {"limit": 64, "keepalive_timeout": 600}
-        via = self.via
         connector: Any
-        if "unix" in self.info or (via and via[0] == "unix"):
-            connector = aiohttp.UnixConnector(path=via[1] if via else self.info["unix"], **kw)
+        if self.addr[0] == "unix":
+            connector = aiohttp.UnixConnector(path=self.addr[1], **kw)
         else:
-            if self.info.get("tls"):
-                kw["ssl"] = _client_tls()
-            connector = aiohttp.TCPConnector(**kw)
+            connector = aiohttp.TCPConnector(ssl=_client_tls() if self.info.get("tls") else True, **kw)
         self.session = aiohttp.ClientSession(connector=connector)
 
     async def request(self, i: int) -> None:
@@ -363,7 +319,7 @@ class GrpcClient(Client):
     ) -> None:
         super().__init__(payloads)
         self.name = info["name"]
-        host, port = (via[1], via[2]) if via else (info["host"], info["port"])
+        _, host, port = via or server_target(info)
         self.target = f"{host}:{port}"
         self.channel: Any = None
         self.call: Any = None
@@ -413,9 +369,7 @@ async def serve(start: Callable[[], Awaitable[Server]], profile: str | None = No
         prof = cProfile.Profile()
         prof.enable()
     server = await start()
-    info = {"ready": True, **server.info, "pid": os.getpid()}
-    sys.stdout.write(json.dumps(info) + "\n")
-    sys.stdout.flush()
+    say({"ready": True, **server.info, "pid": os.getpid()})
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.buffer.read)  # returns at EOF: the parent is done
     if prof is not None and profile is not None:

@@ -1,17 +1,7 @@
-"""The messaging systems agent builders reach for instead of IAC: NATS and ZeroMQ, bare and signed.
-
-* **NATS** (nats-py): request/reply through a ``nats-server`` that the server endpoint starts on a
-  free loopback port and stops when it closes (:class:`NatsServerProcess`; ``apt-get install
-  nats-server`` on Debian). The responder subscribes to :data:`SUBJECT`; each request is one
-  ``nc.request`` on a new inbox of the client's muxed subscription. Plain TCP, no TLS.
-* **ZeroMQ** (pyzmq, ``zmq.asyncio``): a DEALER client and a ROUTER server over TCP; replies are
-  matched to requests by ``msg_id``. Plain TCP, no CURVE.
-
-Each has a bare variant (a JSON envelope, nothing authenticated) and an ``-ed25519`` variant that
-does what IAC does per request: the client signs the request, the server verifies it, signs the
-reply, the client verifies that (four PyNaCl Ed25519 operations). Neither encrypts; IAC does
-(TLS 1.3 or QUIC) on every transport but UNIX sockets.
-"""
+"""The messaging systems agent builders reach for instead of IAC: NATS (nats-py, request/reply
+through a ``nats-server`` the server endpoint starts and stops itself) and ZeroMQ (pyzmq, DEALER to
+ROUTER), both plain TCP. Each is bare (a JSON envelope) or ``-ed25519``: request and reply signed
+and verified with PyNaCl, the four Ed25519 operations IAC does per request."""
 
 from __future__ import annotations
 
@@ -47,28 +37,13 @@ NAMES = {name: label for name, (_, _, label) in KINDS.items()}
 SECURES = {n: ("none", "Ed25519 both ways" if k[1] else "none") for n, k in KINDS.items()}
 
 
-def have_nats_py() -> bool:
-    return importlib.util.find_spec("nats") is not None
-
-
-def have_pyzmq() -> bool:
-    return importlib.util.find_spec("zmq") is not None
-
-
-def nats_server_path() -> str | None:
-    return shutil.which(NATS_SERVER)
-
-
 def missing(name: str) -> str | None:
     """Why contender ``name`` cannot run here, as ``<what is missing> — <the command that adds it>``."""
-    system = KINDS[name][0]
-    if system == "nats":
-        if not have_nats_py():
-            return "nats-py not installed — pip install 'iac[bench]'"
-        if nats_server_path() is None:
-            return "nats-server not found — apt-get install nats-server"
-    elif not have_pyzmq():
-        return "pyzmq not installed — pip install 'iac[bench]'"
+    module, package = ("nats", "nats-py") if KINDS[name][0] == "nats" else ("zmq", "pyzmq")
+    if importlib.util.find_spec(module) is None:
+        return f"{package} not installed — pip install 'iac[bench]'"
+    if module == "nats" and shutil.which(NATS_SERVER) is None:
+        return "nats-server not found — apt-get install nats-server"
     return None
 
 
@@ -128,9 +103,9 @@ class Codec:
 class Sender:
     """What both clients share: the envelope keys, the one-way messages and the count query."""
 
-    def __init__(self, signed: bool, me: bytes, peer: bytes, payload: str) -> None:
+    def __init__(self, signed: bool, me: bytes, peer: bytes, payload: str, target: dict[str, Any]) -> None:
         self.signer, self.verifier = keys(signed, me, peer)
-        self.payload = payload
+        self.payload, self.url = payload, target["url"]
 
     async def call(self, body: bytes, msg_id: int) -> dict[str, Any]:
         raise NotImplementedError
@@ -138,7 +113,7 @@ class Sender:
     async def push(self, body: bytes) -> None:
         raise NotImplementedError
 
-    async def one(self, i: int) -> None:
+    async def request(self, i: int) -> None:
         env = await self.call(seal(self.payload, i, self.signer), i)
         if int(env["msg_id"]) != i:
             raise RuntimeError("reply to another request")
@@ -166,7 +141,7 @@ class NatsServerProcess:
         self.url = ""
 
     async def start(self) -> str:
-        path = nats_server_path()
+        path = shutil.which(NATS_SERVER)
         if path is None:
             raise RuntimeError("nats-server not found — apt-get install nats-server")
         self.proc = await asyncio.create_subprocess_exec(
@@ -248,10 +223,10 @@ class NatsResponder(Responder):
 class NatsRequester(Sender):
     """The client endpoint: ``nc.request`` per call, ``nc.publish`` per one-way message."""
 
-    async def start(self, target: dict[str, Any], depth: int) -> None:
+    async def start(self) -> None:
         import nats
 
-        self.nc = await nats.connect(servers=[target["url"]], allow_reconnect=False, pending_size=64 << 20)
+        self.nc = await nats.connect(servers=[self.url], allow_reconnect=False, pending_size=64 << 20)
 
     async def call(self, body: bytes, msg_id: int) -> dict[str, Any]:
         msg = await self.nc.request(SUBJECT, body, timeout=60)
@@ -271,12 +246,7 @@ class ZmqRouter(Responder):
     """The server endpoint: a ROUTER socket answering each request in order of arrival."""
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
-        import zmq
-        import zmq.asyncio
-
-        self.ctx = zmq.asyncio.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.ctx, self.sock = _zmq_socket("ROUTER")
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.task = asyncio.ensure_future(self._serve())
         return {"url": f"tcp://{host}:{port}"}
@@ -289,28 +259,18 @@ class ZmqRouter(Responder):
                 await self.sock.send_multipart([ident, reply])
 
     async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        self.sock.close()
-        self.ctx.term()
+        await _zmq_close(self.task, self.sock, self.ctx)
 
 
 class ZmqDealer(Sender):
     """The client endpoint: one DEALER socket; a reader task hands each reply to its request."""
 
-    def __init__(self, signed: bool, me: bytes, peer: bytes, payload: str) -> None:
-        super().__init__(signed, me, peer, payload)
-        self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+    waiting: dict[int, asyncio.Future[dict[str, Any]]]
 
-    async def start(self, target: dict[str, Any], depth: int) -> None:
-        import zmq
-        import zmq.asyncio
-
-        self.ctx = zmq.asyncio.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(target["url"])
+    async def start(self) -> None:
+        self.waiting = {}
+        self.ctx, self.sock = _zmq_socket("DEALER")
+        self.sock.connect(self.url)
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -340,11 +300,26 @@ class ZmqDealer(Sender):
         await self.sock.send(body)
 
     async def close(self) -> None:
-        self.reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.reader
-        self.sock.close()
-        self.ctx.term()
+        await _zmq_close(self.reader, self.sock, self.ctx)
+
+
+def _zmq_socket(kind: str) -> tuple[Any, Any]:
+    """A ``zmq.asyncio`` context and a socket of ``kind`` (ROUTER, DEALER) in it, not lingering."""
+    import zmq
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(getattr(zmq, kind))
+    sock.setsockopt(zmq.LINGER, 0)
+    return ctx, sock
+
+
+async def _zmq_close(task: asyncio.Future[None], sock: Any, ctx: Any) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    sock.close()
+    ctx.term()
 
 
 class NatsFanout:
@@ -398,6 +373,6 @@ def make_server(name: str, me: bytes, peer: bytes, reply: str) -> BrokerServer:
     return NatsResponder(codec) if system == "nats" else ZmqRouter(codec)
 
 
-def make_client(name: str, me: bytes, peer: bytes, payload: str) -> BrokerClient:
+def make_client(name: str, me: bytes, peer: bytes, payload: str, target: dict[str, Any]) -> BrokerClient:
     system, signed, _ = KINDS[name]
-    return (NatsRequester if system == "nats" else ZmqDealer)(signed, me, peer, payload)
+    return (NatsRequester if system == "nats" else ZmqDealer)(signed, me, peer, payload, target)

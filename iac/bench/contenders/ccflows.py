@@ -15,7 +15,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +149,14 @@ def _set_tcp_congestion(conn: Any, name: str) -> str:
     return bytes(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)).split(b"\0")[0].decode()
 
 
-def _tcp_counters(conn: Any) -> dict[str, int]:
+def _tcp_info(conn: Any) -> bytes | None:
     sock = _tcp_socket(conn)
-    if sock is None:
-        return {}
-    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
-    if len(info) < TCPI_BYTES_RETRANS + 8:
+    return None if sock is None else sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+
+
+def _tcp_counters(conn: Any) -> dict[str, int]:
+    info = _tcp_info(conn)
+    if info is None or len(info) < TCPI_BYTES_RETRANS + 8:
         return {}
     return {
         "sent_bytes": struct.unpack_from("<Q", info, TCPI_BYTES_SENT)[0],
@@ -166,10 +168,9 @@ def _cc_state(conn: Any, t: float) -> dict[str, Any]:
     """What the sender's congestion control holds now (QUIC) or the kernel's tcp_info (TCP)."""
     quic = getattr(conn, "_quic", None)
     if quic is None:
-        sock = _tcp_socket(conn)
-        if sock is None:
+        info = _tcp_info(conn)
+        if info is None:
             return {"t": round(t, 2)}
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
         rtt_us, cwnd = struct.unpack_from("<II", info, 68)[0], struct.unpack_from("<I", info, 80)[0]
         return {"t": round(t, 2), "cwnd_pkts": cwnd, "srtt_ms": rtt_us / 1e3}
     cc = quic._loss._cc
@@ -191,50 +192,42 @@ class _QuicCounters:
     def __init__(self, conn: Any) -> None:
         self.sent = self.lost = 0
         cc = conn._quic._loss._cc
-        sent, lost, expired = cc.on_packet_sent, cc.on_packets_lost, cc.on_packets_expired
+        sent = cc.on_packet_sent
 
         def on_sent(*, packet: Any) -> None:
             self.sent += packet.sent_bytes
             sent(packet=packet)
 
-        def on_lost(*, now: float, packets: Iterable[Any]) -> None:
-            packets = list(packets)
-            self.lost += sum(p.sent_bytes for p in packets)
-            lost(now=now, packets=packets)
+        def losing(gone: Callable[..., None]) -> Callable[..., None]:
+            def counted(*, packets: Iterable[Any], **kw: Any) -> None:  # lost (now=...) or expired
+                packets = list(packets)
+                self.lost += sum(p.sent_bytes for p in packets)
+                gone(packets=packets, **kw)
 
-        def on_expired(*, packets: Iterable[Any]) -> None:
-            packets = list(packets)
-            self.lost += sum(p.sent_bytes for p in packets)
-            expired(packets=packets)
+            return counted
 
-        cc.on_packet_sent, cc.on_packets_lost, cc.on_packets_expired = on_sent, on_lost, on_expired
+        cc.on_packet_sent = on_sent
+        cc.on_packets_lost, cc.on_packets_expired = losing(cc.on_packets_lost), losing(cc.on_packets_expired)
         self.algorithm = type(cc).__name__
 
     def report(self) -> dict[str, Any]:
         return {"sent_bytes": self.sent, "retrans_bytes": self.lost}
 
 
-async def flow(
-    role: str,
-    target: dict[str, Any],
-    transport: str,
-    cc: str,
-    seconds: float,
-    run: str,
-    warmup: float,
-    link: bool = True,
-) -> int:
+async def flow(args: argparse.Namespace) -> int:
     """``bulk`` or ``requests``: dial, say ready, run on "go", report, exit at once."""
     from iac.transport import dial
     from iac.transport.base import DEFAULT_CONGESTION, TransportConfig
     from iac.wire.frames import FrameType, encode_frame
     from iac.wire.identity import Identity
 
+    role, transport, cc, seconds, warmup = args.role, args.transport, args.cc, args.seconds, args.warmup
+    target = json.loads(args.target)
     url = next(u for u in target["urls"] if u.startswith(transport + "://"))
     config = TransportConfig(
         congestion=cc if transport == "quic" else DEFAULT_CONGESTION, send_queue_bytes=1 << 20
     )
-    if not link:  # path MTU discovery and segmentation offload off (fields of newer versions)
+    if args.link == "off":  # path MTU discovery and segmentation offload off (fields of newer versions)
         config = dataclasses.replace(config, quic_pmtud=False, quic_gso=False)
     conn = await dial(url, Identity.generate(), expect=target["agent_id"], config=config)
     counters: _QuicCounters | None = None
@@ -244,7 +237,7 @@ async def flow(
         counters = _QuicCounters(conn)
         running = counters.algorithm
     if role == "bulk":
-        await conn.send(encode_frame(FrameType.MESSAGE, b"run:" + run.encode()))
+        await conn.send(encode_frame(FrameType.MESSAGE, b"run:" + args.run.encode()))
     say({"ready": True, "algorithm": running})
     reader = await stdin_lines()
     await reader.readline()  # go
@@ -295,10 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="(internal) an endpoint of the cc scenario")
     sub = ap.add_subparsers(dest="role", required=True)
     for role in ("sink", "echo"):
-        s = sub.add_parser(role, help="a server endpoint")
-        s.add_argument("--host", default="127.0.0.1")
+        sub.add_parser(role).add_argument("--host", default="127.0.0.1")
     for role in ("bulk", "requests"):
-        f = sub.add_parser(role, help="a client endpoint")
+        f = sub.add_parser(role)
         f.add_argument("--target", required=True)
         f.add_argument("--transport", choices=("quic", "tls"), required=True)
         f.add_argument("--cc", required=True)
@@ -309,12 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.role in ("sink", "echo"):
         return asyncio.run(serve(args.role, args.host))
-    target = json.loads(args.target)
-    return asyncio.run(
-        flow(
-            args.role, target, args.transport, args.cc, args.seconds, args.run, args.warmup, args.link == "on"
-        )
-    )
+    return asyncio.run(flow(args))
 
 
 if __name__ == "__main__":

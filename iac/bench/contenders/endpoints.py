@@ -1,25 +1,8 @@
-"""The subprocess endpoints of the requests, cpu and loss scenarios: one server process and one
-client process per contender, driven by JSON lines on stdin/stdout.
-
-* ``python -m iac.bench.contenders.endpoints serve --contender C --host H [--dir D]`` prints
-  ``{"ready": true, "target": {...}}``; then ``{"cmd": "cpu"}`` answers ``{"cpu_s": ...,
-  "handled": n}`` (its own ``time.process_time()``); end of input stops it.
-* ``python -m iac.bench.contenders.endpoints client --contender C --target JSON`` prints
-  ``{"ready": true}``; then ``{"cmd": "run", "depth": D, "count": N}`` runs N requests with D in
-  flight and answers ``{"lat_us": [...], "elapsed_s", "cpu_s", "errors", "frame_bytes"}``
-  (``frame_bytes``: IAC frames both ways, from ``Node.stats()``; null for the others).
-
-Contenders: ``iac-quic``, ``iac-tls``, ``iac-unix`` (``iac.Node.request``: sign, compress,
-verify, replay check both ways; a small JSON payload), ``http`` (aiohttp POST of a JSON
-envelope whose ``hash`` is SHA-256(payload + password), as Agent Zero does; the reply is
-hashed the same way), ``http-ed25519`` (the same with the envelope signed by Ed25519
-and verified on both sides: equal security to IAC), its transport-matched variants
-``http-ed25519-tls`` (HTTPS, TLS 1.3) and ``http-ed25519-unix`` (a UNIX socket), ``grpc``
-(:mod:`iac.bench.contenders.baselines`' grpcio aio unary call over an insecure HTTP/2 channel, no
-authentication), and the messaging systems of :mod:`iac.bench.contenders.brokers` (NATS, ZeroMQ;
-bare and Ed25519-signed). ``IAC_QUIC_BACKEND`` in the environment is passed through to IAC (the
-hook for an accelerated QUIC backend).
-"""
+"""The subprocess endpoints of the requests, cpu and loss scenarios: a server process and a client
+process per contender of ``CONTENDERS``, driven by JSON lines (``python -m
+iac.bench.contenders.endpoints serve|client``: :func:`serve`, :func:`client`). The IAC contenders
+are ``Node.request`` (``IAC_QUIC_BACKEND`` is passed through); HTTP and gRPC are those of
+:mod:`~iac.bench.contenders.baselines`, NATS and ZeroMQ those of :mod:`~iac.bench.contenders.brokers`."""
 
 from __future__ import annotations
 
@@ -35,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.contenders import baselines, brokers
-from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED, Client, Server
+from iac.bench.contenders.common import CLIENT_SEED, ONEWAY, PAYLOAD, REPLY, SERVER_SEED
 from iac.bench.harness.paths import child_env, module_argv
 from iac.bench.harness.process import Endpoint, Pair, commands, say
 
@@ -76,7 +59,9 @@ def have_aiohttp() -> bool:
 # --- servers ------------------------------------------------------------------------------------
 
 
-class IacServer(Server):
+class IacServer:
+    handled = events = 0
+
     def __init__(self, transport: str) -> None:
         self.transport = transport
 
@@ -106,21 +91,21 @@ class IacServer(Server):
         await self.node.close()
 
 
-class BaselineServer(Server):
+class BaselineServer:
     """A server of :mod:`iac.bench.contenders.baselines` (HTTP or gRPC)."""
+
+    handled = 0
 
     def __init__(self, contender: str) -> None:
         self.name = BASELINE_OF[contender]
 
     async def start(self, host: str, directory: Path) -> dict[str, Any]:
         self.server = await baselines.start_baseline(self.name, directory, host)
+        self.close = self.server.close
         return dict(self.server.info)
 
-    async def close(self) -> None:
-        await self.server.close()
 
-
-def make_server(contender: str) -> Server | brokers.BrokerServer:
+def make_server(contender: str) -> IacServer | BaselineServer | brokers.BrokerServer:
     if contender.startswith("iac-"):
         return IacServer(contender[4:])
     if contender in BASELINE_OF:
@@ -146,20 +131,22 @@ async def serve(contender: str, host: str, directory: Path) -> int:
 # --- clients ------------------------------------------------------------------------------------
 
 
-class IacClient(Client):
-    async def start(self, target: dict[str, Any], depth: int) -> None:
+class IacClient:
+    def __init__(self, target: dict[str, Any]) -> None:
+        self.target = target
+
+    async def start(self) -> None:
         from iac.node.config import NodeConfig
         from iac.node.node import Node
         from iac.wire.enums import MessageType
 
         self.run_type = MessageType.RUN
-        cfg = NodeConfig(sync_in_thread=False, max_in_flight=max(64, depth), max_handlers=64)
-        self.node = Node(config=cfg)
+        self.node = Node(config=NodeConfig(sync_in_thread=False, max_in_flight=64, max_handlers=64))
         await self.node.start()
-        self.peer = target["agent_id"]
-        self.node.add_peer(self.peer, target["url"])
+        self.peer = self.target["agent_id"]
+        self.node.add_peer(self.peer, self.target["url"])
 
-    async def one(self, i: int) -> None:
+    async def request(self, i: int) -> None:
         await self.node.request(self.peer, self.run_type, PAYLOAD, timeout=60)
 
     async def event(self, i: int) -> None:
@@ -179,27 +166,15 @@ class IacClient(Client):
         await self.node.close()
 
 
-class BaselineClient(Client):
-    """A client of :mod:`iac.bench.contenders.baselines`, sending :data:`PAYLOAD`."""
-
-    async def start(self, target: dict[str, Any], depth: int) -> None:
-        self.client = baselines.baseline_client([PAYLOAD], target)
-        await self.client.start()
-
-    async def one(self, i: int) -> None:
-        await self.client.request(i)
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
-def make_client(contender: str) -> Client | brokers.BrokerClient:
+def make_client(
+    contender: str, target: dict[str, Any]
+) -> IacClient | baselines.Client | brokers.BrokerClient:
     if contender.startswith("iac-"):
-        return IacClient()
-    if contender in BASELINE_OF:
-        return BaselineClient()
+        return IacClient(target)
+    if contender in BASELINE_OF:  # sends PAYLOAD
+        return baselines.baseline_client([PAYLOAD], target)
     if contender in brokers.KINDS:
-        return brokers.make_client(contender, CLIENT_SEED, SERVER_SEED, json.dumps(PAYLOAD))
+        return brokers.make_client(contender, CLIENT_SEED, SERVER_SEED, json.dumps(PAYLOAD), target)
     raise SystemExit(f"unknown contender {contender}")
 
 
@@ -229,8 +204,8 @@ async def run_depth(
 
 
 async def client(contender: str, target: dict[str, Any]) -> int:
-    cl = make_client(contender)
-    await cl.start(target, 64)
+    cl = make_client(contender, target)
+    await cl.start()
     say({"ready": True})
     next_id = 1
     sent = 0  # one-way messages so far
@@ -250,7 +225,7 @@ async def client(contender: str, target: dict[str, Any]) -> int:
             depth, count = int(cmd["depth"]), int(cmd["count"])
             b0 = cl.frame_bytes()
             c0 = time.process_time()
-            lat, elapsed, errors = await run_depth(cl.one, depth, count, next_id)
+            lat, elapsed, errors = await run_depth(cl.request, depth, count, next_id)
             cpu = time.process_time() - c0
             b1 = cl.frame_bytes()
             next_id += count
@@ -308,12 +283,11 @@ def start_pair(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="(internal) a server or client endpoint of the suite")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="a server endpoint")
-    s.add_argument("--contender", required=True, choices=sorted(NAMES))
+    s, c = sub.add_parser("serve"), sub.add_parser("client")
+    for p in (s, c):
+        p.add_argument("--contender", required=True, choices=sorted(NAMES))
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
-    c = sub.add_parser("client", help="a client endpoint")
-    c.add_argument("--contender", required=True, choices=sorted(NAMES))
     c.add_argument("--target", required=True, help="the server's target JSON")
     args = ap.parse_args(argv)
     if args.cmd == "serve":

@@ -1,35 +1,9 @@
-"""Floor contenders: the least a signed, compressed request/reply can cost on each transport.
-
-``floor-quic``, ``floor-tls`` and ``floor-unix`` (and ``…-uvloop``) echo over the same
-transport as ``iac-quic``/``-tls``/``-unix`` and do, inline, exactly the work a request must
-do and nothing else, with every context prepared ahead (keys, the dictionary's compressor and
-decompressor):
-
-* client: JSON of the payload, build the RUN message, sign it, compress with the
-  connection's dictionary, frame, write; on the reply: split the frame off the stream, decompress, parse,
-  verify, JSON of the reply payload;
-* server: split the frame, decompress, parse, verify, JSON of the payload, the answer
-  (``baselines.answer``), build the REPLY, sign, compress, frame, write.
-
-The dictionaries are those an IAC connection ends up with after its DICT exchange: the
-shipped one with both AgentIds' message prefixes appended, one per direction; a floor
-connection starts with a HELLO frame carrying the client's AgentId, from which the server
-prepares them. No freshness or replay check, no AgentId book, no queues or tasks between the
-socket and the codec: the codec runs in the protocol's receive callback and replies are written from there
-(one write per batch of frames a read returned). Pieces of ``iac.wire``: ``build_message``,
-``sign_message``, ``encode_frame(compress_with=…)``, ``FrameDecoder.feed_packed``,
-``PackedFrame.unpack``, ``open_message``. Transports: an ``asyncio.Protocol`` over TLS 1.3
-(IAC-TLS's SSL contexts) or a UNIX socket; aioquic with IAC's QUIC configuration (ALPN, Reno,
-certificate), sending as IAC's QUIC connection does: frames queued, and at the flush at the end
-of the loop turn each on a new unidirectional stream, small frames queued together sharing one
-(up to ``iac.transport.quic.streams.SHARE_LIMIT`` bytes). With one stream per message the floor
-cost more CPU per request than IAC itself at 64 in flight.
-
-**Echo** (the transport alone): a frame of type FORWARD is echoed as a prebuilt FORWARD frame
-of a real reply's size, with no codec work on either side: what the transport, the loop and
-the frame splitting cost, and the benchmark's harness (futures, workers). ``floor CPU ≈
-codec primitives (timed in sequence, :mod:`primitives`) + echo CPU``.
-"""
+"""Floor contenders (``floor-quic``, ``floor-tls``, ``floor-unix``, and ``…-uvloop``): the least a
+signed, compressed request/reply can cost on each transport. Client and server do, inline in the
+protocol's receive callback, exactly the codec work a request must do (:class:`Codec`, prepared
+ahead: keys, the dictionaries an IAC connection ends up with) and send as IAC's transports do; no
+freshness or replay check, no queues or tasks. The **echo** phase sends frames of the same sizes
+with no codec work. benchmarks/README.md ("The floor") describes them."""
 
 from __future__ import annotations
 
@@ -69,10 +43,9 @@ def as_echo(frame: bytes) -> bytes:
 
 
 class Codec:
-    """One side of one connection, prepared ahead: identity, session, and the dictionaries an
-    IAC connection ends up with after its DICT exchange: the shipped dictionary with both
-    AgentIds' message prefixes appended (:func:`iac.wire.dicts.derive_dictionary`), the one
-    this side compresses with and the one the peer compresses with."""
+    """One side of one connection, prepared ahead: identity, session, and the dictionaries an IAC
+    connection ends up with after its DICT exchange (the shipped one with both AgentIds' message
+    prefixes appended), the one this side compresses with and the one the peer does."""
 
     def __init__(self, identity: Identity, peer: str) -> None:
         self.identity = identity
@@ -166,9 +139,9 @@ def _quic_protocols() -> tuple[type, type]:
     from iac.transport.quic.streams import SHARE_LIMIT
 
     class Flushing(QuicConnectionProtocol):
-        """Frames go out as IAC's QUIC connection sends them: queued, then at the flush at the
-        end of the loop turn each on a new unidirectional stream closed with FIN, frames
-        queued together sharing one up to ``SHARE_LIMIT`` bytes."""
+        """Frames go out as IAC's QUIC connection sends them: queued, then at the end of the loop
+        turn each on a new unidirectional stream, frames queued together sharing one up to
+        ``SHARE_LIMIT`` bytes."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -252,6 +225,7 @@ async def start_floor(name: str, workdir: Path) -> baselines.Server:
     identity = Identity.generate()
     info: dict[str, Any] = {"name": name, "agent_id": identity.agent_id, "transport": transport}
     loop = asyncio.get_running_loop()
+    server: Any
     if transport == "quic":
         from aioquic.asyncio.server import serve
 
@@ -264,13 +238,8 @@ async def start_floor(name: str, workdir: Path) -> baselines.Server:
         qc.idle_timeout = IDLE  # no keep-alive here: idle while the other contenders run
         qserver = await serve("127.0.0.1", 0, configuration=qc, create_protocol=server_cls)
         info["host"], info["port"] = "127.0.0.1", qserver._transport.get_extra_info("sockname")[1]  # type: ignore[union-attr]
-
-        async def close_quic() -> None:
-            qserver.close()
-
-        return baselines.Server(info, close_quic)
-    server: asyncio.AbstractServer
-    if transport == "unix":
+        server = qserver
+    elif transport == "unix":
         path = str(workdir / f"{name}.sock")
         server = await loop.create_unix_server(lambda: _StreamServer(identity), path)
         info["unix"] = path
@@ -367,14 +336,15 @@ class FloorClient(Client):
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        via, info = self.via, self.info
+        info = self.info
+        kind, *addr = self.via or baselines.server_target(info)
         if info["transport"] == "quic":
             from aioquic.quic.connection import QuicConnection
 
             from iac.transport.quic.backend import get_backend
             from iac.transport.quic.configuration import client_configuration
 
-            host, port = (via[1], via[2]) if via else (info["host"], info["port"])
+            host, port = addr
             _, client_cls = _quic_protocols()
             qc = client_configuration(CONFIG, host, get_backend("aioquic"))
             qc.idle_timeout = IDLE
@@ -385,16 +355,14 @@ class FloorClient(Client):
             self.proto.side = self.side
             self.proto.connect((host, port))
             await self.proto.wait_connected()
-        elif info["transport"] == "unix" or (via and via[0] == "unix"):
-            path = via[1] if via else info["unix"]
+        elif kind == "unix":
             self.transport, self.proto = await loop.create_unix_connection(
-                lambda: _StreamClient(self.side), path
+                lambda: _StreamClient(self.side), addr[0]
             )
         else:
-            host, port = (via[1], via[2]) if via else (info["host"], info["port"])
             ctx = client_context(self.codec.identity, CONFIG)
             self.transport, self.proto = await loop.create_connection(
-                lambda: _StreamClient(self.side), host, port, ssl=ctx, server_hostname="floor.localhost"
+                lambda: _StreamClient(self.side), *addr, ssl=ctx, server_hostname="floor.localhost"
             )
         self.proto.send(hello_frame(self.codec.identity))
         # echo frames: each payload's real request frame, as FORWARD

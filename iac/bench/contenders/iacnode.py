@@ -1,20 +1,14 @@
-"""The IAC contender of ``iac/bench/scenarios/node.py``: a server node and the client that asks it.
-
-The server (its own process) is a :class:`iac.node.node.Node` listening on one transport,
-answering RUN requests inline (``sync_in_thread=False``) with ``baselines.answer``; it also
-counts one-way CREATE messages (:class:`OnewayCounter`). The client (the benchmark's process)
-is a second Node calling ``node.request``; for the one-way phase it signs CREATE frames ahead
-and sends them on a connection of its own (:meth:`IacClient.oneway`).
-
-Everything of ``iac`` is imported where it is used: a process that serves a baseline does not
-pay for it.
-"""
+"""The IAC contender of the node scenario: a server :class:`~iac.node.node.Node` in its own process
+answering RUN inline with ``baselines.answer`` and counting one-way CREATE messages
+(:class:`OnewayCounter`), and the client Node that asks it (:class:`IacClient`). ``iac`` is
+imported where it is used: a process that serves a baseline does not pay for it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +81,18 @@ def _set_quic_backend(name: str | None) -> None:
         set_backend(name)
 
 
+@contextlib.contextmanager
+def _dialing_with(backend: str | None) -> Iterator[None]:
+    """Connections dialed inside use QUIC ``backend`` (a connection keeps the one it was dialed with)."""
+    if backend:
+        _set_quic_backend(backend)
+    try:
+        yield
+    finally:
+        if backend:
+            _set_quic_backend(None)
+
+
 class IacClient(Client):
     def __init__(self, payloads: list[Any], info: dict[str, Any], *, url: str | None = None) -> None:
         super().__init__(payloads)
@@ -108,12 +114,9 @@ class IacClient(Client):
         self.node = Node()
         await self.node.start()
         self.node.add_peer(self.peer, self.url)
-        if self.backend:  # a connection keeps the backend it was dialed with
-            _set_quic_backend(self.backend)
-            try:
+        if self.backend:
+            with _dialing_with(self.backend):
                 await self.request(0)
-            finally:
-                _set_quic_backend(None)
 
     async def request(self, i: int) -> None:
         reply = await self.node.request(self.peer, self.run_type, self.payloads[i % len(self.payloads)])
@@ -141,9 +144,7 @@ class IacClient(Client):
                 await conn.close()
         # no idle timer of its own; a loaded machine may take a while to answer a handshake
         config = dataclasses.replace(floor.CONFIG, idle_timeout=None, handshake_timeout=30.0)
-        if self.backend:
-            _set_quic_backend(self.backend)
-        try:
+        with _dialing_with(self.backend):
             for attempt in range(3):
                 try:
                     conn = self.oneway_conn = await dial(
@@ -153,9 +154,6 @@ class IacClient(Client):
                 except Exception:
                     if attempt == 2:
                         raise
-        finally:
-            if self.backend:
-                _set_quic_backend(None)
         for _ in range(1000):  # the pushed dictionary is acknowledged one round trip later
             if conn.send_dictionary is not None:
                 break
