@@ -1,11 +1,6 @@
-"""Event loops for the benchmarks: the stdlib asyncio loop or uvloop, chosen per contender.
-
-A contender whose name ends in ``-uvloop`` runs on uvloop: its server process with
-``asyncio.Runner(loop_factory=uvloop.new_event_loop)`` and its client, in the benchmark's
-process, on a uvloop loop in a thread of its own (:class:`Lane`). The benchmark's own loop
-(every other client) is the stdlib one. While a contender is measured, its lane runs the
-whole phase and the other loop waits in ``epoll`` for it to finish, so the two never compete.
-"""
+"""Event loops for the benchmarks: the stdlib asyncio loop or uvloop, chosen per contender. A
+contender named ``…-uvloop`` runs its server process on uvloop (:func:`run`) and its client on a
+uvloop loop in a thread of its own (:class:`Lane`), while the benchmark's own loop waits for it."""
 
 from __future__ import annotations
 

@@ -1,56 +1,26 @@
 """A link emulator between two network namespaces joined through TUN devices.
 
     sudo .venv/bin/python -m iac.testing.netem check          # can this machine build the link?
-    sudo .venv/bin/python -m iac.testing.netem demo --loss 0.03 --delay 0.01
-                                                               # build it, ping across, tear down
-    sudo .venv/bin/python -m iac.testing.netem demo --rate 10 --buffer-bdp 0.5 --delay 0.01
-                                                               # ... through a 10 Mbit/s bottleneck
+    sudo .venv/bin/python -m iac.testing.netem demo --loss 0.03 --delay 0.01 [--rate 10]
 
-A userspace relay can drop UDP datagrams but not TCP segments (the kernel's TCP would
-retransmit over the relay's own, loss-free connection). To impair both protocols the same
-way this module builds, for the lifetime of one :class:`Link`::
+A userspace relay can drop UDP datagrams but not TCP segments (the kernel's TCP would retransmit
+over the relay's own connection), so a :class:`Link` joins namespace ``iacb<pid>a`` (10.200.0.1
+on a TUN device) to ``iacb<pid>b`` (10.200.0.2) through a forwarder process (``netem forward``)
+that holds both TUN devices and passes every IP packet, whatever the protocol, through an
+:class:`Impairer` per direction: seeded loss, delay (one way), jitter, reordering, duplication,
+and an ``mtu`` above which packets are dropped (settable mid-run).
 
-    namespace iacb<pid>a                               namespace iacb<pid>b
-    10.200.0.1/24 on TUN iacb<pid>a  <-- forwarder -->  10.200.0.2/24 on TUN iacb<pid>b
+An optional :class:`Bottleneck` per direction comes first: a rate limit with a bounded drop-tail
+queue (:class:`Shaper`), in the forwarder and not a kernel qdisc, because a qdisc on the sending
+host's own device pushes back on TCP (TCP small queues) so TCP would never overflow it as it does
+at a real bottleneck. :meth:`Bottleneck.for_path` sizes the queue in bandwidth-delay products.
+:class:`CpuMeter` (re-exported) marks runs in which a process was above :data:`CPU_LIMIT_PERCENT`;
+the forwarder runs at ``nice`` -10 so busy endpoints do not starve it into a hidden queue.
 
-The forwarder is a separate process (``netem.py forward``) that holds both TUN devices
-(it enters each namespace with ``setns`` to attach to it), reads whole IP packets from
-one and writes them to the other after :class:`Impairer` decided their fate: seeded
-loss, delay, jitter, reordering and duplication, one generator per direction, applied
-to every IP packet whatever the protocol (TCP, UDP, ICMP). ``delay`` is one way: a
-``delay`` of 10 ms gives a 20 ms round trip. Loss, reordering and duplication apply to
-each direction independently. ``mtu`` silently drops every IP packet larger than it
-(the TUN devices themselves carry 1,500 bytes), as a path with that MTU does to packets
-with Don't Fragment set; it can be lowered mid-run with ``set``.
-
-**Bottleneck** (:class:`Bottleneck`, optional): before the impairment, each direction can
-pass a rate limit with a bounded drop-tail queue (:class:`Shaper`): a packet waits until
-the packets ahead of it have left at ``rate_bps``, and is dropped when the bytes waiting
-would exceed ``queue_bytes``. Loss and delay apply after the queue, as on a path whose
-bottleneck is followed by a lossy, long link. The queue is the forwarder's and not a
-kernel qdisc (tbf/bfifo) on a TUN device because a qdisc on the sending host's own device
-pushes back on TCP (TCP small queues hold a socket's data while the device queue is full),
-so TCP would never see the queue fill and overflow as it does at a real bottleneck, while
-UDP would. :meth:`Bottleneck.for_path` sizes the queue as a multiple of the path's
-bandwidth-delay product (:data:`SHALLOW_BDP`, :data:`DEEP_BDP`).
-
-**CPU** (:mod:`iac.testing.cpumeter`): :func:`cpu_seconds` reads a process's CPU time from ``/proc``;
-:class:`CpuMeter` turns two readings into CPU % per process, and a run in which any
-process was above :data:`CPU_LIMIT_PERCENT` is CPU-limited: its figures measure the CPU,
-not the path. The forwarder runs at a raised priority (``nice`` -10) so that busy
-endpoints do not starve it into an extra, hidden queue (the TUN devices' own).
-
-Needs Linux, root (or CAP_NET_ADMIN), iproute2 (``ip``) and ``/dev/net/tun``;
-:func:`unavailable` says why not when one is missing. Only the namespaces' own
-addresses (10.200.0.1 and 10.200.0.2, inside namespaces this module created) are ever
-used. :meth:`Link.close` (also run at exit and on SIGTERM through ``atexit``) kills the
-forwarder and every process started with :meth:`Link.popen`, then deletes both
-namespaces, which removes the TUN devices.
-
-The forwarder reads JSON commands, one per line, on its stdin and answers each with one
-JSON line: ``{"cmd": "set", "impairment": {...}, "bottleneck": {...}}`` (fields of
-:class:`iac.testing.relay.Impairment` and :class:`Bottleneck`; ``"bottleneck": null``
-removes it), ``{"cmd": "stats"}``; end of input stops it.
+Needs Linux, root, iproute2 and ``/dev/net/tun`` (:func:`unavailable` says which is missing).
+:meth:`Link.close` (also at exit) ends the forwarder and every :meth:`Link.popen` process and
+deletes both namespaces. The forwarder answers one JSON line per command on its stdin: ``{"cmd":
+"set", "impairment": {...}, "bottleneck": {...} | null}``, ``{"cmd": "stats"}``.
 """
 
 from __future__ import annotations
@@ -71,17 +41,15 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
-from typing import IO, Any
+from typing import Any
 
 # Re-exported: the link's parts are used as netem.X by the scenarios and tests.
 from iac.testing.cpumeter import CPU_LIMIT_PERCENT as CPU_LIMIT_PERCENT
 from iac.testing.cpumeter import CpuMeter as CpuMeter
 from iac.testing.cpumeter import cpu_limited as cpu_limited
-from iac.testing.cpumeter import cpu_seconds as cpu_seconds
 from iac.testing.impair import MIN_QUEUE_BYTES as MIN_QUEUE_BYTES
 from iac.testing.impair import Bottleneck as Bottleneck
 from iac.testing.impair import Impairer as Impairer
-from iac.testing.impair import ImpairStats as ImpairStats
 from iac.testing.impair import Shaper as Shaper
 from iac.testing.nat import LabError as LabError
 from iac.testing.nat import enter_netns
@@ -135,8 +103,7 @@ def forward(
     poller = select.poll()
     for fd in (fd_a, fd_b, stdin):
         poller.register(fd, select.POLLIN)
-    out = sys.stdout
-    _say(out, {"ready": True})
+    print(json.dumps({"ready": True}), flush=True)
     started = time.monotonic()
     buf = b""
     while time.monotonic() - started < MAX_LIFETIME:
@@ -160,7 +127,7 @@ def forward(
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
-                        _say(out, _command(json.loads(line), dirs, names, shapers))
+                        print(json.dumps(_command(json.loads(line), dirs, names, shapers)), flush=True)
                 continue
             impairer, dest = dirs[fd]
             shaper = shapers.get(fd)
@@ -201,6 +168,10 @@ def _set_bottleneck(
             shapers[fd] = Shaper(bottleneck, impairer.stats)
 
 
+def _bottleneck(fields: dict[str, Any] | None) -> Bottleneck | None:
+    return None if fields is None else Bottleneck(**fields)
+
+
 def _command(
     cmd: dict[str, Any],
     dirs: dict[int, tuple[Impairer, int]],
@@ -213,17 +184,11 @@ def _command(
             for impairer, _ in dirs.values():
                 impairer.impairment = imp
         if "bottleneck" in cmd:
-            b = cmd["bottleneck"]
-            _set_bottleneck(shapers, dirs, None if b is None else Bottleneck(**b))
+            _set_bottleneck(shapers, dirs, _bottleneck(cmd["bottleneck"]))
         return {"ok": True}
     if cmd.get("cmd") == "stats":
         return {names[fd]: asdict(impairer.stats) for fd, (impairer, _) in dirs.items()}
     return {"error": f"unknown command {cmd!r}"}
-
-
-def _say(out: IO[str], obj: Any) -> None:
-    out.write(json.dumps(obj) + "\n")
-    out.flush()
 
 
 # --- the link -----------------------------------------------------------------------------------
@@ -395,20 +360,16 @@ def _stop(proc: subprocess.Popen[Any], grace: float = 3.0) -> None:
             proc.wait(grace)
 
 
-_ECHO_SERVER = f"""
-import socket
-s = socket.create_server(("{ADDR_B}", 9000))
-print("listening", flush=True)
-c, _ = s.accept()
-for _ in range(100000):
-    d = c.recv(65536)
-    if not d:
-        break
-    c.sendall(d)
-"""
-
-_ECHO_CLIENT = f"""
+#: The demo's TCP echo: ``serve`` in namespace b, ``N`` (round trips) in namespace a.
+_ECHO = f"""
 import socket, statistics, sys, time
+if sys.argv[1] == "serve":
+    s = socket.create_server(("{ADDR_B}", 9000))
+    print("listening", flush=True)
+    c, _ = s.accept()
+    while d := c.recv(65536):
+        c.sendall(d)
+    sys.exit()
 c = socket.create_connection(("{ADDR_B}", 9000), timeout=30)
 rtts = []
 for _ in range(int(sys.argv[1])):
@@ -430,10 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("forward", help="(internal) the forwarder process")
-    f.add_argument("ns_a")
-    f.add_argument("tun_a")
-    f.add_argument("ns_b")
-    f.add_argument("tun_b")
+    for name in ("ns_a", "tun_a", "ns_b", "tun_b"):
+        f.add_argument(name)
     f.add_argument("--seed", type=int, default=1)
     f.add_argument("--impairment", default="{}")
     f.add_argument("--bottleneck", default="null")
@@ -449,9 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         with contextlib.suppress(OSError):  # not starved by busy endpoints (needs root)
             os.nice(FORWARDER_NICE)
-        imp = Impairment(**json.loads(args.impairment))
-        b = json.loads(args.bottleneck)
-        bottleneck = None if b is None else Bottleneck(**b)
+        imp, bottleneck = Impairment(**json.loads(args.impairment)), _bottleneck(json.loads(args.bottleneck))
         return forward(args.ns_a, args.tun_a, args.ns_b, args.tun_b, args.seed, imp, bottleneck)
     if args.cmd == "check":
         reason = unavailable()
@@ -466,11 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     rtt = 2 * args.delay
     bottleneck = None if args.rate is None else Bottleneck.for_path(args.rate, rtt, args.buffer_bdp)
     with Link(Impairment(delay=args.delay, loss=args.loss), bottleneck=bottleneck) as link:
-        server = link.popen("b", [sys.executable, "-c", _ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+        server = link.popen("b", [sys.executable, "-c", _ECHO, "serve"], stdout=subprocess.PIPE, text=True)
         if server.stdout is not None:
             server.stdout.readline()  # "listening"
         res = subprocess.run(
-            link.command("a", [sys.executable, "-c", _ECHO_CLIENT, str(args.count)]),
+            link.command("a", [sys.executable, "-c", _ECHO, str(args.count)]),
             capture_output=True,
             text=True,
             check=False,

@@ -32,9 +32,6 @@ KINDS = {
     "zmq": ("zmq", False, "ZeroMQ"),
     "zmq-ed25519": ("zmq", True, "ZeroMQ+Ed25519"),
 }
-NAMES = {name: label for name, (_, _, label) in KINDS.items()}
-#: What each secures: (encryption, per-message authentication).
-SECURES = {n: ("none", "Ed25519 both ways" if k[1] else "none") for n, k in KINDS.items()}
 
 
 def missing(name: str) -> str | None:

@@ -126,8 +126,6 @@ async def serve(role: str, host: str) -> int:
                         "udp": _udp_errors(),
                     }
                 )
-            elif cmd.get("cmd") == "udp":
-                say(_udp_errors())
     finally:
         for ln in listeners:
             await ln.close()

@@ -67,7 +67,6 @@ class IacServer:
         self.firsts: asyncio.Queue[float] = asyncio.Queue(maxsize=1024)
         self.oneway_target = 0
         self.oneway_seen = 0
-        self.oneway_first = 0.0
         self.oneway_done: asyncio.Future[float] | None = None
 
     async def on_connection(self, conn: Connection) -> None:
@@ -104,8 +103,6 @@ class IacServer:
                 )
 
     def _count_oneway(self, t: float) -> None:
-        if self.oneway_seen == 0:
-            self.oneway_first = t
         self.oneway_seen += 1
         if self.oneway_seen == self.oneway_target and self.oneway_done is not None:
             self.oneway_done.set_result(t)

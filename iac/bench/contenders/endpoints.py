@@ -33,7 +33,10 @@ CONTENDERS = {
     "http-ed25519-tls": ("HTTPS+Ed25519 JSON", _TLS, _SIGNED),
     "http-ed25519-unix": ("HTTP+Ed25519 JSON/UNIX", "none (local socket)", _SIGNED),
     "grpc": ("gRPC unary (no auth)", "none", "none"),
-    **{name: (brokers.NAMES[name], *brokers.SECURES[name]) for name in brokers.KINDS},
+    **{
+        name: (label, "none", _SIGNED if signed else "none")
+        for name, (_, signed, label) in brokers.KINDS.items()
+    },
 }
 NAMES = {name: label for name, (label, _, _) in CONTENDERS.items()}
 
