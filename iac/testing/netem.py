@@ -52,7 +52,7 @@ from iac.testing.impair import Bottleneck as Bottleneck
 from iac.testing.impair import Impairer as Impairer
 from iac.testing.impair import Shaper as Shaper
 from iac.testing.nat import LabError as LabError
-from iac.testing.nat import enter_netns
+from iac.testing.nat import enter_netns, run
 from iac.testing.relay import Impairment
 
 ADDR_A = "10.200.0.1"
@@ -209,9 +209,7 @@ def unavailable() -> str | None:
 
 
 def _ip(*args: str) -> None:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=False)
-    if res.returncode != 0:
-        raise LabError(f"`ip {' '.join(args)}` failed: {res.stderr.strip() or res.returncode}")
+    run("ip", *args)  # raises LabError naming the command
 
 
 _LIVE: list[Link] = []

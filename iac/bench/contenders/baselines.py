@@ -220,11 +220,8 @@ class Client:
 
 
 class HttpClient(Client):
-    """aiohttp keep-alive client for the four HTTP contenders.
-
-    ``via``: ``("tcp", host, port)`` or ``("unix", path)`` to connect to instead of the
-    server's own address (a counting proxy).
-    """
+    """aiohttp keep-alive client of the four HTTP contenders; ``via``: where to dial instead of the
+    server (a counting proxy's ``("tcp", host, port)`` or ``("unix", path)``)."""
 
     def __init__(
         self, payloads: list[Any], info: dict[str, Any], *, via: tuple[Any, ...] | None = None
@@ -357,11 +354,8 @@ def server_target(info: dict[str, Any]) -> tuple[Any, ...]:
 
 
 async def serve(start: Callable[[], Awaitable[Server]], profile: str | None = None) -> None:
-    """Run a server until stdin closes; print its info as one JSON line first.
-
-    With ``profile`` (a file path) the whole server process runs under cProfile and the
-    stats are written there on exit.
-    """
+    """Run a server until stdin closes, its info said first; with ``profile`` (a file path) under
+    cProfile, the stats written there on exit."""
     prof = None
     if profile:
         import cProfile

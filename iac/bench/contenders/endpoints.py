@@ -210,37 +210,35 @@ async def client(contender: str, target: dict[str, Any]) -> int:
     cl = make_client(contender, target)
     await cl.start()
     say({"ready": True})
-    next_id = 1
-    sent = 0  # one-way messages so far
+    next_id, sent = 1, 0  # the next request's id, one-way messages so far
     try:
         async for cmd in commands():
+            count = int(cmd.get("count", 0))
             if cmd.get("cmd") == "oneway":
-                count = int(cmd["count"])
                 c0 = time.process_time()
                 elapsed = await oneway(cl, count, next_id, sent + count)
-                sent += count
-                next_id += count
                 say({"elapsed_s": elapsed, "cpu_s": time.process_time() - c0, "count": count})
-                continue
-            if cmd.get("cmd") != "run":
+                sent += count
+            elif cmd.get("cmd") == "run":
+                b0 = cl.frame_bytes()
+                c0 = time.process_time()
+                lat, elapsed, errors = await run_depth(cl.request, int(cmd["depth"]), count, next_id)
+                cpu = time.process_time() - c0
+                b1 = cl.frame_bytes()
+                lat_us = [round(x, 1) for x in lat]
+                frames = None if b0 is None or b1 is None else b1 - b0
+                say(
+                    {
+                        "lat_us": lat_us,
+                        "elapsed_s": elapsed,
+                        "cpu_s": cpu,
+                        "errors": errors,
+                        "frame_bytes": frames,
+                    }
+                )
+            else:
                 say({"error": f"unknown command {cmd!r}"})
-                continue
-            depth, count = int(cmd["depth"]), int(cmd["count"])
-            b0 = cl.frame_bytes()
-            c0 = time.process_time()
-            lat, elapsed, errors = await run_depth(cl.request, depth, count, next_id)
-            cpu = time.process_time() - c0
-            b1 = cl.frame_bytes()
             next_id += count
-            say(
-                {
-                    "lat_us": [round(x, 1) for x in lat],
-                    "elapsed_s": elapsed,
-                    "cpu_s": cpu,
-                    "errors": errors,
-                    "frame_bytes": None if b0 is None or b1 is None else b1 - b0,
-                }
-            )
     finally:
         await cl.close()
     return 0
