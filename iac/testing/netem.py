@@ -238,7 +238,6 @@ class Link:
         self.tun_a, self.tun_b = self.ns_a, self.ns_b
         if len(self.tun_a) > 15:
             raise LabError("tag too long for an interface name")
-        self.addr_a, self.addr_b = ADDR_A, ADDR_B
         self.seed = seed
         self.impairment = impairment or Impairment()
         self.bottleneck = bottleneck

@@ -208,9 +208,6 @@ class _QuicCounters:
         cc.on_packets_lost, cc.on_packets_expired = losing(cc.on_packets_lost), losing(cc.on_packets_expired)
         self.algorithm = type(cc).__name__
 
-    def report(self) -> dict[str, Any]:
-        return {"sent_bytes": self.sent, "retrans_bytes": self.lost}
-
 
 async def flow(args: argparse.Namespace) -> int:
     """``bulk`` or ``requests``: dial, say ready, run on "go", report, exit at once."""
@@ -274,7 +271,8 @@ async def flow(args: argparse.Namespace) -> int:
     pmtu = getattr(conn, "path_mtu", None)
     if transport == "quic":
         out["datagram_bytes"] = pmtu.mtu if pmtu is not None else 1200
-    out.update(counters.report() if counters is not None else _tcp_counters(conn))
+    quic_counts = None if counters is None else {"sent_bytes": counters.sent, "retrans_bytes": counters.lost}
+    out.update(quic_counts or _tcp_counters(conn))
     sock = _tcp_socket(conn)
     if sock is not None:  # end now: no lingering send buffer reaches the next run
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
