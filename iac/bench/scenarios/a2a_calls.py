@@ -2,20 +2,11 @@
 
     .venv/bin/iac bench --only a2a [--quick]
 
-One server process hosts the same a2a-sdk agent twice: a stock JSON-RPC server (Starlette under
-uvicorn, HTTP/1.1 keep-alive) and an IAC node serving A2A over IAC on QUIC, TLS/TCP and UNIX. The
-client side makes the same calls through a2a-sdk's own ``JsonRpcTransport`` (httpx) and through
-``IacTransport``, taking turns each round (forward, then reversed):
-
-* ``SendMessage`` with a text part from the agent-payload corpus, answered by one agent message:
-  p50 of sequential calls, and calls/s with 64 in flight;
-* ``SendStreamingMessage`` answered by a task with N artifact updates: parts/s of one stream;
-* bytes per ``SendMessage`` at the socket, both ways (TCP/UNIX through a counting relay, QUIC as
-  the UDP payloads a counting UDP relay forwards), each contender on a fresh connection.
-
-Every IAC figure is given with its ratio to A2A JSON-RPC/HTTP, per round and as the median.
-HTTP here is plain (no TLS, no authentication); every IAC call is signed and verified both ways.
-"""
+One server process hosts the same a2a-sdk agent as a stock JSON-RPC server (uvicorn) and on an
+IAC node; the client makes the same calls through ``JsonRpcTransport`` and ``IacTransport``, in
+turns: ``SendMessage`` p50 and calls/s at 64 in flight, parts/s of one ``SendStreamingMessage``,
+and bytes per ``SendMessage`` at the socket through a counting relay. HTTP is plain; every IAC
+call is signed and verified both ways."""
 
 from __future__ import annotations
 

@@ -2,38 +2,11 @@
 
     sudo .venv/bin/iac bench --only cc [--quick]
 
-Two network namespaces joined by :class:`netem.Link`, with a bottleneck
-(:class:`netem.Bottleneck`: a rate limit and a drop-tail queue of :data:`netem.SHALLOW_BDP`
-or :data:`netem.DEEP_BDP` bandwidth-delay products, then the delay and random loss of the
-path, the same for UDP and TCP). Namespace b runs a *sink* (accepts bulk connections,
-counts what arrives and when) and an *echo* server (answers each request frame); namespace a
-runs, per run and in processes of their own, a *bulk* sender and a *requests* client, both
-dialing with the contender's transport and congestion control:
-
-* **bulk**: 16 KiB MESSAGE frames (random bytes, sent raw), back to back through
-  ``Connection.send`` for ``seconds``; goodput = bytes that reached the sink in order within
-  those seconds (its clock and the sender's are the same monotonic clock): QUIC stream data
-  as aioquic hands it to IAC, TLS frames as the sink reads them. (Over QUIC whole frames reach
-  the application in bursts: every frame has a stream of its own, aioquic sends its streams
-  round robin, so up to the peer's stream credit of frames, 2 MiB, complete together.)
-* **requests**: on their own connection between the same two hosts, one 200-byte request
-  at a time, echoed; latencies from ``warmup`` seconds after the bulk transfer started to its
-  end; p50 and p99 per run.
-
-Contenders: IAC-QUIC with BBR, CUBIC and Reno (``TransportConfig.congestion``) and IAC-TLS/TCP
-with the kernel's cubic and bbr (``TCP_CONGESTION`` on the client's sockets, checked). Each
-setting runs every contender ``reps`` times in turns (A B … B A). Sharing: two bulk flows of
-different (or the same) algorithms start together through one bottleneck.
-
-Per run: each process's CPU % (the sender and the requests client measure their own CPU time;
-the sink, the echo server and the forwarder are read from ``/proc``); a run with any process
-above :data:`netem.CPU_LIMIT_PERCENT` is CPU-limited. QUIC's retransmitted bytes are the bytes
-of packets aioquic declared lost (or re-sent on a probe timeout), TCP's ``tcpi_bytes_retrans``.
-
-Endpoints, driven by JSON lines on stdin/stdout (as in ``loss.py``): ``cc.py sink|echo --host H``
-print ``{"ready": true, ...urls}``; ``cc.py bulk|requests --target JSON ...`` print
-``{"ready": true}`` once connected, start on ``{"cmd": "go"}`` and answer with their report.
-"""
+Two network namespaces joined by :class:`netem.Link` with a :class:`netem.Bottleneck`; namespace
+b runs the sink and the echo server, namespace a a bulk sender and a requests client per run
+(the endpoints: :mod:`iac.bench.contenders.ccflows`), each contender's transport and congestion
+control. Contenders, settings, sharing and the CPU limit: benchmarks/README.md, "Congestion
+control"."""
 
 from __future__ import annotations
 

@@ -4,25 +4,9 @@
     .venv/bin/python -m iac.bench.scenarios.codec --quick         # smoke test (200 messages, 3 repetitions)
     .venv/bin/python -m iac.bench.scenarios.codec --json out.json # also write the results as JSON
 
-Timing (one process, pinned to one core where the OS allows it):
-
-* encode = ``build_message`` + ``encode_message_frame`` with the shipped dictionary:
-  build, serialize, sign, serialize again, compress, frame.
-* decode = ``decode_message_frame``: frame header, zstd header check, decompress,
-  field-8 scan, protobuf parse, AgentId check, signature verification.
-* sign / verify = PyNaCl's ``SigningKey.sign`` and ``VerifyKey.verify`` of the very bytes
-  the codec signs and verifies (``iac-msg-v1 || 0x00 || unsigned message``).
-
-The four passes are interleaved (encode, sign, decode, verify; the order alternates
-each repetition) and each pass runs over every message; the table shows the median
-and the min/max of the per-repetition means. The ratio is
-``(t_sign + t_verify) / (t_encode + t_decode)`` per repetition (its four passes ran back to
-back), reported as the median over repetitions: the codec's rate over the rate of the two bare
-Ed25519 operations (target >= 0.8).
-
-Sizes (always over the whole test file): see ``envelope_http`` for exactly what the
-HTTP+JSON+SHA-256 column counts.
-"""
+The four passes (encode, sign, decode, verify), how they alternate, the ratio and the sizes are
+in benchmarks/README.md, "Codec: what the benchmark measures"; ``envelope_http`` says what the
+HTTP+JSON+SHA-256 column counts."""
 
 from __future__ import annotations
 

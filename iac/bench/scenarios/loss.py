@@ -1,16 +1,9 @@
 """Requests under loss and delay (``iac bench --only loss``, as root).
 
-``run_loss``: 64 concurrent independent requests, again and again, between two network namespaces
-joined by :class:`iac.testing.netem.Link` (10 ms each way = 20 ms RTT) at 0 %, 1 % and 3 % loss
-per packet and per direction, for IAC over QUIC, IAC over TLS/TCP and HTTP/1.1 (aiohttp
-keep-alive, JSON + SHA-256(payload+password), 64 connections; only when aiohttp is installed).
-The servers (:mod:`iac.bench.contenders.endpoints`) run in namespace b, the clients in namespace
-a, each in its own process (``ip netns exec``). Per loss level the contenders take turns
-(A B C C B A …); each turn is ``batches`` x 64 requests; a turn's p50/p99 come from its requests,
-and the figures are the median [min .. max] over turns. At 0 % loss the forwarder's counters also
-give the bytes on the wire per request: whole IP packets both ways (IP, UDP/TCP, QUIC/TLS, HTTP
-headers and ACKs included).
-"""
+``run_loss``: 64 concurrent requests, again and again, between two network namespaces joined by
+:class:`iac.testing.netem.Link` (20 ms RTT) at each loss level, IAC over QUIC and TLS/TCP and
+HTTP/1.1 (with aiohttp), in turns; at 0 % loss also the IP bytes on the wire per request.
+benchmarks/README.md, "Loss and delay"."""
 
 from __future__ import annotations
 

@@ -3,20 +3,10 @@
 
     .venv/bin/python -m iac.bench.scenarios.mcp_calls [--quick] [--json OUT]
 
-One server process hosts the same ``MCPServer`` (the stock SDK; one tool, ``echo``) twice: on an
-IAC node serving MCP over IAC on QUIC, TLS/TCP and UNIX, and as MCP's streamable HTTP (Starlette
-under uvicorn, stateful sessions, SSE responses; plain HTTP on loopback). A third contender is
-the same server as a stdio child of the client (MCP's stdio transport, a local server). The
-client is the SDK's ``ClientSession`` over each transport, taking turns each round (the order
-turns around every round):
-
-* tool-call p50: sequential ``tools/call`` of ``echo`` with a 200-byte text;
-* calls/s with 32 in flight (the same call).
-
-Every IAC call is signed by the client's node and verified by the agent's (and every part back
-the other way); HTTP and stdio carry no signature. Figures are medians over rounds; each IAC
-figure has its ratio to streamable HTTP. Imports only ``iac`` and ``mcp``.
-"""
+One server process hosts the same ``MCPServer`` (one tool, ``echo``) on an IAC node and as
+streamable HTTP; a third contender is MCP stdio. The client is the SDK's ``ClientSession`` over
+each, in turns: tool-call p50 and calls/s at :data:`IN_FLIGHT` in flight; benchmarks/README.md,
+"MCP tool calls"."""
 
 from __future__ import annotations
 

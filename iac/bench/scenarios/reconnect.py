@@ -1,16 +1,10 @@
 """First delivery after a reconnect, through the Node API, at 20 ms RTT: QUIC 0-RTT vs QUIC 1-RTT
-vs TLS/TCP.
+vs TLS/TCP (``iac bench --only reconnect``).
 
-    iac bench --only reconnect [--quick]
-
-One server :class:`iac.Node` listens on QUIC and TLS; each contender is a client Node that already
-spoke to it once (so a QUIC client holds a session ticket), then lost its connection. The figure is
-the time from ``node.request(...)`` to the server's handler receiving it: the client dials (from
-its peer book), runs the HELLO exchange and sends the request -- for QUIC 0-RTT, HELLO and request
-ride in the first flight. QUIC goes through a UDP relay and TLS through a TCP proxy, each adding
-10 ms each way. Contenders take turns every round; a figure is the median over rounds, and the
-ratios are of medians measured in the same run. Target: QUIC 0-RTT <= 0.6 x QUIC 1-RTT.
-"""
+Each contender is a client Node that already spoke to the server once (a QUIC client holds a
+ticket), then lost its connection; the figure is the time from ``node.request(...)`` to the
+server's handler, through a UDP relay or TCP proxy adding 10 ms each way. Target: QUIC 0-RTT
+<= 0.6 x QUIC 1-RTT."""
 
 from __future__ import annotations
 

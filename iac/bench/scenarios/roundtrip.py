@@ -10,27 +10,11 @@
     valgrind --tool=callgrind .venv/bin/python -m iac.bench.scenarios.roundtrip tls --count 300 --reps 1
     .venv/bin/python -m iac.bench.scenarios.roundtrip --callgrind           # ... and that for TLS and UNIX
 
-A server node (``NodeConfig(sync_in_thread=False)``, answering RUN as ``iac/bench/scenarios/node.py``'s
-IAC server does; with ``--sync-in-thread`` every call hops to a thread, ``adaptive_sync=False``)
-and a client node on one event loop, over
-``quic``, ``tls`` or ``unix``; or, with ``--floor``, ``iac/bench/contenders/floor.py``'s server and
-client. After 300 warm-up requests, ``--reps`` times ``--count`` requests; it prints the CPU
-time per round trip of both ends together (``time.process_time``; with one core and no other
-process in the way it is also the wall time). Payloads as ``node.py``'s (seed 7).
-
-Without a transport it runs every contender (``iac-`` and ``floor-`` on each transport, and
-``iac-tls-thread``: the handler on a thread) at 1 and at 64 in flight, in turns (order reversed
-every other repetition), and counts per round trip at 1 in flight, from one cProfile pass of
-``--count`` requests: event-loop turns (``_run_once``), Python function calls and QUIC flushes
-(``transmit``). Those counts depend on the code, not on the machine's load.
-
-With ``--count`` N under callgrind, the difference of the instruction counts of two runs (say
-100 and 300) over the difference of their counts is the instructions per round trip, start-up
-and warm-up cancelled: a figure that does not move with the load of the machine (except where
-behaviour depends on time, as aioquic's ACK delay does: QUIC counts are not repeatable).
-``--callgrind`` (with every contender) does that for TLS and UNIX, IAC and floor, and keeps the
-figures in the JSON (``instructions``); it needs valgrind.
-"""
+A server and a client node (or, ``--floor``, the floor's) on one event loop; it prints the CPU
+time per round trip of both ends together. Without a transport, every contender of
+:data:`MATRIX` in turns, with cProfile counts per round trip; ``--callgrind`` adds instructions
+per round trip (two ``--count``s under valgrind, their difference). benchmarks/README.md, "The
+per-request path", says how to read them."""
 
 from __future__ import annotations
 
