@@ -10,6 +10,7 @@ control"."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -43,11 +44,7 @@ TCP_BBR = Contender("IAC-TLS/TCP bbr", "tls", "bbr")
 BBR_LINK_OFF = Contender("IAC-QUIC BBR, PMTUD and GSO off", "quic", "bbr", link=False)
 CONTENDERS = (BBR, CUBIC, RENO, TCP_CUBIC, TCP_BBR)
 #: The aioquic controller class each QUIC contender must be running (checked per run).
-QUIC_CLASSES = {
-    "bbr": "BbrCongestionControl",
-    "cubic": "CubicCongestionControl",
-    "reno": "RenoCongestionControl",
-}
+QUIC_CLASSES = {cc: f"{cc.capitalize()}CongestionControl" for cc in ("bbr", "cubic", "reno")}
 
 
 @dataclass(frozen=True)
@@ -91,13 +88,8 @@ class Plan:
     share_reps: int = 2
 
     def settings(self) -> list[Setting]:
-        return [
-            Setting(rate, rtt, loss, buf)
-            for rate in self.rates
-            for rtt in self.rtts
-            for buf in self.buffers
-            for loss in self.losses
-        ]
+        grid = itertools.product(self.rates, self.rtts, self.buffers, self.losses)
+        return [Setting(rate, rtt, loss, buf) for rate, rtt, buf, loss in grid]
 
 
 FULL_PLAN = Plan()
@@ -312,12 +304,8 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         "status": "ok",
         "reason": None,
         "plan": {
-            "name": plan.name,
-            "seconds": plan.seconds,
-            "reps": plan.reps,
+            **{k: getattr(plan, k) for k in ("name", "seconds", "reps", "share_seconds", "share_reps")},
             "warmup_s": plan.warmup,
-            "share_seconds": plan.share_seconds,
-            "share_reps": plan.share_reps,
             "shallow_bdp": netem.SHALLOW_BDP,
             "deep_bdp": netem.DEEP_BDP,
             "cpu_limit_percent": netem.CPU_LIMIT_PERCENT,

@@ -28,6 +28,7 @@ import zstandard
 from iac.bench.contenders.baselines import HTTP_PASSWORD, HTTP_PATH
 from iac.bench.harness.environment import environment
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.results import turn_order
 from iac.bench.harness.stats import median
 from iac.wire import (
     DictionarySet,
@@ -61,18 +62,9 @@ def load_payloads(path: Path) -> list[str]:
 
 
 def envelope_http(sender: str, to: str, payload_json: str, timestamp_us: int, msg_id: int) -> bytes:
-    """The same message as an HTTP/1.1 POST with a JSON body and a SHA-256 "signature".
-
-    Counted: request line ``POST /iac/v1/messages HTTP/1.1``, headers ``Host``,
-    ``Content-Type: application/json`` and ``Content-Length`` (CRLF line ends, one blank
-    line), and the body: compact JSON (no spaces) with keys ``from`` and ``to`` (the
-    64-hex AgentIds), ``type`` (the MessageType name), ``payload`` (the payload JSON
-    embedded as a value, not re-quoted as a string — the smaller choice), ``timestamp``
-    (µs), ``msg_id``, ``session_id`` (integers) and ``hash`` = hex SHA-256 of
-    payload+password. Not counted: TLS, TCP/IP, and headers real clients add
-    (User-Agent, Accept, Accept-Encoding, Connection...), so this is a lower bound
-    for HTTP. The body is not compressed (request bodies rarely are).
-    """
+    """The same message as an HTTP/1.1 POST with a compact JSON body and a SHA-256 "signature"
+    (hex SHA-256 of payload+password): exactly what benchmarks/README.md, "Codec", lists; a lower
+    bound for HTTP (no TLS, TCP/IP or headers real clients add)."""
     digest = hashlib.sha256((payload_json + HTTP_PASSWORD).encode()).hexdigest()
     head = (f'{{"from":"{sender}","to":"{to}","type":"{MSG_TYPE.name}","payload":').encode()
     tail = (
@@ -219,27 +211,17 @@ def measure_speed(payloads: Sequence[str], reps: int) -> dict[str, object]:
         to_sign.append(signing_input(Domain.MESSAGE, unsigned_bytes(msg)))
     signed = [(m, sk.sign(m).signature) for m in to_sign]
 
-    def bare_sign(m: bytes) -> object:
-        return sk.sign(m)
-
-    def bare_verify(ms: tuple[bytes, bytes]) -> object:
-        return vk.verify(ms[0], ms[1])
-
-    def decode(f: bytes) -> object:
-        return decode_message_frame(f, dictionaries=dset)
-
     ops: dict[str, tuple[Callable[[Any], object], Sequence[Any]]] = {
         "encode": (encode, payloads),
-        "sign": (bare_sign, to_sign),
-        "decode": (decode, frames),
-        "verify": (bare_verify, signed),
+        "sign": (lambda m: sk.sign(m), to_sign),
+        "decode": (lambda f: decode_message_frame(f, dictionaries=dset), frames),
+        "verify": (lambda ms: vk.verify(ms[0], ms[1]), signed),
     }
     for fn, items in ops.values():  # warm-up
         timed_pass(fn, items[: max(1, len(items) // 4)])
     times: dict[str, list[float]] = {k: [] for k in ops}
-    order = list(ops)
-    for r in range(reps):
-        for name in order if r % 2 == 0 else order[::-1]:
+    for order in turn_order(list(ops), reps):
+        for name in order:
             fn, items = ops[name]
             times[name].append(timed_pass(fn, items))
     med = {k: median(v) for k, v in times.items()}

@@ -24,6 +24,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from iac.bench.harness.paths import RESULTS
+from iac.bench.harness.process import Endpoint
+from iac.bench.harness.results import turn_order
+
 HTTP = "MCP streamable HTTP"
 STDIO = "MCP stdio"
 IAC = {"quic": "MCP over IAC-QUIC", "tls": "MCP over IAC-TLS/TCP", "unix": "MCP over IAC-UNIX"}
@@ -32,8 +36,7 @@ FULL = {"rounds": 5, "sequential": 200, "concurrent": 800}
 IN_FLIGHT = 32
 TEXT = "x" * 200
 SCRIPT = Path(__file__).resolve()
-ROOT = SCRIPT.parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-12-01-mcp-calls.json"
+DEFAULT_OUT = RESULTS / "2026-12-01-mcp-calls.json"
 
 
 def make_server() -> Any:
@@ -151,18 +154,12 @@ async def measure(open_: Opener, sequential: int, concurrent: int) -> dict[str, 
 
 async def run(sizes: dict[str, int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="iac-mcp-") as workdir:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(SCRIPT), "--serve", workdir,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None and proc.stdin is not None
+        server = Endpoint([sys.executable, str(SCRIPT), "--serve", workdir], ready=False, stderr=None)
         try:
-            info = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
-            contenders = openers(info)
+            contenders = openers(server.read(60))
             names = list(contenders)
             rounds: list[dict[str, dict[str, float]]] = []
-            for r in range(sizes["rounds"]):
-                order = names if r % 2 == 0 else names[::-1]
+            for r, order in enumerate(turn_order(names, sizes["rounds"])):
                 got = {}
                 for name in order:
                     got[name] = await measure(contenders[name], sizes["sequential"], sizes["concurrent"])
@@ -170,11 +167,7 @@ async def run(sizes: dict[str, int]) -> dict[str, Any]:
                           f"{got[name]['calls_per_s']:.0f} calls/s", file=sys.stderr)  # fmt: skip
                 rounds.append(got)
         finally:
-            proc.stdin.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 10)
-            if proc.returncode is None:
-                proc.kill()
+            server.close()
     medians: dict[str, dict[str, float]] = {}
     for name in names:
         medians[name] = {

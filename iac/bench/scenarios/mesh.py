@@ -103,11 +103,8 @@ def _sha(payload: str) -> str:
 
 
 class BroadcastBench:
-    """N agents reached from one origin, several ways, all in this process on UNIX sockets.
-
-    ``await setup()``, then any of :meth:`iac_mesh`, :meth:`iac_fanout`, :meth:`http_fanout`
-    (each returns one completion time in ms), then ``await close()``.
-    """
+    """N agents reached from one origin, several ways (:meth:`contenders`), all in this process on
+    UNIX sockets: ``await setup()``, then each contender returns one completion time in ms."""
 
     def __init__(self, n: int, workdir: Path, *, http: bool | None = None, seed: int | None = None) -> None:
         if n < 2:

@@ -145,10 +145,8 @@ class Primitives:
         return out
 
     def in_sequence(self) -> dict[str, float]:
-        """The same pieces timed where they run: one pass through the whole pipeline per
-        message (request, then its reply), the CPU clock read between pieces (its own cost,
-        measured first, taken off). Each piece then finds the caches as the others left them,
-        as in a contender, which costs more than a piece repeated alone."""
+        """The same pieces in one pass through the whole pipeline per message (request, then its
+        reply), the CPU clock read between pieces (its own cost, measured first, taken off)."""
         clock = time.process_time
         t = clock()
         for _ in range(1000):

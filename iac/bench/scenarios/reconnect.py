@@ -13,7 +13,7 @@ from typing import Any
 
 from iac.bench.contenders.echo import TcpDelayProxy
 from iac.bench.harness.counting import host_port
-from iac.bench.harness.stats import median
+from iac.bench.harness.results import summarize, turn_order
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.testing import Impairment, UdpRelay
@@ -48,8 +48,8 @@ async def measure(rounds: int) -> dict[str, Any]:
                 await client.start()
                 client.add_peer(server.agent_id, urls[name])
                 await _first_delivery(client, server.agent_id, arrived)  # warm up; a ticket for QUIC
-            for r in range(rounds):
-                for name in CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]:
+            for order in turn_order(CONTENDERS, rounds):
+                for name in order:
                     client = clients[name]
                     times[name].append(await _first_delivery(client, server.agent_id, arrived) * 1e3)
                     conn = client.connection(server.agent_id)
@@ -60,14 +60,12 @@ async def measure(rounds: int) -> dict[str, Any]:
                 await client.close()
             await relay.close()
             await proxy.close()
-    med = {name: median(v) for name, v in times.items()}
+    figs = {name: summarize(v) for name, v in times.items()}
+    med = {name: f["median"] for name, f in figs.items()}
     return {
         "rounds": rounds,
         "one_way_delay_ms": ONE_WAY_DELAY * 1e3,
-        "first_delivery_ms": {
-            name: {"median": med[name], "min": min(v), "max": max(v), "n": len(v)}
-            for name, v in times.items()
-        },
+        "first_delivery_ms": figs,
         "resumed": resumed,
         "ratio_0rtt_1rtt": med["QUIC 0-RTT"] / med["QUIC 1-RTT"],
         "ratio_0rtt_tls": med["QUIC 0-RTT"] / med["TLS/TCP"],

@@ -34,7 +34,7 @@ from typing import Any
 
 from iac.bench.contenders import baselines
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.harness.results import at_depth
+from iac.bench.harness.results import at_depth, turn_order
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -208,9 +208,8 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
             await run_requests(pairs[name][0], 300, 1)
             found = await counts(pairs[name][0], args.count)
             out[name] = {"cpu_us_1": [], "cpu_us_64": [], "rps_64": [], **found}
-        names = [m[0] for m in MATRIX]
-        for rep in range(args.reps):
-            for name in names if rep % 2 == 0 else names[::-1]:
+        for rep, order in enumerate(turn_order([m[0] for m in MATRIX], args.reps)):
+            for name in order:
                 request = pairs[name][0]
                 out[name]["cpu_us_1"].append(await run_requests(request, args.count, 1))
                 out[name]["cpu_us_64"].append(
@@ -221,9 +220,7 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
         for _, close in pairs.values():
             await close()
     for v in out.values():
-        v["cpu_us_1_median"] = median(v["cpu_us_1"])
-        v["cpu_us_64_median"] = median(v["cpu_us_64"])
-        v["rps_64_median"] = median(v["rps_64"])
+        v.update({f"{k}_median": median(v[k]) for k in RATIOS.values()})
     ratios = {}
     versus = [(f"iac-{t}", f"floor-{t}") for t in ("quic", "tls", "unix")]
     for a, b in (*versus, ("iac-tls-thread", "iac-tls"), ("iac-tls-signw", "iac-tls")):

@@ -25,7 +25,7 @@ from typing import Any
 from iac.bench.contenders import baselines
 from iac.bench.harness import process
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.harness.results import at_depth
+from iac.bench.harness.results import at_depth, turn_order
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -137,8 +137,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for n in ("mem-0", "shared-0", "shared-1"):
             servers[n] = await asyncio.to_thread(process.server_endpoint, MODULE, n, workdir)
         before = calibrator.measure()["scaling"]
-        for rep in range(args.reps):
-            order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
+        for rep, order in enumerate(turn_order(CONTENDERS, args.reps)):
             for c in order:
                 procs = [servers[n] for n in groups[c]]
                 c0 = [p.cpu_seconds() or 0.0 for p in procs]
