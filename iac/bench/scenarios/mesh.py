@@ -243,10 +243,9 @@ class BroadcastBench:
         return sum(nd.stats().bytes_sent for nd in (*self.mesh, *self.star))
 
     async def iac_mesh(self) -> float:
-        async def send(key: int, payload: dict[str, Any]) -> object:
-            return await self.mesh[(key * 7) % self.n].broadcast(MessageType.BROADCAST, payload)
-
-        ms = await self._completion(send)
+        ms = await self._completion(
+            lambda key, payload: self.mesh[(key * 7) % self.n].broadcast(MessageType.BROADCAST, payload)
+        )
         await self._settle()
         return ms
 
@@ -268,10 +267,10 @@ class BroadcastBench:
                 if resp.status != 204:
                     raise RuntimeError(f"HTTP {resp.status}")
 
-        async def send(key: int, payload: dict[str, Any]) -> object:
+        def send(key: int, payload: dict[str, Any]) -> Awaitable[object]:
             # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
             body = http_body(json.dumps(payload), key, self._origin_signer if signed else None)
-            return await asyncio.gather(*(post(s, body) for s in self._http_sessions))
+            return asyncio.gather(*(post(s, body) for s in self._http_sessions))
 
         return await self._completion(send)
 

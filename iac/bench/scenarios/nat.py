@@ -102,12 +102,8 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     """``iac bench --only nat``: this script in a child process, its figures as the suite's rows."""
     reason = unavailable()
     if reason is not None:
-        res.status = "skipped"
-        res.reason = (
-            "root needed for ip netns and iptables — run it as root (sudo iac bench)"
-            if reason.startswith("needs root")
-            else reason
-        )
+        root = "root needed for ip netns and iptables — run it as root (sudo iac bench)"
+        res.status, res.reason = "skipped", root if reason.startswith("needs root") else reason
         return
     ctx.progress("nat.py")
     data = run_script(ctx, "nat.py", ["--quick"] if ctx.quick else [], 600)

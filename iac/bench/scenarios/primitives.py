@@ -126,13 +126,8 @@ class Primitives:
             for j in leg.joined:
                 verify_signed(me, j)
 
-        return dict(
-            zip(
-                PIECES,
-                (js, build, sign, compress, frame_encode, frame_decode, decompress, parse, verify),
-                strict=True,
-            )
-        )
+        passes = (js, build, sign, compress, frame_encode, frame_decode, decompress, parse, verify)
+        return dict(zip(PIECES, passes, strict=True))
 
     def alone(self, repeat: int = 3) -> dict[str, float]:
         """µs of CPU per request (request + reply) for each piece timed alone, and their ``sum``."""

@@ -148,7 +148,11 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
         f"(iac.bench.contenders.endpoints serve/client); {plan.rounds} rounds, turns A B … B A; per turn "
         + ", ".join(f"{n} requests at {d} in flight" for d, n in plan.counts.items())
         + ". CPU is time.process_time() of each process over the turn, divided by the requests. "
-        'The contenders and what each secures: benchmarks/README.md, "Requests: the contenders".'
+        'HTTP and gRPC: benchmarks/README.md, "Requests: the contenders". '
+        "NATS (nats-py request/reply through a nats-server the endpoint starts on loopback) and ZeroMQ "
+        "(pyzmq DEALER/ROUTER) carry a JSON envelope over plain TCP: bare, nothing is authenticated; "
+        "+Ed25519, the client signs the request, the server verifies it and signs the reply, the client "
+        "verifies that (the four Ed25519 operations IAC does per request); neither encrypts."
     )
     keep_broker_ratios(res)
     same = same_transport_ratios(res)

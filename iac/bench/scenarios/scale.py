@@ -363,14 +363,10 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
                     return await one()
 
             more = await asyncio.gather(*(again() for _ in range(n - len(peers))), return_exceptions=True)
-            peers += [r[0] for r in more if isinstance(r, tuple)]
+            got = [r[0] for r in more if isinstance(r, tuple)]
+            peers += got
             board.expected = len(peers)
-            say(
-                {
-                    "ok": sum(isinstance(r, tuple) for r in more),
-                    "failed": sum(isinstance(r, BaseException) for r in more),
-                }
-            )
+            say({"ok": len(got), "failed": len(more) - len(got)})
             continue
         if cmd["cmd"] == "bcast":  # wait until every peer here handled broadcast ``k``
             key = int(cmd["k"])
