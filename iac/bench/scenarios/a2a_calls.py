@@ -2,20 +2,11 @@
 
     .venv/bin/iac bench --only a2a [--quick]
 
-One server process hosts the same a2a-sdk agent twice: a stock JSON-RPC server (Starlette under
-uvicorn, HTTP/1.1 keep-alive) and an IAC node serving A2A over IAC on QUIC, TLS/TCP and UNIX. The
-client side makes the same calls through a2a-sdk's own ``JsonRpcTransport`` (httpx) and through
-``IacTransport``, taking turns each round (forward, then reversed):
-
-* ``SendMessage`` with a text part from the agent-payload corpus, answered by one agent message:
-  p50 of sequential calls, and calls/s with 64 in flight;
-* ``SendStreamingMessage`` answered by a task with N artifact updates: parts/s of one stream;
-* bytes per ``SendMessage`` at the socket, both ways (TCP/UNIX through a counting relay, QUIC as
-  the UDP payloads a counting UDP relay forwards), each contender on a fresh connection.
-
-Every IAC figure is given with its ratio to A2A JSON-RPC/HTTP, per round and as the median.
-HTTP here is plain (no TLS, no authentication); every IAC call is signed and verified both ways.
-"""
+One server process hosts the same a2a-sdk agent as a stock JSON-RPC server (uvicorn) and on an
+IAC node; the client makes the same calls through ``JsonRpcTransport`` and ``IacTransport``, in
+turns: ``SendMessage`` p50 and calls/s at 64 in flight, parts/s of one ``SendStreamingMessage``,
+and bytes per ``SendMessage`` at the socket through a counting relay. HTTP is plain; every IAC
+call is signed and verified both ways."""
 
 from __future__ import annotations
 
@@ -31,7 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from iac.bench.harness import counting
-from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.paths import TEST_CORPUS, module_argv
+from iac.bench.harness.process import Endpoint
+from iac.bench.harness.results import turn_order
 
 HTTP = "A2A JSON-RPC/HTTP"
 IAC = {"quic": "A2A over IAC-QUIC", "tls": "A2A over IAC-TLS/TCP", "unix": "A2A over IAC-UNIX"}
@@ -234,30 +227,23 @@ async def bytes_per_call(name: str, info: dict[str, Any], payloads: list[str], n
 
 
 async def measure(plan: dict[str, int], say: Callable[[str], None]) -> dict[str, Any]:
-    from iac.bench.harness.results import turn_order
-
     payloads = texts(max(plan["sequential"], 200))
+    names = [HTTP, *IAC.values()]
+    figures: dict[str, dict[str, list[float]]] = {
+        n: {"p50_us": [], "rps_64": [], "parts_per_s": []} for n in names
+    }
+    steps: dict[str, Callable[[Contender], Awaitable[float]]] = {
+        "p50_us": lambda c: sequential_p50(c, payloads, plan["sequential"]),
+        "rps_64": lambda c: rate_at_64(c, payloads, plan["concurrent"]),
+        "parts_per_s": lambda c: parts_per_second(c, plan["parts"]),
+    }
     with tempfile.TemporaryDirectory(prefix="iac-a2a-") as workdir:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "iac.bench.scenarios.a2a_calls", workdir,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        server = Endpoint(module_argv("iac.bench.scenarios.a2a_calls", workdir), ready=False, stderr=None)
         try:
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            info = json.loads(line)
-            names = [HTTP, *IAC.values()]
+            info = server.read(60)
             contenders = {n: Contender(n, info) for n in names}
             for c in contenders.values():
                 await c.start()
-            figures: dict[str, dict[str, list[float]]] = {
-                n: {"p50_us": [], "rps_64": [], "parts_per_s": []} for n in names
-            }
-            steps: dict[str, Callable[[Contender], Awaitable[float]]] = {
-                "p50_us": lambda c: sequential_p50(c, payloads, plan["sequential"]),
-                "rps_64": lambda c: rate_at_64(c, payloads, plan["concurrent"]),
-                "parts_per_s": lambda c: parts_per_second(c, plan["parts"]),
-            }
             for c in contenders.values():  # warm-up: connections (64 for HTTP), caches, dictionaries
                 await sequential_p50(c, payloads, 10)
                 await rate_at_64(c, payloads, 64)
@@ -272,9 +258,7 @@ async def measure(plan: dict[str, int], say: Callable[[str], None]) -> dict[str,
             say("bytes on the wire")
             wire = {n: await bytes_per_call(n, info, payloads, plan["bytes_calls"], workdir) for n in names}
         finally:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            await asyncio.wait_for(proc.wait(), 20)
+            server.close()
     ratios: dict[str, dict[str, float]] = {}
     for name in IAC.values():
         rr: dict[str, float] = {

@@ -162,10 +162,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
 
             steps = {label: counted(label, fn) for label, fn in bench.contenders().items()}
             figs = await interleave_async(
-                steps,
-                rounds,
-                warmup=warmup,
-                on_round=lambda r: ctx.progress(f"{n} agents: round {r + 1}/{rounds}"),
+                steps, rounds, warmup, lambda r: ctx.progress(f"{n} agents: round {r + 1}/{rounds}")
             )
             for label in sent:  # the first entries are the warm-ups
                 sent[label] = sent[label][warmup:]
@@ -182,31 +179,18 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
         for label, values in figs.items():
             res.add(label, f"completion, {n} agents", "ms", values, secures=BROADCAST_SECURES.get(label))
             series.setdefault(label, {})[str(n)] = median(values)
+        metric = f"IAC frame bytes sent per broadcast, all agents, {n} agents"
         for label, values in sent.items():
             if values:
-                res.add(
-                    label,
-                    f"IAC frame bytes sent per broadcast, all agents, {n} agents",
-                    "B",
-                    values,
-                    baseline=mesh.IAC_FANOUT,
-                )
+                res.add(label, metric, "B", values, baseline=mesh.IAC_FANOUT)
     res.series["completion_vs_agents_ms"] = series
     if base != mesh.HTTP_ED25519:
         res.notes.append("No HTTP baselines: aiohttp is not installed; IAC fan-out is the baseline.")
     res.notes.append(
-        "Completion = from the origin's first call to the handler of the last of the N-1 other agents. "
-        "All agents run in this one process on one event loop, on UNIX sockets, so the figure is the "
-        "CPU of every hop on one core. IAC broadcast: Node.broadcast flooded over a seeded random "
-        "connected graph (spanning tree + N/2 extra links: "
+        "Completion = from the origin's first call to the handler of the last of the N-1 other agents, "
+        'all in this process on UNIX sockets (benchmarks/README.md, "Broadcast"); graph: '
         + ", ".join(f"{n} agents {k} links" for n, k in res.raw["links"].items())
-        + "), signed once by the origin, verified and deduplicated by each agent, forwarded to every "
-        "other neighbour; the origin rotates. IAC fan-out: one origin connected to all N-1 agents, "
-        "one signed Node.send each. HTTP fan-out: aiohttp, a keep-alive connection to each agent's "
-        "server, one body (Ed25519-signed once, or hashed once) POSTed to all N-1 at once; each server "
-        f"verifies it. NATS fan-out: one publish on a subject that N-1 subscriber connections (in this "
-        "process) receive through a nats-server on loopback; +Ed25519 signs it once, each subscriber "
-        f"verifies it. {rounds} rounds after 2 warm-ups, turns A B … B A."
+        + f"; {rounds} rounds after 2 warm-ups, turns A B … B A."
     )
     why = brokers.missing("nats")
     if why:
@@ -215,12 +199,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
 
 def sc_filetransfer(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import filetransfer
-    from iac.node.node import Node
 
-    if not hasattr(Node, "send_file"):
-        res.status = "unavailable"
-        res.reason = "iac.Node has no send_file() in this version"
-        return
     mib, rounds = (8, 3) if ctx.quick else (48, 5)
     work = Path(tempfile.mkdtemp(prefix="files-", dir=ctx.tmp))  # private: it holds UNIX sockets
     src = filetransfer.make_file(work / "payload.bin", mib)
@@ -274,18 +253,9 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
                 res.add(label, "datagrams per GSO sendmsg", "datagrams", [segments / trains])
     res.raw = {"file_mib": mib, "rounds": rounds, "mb_s": figs, "link": reports}
     res.notes.append(
-        f"One {mib} MiB file of seeded random bytes, sent once per turn by each contender on loopback "
-        f"({rounds} rounds after a warm-up, turns A B … B A); MB/s = 10^6 bytes/s from the first byte "
-        "to the receiver's confirmation; the connection is set up before the clock starts. "
-        "IAC: Node.send_file (chunks as signed FILE_TRANSFER messages, default window, the receiver "
-        "checks the SHA-256 and renames the file into its inbox; durable_files off). Bare aioquic: "
-        "one QUIC stream, the server writes the bytes to disk and hashes them, nothing signed: the "
-        "ceiling of the QUIC stack IAC-QUIC runs on (IAC-QUIC[qh3] is compared with bare qh3, when "
-        "installed). TLS and UNIX rows are compared with bare aioquic too (a different transport). "
-        "IAC-QUIC runs with path MTU discovery (up to 1,472 bytes), segmentation offload (GSO) and "
-        "ACK frequency by default; the variants turn them off, or let the probe go up to 16 KiB (loopback "
-        "carries 65,536-byte packets); 'datagram size' is what the search settled on, 'CPU s per "
-        "MB' the process CPU of both nodes (one process) per MB sent."
+        f"One {mib} MiB file of seeded random bytes per turn on loopback, {rounds} rounds after a warm-up, "
+        "turns A B … B A; MB/s = 10^6 bytes/s to the receiver's confirmation (benchmarks/README.md, "
+        '"File transfer").'
     )
 
 

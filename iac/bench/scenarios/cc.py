@@ -2,41 +2,15 @@
 
     sudo .venv/bin/iac bench --only cc [--quick]
 
-Two network namespaces joined by :class:`netem.Link`, with a bottleneck
-(:class:`netem.Bottleneck`: a rate limit and a drop-tail queue of :data:`netem.SHALLOW_BDP`
-or :data:`netem.DEEP_BDP` bandwidth-delay products, then the delay and random loss of the
-path, the same for UDP and TCP). Namespace b runs a *sink* (accepts bulk connections,
-counts what arrives and when) and an *echo* server (answers each request frame); namespace a
-runs, per run and in processes of their own, a *bulk* sender and a *requests* client, both
-dialing with the contender's transport and congestion control:
-
-* **bulk**: 16 KiB MESSAGE frames (random bytes, sent raw), back to back through
-  ``Connection.send`` for ``seconds``; goodput = bytes that reached the sink in order within
-  those seconds (its clock and the sender's are the same monotonic clock): QUIC stream data
-  as aioquic hands it to IAC, TLS frames as the sink reads them. (Over QUIC whole frames reach
-  the application in bursts: every frame has a stream of its own, aioquic sends its streams
-  round robin, so up to the peer's stream credit of frames, 2 MiB, complete together.)
-* **requests**: on their own connection between the same two hosts, one 200-byte request
-  at a time, echoed; latencies from ``warmup`` seconds after the bulk transfer started to its
-  end; p50 and p99 per run.
-
-Contenders: IAC-QUIC with BBR, CUBIC and Reno (``TransportConfig.congestion``) and IAC-TLS/TCP
-with the kernel's cubic and bbr (``TCP_CONGESTION`` on the client's sockets, checked). Each
-setting runs every contender ``reps`` times in turns (A B … B A). Sharing: two bulk flows of
-different (or the same) algorithms start together through one bottleneck.
-
-Per run: each process's CPU % (the sender and the requests client measure their own CPU time;
-the sink, the echo server and the forwarder are read from ``/proc``); a run with any process
-above :data:`netem.CPU_LIMIT_PERCENT` is CPU-limited. QUIC's retransmitted bytes are the bytes
-of packets aioquic declared lost (or re-sent on a probe timeout), TCP's ``tcpi_bytes_retrans``.
-
-Endpoints, driven by JSON lines on stdin/stdout (as in ``loss.py``): ``cc.py sink|echo --host H``
-print ``{"ready": true, ...urls}``; ``cc.py bulk|requests --target JSON ...`` print
-``{"ready": true}`` once connected, start on ``{"cmd": "go"}`` and answer with their report.
-"""
+Two network namespaces joined by :class:`netem.Link` with a :class:`netem.Bottleneck`; namespace
+b runs the sink and the echo server, namespace a a bulk sender and a requests client per run
+(the endpoints: :mod:`iac.bench.contenders.ccflows`), each contender's transport and congestion
+control. Contenders, settings, sharing and the CPU limit: benchmarks/README.md, "Congestion
+control"."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -70,11 +44,7 @@ TCP_BBR = Contender("IAC-TLS/TCP bbr", "tls", "bbr")
 BBR_LINK_OFF = Contender("IAC-QUIC BBR, PMTUD and GSO off", "quic", "bbr", link=False)
 CONTENDERS = (BBR, CUBIC, RENO, TCP_CUBIC, TCP_BBR)
 #: The aioquic controller class each QUIC contender must be running (checked per run).
-QUIC_CLASSES = {
-    "bbr": "BbrCongestionControl",
-    "cubic": "CubicCongestionControl",
-    "reno": "RenoCongestionControl",
-}
+QUIC_CLASSES = {cc: f"{cc.capitalize()}CongestionControl" for cc in ("bbr", "cubic", "reno")}
 
 
 @dataclass(frozen=True)
@@ -118,13 +88,8 @@ class Plan:
     share_reps: int = 2
 
     def settings(self) -> list[Setting]:
-        return [
-            Setting(rate, rtt, loss, buf)
-            for rate in self.rates
-            for rtt in self.rtts
-            for buf in self.buffers
-            for loss in self.losses
-        ]
+        grid = itertools.product(self.rates, self.rtts, self.buffers, self.losses)
+        return [Setting(rate, rtt, loss, buf) for rate, rtt, buf, loss in grid]
 
 
 FULL_PLAN = Plan()
@@ -339,12 +304,8 @@ def run_cc(plan: Plan, progress: Callable[[str], None] = lambda s: None, seed: i
         "status": "ok",
         "reason": None,
         "plan": {
-            "name": plan.name,
-            "seconds": plan.seconds,
-            "reps": plan.reps,
+            **{k: getattr(plan, k) for k in ("name", "seconds", "reps", "share_seconds", "share_reps")},
             "warmup_s": plan.warmup,
-            "share_seconds": plan.share_seconds,
-            "share_reps": plan.share_reps,
             "shallow_bdp": netem.SHALLOW_BDP,
             "deep_bdp": netem.DEEP_BDP,
             "cpu_limit_percent": netem.CPU_LIMIT_PERCENT,

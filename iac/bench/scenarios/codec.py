@@ -4,25 +4,9 @@
     .venv/bin/python -m iac.bench.scenarios.codec --quick         # smoke test (200 messages, 3 repetitions)
     .venv/bin/python -m iac.bench.scenarios.codec --json out.json # also write the results as JSON
 
-Timing (one process, pinned to one core where the OS allows it):
-
-* encode = ``build_message`` + ``encode_message_frame`` with the shipped dictionary:
-  build, serialize, sign, serialize again, compress, frame.
-* decode = ``decode_message_frame``: frame header, zstd header check, decompress,
-  field-8 scan, protobuf parse, AgentId check, signature verification.
-* sign / verify = PyNaCl's ``SigningKey.sign`` and ``VerifyKey.verify`` of the very bytes
-  the codec signs and verifies (``iac-msg-v1 || 0x00 || unsigned message``).
-
-The four passes are interleaved (encode, sign, decode, verify; the order alternates
-each repetition) and each pass runs over every message; the table shows the median
-and the min/max of the per-repetition means. The ratio is
-``(t_sign + t_verify) / (t_encode + t_decode)`` per repetition (its four passes ran back to
-back), reported as the median over repetitions: the codec's rate over the rate of the two bare
-Ed25519 operations (target >= 0.8).
-
-Sizes (always over the whole test file): see ``envelope_http`` for exactly what the
-HTTP+JSON+SHA-256 column counts.
-"""
+The four passes (encode, sign, decode, verify), how they alternate, the ratio and the sizes are
+in benchmarks/README.md, "Codec: what the benchmark measures"; ``envelope_http`` says what the
+HTTP+JSON+SHA-256 column counts."""
 
 from __future__ import annotations
 
@@ -44,6 +28,7 @@ import zstandard
 from iac.bench.contenders.baselines import HTTP_PASSWORD, HTTP_PATH
 from iac.bench.harness.environment import environment
 from iac.bench.harness.paths import TEST_CORPUS
+from iac.bench.harness.results import turn_order
 from iac.bench.harness.stats import median
 from iac.wire import (
     DictionarySet,
@@ -77,18 +62,9 @@ def load_payloads(path: Path) -> list[str]:
 
 
 def envelope_http(sender: str, to: str, payload_json: str, timestamp_us: int, msg_id: int) -> bytes:
-    """The same message as an HTTP/1.1 POST with a JSON body and a SHA-256 "signature".
-
-    Counted: request line ``POST /iac/v1/messages HTTP/1.1``, headers ``Host``,
-    ``Content-Type: application/json`` and ``Content-Length`` (CRLF line ends, one blank
-    line), and the body: compact JSON (no spaces) with keys ``from`` and ``to`` (the
-    64-hex AgentIds), ``type`` (the MessageType name), ``payload`` (the payload JSON
-    embedded as a value, not re-quoted as a string — the smaller choice), ``timestamp``
-    (µs), ``msg_id``, ``session_id`` (integers) and ``hash`` = hex SHA-256 of
-    payload+password. Not counted: TLS, TCP/IP, and headers real clients add
-    (User-Agent, Accept, Accept-Encoding, Connection...), so this is a lower bound
-    for HTTP. The body is not compressed (request bodies rarely are).
-    """
+    """The same message as an HTTP/1.1 POST with a compact JSON body and a SHA-256 "signature"
+    (hex SHA-256 of payload+password): exactly what benchmarks/README.md, "Codec", lists; a lower
+    bound for HTTP (no TLS, TCP/IP or headers real clients add)."""
     digest = hashlib.sha256((payload_json + HTTP_PASSWORD).encode()).hexdigest()
     head = (f'{{"from":"{sender}","to":"{to}","type":"{MSG_TYPE.name}","payload":').encode()
     tail = (
@@ -235,27 +211,17 @@ def measure_speed(payloads: Sequence[str], reps: int) -> dict[str, object]:
         to_sign.append(signing_input(Domain.MESSAGE, unsigned_bytes(msg)))
     signed = [(m, sk.sign(m).signature) for m in to_sign]
 
-    def bare_sign(m: bytes) -> object:
-        return sk.sign(m)
-
-    def bare_verify(ms: tuple[bytes, bytes]) -> object:
-        return vk.verify(ms[0], ms[1])
-
-    def decode(f: bytes) -> object:
-        return decode_message_frame(f, dictionaries=dset)
-
     ops: dict[str, tuple[Callable[[Any], object], Sequence[Any]]] = {
         "encode": (encode, payloads),
-        "sign": (bare_sign, to_sign),
-        "decode": (decode, frames),
-        "verify": (bare_verify, signed),
+        "sign": (lambda m: sk.sign(m), to_sign),
+        "decode": (lambda f: decode_message_frame(f, dictionaries=dset), frames),
+        "verify": (lambda ms: vk.verify(ms[0], ms[1]), signed),
     }
     for fn, items in ops.values():  # warm-up
         timed_pass(fn, items[: max(1, len(items) // 4)])
     times: dict[str, list[float]] = {k: [] for k in ops}
-    order = list(ops)
-    for r in range(reps):
-        for name in order if r % 2 == 0 else order[::-1]:
+    for order in turn_order(list(ops), reps):
+        for name in order:
             fn, items = ops[name]
             times[name].append(timed_pass(fn, items))
     med = {k: median(v) for k, v in times.items()}

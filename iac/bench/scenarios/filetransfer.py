@@ -16,6 +16,7 @@ from typing import Any
 
 from iac.node.config import NodeConfig
 from iac.node.node import Node
+from iac.transport.quic.backend import set_backend
 
 #: The IAC-QUIC variants of the scenario: ``TransportConfig`` fields by label suffix.
 LINK_VARIANTS: dict[str, dict[str, Any]] = {
@@ -37,12 +38,7 @@ def make_file(path: Path, mib: int, seed: int = 1) -> Path:
 
 @contextlib.contextmanager
 def quic_backend(name: str | None) -> Iterator[None]:
-    """Listeners and dials started inside use QUIC backend ``name`` (when IAC has the switch)."""
-    try:
-        from iac.transport.quic.backend import set_backend
-    except ImportError:
-        yield
-        return
+    """Listeners and dials started inside use QUIC backend ``name``."""
     set_backend(name)
     try:
         yield
@@ -60,12 +56,8 @@ async def bench_iac_file(
     report: dict[str, list[float]] | None = None,
 ) -> float:
     """MB/s of one ``Node.send_file`` (connection set up before the clock starts); the received
-    file is checked for size and removed. ``link``: ``TransportConfig`` fields for both nodes
-    (``quic_pmtud``, ``quic_gso``, ``quic_max_datagram_size``); ``report`` (QUIC) gets the
-    datagram size path MTU discovery settled on (``datagram_bytes``), the trains segmentation
-    offload sent (``gso_trains``, ``gso_segments``), the process's CPU seconds per MB, both
-    ends together (``cpu_s_per_mb``), and the ACK frames the sender processed per MB
-    (``ack_frames_per_mb``)."""
+    file is checked for size and removed. ``link``: ``TransportConfig`` fields for both nodes;
+    ``report`` (QUIC) gets the link figures the scenario shows (the keys it reads)."""
     from dataclasses import replace
 
     scheme = url.split(":", 1)[0]
@@ -113,11 +105,8 @@ async def bench_iac_file(
 
 
 async def bench_bare_aioquic(path: Path, workdir: Path, lib: str = "aioquic", datagram: int = 1200) -> float:
-    """One QUIC stream: the client reads the file onto it; the server writes it to disk and hashes it;
-    ``datagram``: both sides' largest UDP payload.
-
-    ``lib``: ``aioquic``, or ``qh3`` (aioquic's API on a Rust core) for the accelerated backend's ceiling.
-    """
+    """MB/s of one QUIC stream (``lib``: ``aioquic`` or ``qh3``): the client reads the file onto it,
+    the server writes it to disk and hashes it; ``datagram``: both sides' largest UDP payload."""
     import importlib
 
     aio = importlib.import_module(f"{lib}.asyncio")

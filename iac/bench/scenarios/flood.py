@@ -3,20 +3,10 @@
     .venv/bin/python -m iac.bench.scenarios.flood [--quick] [--json FILE]
     .venv/bin/python -m iac.bench.harness.record flood          # a full run kept in benchmarks/results/
 
-Three processes on loopback: the node (``flood.py serve``: an :class:`iac.Node` on TLS whose RUN
-handler does nothing), a flooder (``flood.py flood``: one authenticated connection that sends
-one-way RUN messages, signed ahead of time, at a fixed rate) and, in this process, an
-honest :class:`iac.Node` that sends one request at a time. Each repetition measures the honest
-request p50 with no flood, then during a flood of ``--seconds``; the figure is the median over
-repetitions of p50 during ÷ p50 without, measured back to back. Target (the hostile-input
-issue): ≤ 1.5, whatever the machine's speed (a node that verifies fewer messages per second
-than the flood sends must still share its time fairly between the peers that are waiting).
-Also reported: what the node handled of the flood and refused as ``busy`` or throttled.
-
-Two cases (:data:`CASES`): 10,000 messages/s to handlers that return at once, where the event
-loop is the limit, and 4,000/s to plain functions that block for 2 ms on the node's worker
-threads (``sync_in_thread``), where the threads are the limit.
-"""
+Three processes on loopback: the node (``flood.py serve``), the flooder (``flood.py flood``,
+messages signed ahead, at a fixed rate) and the honest peer in this one. The figure is the
+median over repetitions of p50 during ÷ p50 without (target :data:`TARGET`), for the two
+:data:`CASES`; benchmarks/README.md, "Sharing the node under a flood"."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Requests under loss and delay (``iac bench --only loss``, as root).
 
-``run_loss``: 64 concurrent independent requests, again and again, between two network namespaces
-joined by :class:`iac.testing.netem.Link` (10 ms each way = 20 ms RTT) at 0 %, 1 % and 3 % loss
-per packet and per direction, for IAC over QUIC, IAC over TLS/TCP and HTTP/1.1 (aiohttp
-keep-alive, JSON + SHA-256(payload+password), 64 connections; only when aiohttp is installed).
-The servers (:mod:`iac.bench.contenders.endpoints`) run in namespace b, the clients in namespace
-a, each in its own process (``ip netns exec``). Per loss level the contenders take turns
-(A B C C B A …); each turn is ``batches`` x 64 requests; a turn's p50/p99 come from its requests,
-and the figures are the median [min .. max] over turns. At 0 % loss the forwarder's counters also
-give the bytes on the wire per request: whole IP packets both ways (IP, UDP/TCP, QUIC/TLS, HTTP
-headers and ACKs included).
-"""
+``run_loss``: 64 concurrent requests, again and again, between two network namespaces joined by
+:class:`iac.testing.netem.Link` (20 ms RTT) at each loss level, IAC over QUIC and TLS/TCP and
+HTTP/1.1 (with aiohttp), in turns; at 0 % loss also the IP bytes on the wire per request.
+benchmarks/README.md, "Loss and delay"."""
 
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ from typing import Any
 
 from iac.bench.contenders.endpoints import NAMES, have_aiohttp, start_pair
 from iac.bench.harness.process import Pair
-from iac.bench.harness.results import Result, downsample
+from iac.bench.harness.results import Result, downsample, turn_order
 from iac.bench.harness.stats import median, percentile
 
 # --- the loss scenario --------------------------------------------------------------------------
@@ -83,14 +76,15 @@ def run_loss(
                 link.set_impairment(Impairment(delay=plan.one_way_delay, loss=loss))
                 for c in contenders:  # warm-up at this loss level
                     pairs[c].run(plan.concurrency, plan.concurrency)
-                p50: dict[str, list[float]] = {c: [] for c in contenders}
-                p99: dict[str, list[float]] = {c: [] for c in contenders}
-                wire: dict[str, list[float]] = {c: [] for c in contenders}
-                samples: dict[str, list[float]] = {c: [] for c in contenders}
+                figs: dict[str, dict[str, list[float]]] = {
+                    k: {c: [] for c in contenders}
+                    for k in ("p50_ms", "p99_ms", "wire_bytes_per_request", "samples_ms")
+                }
+                p50, p99, wire, samples = figs.values()
                 errors = dict.fromkeys(contenders, 0)
-                for r in range(plan.rounds):
+                for r, order in enumerate(turn_order(contenders, plan.rounds)):
                     progress(f"loss {loss:.0%}: round {r + 1}/{plan.rounds} ({li + 1}/{len(plan.losses)})")
-                    for c in contenders if r % 2 == 0 else contenders[::-1]:
+                    for c in order:
                         before = link.stats()
                         res = pairs[c].run(plan.concurrency, n)
                         after = link.stats()
@@ -102,17 +96,7 @@ def run_loss(
                             samples[c].extend(x / 1e3 for x in lat)
                         moved = sum(after[d]["bytes"] - before[d]["bytes"] for d in after)
                         wire[c].append(moved / n)
-                levels.append(
-                    {
-                        "loss": loss,
-                        "p50_ms": p50,
-                        "p99_ms": p99,
-                        "wire_bytes_per_request": wire,
-                        "errors": errors,
-                        "samples_ms": samples,
-                        "link": link.stats(),
-                    }
-                )
+                levels.append({"loss": loss, **figs, "errors": errors, "link": link.stats()})
         finally:
             for pair in pairs.values():
                 pair.close()
@@ -160,10 +144,7 @@ def loss_rows(res: Result, out: dict[str, Any]) -> None:
     res.notes.append(
         f"64 concurrent independent requests, {out['plan']['requests_per_turn']} per turn, "
         f"{plan['rounds']} rounds per loss level; 20 ms RTT ({plan['one_way_delay_s'] * 1e3:.0f} ms each "
-        "way); loss "
-        "applies to every IP packet in each direction (TUN link between two network namespaces, "
-        "iac/testing/netem.py); IAC endpoints run inside the namespaces. HTTP/1.1 uses 64 keep-alive "
-        "connections, IAC one connection."
+        'way); loss applies to every IP packet in each direction (benchmarks/README.md, "Loss and delay").'
     )
     res.notes.extend(out["notes"])
     res.raw = out

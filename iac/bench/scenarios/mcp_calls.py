@@ -3,20 +3,10 @@
 
     .venv/bin/python -m iac.bench.scenarios.mcp_calls [--quick] [--json OUT]
 
-One server process hosts the same ``MCPServer`` (the stock SDK; one tool, ``echo``) twice: on an
-IAC node serving MCP over IAC on QUIC, TLS/TCP and UNIX, and as MCP's streamable HTTP (Starlette
-under uvicorn, stateful sessions, SSE responses; plain HTTP on loopback). A third contender is
-the same server as a stdio child of the client (MCP's stdio transport, a local server). The
-client is the SDK's ``ClientSession`` over each transport, taking turns each round (the order
-turns around every round):
-
-* tool-call p50: sequential ``tools/call`` of ``echo`` with a 200-byte text;
-* calls/s with 32 in flight (the same call).
-
-Every IAC call is signed by the client's node and verified by the agent's (and every part back
-the other way); HTTP and stdio carry no signature. Figures are medians over rounds; each IAC
-figure has its ratio to streamable HTTP. Imports only ``iac`` and ``mcp``.
-"""
+One server process hosts the same ``MCPServer`` (one tool, ``echo``) on an IAC node and as
+streamable HTTP; a third contender is MCP stdio. The client is the SDK's ``ClientSession`` over
+each, in turns: tool-call p50 and calls/s at :data:`IN_FLIGHT` in flight; benchmarks/README.md,
+"MCP tool calls"."""
 
 from __future__ import annotations
 
@@ -34,6 +24,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from iac.bench.harness.paths import RESULTS
+from iac.bench.harness.process import Endpoint
+from iac.bench.harness.results import turn_order
+
 HTTP = "MCP streamable HTTP"
 STDIO = "MCP stdio"
 IAC = {"quic": "MCP over IAC-QUIC", "tls": "MCP over IAC-TLS/TCP", "unix": "MCP over IAC-UNIX"}
@@ -42,8 +36,7 @@ FULL = {"rounds": 5, "sequential": 200, "concurrent": 800}
 IN_FLIGHT = 32
 TEXT = "x" * 200
 SCRIPT = Path(__file__).resolve()
-ROOT = SCRIPT.parent.parent
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "2026-12-01-mcp-calls.json"
+DEFAULT_OUT = RESULTS / "2026-12-01-mcp-calls.json"
 
 
 def make_server() -> Any:
@@ -161,18 +154,12 @@ async def measure(open_: Opener, sequential: int, concurrent: int) -> dict[str, 
 
 async def run(sizes: dict[str, int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="iac-mcp-") as workdir:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(SCRIPT), "--serve", workdir,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None and proc.stdin is not None
+        server = Endpoint([sys.executable, str(SCRIPT), "--serve", workdir], ready=False, stderr=None)
         try:
-            info = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
-            contenders = openers(info)
+            contenders = openers(server.read(60))
             names = list(contenders)
             rounds: list[dict[str, dict[str, float]]] = []
-            for r in range(sizes["rounds"]):
-                order = names if r % 2 == 0 else names[::-1]
+            for r, order in enumerate(turn_order(names, sizes["rounds"])):
                 got = {}
                 for name in order:
                     got[name] = await measure(contenders[name], sizes["sequential"], sizes["concurrent"])
@@ -180,11 +167,7 @@ async def run(sizes: dict[str, int]) -> dict[str, Any]:
                           f"{got[name]['calls_per_s']:.0f} calls/s", file=sys.stderr)  # fmt: skip
                 rounds.append(got)
         finally:
-            proc.stdin.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 10)
-            if proc.returncode is None:
-                proc.kill()
+            server.close()
     medians: dict[str, dict[str, float]] = {}
     for name in names:
         medians[name] = {

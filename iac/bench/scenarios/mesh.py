@@ -2,22 +2,9 @@
 
     .venv/bin/python -m iac.bench.scenarios.mesh [--quick] [--file-mib N] [--json OUT]
 
-* Broadcast completion (:class:`BroadcastBench`): N agents (10, 50, 100) in this one
-  process, on UNIX sockets; the time from the origin's first call to the last agent's
-  handler. Contenders, taking turns: ``Node.broadcast`` flooded over a seeded random
-  connected graph (a spanning tree plus N/2 extra links; the origin rotates); IAC fan-out
-  (one origin connected to all N-1 agents, one ``Node.send`` to each); HTTP fan-out
-  (aiohttp, one keep-alive connection per agent, the same body POSTed to each of the N-1
-  agents' servers; JSON signed once with Ed25519, or JSON + SHA-256(payload+password)).
-* Delegation through one relay vs direct: DELEGATE_TASK requests/s from A to C
-  with 32 in flight, A—C directly and A—B—C with B relaying (TLS on loopback).
-* File transfer: ``Node.send_file`` over QUIC, TLS and UNIX on loopback vs a bare aioquic
-  single-stream transfer of the same file (client reads the file onto one stream; server
-  writes it to disk and hashes it), in the same run.
-
-The suite (``iac/bench/main.py``, scenarios ``broadcast`` and ``filetransfer``) drives
-these functions and interleaves the contenders.
-"""
+Broadcast completion (:class:`BroadcastBench`, also the suite's ``broadcast`` scenario),
+DELEGATE_TASK requests/s through one relay vs direct, and ``Node.send_file`` vs one bare
+aioquic stream; benchmarks/README.md, "Mesh" and "Suite" (broadcast)."""
 
 from __future__ import annotations
 
@@ -116,11 +103,8 @@ def _sha(payload: str) -> str:
 
 
 class BroadcastBench:
-    """N agents reached from one origin, several ways, all in this process on UNIX sockets.
-
-    ``await setup()``, then any of :meth:`iac_mesh`, :meth:`iac_fanout`, :meth:`http_fanout`
-    (each returns one completion time in ms), then ``await close()``.
-    """
+    """N agents reached from one origin, several ways (:meth:`contenders`), all in this process on
+    UNIX sockets: ``await setup()``, then each contender returns one completion time in ms."""
 
     def __init__(self, n: int, workdir: Path, *, http: bool | None = None, seed: int | None = None) -> None:
         if n < 2:
@@ -136,7 +120,7 @@ class BroadcastBench:
         self._http_runners: list[Any] = []
         self._http_sessions: list[Any] = []
         self._cleanups: list[Callable[[], Awaitable[None]]] = []
-        self.nats = brokers.NatsFanout(n, self._hit) if brokers.missing("nats") is None else None
+        self.nats = brokers.NatsFanout(n, self.done.hit) if brokers.missing("nats") is None else None
 
     def contenders(self) -> dict[str, Callable[[], Awaitable[float]]]:
         out: dict[str, Callable[[], Awaitable[float]]] = {
@@ -151,16 +135,10 @@ class BroadcastBench:
             out[NATS_FANOUT] = lambda: self.nats_fanout(signed=False)
         return out
 
-    def _hit(self, key: int) -> None:
-        self.done.hit(key)
-
     async def nats_fanout(self, signed: bool) -> float:
-        assert self.nats is not None
-        key, payload = self._payload()
-        fut = self.done.arm(key, self.n - 1)
-        t0 = time.perf_counter()
-        await self.nats.publish(key, payload, signed)
-        return (await asyncio.wait_for(fut, WAIT_S) - t0) * 1e3
+        nats = self.nats
+        assert nats is not None
+        return await self._completion(lambda key, payload: nats.publish(key, payload, signed))
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -241,9 +219,14 @@ class BroadcastBench:
 
     # --- contenders --------------------------------------------------------------------------
 
-    def _payload(self) -> tuple[int, dict[str, Any]]:
+    async def _completion(self, send: Callable[[int, dict[str, Any]], Awaitable[object]]) -> float:
+        """ms from ``send(key, payload)``'s call to the handler of the last of the N-1 agents."""
         self.key += 1
-        return self.key, {**BROADCAST_PAYLOAD, "k": self.key}
+        key, payload = self.key, {**BROADCAST_PAYLOAD, "k": self.key}
+        fut = self.done.arm(key, self.n - 1)
+        t0 = time.perf_counter()
+        await send(key, payload)
+        return (await asyncio.wait_for(fut, WAIT_S) - t0) * 1e3
 
     async def _settle(self) -> None:
         """Wait until the flood's late duplicates stop arriving (so the next turn runs on a quiet loop)."""
@@ -260,44 +243,36 @@ class BroadcastBench:
         return sum(nd.stats().bytes_sent for nd in (*self.mesh, *self.star))
 
     async def iac_mesh(self) -> float:
-        key, payload = self._payload()
-        fut = self.done.arm(key, self.n - 1)
-        origin = self.mesh[(key * 7) % self.n]
-        t0 = time.perf_counter()
-        await origin.broadcast(MessageType.BROADCAST, payload)
-        t1 = await asyncio.wait_for(fut, WAIT_S)
+        ms = await self._completion(
+            lambda key, payload: self.mesh[(key * 7) % self.n].broadcast(MessageType.BROADCAST, payload)
+        )
         await self._settle()
-        return (t1 - t0) * 1e3
+        return ms
 
     async def iac_fanout(self) -> float:
-        key, payload = self._payload()
-        fut = self.done.arm(key, self.n - 1)
         hub = self.star[0]
-        t0 = time.perf_counter()
-        await asyncio.gather(
-            *(hub.send(leaf.agent_id, MessageType.BROADCAST, payload) for leaf in self.star[1:])
+        return await self._completion(
+            lambda _key, payload: asyncio.gather(
+                *(hub.send(leaf.agent_id, MessageType.BROADCAST, payload) for leaf in self.star[1:])
+            )
         )
-        t1 = await asyncio.wait_for(fut, WAIT_S)
-        return (t1 - t0) * 1e3
 
     async def http_fanout(self, signed: bool) -> float:
-        key, payload = self._payload()
-        fut = self.done.arm(key, self.n - 1)
         headers = {"Content-Type": "application/json", "X-Signed": "1" if signed else "0"}
-        t0 = time.perf_counter()
-        # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
-        body = http_body(json.dumps(payload), key, self._origin_signer if signed else None)
 
-        async def post(session: Any) -> None:
+        async def post(session: Any, body: bytes) -> None:
             async with session.post(
                 f"http://localhost{baselines.HTTP_PATH}", data=body, headers=headers
             ) as resp:
                 if resp.status != 204:
                     raise RuntimeError(f"HTTP {resp.status}")
 
-        await asyncio.gather(*(post(s) for s in self._http_sessions))
-        t1 = await asyncio.wait_for(fut, WAIT_S)
-        return (t1 - t0) * 1e3
+        def send(key: int, payload: dict[str, Any]) -> Awaitable[object]:
+            # one body for every agent (signed or hashed once): the cheapest an HTTP sender can do
+            body = http_body(json.dumps(payload), key, self._origin_signer if signed else None)
+            return asyncio.gather(*(post(s, body) for s in self._http_sessions))
+
+        return await self._completion(send)
 
 
 async def bench_broadcast(n: int, rounds: int) -> dict[str, Any]:

@@ -2,24 +2,10 @@
 
     sudo .venv/bin/python -m iac.bench.scenarios.nat [--quick] [--json FILE]
 
-Real NATs in Linux network namespaces (:class:`iac.testing.NatLab`: MASQUERADE, unsolicited
-inbound dropped): a relay (also a registry) in the public namespace, node A and node B each
-behind its own NAT, a route between them through the relay (:class:`iac.testing.nat.NatScene`).
-Each round builds fresh nodes (new ports, new NAT mappings) and measures:
-
-* RTT of requests A -> B (1 KiB of random text) through the relay, then, after the punch,
-  directly (the order is the path's: relayed before the punch, direct after);
-* time to a direct path: ``Traversal.connect_direct`` from its call to the direct connection
-  being registered (PUNCH over the relay, its reply, PUNCH_SYNC, half an RTT, punch, dial);
-* bytes the relay received per request (iptables counters of the public namespace, IP headers
-  included) relayed and direct (keep-alives only).
-
-One more lab with symmetric NATs (``--random-fully``): the punch fails within its bound and
-the requests still arrive through the relay. The links have no added delay (this kernel may
-lack netem; the figures compare paths on the same links): the relayed RTT is the direct one
-plus the relay's hop (receive, verify the FORWARD, send on). Needs root, ``ip``, ``iptables``
-and ``conntrack``; without them the result says why.
-"""
+Real NATs in Linux network namespaces (:class:`iac.testing.NatLab`, :class:`iac.testing.nat.NatScene`),
+fresh nodes every round, then one lab with symmetric NATs where the punch must fail and the
+requests still arrive through the relay; benchmarks/README.md, "Through NATs". Needs root,
+``ip``, ``iptables`` and ``conntrack``; without them the result says why."""
 
 from __future__ import annotations
 
@@ -116,12 +102,8 @@ def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     """``iac bench --only nat``: this script in a child process, its figures as the suite's rows."""
     reason = unavailable()
     if reason is not None:
-        res.status = "skipped"
-        res.reason = (
-            "root needed for ip netns and iptables — run it as root (sudo iac bench)"
-            if reason.startswith("needs root")
-            else reason
-        )
+        root = "root needed for ip netns and iptables — run it as root (sudo iac bench)"
+        res.status, res.reason = "skipped", root if reason.startswith("needs root") else reason
         return
     ctx.progress("nat.py")
     data = run_script(ctx, "nat.py", ["--quick"] if ctx.quick else [], 600)

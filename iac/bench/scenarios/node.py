@@ -7,31 +7,9 @@
     .venv/bin/python -m iac.bench.scenarios.node --loop asyncio     # leave out the uvloop contenders
     .venv/bin/python -m iac.bench.scenarios.node --profile iac-tls  # cProfile the IAC-TLS server process
 
-Contenders, one run, side by side (``benchmarks/README.md``, "Node", says it all at length):
-
-* ``iac-quic``, ``iac-tls``, ``iac-unix`` (:mod:`iacnode`) — ``Node.request`` with a RUN
-  message whose payload is the corpus object, the full pipeline both ways; ``iac-quic-qh3``
-  on the qh3 backend when it is installed. Also **one-way**: CREATE frames signed ahead, sent
-  on a connection of their own, counted by the node's handler.
-* ``floor-quic``, ``floor-tls``, ``floor-unix`` (:mod:`floor`) — the same exchange over the
-  same transport doing only the codec work a request must do inline, contexts prepared
-  ahead; and its **echo** phase, the transport alone.
-* ``…-uvloop`` — an IAC or floor contender on uvloop, server and client (:mod:`lanes`;
-  ``--loop asyncio|uvloop|both``, default both when uvloop is installed).
-* the baselines of :mod:`baselines`: ``http-sha256``, ``http-ed25519`` (the reference),
-  ``http-ed25519-tls``, ``http-ed25519-unix``, ``grpc``; on the stdlib loop.
-
-Method: every server in its own process, every client in this one. Per repetition: the codec
-primitives timed alone and the codec's single-core decode rate (:mod:`primitives`); then each
-contender in turn (the order reverses every other repetition): ``--count`` sequential
-requests (p50, p99), ``4 × --count`` at 64 in flight (requests/s; CPU per request of the
-server process and of this one), the floors' echo likewise and the IAC one-way batch
-(``4 × --count`` messages). Two-process scaling and the load are measured before the first
-repetition and after each (:mod:`calibrate`); a repetition below 1.8 is left out of the
-targets that need two cores. Then, untimed, bytes at the socket through a counting relay.
-Tables: median over repetitions [min .. max]; targets, verdicts and the JSON:
-:mod:`nodereport`, printing: :mod:`nodeprint`.
-"""
+Every server in its own process, every client in this one; the contenders (IAC, floors, their
+uvloop lanes, the baselines), the method per repetition and the targets are in
+benchmarks/README.md, "Node". Targets, verdicts and the JSON: :mod:`nodereport`."""
 
 from __future__ import annotations
 
@@ -108,30 +86,23 @@ CONTENDERS = contenders(lanes.LOOPS)
 
 @dataclass(frozen=True)
 class Plan:
-    count: int  # sequential requests per repetition (4x at 64 in flight, 4x one-way)
-    reps: int
-    warm_seq: int
-    warm_conc: int
-    bytes_requests: int
-    bytes_warmup: int
-    settle_s: float  # the pause before a byte count is read
-    calibration_s: float  # the calibration loop alone
+    """The full run's counts (:data:`FULL`); :data:`QUICK` the smoke test's."""
+
+    count: int = 500  # sequential requests per repetition (4x at 64 in flight, 4x one-way)
+    reps: int = 7
+    warm_seq: int = 50
+    warm_conc: int = 4 * IN_FLIGHT
+    bytes_requests: int = 200
+    bytes_warmup: int = 20
+    settle_s: float = 0.05  # the pause before a byte count is read
+    calibration_s: float = 0.1  # the calibration loop alone
 
     @property
     def concurrent(self) -> int:
         return 4 * self.count
 
 
-FULL = Plan(
-    count=500,
-    reps=7,
-    warm_seq=50,
-    warm_conc=4 * IN_FLIGHT,
-    bytes_requests=200,
-    bytes_warmup=20,
-    settle_s=0.05,
-    calibration_s=0.1,
-)
+FULL = Plan()
 QUICK = Plan(
     count=40,
     reps=3,
@@ -218,17 +189,15 @@ async def measure_rep(client: Any, proc: Endpoint, plan: Plan, result: Result, p
     result.p99_us.append(percentile(rtts, 99) * 1e6)
     if is_floor(client.name):  # what the floor's codec work costs on this machine just now
         result.primitives_us.append(prims.in_sequence()["sum"])
-    rps, server_us, client_us = await cpu_phase(client.request, proc, plan.concurrent)
-    result.rps.append(rps)
-    if server_us is not None:
-        result.server_cpu_us.append(server_us)
-    result.client_cpu_us.append(client_us)
-    if is_floor(client.name):
-        rps, server_us, client_us = await cpu_phase(client.echo, proc, plan.concurrent)
-        result.echo_rps.append(rps)
+    phases = [(client.request, result.rps, result.server_cpu_us, result.client_cpu_us)]
+    if is_floor(client.name):  # and the transport alone
+        phases.append((client.echo, result.echo_rps, result.echo_server_cpu_us, result.echo_client_cpu_us))
+    for request, rps, server_cpu, client_cpu in phases:
+        r, server_us, client_us = await cpu_phase(request, proc, plan.concurrent)
+        rps.append(r)
         if server_us is not None:
-            result.echo_server_cpu_us.append(server_us)
-        result.echo_client_cpu_us.append(client_us)
+            server_cpu.append(server_us)
+        client_cpu.append(client_us)
     if isinstance(client, IacClient):
         frames = await client.prepare_oneway(plan.concurrent)
         gc.collect()

@@ -1,28 +1,7 @@
-"""The codec pieces one request and its reply go through, timed alone (``timeit``) and in
-sequence, and the codec's single-core decode rate.
-
-Per request, both sides together (what a floor contender does inline, :mod:`floor`): for the
-request (the corpus payload) and for the reply (``{"ok":true,"keys":N}``) each
-
-* ``json`` — ``dumps`` of the payload by the sender, ``loads`` by the receiver;
-* ``build`` — ``build_message`` (AgentId checks are cached);
-* ``sign`` — ``sign_message``: serialize, Ed25519 over ``iac-msg-v1 || 0x00 || bytes``,
-  serialize again;
-* ``compress`` — zstd with the connection's dictionary (``Dictionary.compress``; the shipped
-  one with both AgentIds' message prefixes appended, as an IAC connection derives it);
-* ``frame encode`` — ``encode_frame`` of the compressed body (the header);
-* ``frame decode`` — ``FrameDecoder.feed_packed`` (header, zstd layout check);
-* ``decompress`` — ``PackedFrame.unpack`` with the dictionary;
-* ``parse`` — the field-8 scan and ``Message.FromString``;
-* ``verify`` — Ed25519 verification (``verify_signed`` over the bytes ``open_message`` joins).
-
-Clock: ``time.process_time``, CPU time, as the contenders' CPU per request is.
-:meth:`Primitives.alone`: each piece is one pass over every payload (``timeit``, three times,
-the median): the textbook figure. :meth:`Primitives.in_sequence`: one pass through the whole
-pipeline per message, the clock read between pieces: each piece finds the caches as the others
-left them, as in a contender, and costs more than alone. The sum of the pieces is what a request
-must cost, before any transport.
-"""
+"""The codec pieces one request and its reply go through (:data:`iac.bench.harness.calibrate.PIECES`),
+timed alone (``timeit``) and in sequence, and the codec's single-core decode rate; CPU time
+(``time.process_time``), as the contenders' CPU per request is. benchmarks/README.md, "Node",
+says what each piece covers and why the two timings differ."""
 
 from __future__ import annotations
 
@@ -147,13 +126,8 @@ class Primitives:
             for j in leg.joined:
                 verify_signed(me, j)
 
-        return dict(
-            zip(
-                PIECES,
-                (js, build, sign, compress, frame_encode, frame_decode, decompress, parse, verify),
-                strict=True,
-            )
-        )
+        passes = (js, build, sign, compress, frame_encode, frame_decode, decompress, parse, verify)
+        return dict(zip(PIECES, passes, strict=True))
 
     def alone(self, repeat: int = 3) -> dict[str, float]:
         """µs of CPU per request (request + reply) for each piece timed alone, and their ``sum``."""
@@ -166,10 +140,8 @@ class Primitives:
         return out
 
     def in_sequence(self) -> dict[str, float]:
-        """The same pieces timed where they run: one pass through the whole pipeline per
-        message (request, then its reply), the CPU clock read between pieces (its own cost,
-        measured first, taken off). Each piece then finds the caches as the others left them,
-        as in a contender, which costs more than a piece repeated alone."""
+        """The same pieces in one pass through the whole pipeline per message (request, then its
+        reply), the CPU clock read between pieces (its own cost, measured first, taken off)."""
         clock = time.process_time
         t = clock()
         for _ in range(1000):

@@ -1,16 +1,10 @@
 """First delivery after a reconnect, through the Node API, at 20 ms RTT: QUIC 0-RTT vs QUIC 1-RTT
-vs TLS/TCP.
+vs TLS/TCP (``iac bench --only reconnect``).
 
-    iac bench --only reconnect [--quick]
-
-One server :class:`iac.Node` listens on QUIC and TLS; each contender is a client Node that already
-spoke to it once (so a QUIC client holds a session ticket), then lost its connection. The figure is
-the time from ``node.request(...)`` to the server's handler receiving it: the client dials (from
-its peer book), runs the HELLO exchange and sends the request -- for QUIC 0-RTT, HELLO and request
-ride in the first flight. QUIC goes through a UDP relay and TLS through a TCP proxy, each adding
-10 ms each way. Contenders take turns every round; a figure is the median over rounds, and the
-ratios are of medians measured in the same run. Target: QUIC 0-RTT <= 0.6 x QUIC 1-RTT.
-"""
+Each contender is a client Node that already spoke to the server once (a QUIC client holds a
+ticket), then lost its connection; the figure is the time from ``node.request(...)`` to the
+server's handler, through a UDP relay or TCP proxy adding 10 ms each way. Target: QUIC 0-RTT
+<= 0.6 x QUIC 1-RTT."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from typing import Any
 
 from iac.bench.contenders.echo import TcpDelayProxy
 from iac.bench.harness.counting import host_port
-from iac.bench.harness.stats import median
+from iac.bench.harness.results import summarize, turn_order
 from iac.node.config import NodeConfig
 from iac.node.node import Node
 from iac.testing import Impairment, UdpRelay
@@ -54,8 +48,8 @@ async def measure(rounds: int) -> dict[str, Any]:
                 await client.start()
                 client.add_peer(server.agent_id, urls[name])
                 await _first_delivery(client, server.agent_id, arrived)  # warm up; a ticket for QUIC
-            for r in range(rounds):
-                for name in CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]:
+            for order in turn_order(CONTENDERS, rounds):
+                for name in order:
                     client = clients[name]
                     times[name].append(await _first_delivery(client, server.agent_id, arrived) * 1e3)
                     conn = client.connection(server.agent_id)
@@ -66,14 +60,12 @@ async def measure(rounds: int) -> dict[str, Any]:
                 await client.close()
             await relay.close()
             await proxy.close()
-    med = {name: median(v) for name, v in times.items()}
+    figs = {name: summarize(v) for name, v in times.items()}
+    med = {name: f["median"] for name, f in figs.items()}
     return {
         "rounds": rounds,
         "one_way_delay_ms": ONE_WAY_DELAY * 1e3,
-        "first_delivery_ms": {
-            name: {"median": med[name], "min": min(v), "max": max(v), "n": len(v)}
-            for name, v in times.items()
-        },
+        "first_delivery_ms": figs,
         "resumed": resumed,
         "ratio_0rtt_1rtt": med["QUIC 0-RTT"] / med["QUIC 1-RTT"],
         "ratio_0rtt_tls": med["QUIC 0-RTT"] / med["TLS/TCP"],

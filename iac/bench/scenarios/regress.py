@@ -5,25 +5,9 @@ in turns, on this machine, and every figure is compared with its run-to-run rang
     .venv/bin/python -m iac.bench.scenarios.regress --before e972342 --quick    # the suite's quick forms
     .venv/bin/python -m iac.bench.scenarios.regress --before e972342 --json out.json
 
-The earlier commit is checked out in a temporary git worktree (nothing in this tree changes)
-and run with this tree's virtual environment: ``python -m iac bench --only …`` with the
-worktree first on ``PYTHONPATH`` and as the working directory, so its own library and
-benchmark scripts run. Rounds alternate the order (before, after; after, before; …) so that a
-machine getting slower or faster over the run weighs on both sides alike.
-
-Per figure (scenario, contender, metric) both sides give one median per round. The verdict
-compares the median of the after side's rounds with the before side's rounds:
-
-* ``within`` — inside the range the before side's rounds spanned (its run-to-run range), or
-  within 1 % of its median (byte counts move by a byte or two with the lengths of varints);
-* ``better`` / ``worse`` — beyond the best / the worst of them, in the metric's direction.
-
-For CPU per request the target is a ratio (after ÷ before ≤ 1.05), and since the baselines
-(HTTP, gRPC) ran unchanged on both sides, their own ratios say how much the machine moved in
-between; both are printed. Default scenarios are those whose figures must not regress:
-``cpu`` (CPU µs and IAC bytes per request at 64 in flight), ``bytes``, ``setup``, ``loss``,
-``broadcast`` and ``filetransfer``.
-"""
+The earlier commit runs from a temporary git worktree with this tree's virtual environment;
+the verdicts (``within``, ``better``, ``worse``) and the CPU target are in
+benchmarks/README.md, "Nothing else regresses"."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,17 +50,21 @@ def _request_contenders(ctx: Context) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def broker_ratios(res: Result) -> dict[str, dict[str, float]]:
-    """Each non-IAC contender's figures over :data:`BROKER_BASE`'s, per metric (ratio of medians)."""
+def ratios_of(res: Result, pairs: Iterable[tuple[str, str, str]]) -> dict[str, dict[str, float]]:
+    """``{key: {metric: ratio of medians}}`` for each ``(key, contender, baseline)`` of ``pairs``."""
     index = {(r["contender"], r["metric"]): r["median"] for r in res.rows}
     out: dict[str, dict[str, float]] = {}
-    for (who, metric), value in index.items():
-        if who.startswith("IAC"):
-            continue
-        r = ratio(value, index.get((BROKER_BASE, metric)))
-        if r is not None:
-            out.setdefault(who, {})[metric] = round(r, 3)
+    for key, who, base in pairs:
+        for (w, metric), value in index.items():
+            if w == who and (r := ratio(value, index.get((base, metric)))) is not None:
+                out.setdefault(key, {})[metric] = round(r, 3)
     return out
+
+
+def broker_ratios(res: Result) -> dict[str, dict[str, float]]:
+    """Each non-IAC contender's figures over :data:`BROKER_BASE`'s, per metric (ratio of medians)."""
+    others = dict.fromkeys(r["contender"] for r in res.rows if not r["contender"].startswith("IAC"))
+    return ratios_of(res, ((who, who, BROKER_BASE) for who in others))
 
 
 #: Transport-matched, equal-security pairs of the ``requests`` scenario: (IAC, HTTP+Ed25519 variant).
@@ -68,15 +73,13 @@ SAME_TRANSPORT = (("IAC-TLS/TCP", "HTTPS+Ed25519 JSON"), ("IAC-UNIX", "HTTP+Ed25
 
 def same_transport_ratios(res: Result) -> dict[str, dict[str, float]]:
     """IAC over HTTP+Ed25519 on the same transport, per metric (ratio of medians)."""
-    index = {(r["contender"], r["metric"]): r["median"] for r in res.rows}
-    out: dict[str, dict[str, float]] = {}
-    for iac_name, http_name in SAME_TRANSPORT:
-        for (who, metric), value in index.items():
-            base = index.get((http_name, metric))
-            r = ratio(value, base) if who == iac_name else None
-            if r is not None:
-                out.setdefault(f"{iac_name} / {http_name}", {})[metric] = round(r, 3)
-    return out
+    return ratios_of(res, ((f"{a} / {b}", a, b) for a, b in SAME_TRANSPORT))
+
+
+def keep_broker_ratios(res: Result) -> None:
+    """:func:`broker_ratios` in ``res.raw["vs_iac_tls"]``, when there are any."""
+    if vs := broker_ratios(res):
+        res.raw = {**(res.raw or {}), "vs_iac_tls": vs}
 
 
 def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> None:
@@ -145,19 +148,13 @@ def _requests(ctx: Context, res: Result, plan: RequestPlan, cpu_only: bool) -> N
         f"(iac.bench.contenders.endpoints serve/client); {plan.rounds} rounds, turns A B … B A; per turn "
         + ", ".join(f"{n} requests at {d} in flight" for d, n in plan.counts.items())
         + ". CPU is time.process_time() of each process over the turn, divided by the requests. "
-        "IAC = Node.request (sign, compress, verify, replay check both ways). HTTP+Ed25519 signs and "
-        "verifies both ways too (equal security); HTTPS+Ed25519 (TLS 1.3) and HTTP+Ed25519/UNIX are "
-        "the same code over IAC-TLS's and IAC-UNIX's transports. HTTP/1.1 holds up to 64 keep-alive "
-        "connections at 64 in flight; IAC and gRPC multiplex one. gRPC (iac.bench.contenders.baselines: "
-        "grpcio aio unary, bytes in/out, insecure channel) has no authentication at all. "
+        'HTTP and gRPC: benchmarks/README.md, "Requests: the contenders". '
         "NATS (nats-py request/reply through a nats-server the endpoint starts on loopback) and ZeroMQ "
         "(pyzmq DEALER/ROUTER) carry a JSON envelope over plain TCP: bare, nothing is authenticated; "
         "+Ed25519, the client signs the request, the server verifies it and signs the reply, the client "
         "verifies that (the four Ed25519 operations IAC does per request); neither encrypts."
     )
-    vs = broker_ratios(res)
-    if vs:
-        res.raw = {**(res.raw or {}), "vs_iac_tls": vs}
+    keep_broker_ratios(res)
     same = same_transport_ratios(res)
     if same:
         res.raw = {**(res.raw or {}), "same_transport_ratios": same}
@@ -213,9 +210,7 @@ def oneway_between_processes(ctx: Context, res: Result) -> None:
         how = endpoints.secures(kind[label])
         res.add(label, ONEWAY_METRIC, "msg/s", values, better="higher", baseline=BROKER_BASE, secures=how)
         res.add(label, "server CPU per one-way message", "µs", cpu[label], baseline=BROKER_BASE, secures=how)
-    vs = broker_ratios(res)
-    if vs:
-        res.raw = {**(res.raw or {}), "vs_iac_tls": vs}
+    keep_broker_ratios(res)
     res.notes.append(
         f"{ONEWAY_METRIC}: a server and a client process per contender on loopback, {count} messages per "
         f"turn, {rounds} rounds; IAC sends Node.send (signed, compressed, verified), NATS publishes to "

@@ -10,27 +10,11 @@
     valgrind --tool=callgrind .venv/bin/python -m iac.bench.scenarios.roundtrip tls --count 300 --reps 1
     .venv/bin/python -m iac.bench.scenarios.roundtrip --callgrind           # ... and that for TLS and UNIX
 
-A server node (``NodeConfig(sync_in_thread=False)``, answering RUN as ``iac/bench/scenarios/node.py``'s
-IAC server does; with ``--sync-in-thread`` every call hops to a thread, ``adaptive_sync=False``)
-and a client node on one event loop, over
-``quic``, ``tls`` or ``unix``; or, with ``--floor``, ``iac/bench/contenders/floor.py``'s server and
-client. After 300 warm-up requests, ``--reps`` times ``--count`` requests; it prints the CPU
-time per round trip of both ends together (``time.process_time``; with one core and no other
-process in the way it is also the wall time). Payloads as ``node.py``'s (seed 7).
-
-Without a transport it runs every contender (``iac-`` and ``floor-`` on each transport, and
-``iac-tls-thread``: the handler on a thread) at 1 and at 64 in flight, in turns (order reversed
-every other repetition), and counts per round trip at 1 in flight, from one cProfile pass of
-``--count`` requests: event-loop turns (``_run_once``), Python function calls and QUIC flushes
-(``transmit``). Those counts depend on the code, not on the machine's load.
-
-With ``--count`` N under callgrind, the difference of the instruction counts of two runs (say
-100 and 300) over the difference of their counts is the instructions per round trip, start-up
-and warm-up cancelled: a figure that does not move with the load of the machine (except where
-behaviour depends on time, as aioquic's ACK delay does: QUIC counts are not repeatable).
-``--callgrind`` (with every contender) does that for TLS and UNIX, IAC and floor, and keeps the
-figures in the JSON (``instructions``); it needs valgrind.
-"""
+A server and a client node (or, ``--floor``, the floor's) on one event loop; it prints the CPU
+time per round trip of both ends together. Without a transport, every contender of
+:data:`MATRIX` in turns, with cProfile counts per round trip; ``--callgrind`` adds instructions
+per round trip (two ``--count``s under valgrind, their difference). benchmarks/README.md, "The
+per-request path", says how to read them."""
 
 from __future__ import annotations
 
@@ -50,7 +34,7 @@ from typing import Any
 
 from iac.bench.contenders import baselines
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.harness.results import at_depth
+from iac.bench.harness.results import at_depth, turn_order
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -224,9 +208,8 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
             await run_requests(pairs[name][0], 300, 1)
             found = await counts(pairs[name][0], args.count)
             out[name] = {"cpu_us_1": [], "cpu_us_64": [], "rps_64": [], **found}
-        names = [m[0] for m in MATRIX]
-        for rep in range(args.reps):
-            for name in names if rep % 2 == 0 else names[::-1]:
+        for rep, order in enumerate(turn_order([m[0] for m in MATRIX], args.reps)):
+            for name in order:
                 request = pairs[name][0]
                 out[name]["cpu_us_1"].append(await run_requests(request, args.count, 1))
                 out[name]["cpu_us_64"].append(
@@ -237,9 +220,7 @@ async def matrix(args: argparse.Namespace) -> dict[str, Any]:
         for _, close in pairs.values():
             await close()
     for v in out.values():
-        v["cpu_us_1_median"] = median(v["cpu_us_1"])
-        v["cpu_us_64_median"] = median(v["cpu_us_64"])
-        v["rps_64_median"] = median(v["rps_64"])
+        v.update({f"{k}_median": median(v[k]) for k in RATIOS.values()})
     ratios = {}
     versus = [(f"iac-{t}", f"floor-{t}") for t in ("quic", "tls", "unix")]
     for a, b in (*versus, ("iac-tls-thread", "iac-tls"), ("iac-tls-signw", "iac-tls")):

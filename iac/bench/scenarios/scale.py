@@ -3,18 +3,8 @@ broadcasts and relayed frames, at 1 to 10,000 peers, over TLS and QUIC (``iac be
 
     .venv/bin/python -m iac.bench.scenarios.scale [--quick] [--peers 1,10,100,1000] [--big] [--json FILE]
 
-For each transport and peer count a server node runs in a process of its own (``serve``: the
-shipped configuration, ``idle_timeout`` off, relaying unicast FORWARDs as a registry does);
-the peers, each with an identity of its own, are spread over ``--procs`` client processes. The
-dial burst: every peer dials at once (retried with a jittered, doubling backoff) and gets one
-request answered. The load step: signed RUN requests (``requests``, at least one per peer) at
-``in_flight`` in total, round-robin; the server's CPU per request, then its resident set (after
-a collection and ``malloc_trim``) less the empty server's, per peer. Then the server's CPU over
-``--idle`` quiet seconds; broadcasts of the server and of one peer (relayed by the server),
-timed until every other peer verified them; and the corpus (``corpus`` lines): requests whose
-REPLYs echo it, and messages relayed peer to peer, their mean frame sizes. RLIMIT_NOFILE is
-raised to its hard limit first; a peer count it does not allow is skipped and said. ``--big``
-adds the 10,000-peer step (TLS; dials staged, not a burst). Single probes: tools/scale_probe.py.
+The method (server and client processes, the dial burst, the load step, what each figure is) is
+in benchmarks/README.md, "Scale: many peers on one node"; single probes: tools/scale_probe.py.
 """
 
 from __future__ import annotations
@@ -37,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from iac.bench.harness.paths import ROOT, TEST_CORPUS, child_env
 from iac.bench.harness.process import commands, say
 from iac.errors import IacError
 from iac.node.config import NodeConfig
@@ -55,8 +46,7 @@ from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, open_message, sign_message
 
-ROOT = Path(__file__).resolve().parents[3]
-CORPUS = ROOT / "iac" / "bench" / "corpus" / "test.jsonl"
+CORPUS = TEST_CORPUS
 CORPUS_LINES = [x for x in CORPUS.read_text(encoding="utf-8").splitlines() if x.strip()]
 MODULE = "iac.bench.scenarios.scale"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -120,11 +110,8 @@ class Server:
     def address(self, transport: str) -> str:
         return next(a for a in self.addresses if a.startswith(transport + "://"))
 
-    async def command(self, name: str) -> dict[str, Any]:
-        return await self.command_with({"cmd": name})
-
-    async def command_with(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return dict((await _ask([self.proc], cmd))[0])
+    async def command(self, name: str, **fields: Any) -> dict[str, Any]:
+        return dict((await _ask([self.proc], {"cmd": name, **fields}))[0])
 
     async def rss(self) -> int:
         return int((await self.command("rss"))["rss"])
@@ -376,14 +363,10 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
                     return await one()
 
             more = await asyncio.gather(*(again() for _ in range(n - len(peers))), return_exceptions=True)
-            peers += [r[0] for r in more if isinstance(r, tuple)]
+            got = [r[0] for r in more if isinstance(r, tuple)]
+            peers += got
             board.expected = len(peers)
-            say(
-                {
-                    "ok": sum(isinstance(r, tuple) for r in more),
-                    "failed": sum(isinstance(r, BaseException) for r in more),
-                }
-            )
+            say({"ok": len(got), "failed": len(more) - len(got)})
             continue
         if cmd["cmd"] == "bcast":  # wait until every peer here handled broadcast ``k``
             key = int(cmd["k"])
@@ -434,10 +417,9 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
 
 async def _child(cmd: str, spec: dict[str, Any], stderr: int | None = None) -> asyncio.subprocess.Process:
     """``python -m MODULE CMD SPEC``: a child process driven by JSON lines on stdin and stdout."""
-    argv = [sys.executable, "-m", MODULE, cmd, json.dumps(spec)]
-    env, pipe = {**os.environ, "PYTHONPATH": str(ROOT)}, subprocess.PIPE
+    argv, pipe = [sys.executable, "-m", MODULE, cmd, json.dumps(spec)], subprocess.PIPE
     return await asyncio.create_subprocess_exec(
-        *argv, stdin=pipe, stdout=pipe, stderr=stderr, cwd=ROOT, env=env
+        *argv, stdin=pipe, stdout=pipe, stderr=stderr, cwd=ROOT, env=child_env()
     )
 
 
@@ -489,7 +471,7 @@ async def broadcast_rounds(
         if relayed:
             t0 = (await _ask(children[:1], {"cmd": "originate", "k": key}))[0]["t0"]
         else:
-            t0 = (await srv.command_with({"cmd": "broadcast", "k": key}))["t0"]
+            t0 = (await srv.command("broadcast", k=key))["t0"]
         answers = await _ask(children, {"cmd": "bcast", "k": key})
         reached.append(sum(a["got"] for a in answers))
         sent_to = sum(a["of"] for a in answers)
@@ -674,10 +656,6 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
 LABEL = {"tls": "IAC-TLS/TCP", "quic": "IAC-QUIC"}
 
 
-def _one(x: float) -> dict[str, float]:
-    return {"median": x, "min": x, "max": x, "n": 1}
-
-
 def scenario(ctx: Any, res: Any, run_script: Any) -> None:
     """``iac bench --only scale``: the plan in a child process, its figures as the suite's rows.
     ``IAC_SCALE_PEERS`` (e.g. ``1,10,100``) replaces the full plan's peer counts; ``IAC_SCALE_BIG=1``
@@ -696,27 +674,25 @@ def fill(res: Any, data: dict[str, Any]) -> None:
     p = data["plan"]
     for s in data["steps"]:
         who, n, b = LABEL[s["transport"]], s["peers"], s["burst"]
-        res.add(who, f"server RSS per peer, {n} peers", "KiB", _one(s["per_peer_kib"]))
-        cpu = _one(s["server_cpu_us_per_request"])
+        res.add(who, f"server RSS per peer, {n} peers", "KiB", [s["per_peer_kib"]])
+        cpu = [s["server_cpu_us_per_request"]]
         res.add(who, f"server CPU per request at {p['in_flight']} in flight, {n} peers", "µs", cpu)
-        res.add(who, f"server idle CPU, {n} peers held", "%", _one(s["idle_cpu_percent"]))
+        res.add(who, f"server idle CPU, {n} peers held", "%", [s["idle_cpu_percent"]])
         if b["p99_s"] is not None:
-            res.add(who, f"dial burst p99 to first answer, {n} at once", "s", _one(b["p99_s"]))
-        res.add(who, f"dial burst failures, {n} at once", "dials", _one(float(b["failed"])))
+            res.add(who, f"dial burst p99 to first answer, {n} at once", "s", [b["p99_s"]])
+        res.add(who, f"dial burst failures, {n} at once", "dials", [float(b["failed"])])
         if s.get("message_frame_bytes"):
-            res.add(
-                who, f"signed MESSAGE frame at the load step, {n} peers", "B", _one(s["message_frame_bytes"])
-            )
+            res.add(who, f"signed MESSAGE frame at the load step, {n} peers", "B", [s["message_frame_bytes"]])
         names = {
             "broadcast": "broadcast handled by all {} peers",
             "relayed_broadcast": "relayed broadcast, {} peers",
         }
         for key, name in names.items():
             if (flood := s.get(key) or {}).get("median_s") is not None:
-                res.add(who, name.format(n), "ms", _one(flood["median_s"] * 1e3))
+                res.add(who, name.format(n), "ms", [flood["median_s"] * 1e3])
         for key, what in (("direct_frame_bytes", "direct"), ("relayed_frame_bytes", "through the relay")):
             if x := (s.get("corpus") or {}).get(key):
-                res.add(who, f"signed MESSAGE frame of the corpus, {what}, {n} peers", "B", _one(x))
+                res.add(who, f"signed MESSAGE frame of the corpus, {what}, {n} peers", "B", [x])
     res.notes.append(
         f"scenarios/scale.py: one server node per transport and peer count; peers over {p['procs']} client "
         f"processes dial at once, then {p['requests']} requests at {p['in_flight']} in flight round-robin; "

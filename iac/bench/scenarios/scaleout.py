@@ -5,27 +5,9 @@ nonce cache: requests/s and server CPU per request, 1 -> 2 processes.
     .venv/bin/python -m iac.bench.scenarios.scaleout --quick         # smoke test
     .venv/bin/python -m iac.bench.scenarios.scaleout --json out.json # also write every number as JSON
 
-What SO_REUSEPORT workers would be (``benchmarks/README.md``, "Beyond one process"): every
-server process is a :class:`~iac.Node` with **the same identity**, listening on TLS/TCP, with a
-:class:`~iac.stores.sqlite.SqliteReplayStore` and a :class:`~iac.stores.nonces.SqliteNonceCache`
-on the same two files (``synchronous=NORMAL``), answering RUN requests inline as
-``iac/bench/scenarios/node.py``'s IAC server does. IAC's listeners do not set SO_REUSEPORT, so each
-process listens on a port of its own and each client process dials one of them: with many
-connections that is the split the kernel's hash gives. Contenders, in turns (order reversed
-every other repetition):
-
-* ``1 process, memory store`` — one server, its own in-memory replay store and nonce cache
-  (a node as it runs by default); one client process.
-* ``1 process, shared store`` — one server on the shared SQLite files; one client process.
-* ``2 processes, shared store`` — two servers on the same files; two client processes, one
-  per server, started together.
-
-Each client process runs its own Node and sends ``--count`` requests at 64 in flight; the
-figure is all requests over the time from the first client's start to the last one's end
-(``time.monotonic``, one clock for every process). Server CPU is read from ``/proc``. The
-calibration of ``calibrate.py`` runs before and after each repetition: with clients and servers
-on one machine, two server processes can only go faster where cores are left for them.
-"""
+Contenders (:data:`CONTENDERS`), in turns: one server with in-memory stores, one on the shared
+SQLite files, two on the same files; each server process listens on a port of its own, with a
+client process per server. The method: benchmarks/README.md, "Beyond one process"."""
 
 from __future__ import annotations
 
@@ -43,7 +25,7 @@ from typing import Any
 from iac.bench.contenders import baselines
 from iac.bench.harness import process
 from iac.bench.harness.paths import TEST_CORPUS
-from iac.bench.harness.results import at_depth
+from iac.bench.harness.results import at_depth, turn_order
 from iac.bench.harness.stats import median
 from iac.bench.reports import live
 
@@ -155,8 +137,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for n in ("mem-0", "shared-0", "shared-1"):
             servers[n] = await asyncio.to_thread(process.server_endpoint, MODULE, n, workdir)
         before = calibrator.measure()["scaling"]
-        for rep in range(args.reps):
-            order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
+        for rep, order in enumerate(turn_order(CONTENDERS, args.reps)):
             for c in order:
                 procs = [servers[n] for n in groups[c]]
                 c0 = [p.cpu_seconds() or 0.0 for p in procs]

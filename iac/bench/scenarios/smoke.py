@@ -1,9 +1,6 @@
-"""The harness's smoke test (``iac bench --smoke``, run by ``make test``): a tiny plan that goes
-through every part of a run — turns and interleaving, per-round statistics, ratios to a baseline,
-the environment probe, the JSON results, the Markdown report and the plots — on two in-process
-contenders that take well under a second: IAC's codec (build, sign, compress, frame; decode,
-verify) and bare PyNaCl Ed25519 (sign, verify) on 50 corpus messages. Not a benchmark: its figures
-come from a handful of messages on whatever else the machine is doing."""
+"""The harness's smoke test (``iac bench --smoke``, run by ``make test``): a tiny plan through every
+part of a run (turns, statistics, ratios, the environment probe, the JSON, the report, the
+plots) on IAC's codec and bare PyNaCl Ed25519 over 50 corpus messages. Not a benchmark."""
 
 from __future__ import annotations
 

@@ -2,40 +2,10 @@
 
     .venv/bin/iac bench --only rtt [--quick]      # the parts: rtt, setup (handshake), oneway
 
-Everything runs in this one process on one event loop, on loopback (client and server
-share the CPU, so a figure is the CPU of both ends plus the kernel's loopback path).
-Each part alternates its cases round by round (the order reverses every round) and
-reports the median over rounds with [min .. max] of the per-round figures.
-
-* **rtt** — small request/reply. IAC: the client builds, signs and compresses (shipped
-  dictionary) a COMMAND and sends it; the server opens it (signature, and the sender is
-  the connection's peer: :func:`open_incoming`, as a node's receive pipeline does), checks
-  freshness and replay (``ReplayGuard`` over ``MemoryReplayStore``) and answers with a
-  signed, compressed REPLY; the client opens and checks the reply the same way. Bare
-  aioquic echo: a 100-byte body on a new bidirectional stream per request, echoed from the
-  server's event handler (raw QUIC events, no StreamReader). Bare TLS echo: stdlib asyncio
-  streams over ``ssl`` with the same TLS 1.3 contexts as IAC-TLS, 100 bytes written and
-  read back. At depth 1 a round's p50/p99 come from its round trips; at depth 64 the
-  client keeps 64 requests outstanding and the figure is requests/s.
-* **handshake** — time from the start of ``dial`` to the server application's
-  ``recv()`` returning the first message (sent right after ``dial`` returned): QUIC
-  1-RTT, QUIC 0-RTT (``dial_quic(tickets=...)`` with a ``ClientTicketStore`` filled by
-  the previous connection; single-use server tickets), TLS/TCP and UNIX. On loopback
-  and at 20 ms RTT: QUIC through ``iac.testing.relay.UdpRelay`` (10 ms each way); TLS through
-  :class:`TcpDelayProxy`, which delays every chunk by 10 ms each way and, because the
-  client's TCP handshake completes locally at the proxy, holds the client's first bytes
-  one extra round trip (the SYN / SYN-ACK a real 20 ms path costs). UNIX has no 20 ms
-  variant.
-* **oneway** — IAC-QUIC messages/s received (the receiver opens each message and checks
-  replay) while the sender pushes the test.jsonl payloads, signed and compressed ahead of
-  the clock, as fast as ``send()`` allows; next to the codec's decode-only rate
-  (``decode_message_frame`` over the same frames, one pass per round, as in
-  ``iac/bench/scenarios/codec.py``). A second row signs and compresses inside the timed loop.
-
-Targets: IAC-QUIC p50 RTT <= 1.8 x bare aioquic echo; one-way IAC-QUIC msgs/s
->= 0.5 x decode rate; at 20 ms RTT, QUIC 0-RTT first delivery <= 0.6 x QUIC 1-RTT, and
-QUIC 1-RTT <= 0.75 x TLS/TCP.
-"""
+Everything runs in this one process on one event loop, on loopback; each part alternates its
+cases round by round. What each part measures (rtt: request/reply at depth 1 and 64; handshake:
+dial to the first delivered message, loopback and 20 ms RTT; oneway: messages/s next to the
+codec's decode-only rate) and the targets are in benchmarks/README.md, "Transport"."""
 
 from __future__ import annotations
 
@@ -60,6 +30,7 @@ from iac.bench.contenders.echo import (
 )
 from iac.bench.contenders.floor import CONFIG, DICTS
 from iac.bench.harness.counting import host_port
+from iac.bench.harness.results import interleave_async, turn_order
 from iac.bench.harness.results import summarize as summary
 from iac.bench.harness.stats import median, percentile
 from iac.bench.scenarios import codec  # iac/bench/scenarios/codec.py: payloads and the decode pass
@@ -72,9 +43,7 @@ from iac.transport.quic.tickets import ClientTicketStore, ServerTicketStore
 from iac.transport.tls import server_context
 from iac.wire._pb.iac_pb2 import MessageType
 from iac.wire.identity import Identity
-from iac.wire.message import (
-    decode_message_frame,
-)
+from iac.wire.message import decode_message_frame
 
 ONE_WAY_DELAY = 0.010  # seconds each way: 20 ms RTT
 
@@ -144,50 +113,37 @@ class Bench:
 
     async def part_rtt(self) -> dict[str, Any]:
         plan = self.plan
-        clients: dict[str, Any] = {}
-        bq = BareQuic(self.echo_quic_port)
+        bq, bt = BareQuic(self.echo_quic_port), BareTls(self.echo_tls_port)
         await bq.connect()
-        bt = BareTls(self.echo_tls_port)
         await bt.connect()
-        clients["bare aioquic echo"] = bq
-        clients["bare TLS echo"] = bt
+        clients: dict[str, Any] = {"bare aioquic echo": bq, "bare TLS echo": bt}
         for name in ("quic", "tls", "unix"):
             conn = await dial(self.url(name), self.client_id, expect=self.server_id.agent_id, config=CONFIG)
             clients[f"IAC-{name.upper()}"] = IacClient(conn, self.client_id, self.server_id.agent_id)
-        order = list(clients)
-        p50: dict[str, list[float]] = {k: [] for k in order}
-        p99: dict[str, list[float]] = {k: [] for k in order}
-        rps: dict[str, list[float]] = {k: [] for k in order}
+        figs: dict[str, dict[str, list[float]]] = {
+            n: {"p50_us": [], "p99_us": [], "rps_64": []} for n in clients
+        }
         for c in clients.values():  # warm-up
             await c.rtt(max(50, plan.rtt_count // 10))
             await c.depth(DEPTH * 4, DEPTH)
-        for r in range(plan.rounds):
-            for name in order if r % 2 == 0 else order[::-1]:
-                c = clients[name]
+        for order in turn_order(list(clients), plan.rounds):
+            for name in order:
                 gc.collect()
-                samples = await c.rtt(plan.rtt_count)
-                p50[name].append(median(samples))
-                p99[name].append(percentile(samples, 99))
-                rps[name].append(await c.depth(plan.depth_count, DEPTH))
+                samples, f = await clients[name].rtt(plan.rtt_count), figs[name]
+                f["p50_us"].append(median(samples))
+                f["p99_us"].append(percentile(samples, 99))
+                f["rps_64"].append(await clients[name].depth(plan.depth_count, DEPTH))
         for c in clients.values():
-            if isinstance(c, IacClient):
-                await c.conn.close()
-            else:
-                await c.close()
-        cases = {
-            name: {"p50_us": summary(p50[name]), "p99_us": summary(p99[name]), "rps_64": summary(rps[name])}
-            for name in order
-        }
-        # the round's own ratio (both ran back to back), median over rounds
-        per_round = [a / b for a, b in zip(p50["IAC-QUIC"], p50["bare aioquic echo"], strict=True)]
-        ratio_tls = [a / b for a, b in zip(p50["IAC-TLS"], p50["bare TLS echo"], strict=True)]
+            await (c.conn.close() if isinstance(c, IacClient) else c.close())
+        p50 = {name: f["p50_us"] for name, f in figs.items()}
         return {
             "rounds": plan.rounds,
             "round_trips_per_round": plan.rtt_count,
             "requests_per_round_at_64": plan.depth_count,
-            "cases": cases,
-            "ratio_quic": summary(per_round),
-            "ratio_tls": summary(ratio_tls),
+            "cases": {name: {k: summary(v) for k, v in f.items()} for name, f in figs.items()},
+            # the round's own ratio (both ran back to back), median over rounds
+            "ratio_quic": summary(per_round(p50["IAC-QUIC"], p50["bare aioquic echo"])),
+            "ratio_tls": summary(per_round(p50["IAC-TLS"], p50["bare TLS echo"])),
         }
 
     # -- handshake --
@@ -225,23 +181,21 @@ class Bench:
         self.cleanup.append(proxy.close)
         far = {"quic": f"quic://{rhost}:{rport}", "tls": f"tls://127.0.0.1:{pport}"}
         stores = {"loopback": ClientTicketStore(), "20ms": ClientTicketStore()}
-        cases: dict[str, tuple[str, str, bool]] = {
-            "loopback QUIC 1-RTT": ("loopback", urls["quic"], False),
-            "loopback QUIC 0-RTT": ("loopback", urls["quic"], True),
-            "loopback TLS/TCP": ("loopback", urls["tls"], False),
-            "loopback UNIX": ("loopback", urls["unix"], False),
-            "20ms QUIC 1-RTT": ("20ms", far["quic"], False),
-            "20ms QUIC 0-RTT": ("20ms", far["quic"], True),
-            "20ms TLS/TCP": ("20ms", far["tls"], False),
+        kinds = (("QUIC 1-RTT", "quic", False), ("QUIC 0-RTT", "quic", True), ("TLS/TCP", "tls", False),
+                 ("UNIX", "unix", False))  # fmt: skip
+        cases = {
+            f"{where} {what}": (where, at[key], early)
+            for where, at in (("loopback", urls), ("20ms", far))
+            for what, key, early in kinds
+            if key in at
         }
         # prime the ticket stores (and warm up every path)
         for where, url, early in cases.values():
             await self._first_delivery(url, tickets=stores[where] if early else None)
         times: dict[str, list[float]] = {k: [] for k in cases}
-        resumed_ok = {k: 0 for k in cases}
-        order = list(cases)
-        for r in range(plan.handshakes):
-            for name in order if r % 2 == 0 else order[::-1]:
+        resumed = {k: 0 for k in cases if cases[k][2]}
+        for order in turn_order(list(cases), plan.handshakes):
+            for name in order:
                 where, url, early = cases[name]
                 store = stores[where] if early else None
                 if store is not None and url not in store:
@@ -249,11 +203,13 @@ class Bench:
                 before = self.quic_tickets.resumed
                 times[name].append(await self._first_delivery(url, tickets=store) * 1e3)
                 if early and self.quic_tickets.resumed > before:
-                    resumed_ok[name] += 1
-        out: dict[str, Any] = {"dials_per_case": plan.handshakes, "one_way_delay_ms": ONE_WAY_DELAY * 1e3}
-        out["cases_ms"] = {k: summary(v) for k, v in times.items()}
-        out["resumed"] = {k: v for k, v in resumed_ok.items() if cases[k][2]}
-        return out
+                    resumed[name] += 1
+        return {
+            "dials_per_case": plan.handshakes,
+            "one_way_delay_ms": ONE_WAY_DELAY * 1e3,
+            "cases_ms": {k: summary(v) for k, v in times.items()},
+            "resumed": resumed,
+        }
 
     # -- one-way --
 
@@ -291,38 +247,36 @@ class Bench:
             ]
 
         await run(min(1000, plan.oneway_count), fresh(min(1000, plan.oneway_count)))  # warm-up
-        decode_us: list[float] = []
-        rate_pre: list[float] = []
-        rate_enc: list[float] = []
 
-        async def s_decode() -> None:
-            decode_us.append(codec.timed_pass(decode, frames))
+        async def decoding() -> float:
+            return codec.timed_pass(decode, frames)
 
-        async def s_pre() -> None:
+        async def presigned() -> float:
             batch = fresh(plan.oneway_count)
             gc.collect()
-            rate_pre.append(await run(plan.oneway_count, batch))
+            return await run(plan.oneway_count, batch)
 
-        async def s_enc() -> None:
+        async def signing() -> float:
             gc.collect()
-            rate_enc.append(await run(plan.oneway_count, None))
+            return await run(plan.oneway_count, None)
 
-        steps = [s_decode, s_pre, s_enc]
-        for r in range(plan.rounds):
-            for step in steps if r % 2 == 0 else steps[::-1]:
-                await step()
+        figs = await interleave_async({"d": decoding, "p": presigned, "s": signing}, plan.rounds, warmup=0)
         await conn.close()
-        decode_rate = [1e6 / u for u in decode_us]
-        ratio = [a / b for a, b in zip(rate_pre, decode_rate, strict=True)]
+        decode_rate = [1e6 / u for u in figs["d"]]
         return {
             "messages_per_round": plan.oneway_count,
             "payloads": len(payloads),
-            "decode_us": summary(decode_us),
+            "decode_us": summary(figs["d"]),
             "decode_rate": summary(decode_rate),
-            "oneway_presigned_rate": summary(rate_pre),
-            "oneway_signing_rate": summary(rate_enc),
-            "ratio": summary(ratio),
+            "oneway_presigned_rate": summary(figs["p"]),
+            "oneway_signing_rate": summary(figs["s"]),
+            "ratio": summary(per_round(figs["p"], decode_rate)),
         }
+
+
+def per_round(a: list[float], b: list[float]) -> list[float]:
+    """Each round's ratio of ``a`` to ``b`` (they ran back to back)."""
+    return [x / y for x, y in zip(a, b, strict=True)]
 
 
 async def _until(cond: Callable[[], bool], timeout: float) -> None:
