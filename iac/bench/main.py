@@ -1,14 +1,5 @@
-"""The IAC benchmark suite: every scenario, side by side with its baselines, in one report.
-
-    iac bench                  # full run (= python -m iac.bench = make bench)
-    iac bench --quick          # smoke test (a few minutes on 2 cores)
-    iac bench --only loss      # one scenario (repeatable)
-    iac bench --out DIR        # where results.json, report.md, *.png go
-    iac bench --list           # the scenarios
-
-Every scenario runs its contenders in the same run, taking turns (A B C C B A …) after a
-warm-up, for several rounds; a figure is the median of the per-round figures with their
-min and max, and every IAC figure carries its ratio to the scenario's baseline.
+"""The IAC benchmark suite, ``iac bench`` (= ``python -m iac.bench``): every scenario, side by side
+with its baselines, in one report (benchmarks/README.md, "Suite", gives the options and the method).
 """
 
 from __future__ import annotations

@@ -1,39 +1,8 @@
-"""Run one benchmark command and keep its results in ``benchmarks/results/``, self-describing.
-
-    .venv/bin/python -m iac.bench.harness.record iac-bench     # .venv/bin/iac bench (the suite, full)
-    .venv/bin/python -m iac.bench.harness.record node          # iac/bench/scenarios/node.py --json …
-    .venv/bin/python -m iac.bench.harness.record mesh          # iac/bench/scenarios/mesh.py --json …
-    .venv/bin/python -m iac.bench.harness.record codec         # iac/bench/scenarios/codec.py --json …
-    .venv/bin/python -m iac.bench.harness.record scaleout      # iac/bench/scenarios/scaleout.py --json …
-    .venv/bin/python -m iac.bench.harness.record flood         # iac/bench/scenarios/flood.py --json …
-    .venv/bin/python -m iac.bench.harness.record roundtrip     # iac/bench/scenarios/roundtrip.py --json …
-    .venv/bin/python -m iac.bench.harness.record regress --before REV  # scenarios/regress.py --json …
-    .venv/bin/python -m iac.bench.harness.record nat           # iac/bench/scenarios/nat.py --json … (root)
-
-Extra arguments after the name go to the command (``record.py node --reps 9``). The file is
-``benchmarks/results/<UTC date>-<name>.json`` where the name is ``iac-bench`` for the suite and
-``benchmarks-<script>`` for a script, so the date and the command are in the name.
-
-What is saved:
-
-* ``iac bench`` already records the command line, the start time, the machine, the library
-  versions and the git commit in its ``results.json`` (schema ``iac-bench/1``); that file is
-  copied as it is, except the latency samples kept for the CDF plots (``series`` entries named
-  in :data:`SAMPLE_SERIES`, thousands of numbers per contender; the plots are not committed),
-  which are left out and listed under ``"left_out"``.
-* The scripts' own JSON does not record all of that, so it is wrapped (schema
-  ``iac-bench-record/1``): ``command`` (as run, relative to the repository), ``started`` (UTC),
-  ``duration_s``, ``environment`` (the suite's: CPU model, cores, system, Python, library
-  versions, QUIC backends, git commit; plus ``git_dirty``, whether tracked files under
-  ``iac/`` or ``benchmarks/`` other than these results differed from that commit) and
-  ``result`` (the script's JSON).
-
-Both kinds therefore have ``command``, ``started`` and ``environment`` at the top level;
-``iac/bench/reports/figures.py`` renders the READMEs' tables from these files. The scripts' JSON goes
-through ``bench-results/`` (ignored by git), so the recorded command holds no machine path; the
-tracebacks a failed scenario keeps as its reason are saved with the repository's directory
-removed and the Python installation's replaced by ``<venv>`` or ``<python>``.
-"""
+"""Run one benchmark command and keep its results as ``benchmarks/results/<UTC date>-<name>.json``
+(``python -m iac.bench.harness.record NAME [ARGS…]``; benchmarks/README.md, "Refreshing the
+figures" and "results.json", says what is kept): the suite's ``results.json`` without its plot
+samples, or a script's JSON wrapped with the command, the start, the environment and the commit,
+machine paths removed."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The statistics the benchmark scripts report, each computed one way.
-
-* :func:`percentile` is the nearest-rank percentile: for ``n`` values and ``p`` in [0, 100], the
-  ``ceil(p / 100 * n)``-th smallest value (the smallest for ``p`` = 0), that is the least value that
-  at least ``p`` % of the values are less than or equal to. It never interpolates: every figure is
-  a measured sample. ``iac ping`` computes its percentiles the same way
-  (``iac.cli.net.percentile``; the package does not import the benchmarks).
-* :func:`median` is :func:`statistics.median`: the middle value, or the mean of the two middle
-  values for an even count.
-"""
+"""The statistics the benchmark scripts report, each computed one way (benchmarks/README.md,
+"Percentiles"): :func:`percentile` by nearest rank, never interpolating (as ``iac ping``), and
+:func:`median`, :func:`statistics.median`."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """The cc scenario's figures (``iac/bench/scenarios/cc.py``): medians per setting and contender, the
-targets as same-run ratios with verdicts, the suite's rows, and the plots.
-
-    .venv/bin/iac bench --only cc --out bench-results/cc            # the full scenario (about 85 min)
-    IAC_CC_PLAN=targets .venv/bin/iac bench --only cc --out bench-results/cc
-                                    # only the settings the targets are judged at (about 20 min)
-    .venv/bin/python -m iac.bench.reports.ccreport save bench-results/cc/results.json
-                                    # -> benchmarks/results/<date>-iac-bench-cc.json, as record.py keeps
-
-A figure is the median over a setting's repetitions; a ratio is of two medians of the same
-run of the scenario. A run is CPU-limited when any of its processes was above
-``netem.CPU_LIMIT_PERCENT``; a contender is CPU-limited at a setting when most of its runs
-were, and the targets that compare with the kernel leave such settings out (and say so).
-"""
+targets as same-run ratios with verdicts (a setting where a contender was CPU-limited in most runs
+is left out of the targets that compare with the kernel), the suite's rows, and the plots;
+``python -m iac.bench.reports.ccreport save DIR/results.json`` keeps a run in benchmarks/results/
+(benchmarks/README.md, "Congestion control: results")."""
 
 from __future__ import annotations
 
