@@ -9,6 +9,7 @@ lower of the throughput ratio and the CPU share; a repetition whose scaling is b
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -75,17 +76,10 @@ def cpu_usage(before: list[int] | None, after: list[int] | None) -> dict[str, fl
     total = sum(d[:8]) or 1  # user nice system idle iowait irq softirq steal
     idle = d[3] + d[4]
     steal = d[7] if len(d) > 7 else 0
-    cores = _cores()
     return {
-        "busy_cores": round((total - idle - steal) / total * cores, 2),
+        "busy_cores": round((total - idle - steal) / total * (os.cpu_count() or 1), 2),
         "steal_pct": round(steal / total * 100, 1),
     }
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 class Calibrator:

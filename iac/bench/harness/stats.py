@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from statistics import median
+from typing import Any
 
 
 def percentile(values: Iterable[float], p: float) -> float:
@@ -19,4 +20,12 @@ def percentile(values: Iterable[float], p: float) -> float:
     return ordered[int(rank) - 1]
 
 
-__all__ = ["median", "percentile"]
+def median_of(d: dict[str, Any] | None, key: str) -> float | None:
+    """``d[key]`` as a number: the median of a summary, the figure itself, or None when absent."""
+    v = None if d is None else d.get(key)
+    if isinstance(v, dict):
+        return float(v["median"])
+    return float(v) if isinstance(v, int | float) else None
+
+
+__all__ = ["median", "median_of", "percentile"]

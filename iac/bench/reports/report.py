@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from iac.bench.reports import ccreport
 from iac.bench.reports.figures_results import Results, Sheet, fmt_num
 from iac.bench.reports.figures_results import headline as headline
 from iac.bench.reports.figures_tables import scenario_table, suite_headline
@@ -132,6 +133,4 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
         made.append(fname)
-    from iac.bench.reports import ccreport
-
-    return made + ccreport.plots(by.get("cc"), out)
+    return made + ccreport.plots(plt, by.get("cc"), out)
