@@ -113,13 +113,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--quick runs are smoke tests, not results; run the command itself")
     doc = record_suite(args.args) if args.name == "iac-bench" else record_script(args.name, args.args)
     date = dt.datetime.fromisoformat(doc["started"]).date()
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / file_name(args.name, date)
+    path = keep(doc, RESULTS / file_name(args.name, date))
+    print(f"recorded {path.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+def keep(doc: dict[str, Any], path: Path) -> Path:
+    """Write ``doc`` to ``path`` (in ``benchmarks/results/``) without machine paths, whole or not at all."""
+    path.parent.mkdir(exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(without_paths(json.dumps(doc, indent=1, ensure_ascii=False)) + "\n", encoding="utf-8")
     shutil.move(tmp, path)
-    print(f"recorded {path.relative_to(ROOT)}", file=sys.stderr)
-    return 0
+    return path
 
 
 if __name__ == "__main__":

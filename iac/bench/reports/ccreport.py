@@ -319,9 +319,7 @@ def save(results_json: Path) -> Path:
         doc["command"] = f"IAC_CC_PLAN={name} {doc['command']}"
     # an --out directory outside the repository is a machine path: keep only that it was given
     doc["command"] = re.sub(r"(--out )/\S+", r"\1<dir>", doc["command"])
-    text = record.without_paths(json.dumps(record.without_samples(doc), indent=1, ensure_ascii=False))
-    path.write_text(text + "\n", encoding="utf-8")
-    return path
+    return record.keep(record.without_samples(doc), path)
 
 
 def main(argv: list[str] | None = None) -> int:
