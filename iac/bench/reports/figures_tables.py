@@ -141,10 +141,7 @@ def codec_rows(sheet: Sheet, r: Results, spans: bool) -> list[list[str]]:
 def codec_ratio_line(sheet: Sheet, r: Results) -> str:
     sp = (r.raw("codec") or {})["speed"]
     median = sheet.put(r, "codec/ratio/median", sp["ratio"], "ratio")
-    lo, hi = (
-        sheet.put(r, "codec/ratio/min", sp["ratio_min"], "ratio"),
-        sheet.put(r, "codec/ratio/max", sp["ratio_max"], "ratio"),
-    )
+    lo, hi = (sheet.put(r, f"codec/ratio/{k}", sp[f"ratio_{k}"], "ratio") for k in ("min", "max"))
     return (
         "Codec rate over bare sign + verify, (t_sign + t_verify) / (t_encode + t_decode), median of "
         f"{sp['repetitions']} repetitions of {sp['messages']} messages: **{median}** [{lo} .. {hi}] "
@@ -338,10 +335,7 @@ def node(sheet: Sheet, r: Results, spans: bool) -> list[str]:
 def mesh(sheet: Sheet, r: Results, full: bool) -> list[str]:
     d = r.data
     relay = d["relay"]
-    direct, via = (
-        sheet.put(r, "relay/direct", relay["direct"]),
-        sheet.put(r, "relay/via_relay", relay["via_relay"]),
-    )
+    direct, via = (sheet.put(r, f"relay/{k}", relay[k]) for k in ("direct", "via_relay"))
     rows = [
         [
             "DELEGATE_TASK requests/s, 32 in flight over TLS: direct / through one relay",
