@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iac.bench.harness.environment import environment
+from iac.bench.harness.environment import environment, git
 from iac.bench.harness.paths import RESULTS, ROOT
 
+EXCLUDE = ":(exclude)benchmarks/results"  # git_dirty: the results files are not the code
 SCRATCH = Path("bench-results")  # relative to ROOT, where every command runs
 SCHEMA = "iac-bench-record/1"
 #: Plot samples of the suite's results.json that are not kept (the medians and ranges are).
@@ -37,18 +38,8 @@ def file_name(name: str, date: dt.date) -> str:
 def git_dirty() -> bool | None:
     """Whether tracked files under ``iac/`` or ``benchmarks/`` (results aside) differ from ``HEAD``;
     None if unknown."""
-    try:
-        git = ["git", "--no-optional-locks", "-C", str(ROOT), "status", "--porcelain", "-uno"]
-        r = subprocess.run(
-            [*git, "--", "iac", "benchmarks", ":(exclude)benchmarks/results"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(r.stdout.strip()) if r.returncode == 0 else None
+    r = git("--no-optional-locks", "status", "--porcelain", "-uno", "--", "iac", "benchmarks", EXCLUDE)
+    return bool(r.stdout.strip()) if r is not None and r.returncode == 0 else None
 
 
 def record_suite(extra: list[str]) -> dict[str, Any]:
