@@ -21,11 +21,9 @@ def render_roundtrip(sheet: Sheet, r: Results) -> list[str]:
         rows.append(
             [
                 f"`{name}`",
-                sheet.put(r, f"{name}/cpu_us_1", v["cpu_us_1_median"]),
-                sheet.put(r, f"{name}/cpu_us_64", v["cpu_us_64_median"]),
+                *(sheet.put(r, f"{name}/{k}", v[f"{k}_median"]) for k in ("cpu_us_1", "cpu_us_64")),
                 sheet.put(r, f"{name}/rps_64", v["rps_64_median"]) if "rps_64_median" in v else "—",
-                sheet.put(r, f"{name}/loop_turns", v["loop_turns"]),
-                sheet.put(r, f"{name}/python_calls", v["python_calls"]),
+                *(sheet.put(r, f"{name}/{k}", v[k]) for k in ("loop_turns", "python_calls")),
                 sheet.put(r, f"{name}/quic_transmits", v["quic_transmits"]) if "quic" in name else "—",
             ]
         )

@@ -291,12 +291,8 @@ def node(sheet: Sheet, r: Results, spans: bool) -> list[str]:
     rows = [
         [
             NODE_LABELS.get(name, name),
-            cell(name, "rtt_p50_us"),
-            cell(name, "rtt_p99_us"),
-            cell(name, "requests_per_s_at_64"),
-            cell(name, "server_cpu_us_per_request_at_64")
-            + " + "
-            + cell(name, "client_cpu_us_per_request_at_64"),
+            *(cell(name, k) for k in ("rtt_p50_us", "rtt_p99_us", "requests_per_s_at_64")),
+            " + ".join(cell(name, f"{side}_cpu_us_per_request_at_64") for side in ("server", "client")),
             num(name, "bytes_per_request"),
         ]
         for name in contenders
