@@ -223,10 +223,8 @@ def fill_result(data: dict[str, Any], result: Any) -> None:
                 better="higher" if ">=" in t["text"] else "lower",
                 iac=False,
             )
-    result.series["goodput_mbit"] = {
-        w: {c: median_of(f, "goodput") for c, f in by.items()} for w, by in agg.items()
-    }
-    result.series["p99_ms"] = {w: {c: median_of(f, "p99") for c, f in by.items()} for w, by in agg.items()}
+    for key, what in (("goodput_mbit", "goodput"), ("p99_ms", "p99")):
+        result.series[key] = {w: {c: median_of(f, what) for c, f in by.items()} for w, by in agg.items()}
     plan = data["plan"]
     limited = sorted({w for w, by in agg.items() for f in by.values() if f["cpu_limited"]})
     result.notes.append(
