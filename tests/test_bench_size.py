@@ -5,7 +5,7 @@ The target is 7,100 lines; the suite is not there yet, so CEILING is its size to
 off) and the scale scenario's broadcast, frame-byte and burst-CPU figures, then cut to 10,500
 (standalone commands that repeated ``iac bench --only``, one copy of each shared helper, tables
 for rows), then 10,511 with the ACK frequency contenders and the scale scenario's relayed
-broadcast, relayed frames and opt-in 10,000-peer step, then cut to 10,331 (one registry of the
+broadcast, relayed frames and opt-in 10,000-peer step, then cut to 10,329 (one registry of the
 report sections, report.md through the RESULTS.md renderers, one copy of each shared helper). It
 only goes down."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 7100
-CEILING = 10_331
+CEILING = 10_329
 
 
 def suite_files() -> list[Path]:

@@ -7,13 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.reports import ccreport
-from iac.bench.reports.figures_results import Results, Sheet, fmt_num
+from iac.bench.reports.figures_results import Results, Sheet
 from iac.bench.reports.figures_results import headline as headline
 from iac.bench.reports.figures_tables import scenario_table, suite_headline
-
-
-def _fmt(x: float | None) -> str:
-    return "—" if x is None else fmt_num(x)
 
 
 def headline_markdown(doc: dict[str, Any]) -> list[str]:
