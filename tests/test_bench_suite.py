@@ -79,7 +79,7 @@ def test_iac_bench_quick_writes_json_and_markdown(tmp_path):
     assert iac_rows and all(r["ratio"] and r["ratio"] > 0 for r in iac_rows)
     assert by["broadcast"]["status"] == "ok", by["broadcast"]["reason"]
     md = (out / "report.md").read_text(encoding="utf-8")
-    assert "| metric | contender | median | min .. max | unit | × baseline |" in md
+    assert "| metric | contender | median [min .. max] | unit | × baseline |" in md
     assert doc["command"] in md and env["cpu_model"] in md
 
 

@@ -1,14 +1,5 @@
-"""The IAC benchmark suite: every scenario, side by side with its baselines, in one report.
-
-    iac bench                  # full run (= python -m iac.bench = make bench)
-    iac bench --quick          # smoke test (a few minutes on 2 cores)
-    iac bench --only loss      # one scenario (repeatable)
-    iac bench --out DIR        # where results.json, report.md, *.png go
-    iac bench --list           # the scenarios
-
-Every scenario runs its contenders in the same run, taking turns (A B C C B A …) after a
-warm-up, for several rounds; a figure is the median of the per-round figures with their
-min and max, and every IAC figure carries its ratio to the scenario's baseline.
+"""The IAC benchmark suite, ``iac bench`` (= ``python -m iac.bench``): every scenario, side by side
+with its baselines, in one report (benchmarks/README.md, "Suite", gives the options and the method).
 """
 
 from __future__ import annotations
@@ -28,7 +19,8 @@ from typing import Any
 
 from iac.bench.harness.environment import environment
 from iac.bench.harness.results import SCHEMA, Context, Result
-from iac.bench.reports.report import _fmt, headline, markdown, plots
+from iac.bench.reports.figures_results import fmt_num
+from iac.bench.reports.report import headline, markdown, plots
 from iac.bench.scenarios.catalog import (
     sc_a2a,
     sc_broadcast,
@@ -181,10 +173,9 @@ def print_summary(doc: dict[str, Any], out: Path) -> None:
             print(f"   {who}: skipped: {why}")
         for r in sc["rows"]:
             rr = "" if r["ratio"] is None else f"  x{r['ratio']:.2f} vs {r['baseline']}"
-            print(
-                f"   {r['metric'][:42]:<42} {r['contender'][:34]:<34} {_fmt(r['median']):>9} {r['unit']:<5}"
-                f" [{_fmt(r['min'])} .. {_fmt(r['max'])}]{rr}"
-            )
+            median, lo, hi = (fmt_num(r[k]) for k in ("median", "min", "max"))
+            what = f"{r['metric'][:42]:<42} {r['contender'][:34]:<34}"
+            print(f"   {what} {median:>9} {r['unit']:<5} [{lo} .. {hi}]{rr}")
     print(
         f"\nWrote {out / 'results.json'}, {out / 'report.md'}" + "".join(f", {out / p}" for p in doc["plots"])
     )

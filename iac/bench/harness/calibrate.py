@@ -1,27 +1,15 @@
 """How many cores this machine gives a benchmark right now: two-process scaling and load.
 
-On a shared or virtual machine the second core can come and go within minutes, and every
-figure that needs client and server to run at once (latency, requests/s, one-way rate)
-moves with it. :class:`Calibrator` measures it between the repetitions of a benchmark:
-
-* **scaling** — two worker processes (started once) run the same fixed CPU-bound loop:
-  one alone, both at once, the other alone. Throughput scaling = ``t_alone / t_a +
-  t_alone / t_b`` (``t_alone`` the faster lone run, ``t_a`` and ``t_b`` the two runs at
-  once): 2.0 when both got a core of their own, 1.0 when they shared one. A lone run that
-  other programs slowed down inflates it (above 2.0 at times), so the CPU share of the run
-  at once is taken too: ``cpu_a / t_a + cpu_b / t_b`` (each worker's own CPU time over its
-  wall time; at most 2.0). **scaling** is the lower of the two. About 0.4 s.
-* **load** — ``/proc/loadavg`` (1, 5 and 15 minute averages, runnable / all tasks) and,
-  from ``/proc/stat`` between two calibrations, how many cores were busy (all processes,
-  this benchmark included) and the share of time the hypervisor kept (steal).
-
-A repetition whose scaling (the lower of the calibrations before and after it) is below
-:data:`MIN_SCALING` did not have two cores: its figures are reported but not judged.
+:class:`Calibrator` measures it between the repetitions of a benchmark (benchmarks/README.md,
+"Calibration"): two worker processes run a fixed loop alone and at once, and the scaling is the
+lower of the throughput ratio and the CPU share; a repetition whose scaling is below
+:data:`MIN_SCALING` did not have two cores, and its figures are reported but not judged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -88,17 +76,10 @@ def cpu_usage(before: list[int] | None, after: list[int] | None) -> dict[str, fl
     total = sum(d[:8]) or 1  # user nice system idle iowait irq softirq steal
     idle = d[3] + d[4]
     steal = d[7] if len(d) > 7 else 0
-    cores = _cores()
     return {
-        "busy_cores": round((total - idle - steal) / total * cores, 2),
+        "busy_cores": round((total - idle - steal) / total * (os.cpu_count() or 1), 2),
         "steal_pct": round(steal / total * 100, 1),
     }
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 class Calibrator:

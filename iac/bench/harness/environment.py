@@ -39,6 +39,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def git(*args: str, timeout: float = 10) -> subprocess.CompletedProcess[str] | None:
+    """``git -C ROOT args…``, or None when git cannot be run."""
+    try:
+        argv = ["git", "-C", str(ROOT), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def environment(libraries: tuple[str, ...] = LIBRARIES) -> dict[str, Any]:
     libs: dict[str, str | None] = {}
     for name in libraries:
@@ -50,16 +59,8 @@ def environment(libraries: tuple[str, ...] = LIBRARIES) -> dict[str, Any]:
         from google.protobuf.internal import api_implementation
 
         libs["protobuf_backend"] = api_implementation.Type()
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        r = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        commit = r.stdout.strip() or None
+    r = git("rev-parse", "--short", "HEAD", timeout=5)
+    commit = (r.stdout.strip() or None) if r is not None else None
     return {
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),

@@ -1,39 +1,8 @@
-"""Run one benchmark command and keep its results in ``benchmarks/results/``, self-describing.
-
-    .venv/bin/python -m iac.bench.harness.record iac-bench     # .venv/bin/iac bench (the suite, full)
-    .venv/bin/python -m iac.bench.harness.record node          # iac/bench/scenarios/node.py --json …
-    .venv/bin/python -m iac.bench.harness.record mesh          # iac/bench/scenarios/mesh.py --json …
-    .venv/bin/python -m iac.bench.harness.record codec         # iac/bench/scenarios/codec.py --json …
-    .venv/bin/python -m iac.bench.harness.record scaleout      # iac/bench/scenarios/scaleout.py --json …
-    .venv/bin/python -m iac.bench.harness.record flood         # iac/bench/scenarios/flood.py --json …
-    .venv/bin/python -m iac.bench.harness.record roundtrip     # iac/bench/scenarios/roundtrip.py --json …
-    .venv/bin/python -m iac.bench.harness.record regress --before REV  # scenarios/regress.py --json …
-    .venv/bin/python -m iac.bench.harness.record nat           # iac/bench/scenarios/nat.py --json … (root)
-
-Extra arguments after the name go to the command (``record.py node --reps 9``). The file is
-``benchmarks/results/<UTC date>-<name>.json`` where the name is ``iac-bench`` for the suite and
-``benchmarks-<script>`` for a script, so the date and the command are in the name.
-
-What is saved:
-
-* ``iac bench`` already records the command line, the start time, the machine, the library
-  versions and the git commit in its ``results.json`` (schema ``iac-bench/1``); that file is
-  copied as it is, except the latency samples kept for the CDF plots (``series`` entries named
-  in :data:`SAMPLE_SERIES`, thousands of numbers per contender; the plots are not committed),
-  which are left out and listed under ``"left_out"``.
-* The scripts' own JSON does not record all of that, so it is wrapped (schema
-  ``iac-bench-record/1``): ``command`` (as run, relative to the repository), ``started`` (UTC),
-  ``duration_s``, ``environment`` (the suite's: CPU model, cores, system, Python, library
-  versions, QUIC backends, git commit; plus ``git_dirty``, whether tracked files under
-  ``iac/`` or ``benchmarks/`` other than these results differed from that commit) and
-  ``result`` (the script's JSON).
-
-Both kinds therefore have ``command``, ``started`` and ``environment`` at the top level;
-``iac/bench/reports/figures.py`` renders the READMEs' tables from these files. The scripts' JSON goes
-through ``bench-results/`` (ignored by git), so the recorded command holds no machine path; the
-tracebacks a failed scenario keeps as its reason are saved with the repository's directory
-removed and the Python installation's replaced by ``<venv>`` or ``<python>``.
-"""
+"""Run one benchmark command and keep its results as ``benchmarks/results/<UTC date>-<name>.json``
+(``python -m iac.bench.harness.record NAME [ARGS…]``; benchmarks/README.md, "Refreshing the
+figures" and "results.json", says what is kept): the suite's ``results.json`` without its plot
+samples, or a script's JSON wrapped with the command, the start, the environment and the commit,
+machine paths removed."""
 
 from __future__ import annotations
 
@@ -48,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iac.bench.harness.environment import environment
+from iac.bench.harness.environment import environment, git
 from iac.bench.harness.paths import RESULTS, ROOT
 
+EXCLUDE = ":(exclude)benchmarks/results"  # git_dirty: the results files are not the code
 SCRATCH = Path("bench-results")  # relative to ROOT, where every command runs
 SCHEMA = "iac-bench-record/1"
 #: Plot samples of the suite's results.json that are not kept (the medians and ranges are).
@@ -68,18 +38,8 @@ def file_name(name: str, date: dt.date) -> str:
 def git_dirty() -> bool | None:
     """Whether tracked files under ``iac/`` or ``benchmarks/`` (results aside) differ from ``HEAD``;
     None if unknown."""
-    try:
-        git = ["git", "--no-optional-locks", "-C", str(ROOT), "status", "--porcelain", "-uno"]
-        r = subprocess.run(
-            [*git, "--", "iac", "benchmarks", ":(exclude)benchmarks/results"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(r.stdout.strip()) if r.returncode == 0 else None
+    r = git("--no-optional-locks", "status", "--porcelain", "-uno", "--", "iac", "benchmarks", EXCLUDE)
+    return bool(r.stdout.strip()) if r is not None and r.returncode == 0 else None
 
 
 def record_suite(extra: list[str]) -> dict[str, Any]:
@@ -144,13 +104,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--quick runs are smoke tests, not results; run the command itself")
     doc = record_suite(args.args) if args.name == "iac-bench" else record_script(args.name, args.args)
     date = dt.datetime.fromisoformat(doc["started"]).date()
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / file_name(args.name, date)
+    path = keep(doc, RESULTS / file_name(args.name, date))
+    print(f"recorded {path.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+def keep(doc: dict[str, Any], path: Path) -> Path:
+    """Write ``doc`` to ``path`` (in ``benchmarks/results/``) without machine paths, whole or not at all."""
+    path.parent.mkdir(exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(without_paths(json.dumps(doc, indent=1, ensure_ascii=False)) + "\n", encoding="utf-8")
     shutil.move(tmp, path)
-    print(f"recorded {path.relative_to(ROOT)}", file=sys.stderr)
-    return 0
+    return path
 
 
 if __name__ == "__main__":

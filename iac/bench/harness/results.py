@@ -10,7 +10,7 @@ import json
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,16 +117,16 @@ def downsample(samples: Sequence[float], limit: int = MAX_SAMPLES) -> list[float
 class Result:
     """What one scenario produced (see the schema in benchmarks/README.md)."""
 
-    name: str
+    name: str  # the fields in the order results.json has them
     title: str
-    baseline: str | None = None
     status: str = "ok"  # ok | skipped | unavailable | error
     reason: str | None = None
+    baseline: str | None = None
+    duration_s: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
     series: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     raw: Any = None
-    duration_s: float = 0.0
     #: Contenders that could not run here: label -> ``<what is missing> — <the command that adds it>``.
     skipped: dict[str, str] = field(default_factory=dict)
 
@@ -173,19 +173,9 @@ class Result:
             row["ratio"] = ratio(row["median"], base["median"]) if base else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "status": self.status,
-            "reason": self.reason,
-            "baseline": self.baseline,
-            "duration_s": round(self.duration_s, 3),
-            "rows": self.rows,
-            "series": self.series,
-            "notes": self.notes,
-            "raw": self.raw,
-            **({"skipped": self.skipped} if self.skipped else {}),
-        }
+        """The scenario's entry in results.json (``skipped`` only when a contender was)."""
+        out = {**asdict(self), "duration_s": round(self.duration_s, 3)}
+        return out if self.skipped else {k: v for k, v in out.items() if k != "skipped"}
 
 
 @dataclass

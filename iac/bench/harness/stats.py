@@ -1,18 +1,12 @@
-"""The statistics the benchmark scripts report, each computed one way.
-
-* :func:`percentile` is the nearest-rank percentile: for ``n`` values and ``p`` in [0, 100], the
-  ``ceil(p / 100 * n)``-th smallest value (the smallest for ``p`` = 0), that is the least value that
-  at least ``p`` % of the values are less than or equal to. It never interpolates: every figure is
-  a measured sample. ``iac ping`` computes its percentiles the same way
-  (``iac.cli.net.percentile``; the package does not import the benchmarks).
-* :func:`median` is :func:`statistics.median`: the middle value, or the mean of the two middle
-  values for an even count.
-"""
+"""The statistics the benchmark scripts report, each computed one way (benchmarks/README.md,
+"Percentiles"): :func:`percentile` by nearest rank, never interpolating (as ``iac ping``), and
+:func:`median`, :func:`statistics.median`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from statistics import median
+from typing import Any
 
 
 def percentile(values: Iterable[float], p: float) -> float:
@@ -26,4 +20,12 @@ def percentile(values: Iterable[float], p: float) -> float:
     return ordered[int(rank) - 1]
 
 
-__all__ = ["median", "percentile"]
+def median_of(d: dict[str, Any] | None, key: str) -> float | None:
+    """``d[key]`` as a number: the median of a summary, the figure itself, or None when absent."""
+    v = None if d is None else d.get(key)
+    if isinstance(v, dict):
+        return float(v["median"])
+    return float(v) if isinstance(v, int | float) else None
+
+
+__all__ = ["median", "median_of", "percentile"]

@@ -1,17 +1,8 @@
 """The cc scenario's figures (``iac/bench/scenarios/cc.py``): medians per setting and contender, the
-targets as same-run ratios with verdicts, the suite's rows, and the plots.
-
-    .venv/bin/iac bench --only cc --out bench-results/cc            # the full scenario (about 85 min)
-    IAC_CC_PLAN=targets .venv/bin/iac bench --only cc --out bench-results/cc
-                                    # only the settings the targets are judged at (about 20 min)
-    .venv/bin/python -m iac.bench.reports.ccreport save bench-results/cc/results.json
-                                    # -> benchmarks/results/<date>-iac-bench-cc.json, as record.py keeps
-
-A figure is the median over a setting's repetitions; a ratio is of two medians of the same
-run of the scenario. A run is CPU-limited when any of its processes was above
-``netem.CPU_LIMIT_PERCENT``; a contender is CPU-limited at a setting when most of its runs
-were, and the targets that compare with the kernel leave such settings out (and say so).
-"""
+targets as same-run ratios with verdicts (a setting where a contender was CPU-limited in most runs
+is left out of the targets that compare with the kernel), the suite's rows, and the plots;
+``python -m iac.bench.reports.ccreport save DIR/results.json`` keeps a run in benchmarks/results/
+(benchmarks/README.md, "Congestion control: results")."""
 
 from __future__ import annotations
 
@@ -25,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.paths import RESULTS
-from iac.bench.harness.results import summarize
-from iac.bench.harness.stats import median
+from iac.bench.harness.results import ratio, summarize
+from iac.bench.harness.stats import median, median_of
 
 CUBIC, BBR, RENO = "IAC-QUIC CUBIC", "IAC-QUIC BBR", "IAC-QUIC Reno"
 TCP_CUBIC, TCP_BBR = "IAC-TLS/TCP cubic", "IAC-TLS/TCP bbr"
@@ -103,17 +94,6 @@ def shares(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def _med(fig: dict[str, Any] | None, what: str) -> float | None:
-    if fig is None or fig.get(what) is None:
-        return None
-    v = fig[what]
-    return float(v["median"]) if isinstance(v, dict) else float(v)
-
-
 def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target and guard, one entry per setting it applies to."""
     out: list[dict[str, Any]] = []
@@ -131,23 +111,23 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     for where, by in aggregate(res).items():
         s = by[next(iter(by))]["setting"]
         bbr, cubic, tbbr, tcubic = (by.get(c) for c in (BBR, CUBIC, TCP_BBR, TCP_CUBIC))
-        g = _ratio(_med(bbr, "goodput"), _med(cubic, "goodput"))
+        g = ratio(median_of(bbr, "goodput"), median_of(cubic, "goodput"))
         if s["rate_mbit"] == 50 and abs(s["rtt"] - 0.02) < 1e-9 and abs(s["loss"] - 0.01) < 1e-9:
             add("T1", "BBR goodput >= 2x CUBIC at 50 Mbit/s, 20 ms, 1% loss", where, g, 2.0)
         if s["buffer"] == "deep" and s["loss"] == 0:
-            p = _ratio(_med(bbr, "p99"), _med(cubic, "p99"))
+            p = ratio(median_of(bbr, "p99"), median_of(cubic, "p99"))
             add("T2", "deep buffer, bulk + requests: request p99 BBR <= 0.5x CUBIC", where, p, 0.5)
         if s["loss"] == 0:
             add("T3", "no loss: BBR goodput >= 0.9x CUBIC", where, g, 0.9)
-        k = _ratio(_med(tbbr, "goodput"), _med(bbr, "goodput"))
+        k = ratio(median_of(tbbr, "goodput"), median_of(bbr, "goodput"))
         text = "kernel TCP BBR goodput <= 1.2x IAC-QUIC BBR (CPU not the limit)"
         add("T5", text, where, k, 1.2, cpu_why(bbr, tbbr))
         if s["loss"] == 0:
-            kc = _ratio(_med(tcubic, "goodput"), _med(cubic, "goodput"))
+            kc = ratio(median_of(tcubic, "goodput"), median_of(cubic, "goodput"))
             text = "kernel cubic goodput <= 1.3x aioquic CUBIC at 0% loss"
             add("G1", text, where, kc, 1.3, cpu_why(cubic, tcubic))
         else:
-            r = _ratio(_med(bbr, "retrans_ratio"), _med(cubic, "retrans_ratio"))
+            r = ratio(median_of(bbr, "retrans_ratio"), median_of(cubic, "retrans_ratio"))
             text = "BBR retransmitted share of bytes sent <= 2x CUBIC's at the same loss"
             add("G2", text, where, r, 2.0)
     for sh in shares(res):
@@ -243,10 +223,8 @@ def fill_result(data: dict[str, Any], result: Any) -> None:
                 better="higher" if ">=" in t["text"] else "lower",
                 iac=False,
             )
-    result.series["goodput_mbit"] = {
-        w: {c: _med(f, "goodput") for c, f in by.items()} for w, by in agg.items()
-    }
-    result.series["p99_ms"] = {w: {c: _med(f, "p99") for c, f in by.items()} for w, by in agg.items()}
+    for key, what in (("goodput_mbit", "goodput"), ("p99_ms", "p99")):
+        result.series[key] = {w: {c: median_of(f, what) for c, f in by.items()} for w, by in agg.items()}
     plan = data["plan"]
     limited = sorted({w for w, by in agg.items() for f in by.values() if f["cpu_limited"]})
     result.notes.append(
@@ -270,16 +248,10 @@ def fill_result(data: dict[str, Any], result: Any) -> None:
     result.raw = {**data, "targets": targets(data), "target_summary": summary, "aggregate": agg}
 
 
-def plots(sc: dict[str, Any] | None, out: Path) -> list[str]:
-    """Goodput and request p99 against loss, one panel per rate and RTT, per buffer depth."""
+def plots(plt: Any, sc: dict[str, Any] | None, out: Path) -> list[str]:
+    """Goodput and request p99 against loss, one panel per rate and RTT, per buffer depth, drawn
+    with ``plt`` (``matplotlib.pyplot``) from the cc scenario's results ``sc`` when it ran."""
     if sc is None or sc.get("status") != "ok" or not sc.get("raw"):
-        return []
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
         return []
     agg = sc["raw"]["aggregate"]
     made = []
@@ -300,17 +272,10 @@ def plots(sc: dict[str, Any] | None, out: Path) -> list[str]:
                 for j, rtt in enumerate(rtts):
                     ax = axes[i][j]
                     for who in contenders:
-                        pts = []
-                        for by in figs:
-                            f = by.get(who)
-                            s = f["setting"] if f else None
-                            if s and s["rate_mbit"] == rate and s["rtt"] == rtt and s["buffer"] == buf:
-                                v = _med(f, metric)
-                                if v is not None:
-                                    pts.append((s["loss"] * 100, v))
-                        if pts:
-                            pts.sort()
-                            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=who)
+                        here = [by[who] for by in figs if who in by and _where(by[who]) == (rate, rtt, buf)]
+                        pts = [(f["setting"]["loss"] * 100, median_of(f, metric)) for f in here]
+                        if pts := sorted(p for p in pts if p[1] is not None):
+                            ax.plot(*zip(*pts, strict=True), marker="o", label=who)
                     if log:
                         ax.set_yscale("log")
                     ax.set_title(f"{rate:g} Mbit/s, {rtt * 1e3:.0f} ms RTT", fontsize=9)
@@ -325,6 +290,12 @@ def plots(sc: dict[str, Any] | None, out: Path) -> list[str]:
             plt.close(fig)
             made.append(name)
     return made
+
+
+def _where(f: dict[str, Any]) -> tuple[float, float, str]:
+    """The rate, RTT and buffer of a contender's figures at a setting (a panel of :func:`plots`)."""
+    s = f["setting"]
+    return s["rate_mbit"], s["rtt"], s["buffer"]
 
 
 def save(results_json: Path) -> Path:
@@ -346,9 +317,7 @@ def save(results_json: Path) -> Path:
         doc["command"] = f"IAC_CC_PLAN={name} {doc['command']}"
     # an --out directory outside the repository is a machine path: keep only that it was given
     doc["command"] = re.sub(r"(--out )/\S+", r"\1<dir>", doc["command"])
-    text = record.without_paths(json.dumps(record.without_samples(doc), indent=1, ensure_ascii=False))
-    path.write_text(text + "\n", encoding="utf-8")
-    return path
+    return record.keep(record.without_samples(doc), path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,22 +1,10 @@
 """Render the benchmark figures of README.md (its headline) and benchmarks/RESULTS.md from
-benchmarks/results/.
+benchmarks/results/: ``python -m iac.bench.reports.figures [--check | --latest]``.
 
-    .venv/bin/python -m iac.bench.reports.figures            # rewrite every marked section in place
-    .venv/bin/python -m iac.bench.reports.figures --check    # exit 1 if a marked section is stale
-    .venv/bin/python -m iac.bench.reports.figures --latest   # point every marker at the newest file of
-                                                      # its command, then rewrite
-
-A marked section is
-
-    <!-- figures: NAME (benchmarks/results/2026-12-01-iac-bench.json) -->
-    ... what figures_tables.RENDERERS[NAME] renders from that file (several: comma-separated) ...
-    <!-- /figures -->
-
-and nothing between the two comments is written by hand. Every rendered table starts with the
-file it comes from, the command that wrote it, when, on which machine and at which commit.
-Each figure has a key inside its file's *family* (the file name without the date: the command);
-the check fails when two sections show one key differently, as when one of them still names
-an older run of the same command.
+A marked section is ``<!-- figures: NAME (results file, …) -->`` … ``<!-- /figures -->``, what
+``RENDERERS[NAME]`` renders from those files (benchmarks/README.md, "Refreshing the figures").
+The check fails on a stale section, and when two sections show one figure of a command's results
+(a key inside its file's *family*: the file name without the date) differently.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.paths import ROOT
-from iac.bench.reports.figures_results import Results, Sheet, kind_of, not_ok, row_key, table
+from iac.bench.reports.figures_results import Results, Sheet, kind_of, not_ok, renderer, row_key, table
 
 BASE = "IAC-TLS/TCP"
 #: The rows of the headline, in order: the IAC transports, then what users would pick instead.
@@ -93,6 +93,7 @@ def _short_source(r: Results, doc: Path) -> tuple[list[str], str]:
     return lines, f"[headline-source]: {link}"
 
 
+@renderer("brokers")
 def render_brokers(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     """Requests (1 and 64 in flight, server CPU) and one-way messages between two processes on
     loopback, every contender's figure and its ratio to IAC-TLS/TCP from the same run."""

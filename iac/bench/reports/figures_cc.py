@@ -5,11 +5,10 @@ computed by ``ccreport.py`` from the runs the file keeps."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from iac.bench.reports import ccreport
-from iac.bench.reports.figures_results import Results, Sheet, not_ok, table, verdict
+from iac.bench.reports.figures_results import Results, Sheet, section, table, verdict
 
 
 def _cell(sheet: Sheet, r: Results, who: str, metric: str, f: dict[str, Any] | None, what: str) -> str:
@@ -19,11 +18,9 @@ def _cell(sheet: Sheet, r: Results, who: str, metric: str, f: dict[str, Any] | N
     return text + (" ‡" if f["cpu_limited"] else "")
 
 
-def render_cc(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
-    out = [r.source_line(doc), ""]
-    if why := not_ok(r, "cc"):
-        return [*out, why]
+@section("cc", scenario="cc")
+def render_cc(sheet: Sheet, r: Results) -> list[str]:
+    out: list[str] = []
     raw = r.raw("cc")
     assert raw is not None
     agg = ccreport.aggregate(raw)

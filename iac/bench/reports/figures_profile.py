@@ -6,15 +6,14 @@ and on this one (``iac/bench/scenarios/regress.py``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from iac.bench.harness.stats import median
-from iac.bench.reports.figures_results import Results, Sheet, table
+from iac.bench.reports.figures_results import Results, Sheet, section, table
 
 
-def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
+@section("roundtrip")
+def render_roundtrip(sheet: Sheet, r: Results) -> list[str]:
     d = r.data
     c, cfg = d["contenders"], d["config"]
     rows = []
@@ -22,11 +21,9 @@ def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         rows.append(
             [
                 f"`{name}`",
-                sheet.put(r, f"{name}/cpu_us_1", v["cpu_us_1_median"]),
-                sheet.put(r, f"{name}/cpu_us_64", v["cpu_us_64_median"]),
+                *(sheet.put(r, f"{name}/{k}", v[f"{k}_median"]) for k in ("cpu_us_1", "cpu_us_64")),
                 sheet.put(r, f"{name}/rps_64", v["rps_64_median"]) if "rps_64_median" in v else "—",
-                sheet.put(r, f"{name}/loop_turns", v["loop_turns"]),
-                sheet.put(r, f"{name}/python_calls", v["python_calls"]),
+                *(sheet.put(r, f"{name}/{k}", v[k]) for k in ("loop_turns", "python_calls")),
                 sheet.put(r, f"{name}/quic_transmits", v["quic_transmits"]) if "quic" in name else "—",
             ]
         )
@@ -47,8 +44,6 @@ def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     ]
     cols = ["contender", "CPU µs @1", "CPU µs @64", "req/s @64", "loop turns", "Python calls", "QUIC flushes"]
     out = [
-        r.source_line(doc),
-        "",
         head,
         "",
         *table(cols, "lrrrrrr", rows),
@@ -69,8 +64,8 @@ def render_roundtrip(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     return out
 
 
-def render_scaleout(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
+@section("scaleout")
+def render_scaleout(sheet: Sheet, r: Results) -> list[str]:
     d = r.data
     cfg = d["config"]
     scaling = ", ".join(sheet.put(r, f"scaling/{i}", s, "ratio") for i, s in enumerate(d["scaling"]))
@@ -88,8 +83,6 @@ def render_scaleout(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     two = sheet.put(r, "two_over_one", d["two_over_one"], "ratio")
     shared = sheet.put(r, "shared_over_memory_cpu", d["shared_over_memory_cpu"], "ratio")
     return [
-        r.source_line(doc),
-        "",
         f"{cfg['reps']} repetitions, {cfg['count_per_client']} requests per client process at "
         f"{cfg['in_flight']} in flight; two-process calibration scaling per repetition: {scaling} "
         "(valid: ≥ 1.8).",
@@ -101,9 +94,9 @@ def render_scaleout(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     ]
 
 
-def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+@section("flood")
+def render_flood(sheet: Sheet, r: Results) -> list[str]:
     """``iac/bench/scenarios/flood.py``: the honest peer's p50 with and without the flood, per case."""
-    (r,) = res
     d = r.data
     rows = []
     for case in d["cases"]:
@@ -130,8 +123,6 @@ def render_flood(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         )
     n = len(d["cases"][0]["reps"])
     return [
-        r.source_line(doc),
-        "",
         f"{n} repetitions of {d['cases'][0]['seconds']:g} s each way; medians; ratio = median over "
         f"repetitions of p50 with the flood ÷ p50 without (target ≤ {d['target']:g}).",
         "",
@@ -159,9 +150,9 @@ def _regress_shown(row: dict[str, Any]) -> bool:
     return True
 
 
-def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+@section("regress")
+def render_regress(sheet: Sheet, r: Results) -> list[str]:
     """``iac/bench/scenarios/regress.py``: before and after, per figure, with the verdict."""
-    (r,) = res
     d = r.data
     cfg = d["config"]
     # The unchanged baselines' own after ÷ before, per (scenario, metric): how far the machine moved.
@@ -190,8 +181,6 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     worst = max(cpu["iac"].values(), default=None)
     drift = cpu["baselines_median_ratio"]
     return [
-        r.source_line(doc),
-        "",
         f"Before: commit `{cfg['before'][:7]}`; after: the commit above. {cfg['rounds']} rounds of the "
         f"suite's {', '.join(f'`{s}`' for s in cfg['scenarios'])} scenarios"
         f"{' (quick forms)' if cfg['quick'] else ''}, the two sides in turns; each figure the median "
@@ -213,10 +202,10 @@ def render_regress(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     ]
 
 
-def render_node_floors(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+@section("node-floors")
+def render_node_floors(sheet: Sheet, r: Results) -> list[str]:
     """``iac/bench/scenarios/node.py``: where each floor stands against the HTTP reference (the most the
     node could reach), and the node's CPU per request over its floor's."""
-    (r,) = res
     d = r.data
     c, cal, ref = d["contenders"], d["calibration"], d["config"]["reference"]
     reps = cal["valid_reps"] or list(range(len(c[ref]["per_rep"]["rtt_p50_us"])))
@@ -245,8 +234,6 @@ def render_node_floors(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]
     )
     cols = ["floor", f"p50 ÷ `{ref}`", f"req/s at 64 ÷ `{ref}`", "IAC CPU/request at 64 ÷ the floor's"]
     return [
-        r.source_line(doc),
-        "",
         f"Floors against `{ref}` over {which}, ratios of medians; IAC's CPU per request (both "
         "sides, at 64 in flight) over its floor's, over all repetitions.",
         "",

@@ -1,9 +1,9 @@
-"""The committed results files, the figures taken from them, and the targets they are held to.
+"""The committed results files, the figures taken from them, the targets they are held to, and
+the registry of what each marked section shows (:data:`RENDERERS`).
 
-Used by ``iac/bench/reports/figures.py`` (the marked README sections) and ``figures_tables.py`` (what
-each section shows). A figure is put on a :class:`Sheet` under a key inside its file's
-*family* (the file name without its date), formatted by the one function its kind names, so
-two sections that show the same figure show the same text unless they read different runs.
+A figure is put on a :class:`Sheet` under a key inside its file's *family* (the file name without
+its date), formatted by the one function its kind names, so two sections that show the same
+figure show the same text unless they read different runs.
 """
 
 from __future__ import annotations
@@ -295,3 +295,97 @@ def targets(res: Sequence[Results], areas: Sequence[str] | None = None) -> list[
 def target_table(sheet: Sheet, found: Sequence[Target]) -> list[str]:
     rows = [[t.what, t.limit_text(), t.shown(sheet), verdict(t.met), f"`{t.res.name}`"] for t in found]
     return table(["IAC / baseline", "target", "measured", "verdict", "from"], "llrll", rows)
+
+
+# --- the suite's headline -----------------------------------------------------------------------
+
+#: The headline table's metrics per scenario (``None``: the metric of the largest N).
+HEADLINE: dict[str, tuple[str, ...] | None] = {
+    "codec": ("send: encode vs sign (µs/msg)", "receive: decode vs verify (µs/msg)"),
+    "bytes": ("bytes per message (test.jsonl)",),
+    "rtt": ("RTT p50, 1 in flight",),
+    "requests": ("RTT p50, 1 in flight", "requests/s, 64 in flight", "server CPU per request, 64 in flight"),
+    "setup": ("first delivery, 20 ms RTT",),
+    "oneway": ("messages/s",),
+    "loss": ("p99 at 0% loss", "p99 at 3% loss"),
+    "broadcast": None,
+    "filetransfer": None,
+    "a2a": ("SendMessage p50, 1 in flight", "SendMessage calls/s, 64 in flight"),
+    "reconnect": ("first delivery after a reconnect, 20 ms RTT (Node API)",),
+}
+
+
+def headline(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per IAC figure worth a headline: its baseline, its ratio, whether IAC is ahead,
+    and the best other (non-IAC) contender for the same metric."""
+    out: list[dict[str, Any]] = []
+    for sc in doc["scenarios"]:
+        if sc["status"] != "ok" or sc["name"] not in HEADLINE:
+            continue
+        wanted = HEADLINE[sc["name"]]
+        rows = sc["rows"]
+        if wanted is None:  # the first metric of the last (largest) size
+            timed = [r["metric"] for r in rows if r["unit"] != "B"]
+            wanted = (timed[-1],) if timed else ()
+        for r in rows:
+            if not r["iac"] or r["metric"] not in wanted or r["ratio"] is None:
+                continue
+            higher = r["better"] == "higher"
+            others = [o for o in rows if o["metric"] == r["metric"] and not o["iac"]]
+            best = max(others, key=lambda o: o["median"] * (1 if higher else -1), default=None)
+            base = next(
+                (o for o in rows if o["contender"] == r["baseline"] and o["metric"] == r["metric"]), None
+            )
+            out.append(
+                {
+                    "scenario": sc["name"],
+                    "metric": r["metric"],
+                    "unit": r["unit"],
+                    "contender": r["contender"],
+                    "median": r["median"],
+                    "baseline": r["baseline"],
+                    "baseline_median": base["median"] if base else None,
+                    "ratio": r["ratio"],
+                    "ahead": r["ratio"] > 1 if higher else r["ratio"] < 1,
+                    "best_other": best["contender"] if best else None,
+                    "best_other_median": best["median"] if best else None,
+                }
+            )
+    return out
+
+
+# --- sections -----------------------------------------------------------------------------------
+
+#: What a marked section shows: ``RENDERERS[name](sheet, document, results files) -> lines``.
+Renderer = Callable[[Sheet, Path, list[Results]], list[str]]
+RENDERERS: dict[str, Renderer] = {}
+Body = Callable[..., list[str]]
+
+
+def renderer(name: str) -> Callable[[Renderer], Renderer]:
+    """Register ``fn`` as the renderer of the sections named ``name``, as it is."""
+
+    def register(fn: Renderer) -> Renderer:
+        RENDERERS[name] = fn
+        return fn
+
+    return register
+
+
+def section(name: str, scenario: str | None = None, **kw: Any) -> Callable[[Body], Body]:
+    """Register ``body(sheet, r, **kw)`` for the sections named ``name``, each of one results file
+    ``r``: its lines follow the file's source line, or only why, when suite scenario ``scenario``
+    has no figures in ``r``."""
+
+    def register(body: Body) -> Body:
+        def render(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+            (r,) = res
+            out = [r.source_line(doc), ""]
+            if scenario is not None and (why := not_ok(r, scenario)):
+                return [*out, why]
+            return out + body(sheet, r, **kw)
+
+        RENDERERS[name] = render
+        return body
+
+    return register

@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from iac.bench.reports.figures_results import Results, Sheet, not_ok, table
+from iac.bench.reports.figures_results import Results, Sheet, section, table
 
 LABEL = {"tls": "TLS/TCP", "quic": "QUIC"}
 CORPUS = ("direct_frame_bytes", "relayed_frame_bytes")
 
 
-def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
-    out = [r.source_line(doc), ""]
-    if why := not_ok(r, "scale"):
-        return [*out, why]
+@section("scale", scenario="scale")
+def render_scale(sheet: Sheet, r: Results) -> list[str]:
     d = r.raw("scale")
     assert d is not None
     p = d["plan"]
@@ -53,7 +49,7 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         "dial p99 s (first attempts)",
     ]
     limit = d["rlimit_nofile"]
-    out.append(
+    out = [
         f"One server node per transport and peer count (the shipped configuration, `idle_timeout` off, "
         f"relaying unicast FORWARDs); the peers, each with an identity of its own, spread over {p['procs']} "
         f"client processes, dial all at once (retries with backoff and jitter; a step marked so: that many "
@@ -62,7 +58,7 @@ def render_scale(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         f"that load step, divided by the peers; idle CPU over {p['idle_s']:g} s with every connection "
         f"held. RLIMIT_NOFILE {limit['soft']:,} (hard {limit['hard']:,}) allows {d['peers_allowed']:,} "
         f"peers; not run: {', '.join(f'{n:,}' for n in d['skipped_peers']) or 'none'}."
-    )
+    ]
     return [*out, "", *table(head, "lrrrrrrr", rows), *_more(sheet, r, d)]
 
 

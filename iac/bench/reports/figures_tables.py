@@ -1,48 +1,40 @@
-"""What each marked README section shows: ``RENDERERS[name](sheet, document, results)`` returns
-its Markdown lines, every figure put on ``sheet`` (see ``figures_results.py``)."""
+"""What each marked section shows: the suite's tables, and the node, mesh, NAT and MCP scripts'
+(the other sections register in the modules imported here); ``RENDERERS[name](sheet, document,
+results)`` returns its Markdown lines, every figure put on ``sheet`` (``figures_results.py``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from iac.bench.reports.figures_brokers import render_brokers
-from iac.bench.reports.figures_cc import render_cc
-from iac.bench.reports.figures_profile import (
-    render_flood,
-    render_node_floors,
-    render_regress,
-    render_roundtrip,
-    render_scaleout,
-)
+# Each of these registers its sections in RENDERERS.
+from iac.bench.reports import figures_brokers, figures_cc, figures_profile, figures_scale  # noqa: F401
 from iac.bench.reports.figures_results import (
     CODEC_RATIO_TARGET,
     DICT_SAVING_TARGET,
     Results,
     Sheet,
+    headline,
     kind_of,
     node_targets,
     not_ok,
+    renderer,
     row_key,
+    section,
     table,
     target_table,
     targets,
     verdict,
 )
-from iac.bench.reports.figures_scale import render_scale
-from iac.bench.reports.report import headline
-
-Renderer = Callable[[Sheet, Path, list[Results]], list[str]]
-
+from iac.bench.reports.figures_results import RENDERERS as RENDERERS
 
 # --- the suite (iac bench) ----------------------------------------------------------------------
 
 
-def render_suite_headline(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    """The suite's headline table (``suite.headline``: its pick of metrics per scenario)."""
-    (r,) = res
+@section("suite-headline")
+def suite_headline(sheet: Sheet, r: Results) -> list[str]:
+    """The suite's headline table (``headline``: its pick of metrics per scenario)."""
     rows = []
     for h in headline(r.data):  # its pick of metrics now, from the rows the file keeps
         key, kind = row_key(h["scenario"], h), kind_of(h["unit"])
@@ -65,7 +57,7 @@ def render_suite_headline(sheet: Sheet, doc: Path, res: list[Results]) -> list[s
             ]
         )
     head = ["scenario", "metric", "IAC", "median", "baseline", "baseline median", "× baseline", "IAC"]
-    out = [r.source_line(doc), "", *table([*head, "best other"], "lllrlrrll", rows)]
+    out = table([*head, "best other"], "lllrlrrll", rows)
     missing = [why for s in r.data["scenarios"] if (why := not_ok(r, s["name"]))]
     return out + (["", "Not in this table:", "", *(f"- {m}" for m in missing)] if missing else [])
 
@@ -94,25 +86,25 @@ def scenario_table(sheet: Sheet, r: Results, name: str) -> list[str]:
     return [note, "", *table(head, "llrlr", rows)]
 
 
-def render_suite_scenarios(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
-    out = [r.source_line(doc)]
+@section("suite-scenarios")
+def suite_scenarios(sheet: Sheet, r: Results) -> list[str]:
+    out = []
     for sc in r.data["scenarios"]:
-        out += ["", f"**{sc['name']}** — {sc['title']}", "", *scenario_table(sheet, r, sc["name"])]
-    return out
+        out += [f"**{sc['name']}** — {sc['title']}", "", *scenario_table(sheet, r, sc["name"]), ""]
+    return out[:-1]
 
 
-def render_transport(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+@section("transport")
+def transport(sheet: Sheet, r: Results) -> list[str]:
     """The suite's scenarios that run ``iac/bench/scenarios/transport.py``, and its targets."""
-    (r,) = res
-    out = [r.source_line(doc)]
+    out = []
     for name, what in (
         ("rtt", "Request/reply over one connection"),
         ("setup", "Dial to the first delivered message"),
         ("oneway", "One-way IAC-QUIC messages"),
     ):
-        out += ["", f"{what} (`{name}`):", "", *scenario_table(sheet, r, name)]
-    return [*out, "", *target_table(sheet, targets([r], areas=("rtt", "setup", "oneway")))]
+        out += [f"{what} (`{name}`):", "", *scenario_table(sheet, r, name), ""]
+    return [*out, *target_table(sheet, targets([r], areas=("rtt", "setup", "oneway")))]
 
 
 # --- codec and bytes (the suite runs codec.py) ---------------------------------------------------
@@ -149,10 +141,7 @@ def codec_rows(sheet: Sheet, r: Results, spans: bool) -> list[list[str]]:
 def codec_ratio_line(sheet: Sheet, r: Results) -> str:
     sp = (r.raw("codec") or {})["speed"]
     median = sheet.put(r, "codec/ratio/median", sp["ratio"], "ratio")
-    lo, hi = (
-        sheet.put(r, "codec/ratio/min", sp["ratio_min"], "ratio"),
-        sheet.put(r, "codec/ratio/max", sp["ratio_max"], "ratio"),
-    )
+    lo, hi = (sheet.put(r, f"codec/ratio/{k}", sp[f"ratio_{k}"], "ratio") for k in ("min", "max"))
     return (
         "Codec rate over bare sign + verify, (t_sign + t_verify) / (t_encode + t_decode), median of "
         f"{sp['repetitions']} repetitions of {sp['messages']} messages: **{median}** [{lo} .. {hi}] "
@@ -205,27 +194,17 @@ def size_sentence(sheet: Sheet, r: Results) -> str:
     )
 
 
-def render_codec(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
-    if why := not_ok(r, "codec"):
-        return [r.source_line(doc), "", why]
-    out = [r.source_line(doc), "", *table(["", "µs/msg", "msgs/s"], "lrr", codec_rows(sheet, r, False))]
+@section("codec", scenario="codec")
+def codec(sheet: Sheet, r: Results) -> list[str]:
+    out = table(["", "µs/msg", "msgs/s"], "lrr", codec_rows(sheet, r, False))
     return [*out, "", codec_ratio_line(sheet, r), "", size_sentence(sheet, r)]
 
 
-def render_codec_results(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
-    if why := not_ok(r, "codec"):
-        return [r.source_line(doc), "", why]
+@section("codec-results", scenario="codec")
+def codec_results(sheet: Sheet, r: Results) -> list[str]:
     s = sizes(r)
     head = ["operation", "µs/msg, median [min .. max]", "msgs/s"]
-    out = [
-        r.source_line(doc),
-        "",
-        *table(head, "lrr", codec_rows(sheet, r, True)),
-        "",
-        codec_ratio_line(sheet, r),
-    ]
+    out = [*table(head, "lrr", codec_rows(sheet, r, True)), "", codec_ratio_line(sheet, r)]
     rows = [
         [
             label,
@@ -246,6 +225,7 @@ def render_codec_results(sheet: Sheet, doc: Path, res: list[Results]) -> list[st
     ]
 
 
+@renderer("dictionary-saving")
 def render_dictionary_saving(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     (r,) = res
     return [
@@ -257,12 +237,11 @@ def render_dictionary_saving(sheet: Sheet, doc: Path, res: list[Results]) -> lis
     ]
 
 
-def render_broadcast(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
+@section("broadcast", scenario="broadcast")
+def broadcast(sheet: Sheet, r: Results) -> list[str]:
     """Completion per number of agents, every contender, from the suite's ``broadcast`` scenario."""
-    (r,) = res
     sc = r.scenario("broadcast")
-    if sc is None or (why := not_ok(r, "broadcast")):
-        return [r.source_line(doc), "", why or ""]
+    assert sc is not None
     counts = sc["raw"]["sizes"]
     by = {(x["contender"], x["metric"]): x for x in sc["rows"]}
     who = list(dict.fromkeys(x["contender"] for x in sc["rows"] if x["metric"].startswith("completion")))
@@ -279,7 +258,7 @@ def render_broadcast(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         rows.append(cells)
     head = ["completion, ms (× baseline)", *(f"{n} agents" for n in counts)]
     note = f"Baseline: {sc['baseline']}; median of {sc['rows'][0]['n']} rounds."
-    return [r.source_line(doc), "", note, "", *table(head, "l" + "r" * len(counts), rows)]
+    return [note, "", *table(head, "l" + "r" * len(counts), rows)]
 
 
 # --- scenarios/node.py and scenarios/mesh.py ------------------------------------------------------
@@ -297,8 +276,9 @@ NODE_LABELS = {
 }
 
 
-def render_node(sheet: Sheet, doc: Path, res: list[Results], spans: bool) -> list[str]:
-    (r,) = res
+@section("node", spans=False)
+@section("node-results", spans=True)
+def node(sheet: Sheet, r: Results, spans: bool) -> list[str]:
     cfg, contenders = r.data["config"], r.data["contenders"]
 
     def cell(name: str, k: str) -> str:
@@ -311,20 +291,14 @@ def render_node(sheet: Sheet, doc: Path, res: list[Results], spans: bool) -> lis
     rows = [
         [
             NODE_LABELS.get(name, name),
-            cell(name, "rtt_p50_us"),
-            cell(name, "rtt_p99_us"),
-            cell(name, "requests_per_s_at_64"),
-            cell(name, "server_cpu_us_per_request_at_64")
-            + " + "
-            + cell(name, "client_cpu_us_per_request_at_64"),
+            *(cell(name, k) for k in ("rtt_p50_us", "rtt_p99_us", "requests_per_s_at_64")),
+            " + ".join(cell(name, f"{side}_cpu_us_per_request_at_64") for side in ("server", "client")),
             num(name, "bytes_per_request"),
         ]
         for name in contenders
     ]
     head = ["contender", "p50 µs", "p99 µs", "req/s at 64", "CPU µs/req server + client", "bytes/request"]
     out = [
-        r.source_line(doc),
-        "",
         f"{cfg['reps']} repetitions, each {cfg['sequential_per_rep']} sequential requests (RTT) and "
         f"{cfg['concurrent_per_rep']} at {cfg['in_flight']} in flight (requests/s, CPU); bytes over "
         f"{cfg['bytes_requests']} sequential requests.",
@@ -352,14 +326,12 @@ def render_node(sheet: Sheet, doc: Path, res: list[Results], spans: bool) -> lis
     return out + table(["IAC / baseline", "target", "ratio", "verdict"], "llrl", rows)
 
 
-def render_mesh(sheet: Sheet, doc: Path, res: list[Results], full: bool) -> list[str]:
-    (r,) = res
+@section("mesh", full=False)
+@section("mesh-results", full=True)
+def mesh(sheet: Sheet, r: Results, full: bool) -> list[str]:
     d = r.data
     relay = d["relay"]
-    direct, via = (
-        sheet.put(r, "relay/direct", relay["direct"]),
-        sheet.put(r, "relay/via_relay", relay["via_relay"]),
-    )
+    direct, via = (sheet.put(r, f"relay/{k}", relay[k]) for k in ("direct", "via_relay"))
     rows = [
         [
             "DELEGATE_TASK requests/s, 32 in flight over TLS: direct / through one relay",
@@ -385,14 +357,14 @@ def render_mesh(sheet: Sheet, doc: Path, res: list[Results], full: bool) -> list
                 )
                 ratio = sheet.put(r, f"file/{k}/ratio", v / bare, "ratio")
                 rows.append([what, f"{sheet.put(r, f'file/{k}', v)} MB/s ({ratio}× bare)"])
-    return [r.source_line(doc), "", *table(["", "figure"], "lr", rows)]
+    return table(["", "figure"], "lr", rows)
 
 
 # --- through NATs -------------------------------------------------------------------------------
 
 
-def render_nat(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
+@section("nat")
+def nat(sheet: Sheet, r: Results) -> list[str]:
     d = r.data
     f, sym = d["figures"], d["symmetric"]
     relayed = sheet.put(r, "rtt_relayed_ms/median", f["rtt_relayed_ms"]["median"])
@@ -416,14 +388,14 @@ def render_nat(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
          f"{sym['delivered']}/{sym['sent']} delivered through the relay"],
     ]  # fmt: skip
     head = f"{d['rounds']} rounds, fresh nodes each; links without added delay (the paths share them)"
-    return [r.source_line(doc), "", head, "", *table(["", "figure"], "lr", rows)]
+    return [head, "", *table(["", "figure"], "lr", rows)]
 
 
 # --- MCP tool calls (iac/bench/scenarios/mcp_calls.py) -----------------------------------------------------
 
 
-def render_mcp(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
-    (r,) = res
+@section("mcp")
+def mcp(sheet: Sheet, r: Results) -> list[str]:
     d = r.data
     base = "MCP streamable HTTP"
     rows = []
@@ -446,12 +418,13 @@ def render_mcp(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
         f"{sz['rounds']} rounds of {sz['sequential']} sequential calls (p50) and {sz['concurrent']} calls "
         f"with {d['in_flight']} in flight (calls/s); median [min .. max] over rounds, ratio to {base}"
     )
-    return [r.source_line(doc), "", head, "", *table(["transport", "tool-call p50", "calls/s"], "lrr", rows)]
+    return [head, "", *table(["transport", "tool-call p50", "calls/s"], "lrr", rows)]
 
 
 # --- where IAC is behind ---------------------------------------------------------------------------
 
 
+@renderer("behind")
 def render_behind(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
     """Every target with its verdict, then the suite's headline figures where IAC is behind."""
     out = [r.source_line(doc) for r in res]
@@ -465,29 +438,3 @@ def render_behind(sheet: Sheet, doc: Path, res: list[Results]) -> list[str]:
                 ratio = sheet.put(r, row_key(h["scenario"], h) + "/ratio", h["ratio"], "ratio")
                 out.append(f"- {h['scenario']}, {h['metric']}: {h['contender']} {ratio}× {h['baseline']}")
     return out
-
-
-RENDERERS: dict[str, Renderer] = {
-    "brokers": render_brokers,
-    "suite-headline": render_suite_headline,
-    "suite-scenarios": render_suite_scenarios,
-    "transport": render_transport,
-    "codec": render_codec,
-    "codec-results": render_codec_results,
-    "dictionary-saving": render_dictionary_saving,
-    "broadcast": render_broadcast,
-    "node": lambda s, d, r: render_node(s, d, r, spans=False),
-    "node-results": lambda s, d, r: render_node(s, d, r, spans=True),
-    "mesh": lambda s, d, r: render_mesh(s, d, r, full=False),
-    "mesh-results": lambda s, d, r: render_mesh(s, d, r, full=True),
-    "behind": render_behind,
-    "cc": render_cc,
-    "nat": render_nat,
-    "mcp": render_mcp,
-    "flood": render_flood,
-    "roundtrip": render_roundtrip,
-    "scaleout": render_scaleout,
-    "regress": render_regress,
-    "node-floors": render_node_floors,
-    "scale": render_scale,
-}

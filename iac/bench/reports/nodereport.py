@@ -15,7 +15,8 @@ from typing import Any
 from iac.bench.harness.calibrate import MIN_SCALING, PIECES
 from iac.bench.harness.environment import environment
 from iac.bench.harness.paths import RESULTS
-from iac.bench.harness.stats import median
+from iac.bench.harness.results import summarize
+from iac.bench.harness.stats import median, median_of
 
 REFERENCE = "http-ed25519"
 HTTP_BASELINES = ("http-sha256", "http-ed25519")
@@ -33,14 +34,12 @@ ONEWAY_VS_DECODE = {"tls": 1.3, "unix": 1.3, "quic": 0.6}
 BYTES_VS_HTTP = 0.4
 CPU_VS_PREVIOUS = 1.05  # "CPU µs per request within 5 %"
 
+#: What a contender runs over and what it secures (a floor: as the IAC contender of its transport).
 TRANSPORT = {
     "iac-quic": ("QUIC (aioquic)", "Ed25519 both ways + TLS 1.3"),
     "iac-quic-qh3": ("QUIC (qh3)", "Ed25519 both ways + TLS 1.3"),
     "iac-tls": ("TLS 1.3 / TCP", "Ed25519 both ways + TLS 1.3"),
     "iac-unix": ("UNIX socket", "Ed25519 both ways"),
-    "floor-quic": ("QUIC (aioquic)", "Ed25519 both ways + TLS 1.3"),
-    "floor-tls": ("TLS 1.3 / TCP", "Ed25519 both ways + TLS 1.3"),
-    "floor-unix": ("UNIX socket", "Ed25519 both ways"),
     "http-sha256": ("HTTP/1.1 / TCP", "SHA-256(payload+password)"),
     "http-ed25519": ("HTTP/1.1 / TCP", "Ed25519 both ways"),
     "http-ed25519-tls": ("HTTPS 1.1 / TLS 1.3", "Ed25519 both ways + TLS 1.3"),
@@ -50,13 +49,8 @@ TRANSPORT = {
 
 
 def _summary(values: list[float], digits: int = 1) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "median": round(median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-    }
+    """The median, min and max of per-repetition ``values``, rounded."""
+    return {k: round(summarize(values)[k], digits) for k in ("median", "min", "max")} if values else None
 
 
 def _sum_medians(a: list[float], b: list[float]) -> float | None:
@@ -116,7 +110,7 @@ def build_report(
     contenders: dict[str, Any] = {}
     for name, r in results.items():
         role = roles[name]
-        transport, security = TRANSPORT[role["base"]]
+        transport, security = TRANSPORT[role["base"].replace("floor-", "iac-")]
         if role["loop"] != "asyncio":
             transport += f", {role['loop']}"
         cpu = [s + c for s, c in zip(r.server_cpu_us, r.client_cpu_us, strict=False)]
@@ -191,13 +185,6 @@ def build_report(
 # --- ratios and targets -----------------------------------------------------------------------
 
 
-def _med(c: dict[str, Any], key: str) -> float | None:
-    v = c.get(key)
-    if isinstance(v, dict):
-        return float(v["median"])
-    return float(v) if isinstance(v, int | float) else None
-
-
 def ratio(
     a: dict[str, Any], b: dict[str, Any] | list[float], key: str, valid: list[int]
 ) -> tuple[float | None, int]:
@@ -207,7 +194,7 @@ def ratio(
     only, ``used`` = how many; with none valid it takes them all and ``used`` = 0 (shown, not
     judged). Any other metric: the medians over every repetition, ``used`` = -1."""
     if key not in TWO_CORE:
-        am, bm = _med(a, key), (_med(b, key) if isinstance(b, dict) else median(b) if b else None)
+        am, bm = median_of(a, key), (median_of(b, key) if isinstance(b, dict) else median(b) if b else None)
         return (am / bm, -1) if am is not None and bm else (None, -1)
     av = a.get("per_rep", {}).get(key, [])
     bv = b if isinstance(b, list) else b.get("per_rep", {}).get(key, [])
@@ -293,6 +280,10 @@ def _transport(name: str) -> str:
     return name.split("-")[1]
 
 
+#: A floor's per-repetition series that :func:`floor_check` compares.
+FLOOR_SERIES = ("cpu_us_per_request_at_64", "echo_cpu_us_per_request_at_64", "primitives_in_sequence_us")
+
+
 def floor_check(contenders: dict[str, Any], alone_us: float, valid: list[int]) -> list[dict[str, Any]]:
     """Each floor's CPU per request against what its work must cost: the codec primitives timed
     in sequence right before its phase, plus its echo's CPU (the transport, the loop, the
@@ -302,14 +293,7 @@ def floor_check(contenders: dict[str, Any], alone_us: float, valid: list[int]) -
     out = []
     for name, c in contenders.items():
         rep = c.get("per_rep", {})
-        cpu, echo, prims = (
-            rep.get(k, [])
-            for k in (
-                "cpu_us_per_request_at_64",
-                "echo_cpu_us_per_request_at_64",
-                "primitives_in_sequence_us",
-            )
-        )
+        cpu, echo, prims = (rep.get(k, []) for k in FLOOR_SERIES)
         if c["role"] != "floor" or not cpu or not echo or not prims:
             continue
         ratios = [a / (p + e) for a, e, p in zip(cpu, echo, prims, strict=False)]
@@ -342,7 +326,7 @@ def iac_ratios(contenders: dict[str, Any], valid: list[int]) -> dict[str, Any]:
             continue
         row: dict[str, Any] = {}
         for key in IAC_FIGURES:
-            cell: dict[str, Any] = {"value": _med(c, key)}
+            cell: dict[str, Any] = {"value": median_of(c, key)}
             for label, base in (("floor", c["floor"]), ("reference", REFERENCE)):
                 if base in contenders:
                     r, _ = ratio(c, contenders[base], key, valid)

@@ -6,93 +6,24 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from iac.bench.reports.figures_results import fmt_num, table
-
-
-def _fmt(x: float | None) -> str:
-    return "—" if x is None else fmt_num(x)
-
-
-#: The headline table's metrics per scenario (``None``: the metric of the largest N).
-HEADLINE: dict[str, tuple[str, ...] | None] = {
-    "codec": ("send: encode vs sign (µs/msg)", "receive: decode vs verify (µs/msg)"),
-    "bytes": ("bytes per message (test.jsonl)",),
-    "rtt": ("RTT p50, 1 in flight",),
-    "requests": ("RTT p50, 1 in flight", "requests/s, 64 in flight", "server CPU per request, 64 in flight"),
-    "setup": ("first delivery, 20 ms RTT",),
-    "oneway": ("messages/s",),
-    "loss": ("p99 at 0% loss", "p99 at 3% loss"),
-    "broadcast": None,
-    "filetransfer": None,
-    "a2a": ("SendMessage p50, 1 in flight", "SendMessage calls/s, 64 in flight"),
-    "reconnect": ("first delivery after a reconnect, 20 ms RTT (Node API)",),
-}
-
-
-def headline(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One line per IAC figure worth a headline: its baseline, its ratio, whether IAC is ahead,
-    and the best other (non-IAC) contender for the same metric."""
-    out: list[dict[str, Any]] = []
-    for sc in doc["scenarios"]:
-        if sc["status"] != "ok" or sc["name"] not in HEADLINE:
-            continue
-        wanted = HEADLINE[sc["name"]]
-        rows = sc["rows"]
-        if wanted is None:  # the first metric of the last (largest) size
-            timed = [r["metric"] for r in rows if r["unit"] != "B"]
-            wanted = (timed[-1],) if timed else ()
-        for r in rows:
-            if not r["iac"] or r["metric"] not in wanted or r["ratio"] is None:
-                continue
-            higher = r["better"] == "higher"
-            others = [o for o in rows if o["metric"] == r["metric"] and not o["iac"]]
-            best = max(others, key=lambda o: o["median"] * (1 if higher else -1), default=None)
-            base = next(
-                (o for o in rows if o["contender"] == r["baseline"] and o["metric"] == r["metric"]), None
-            )
-            out.append(
-                {
-                    "scenario": sc["name"],
-                    "metric": r["metric"],
-                    "unit": r["unit"],
-                    "contender": r["contender"],
-                    "median": r["median"],
-                    "baseline": r["baseline"],
-                    "baseline_median": base["median"] if base else None,
-                    "ratio": r["ratio"],
-                    "ahead": r["ratio"] > 1 if higher else r["ratio"] < 1,
-                    "best_other": best["contender"] if best else None,
-                    "best_other_median": best["median"] if best else None,
-                }
-            )
-    return out
-
-
-def best_other(h: dict[str, Any]) -> str:
-    return "—" if h["best_other"] is None else f"{h['best_other']} ({_fmt(h['best_other_median'])})"
+from iac.bench.reports import ccreport
+from iac.bench.reports.figures_results import Results, Sheet
+from iac.bench.reports.figures_results import headline as headline
+from iac.bench.reports.figures_tables import scenario_table, suite_headline
 
 
 def headline_markdown(doc: dict[str, Any]) -> list[str]:
-    rows = [
-        [
-            h["scenario"],
-            h["metric"],
-            h["contender"],
-            f"{_fmt(h['median'])} {h['unit']}",
-            h["baseline"],
-            _fmt(h["baseline_median"]),
-            f"{h['ratio']:.2f}",
-            "ahead" if h["ahead"] else "**behind**",
-            best_other(h),
-        ]
-        for h in headline(doc)
-    ]
-    head = ["scenario", "metric", "IAC", "median", "baseline", "baseline median", "× baseline"]
-    head += ["IAC", "best other"]
-    return ["", "## Headline", "", *table(head, "lllrlrrll", rows)] if rows else []
+    """The run's headline table, as ``RESULTS.md`` shows it."""
+    return (
+        ["", "## Headline", "", *suite_headline(Sheet(), Results("results.json", doc))]
+        if headline(doc)
+        else []
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
+    """``report.md``: the run's environment, its headline and every scenario's rows, in the
+    tables ``RESULTS.md`` shows."""
     env = doc["environment"]
     libs = ", ".join(f"{k} {v}" for k, v in env["libraries"].items() if v)
     lines = [
@@ -110,25 +41,13 @@ def markdown(doc: dict[str, Any]) -> str:
         "(for `higher is better` metrics above 1 means IAC is ahead, otherwise below 1 does).",
     ]
     lines += headline_markdown(doc)
+    res, sheet = Results("results.json", doc), Sheet()
     for sc in doc["scenarios"]:
         lines += ["", f"## {sc['name']} — {sc['title']}", ""]
         if sc["status"] != "ok":
             lines.append(f"**{sc['status']}**: {sc['reason']}")
             continue
-        if sc["baseline"]:
-            lines.append(f"Baseline: **{sc['baseline']}**. Took {sc['duration_s']:.1f} s.")
-            lines.append("")
-        rows = []
-        for r in sc["rows"]:
-            rr = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
-            if r["ratio"] is not None and r["baseline"] != sc["baseline"]:
-                rr += f" (vs {r['baseline']})"
-            unit = f"{r['unit']} ({r['better']} is better)"
-            span = f"{_fmt(r['min'])} .. {_fmt(r['max'])}"
-            rows.append([r["metric"], r["contender"], _fmt(r["median"]), span, unit, rr])
-        head = ["metric", "contender", "median", "min .. max", "unit", "× baseline"]
-        lines += table(head, "llrrlr", rows)
-        lines += secures_lines(sc)
+        lines += [*scenario_table(sheet, res, sc["name"]), *secures_lines(sc)]
         for note in sc["notes"]:
             lines += ["", f"* {note}"]
     if doc.get("plots"):
@@ -210,6 +129,4 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)
         made.append(fname)
-    from iac.bench.reports import ccreport
-
-    return made + ccreport.plots(by.get("cc"), out)
+    return made + ccreport.plots(plt, by.get("cc"), out)
