@@ -49,7 +49,7 @@ from iac.transport.dialer import Backoff
 from iac.transport.endpoints import dial
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.dicts import DictionarySet, default_dictionary, derive_dictionary, message_prefix
-from iac.wire.elide import elide
+from iac.wire.elide import compact_forward, elide
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
@@ -731,14 +731,24 @@ def fill(res: Any, data: dict[str, Any]) -> None:
 
 
 def probe_bytes(corpus: Path) -> dict[str, float]:
+    """The mean signed frame over ``corpus``'s lines, a COMMAND from ``a`` to ``b`` each: in a
+    MESSAGE frame with the shipped dictionary, a derived one, or the prefix elided; and relayed
+    (by ``r``, hop limit 7) in a FORWARD frame, whole or compact (``elide-forward/1``)."""
     a, b = Identity.from_seed(bytes(range(32))), Identity.from_seed(bytes(range(32, 64)))
+    r = Identity.from_seed(bytes(range(64, 96)))
     d = default_dictionary()
     derived = derive_dictionary(
         d, message_prefix(b.agent_id, a.agent_id) + message_prefix(a.agent_id, b.agent_id)
     )
     prefix = message_prefix(a.agent_id, b.agent_id)
     session = Session(1)
-    cols: dict[str, list[int]] = {"shipped": [], "derived": [], "elided": []}
+    cols: dict[str, list[int]] = {
+        "shipped": [],
+        "derived": [],
+        "elided": [],
+        "relayed": [],
+        "relayed_compact": [],
+    }
     for i, line in enumerate(x for x in corpus.read_text(encoding="utf-8").splitlines() if x.strip()):
         msg = build_message(
             sender=a.agent_id,
@@ -752,6 +762,10 @@ def probe_bytes(corpus: Path) -> dict[str, float]:
         cols["shipped"].append(len(encode_frame(FrameType.MESSAGE, body, compress_with=d)))
         cols["derived"].append(len(encode_frame(FrameType.MESSAGE, body, compress_with=derived)))
         cols["elided"].append(len(encode_frame(FrameType.MESSAGE, elide(body, prefix), compress_with=d)))
+        fwd = wrap_forward(body, 7, (a.agent_id, r.agent_id))
+        cols["relayed"].append(len(encode_frame(FrameType.FORWARD, fwd, compress_with=d)))
+        compact = compact_forward(fwd, r.agent_id, b.agent_id)
+        cols["relayed_compact"].append(len(encode_frame(FrameType.FORWARD, compact, compress_with=d)))
     return {k: statistics.fmean(v) for k, v in cols.items()}
 
 
