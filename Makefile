@@ -56,6 +56,7 @@ vectors: $(VENV)/.installed-dev
 	$(BIN)/python -m tools.vectors.records
 	$(BIN)/python -m tools.vectors.mesh
 	$(BIN)/python -m tools.vectors.elide
+	$(BIN)/python -m tools.vectors.elide_forward
 	$(BIN)/python -m tools.vectors.dictionaries
 
 # Retrain the shipped dictionary on the training split of the corpus.

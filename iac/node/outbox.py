@@ -19,7 +19,7 @@ from iac.protocol.routing import Send
 from iac.transport.base import Connection
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
-from iac.wire.elide import ELIDE_CAPABILITY, elide, pair_prefix
+from iac.wire.elide import ELIDE_CAPABILITY, FORWARD_CAPABILITY, compact_forward, elide, pair_prefix
 from iac.wire.enums import type_name
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import check_agent_id_cached
@@ -217,6 +217,12 @@ class Outbox:
 
     async def send_forward(self, conn: Connection, data: bytes, *, early: bool = True) -> None:
         dictionary, limit = self.frame_params(conn)
+        # forwards_elided(): the origin once, raw; the receiver restores path ends, from and to
+        if (
+            FORWARD_CAPABILITY in conn.local_hello.capabilities
+            and FORWARD_CAPABILITY in conn.peer.hello.capabilities
+        ):
+            data = compact_forward(data, self.agent_id, conn.peer.agent_id)
         frame = encode_frame(
             FrameType.FORWARD,
             data,

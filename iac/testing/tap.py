@@ -37,7 +37,7 @@ from iac.errors import ConfigError, IacError
 from iac.transport.base import parse_address
 from iac.wire._pb.iac_pb2 import Dict, Forward, Hello, Message
 from iac.wire.dicts import Dictionary, DictionarySet, default_dictionary
-from iac.wire.elide import elides, pair_prefix, restore
+from iac.wire.elide import elides, forwards_elided, pair_prefix, restore, restore_forward
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameType
 
 #: From the side that dialed the tap to the target listener.
@@ -57,6 +57,9 @@ class TappedFrame:
     #: The elided ``from``/``to`` prefix :meth:`message` puts back (both HELLOs announced
     #: ``elide/1``); ``frame`` stays as it crossed.
     prefix: bytes = b""
+    #: The (sender, receiver) AgentIds a compact FORWARD is restored with (both HELLOs announced
+    #: ``elide-forward/1``); None: taken as it is.
+    ends: tuple[str, str] | None = None
 
     @property
     def type(self) -> FrameType:
@@ -72,7 +75,8 @@ class TappedFrame:
         """A FORWARD frame's envelope, parsed (``forward().message`` is the signed inner message)."""
         if self.frame.type != FrameType.FORWARD:
             raise ConfigError(f"a {self.frame.type.name} frame is not a FORWARD")
-        return Forward.FromString(self.frame.body)
+        body = self.frame.body
+        return Forward.FromString(restore_forward(body, *self.ends) if self.ends else body)
 
 
 class _Direction:
@@ -228,7 +232,8 @@ class UnixTap:
             return
         for frame in frames:
             prefix = self._prefix(d) if frame.type == FrameType.MESSAGE else b""
-            self.frames.append(TappedFrame(d.connection, d.name, frame, prefix))
+            ends = self._ends(d) if frame.type == FrameType.FORWARD else None
+            self.frames.append(TappedFrame(d.connection, d.name, frame, prefix, ends))
             if frame.type == FrameType.DICT:
                 self._install(d, frame.body)
             elif frame.type == FrameType.HELLO:
@@ -242,6 +247,15 @@ class UnixTap:
         if mine is None or theirs is None or not elides(mine.capabilities, theirs.capabilities):
             return b""
         return pair_prefix(mine.agent_id, theirs.agent_id)
+
+    @staticmethod
+    def _ends(d: _Direction) -> tuple[str, str] | None:
+        """Who sends and who receives in direction ``d``, if both HELLOs announced
+        ``elide-forward/1`` (a FORWARD may then be compact)."""
+        mine, theirs = d.hellos.get(d.name), d.hellos.get(DOWN if d.name == UP else UP)
+        if mine is None or theirs is None or not forwards_elided(mine.capabilities, theirs.capabilities):
+            return None
+        return mine.agent_id, theirs.agent_id
 
     def _install(self, d: _Direction, body: bytes) -> None:
         """A pushed dictionary: the pushing side compresses with it once acknowledged."""

@@ -117,6 +117,12 @@ class TransportConfig:
     #: derived dictionary of its own. Peers without it get full frames and pushed
     #: dictionaries. See docs/PROTOCOL.md, "Elided from/to".
     elide_prefixes: bool = True
+    #: Announce ``elide-forward/1`` in HELLO: toward a peer that announces it too, a FORWARD
+    #: carries the origin's AgentId once (32 raw bytes) instead of in ``path`` and the inner
+    #: ``from``, and leaves out what the receiver knows (the sender at the end of ``path``, the
+    #: inner ``to`` when it is the receiver); the receiver restores all of it before any check.
+    #: See docs/PROTOCOL.md, "Compact Forwards".
+    elide_forwards: bool = True
     #: Admission policy on the accepting side: AgentId -> admitted? None admits every
     #: authenticated peer (the default policy is open).
     admission: Callable[[str], bool] | None = None

@@ -50,7 +50,7 @@ from iac.protocol.handshake import (
 from iac.transport.base import Incoming, TransportConfig
 from iac.wire._pb.iac_pb2 import Dict, Hello
 from iac.wire.dicts import MAX_DICT_SIZE, Dictionary, DictionarySet, derive_dictionary, message_prefix
-from iac.wire.elide import ELIDE_CAPABILITY, elides, pair_prefix
+from iac.wire.elide import ELIDE_CAPABILITY, FORWARD_CAPABILITY, elides, forwards_elided, pair_prefix
 from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE, Frame, FrameType, PackedFrame, encode_frame
 from iac.wire.identity import Identity
 
@@ -172,10 +172,13 @@ def hello_params(config: TransportConfig, session_id: int = 0) -> HelloParams:
 
 
 def _capabilities(config: TransportConfig) -> tuple[str, ...]:
-    """The HELLO's capabilities: the configured ones, plus ``elide/1`` when it is on."""
+    """The HELLO's capabilities: the configured ones, plus ``elide/1`` and ``elide-forward/1``
+    when they are on."""
     caps = config.capabilities
     if config.elide_prefixes and ELIDE_CAPABILITY not in caps:
         caps = (*caps, ELIDE_CAPABILITY)
+    if config.elide_forwards and FORWARD_CAPABILITY not in caps:
+        caps = (*caps, FORWARD_CAPABILITY)
     return caps
 
 
@@ -285,6 +288,8 @@ class DictState:
         """Called once the peer's HELLO verified: the DICT frame to send, or None (disabled,
         no common dictionary, the peer's max_frame_size is too small for it, or both sides
         elide ``from``/``to``: then ``decode`` restores them on MESSAGE bodies instead)."""
+        if forwards_elided(_capabilities(self.config), peer_hello.capabilities):
+            self.decode.restore_forward = (peer_hello.agent_id, local_agent_id)
         if elides(_capabilities(self.config), peer_hello.capabilities):
             self.decode.restore_prefix = pair_prefix(peer_hello.agent_id, local_agent_id)
             return None

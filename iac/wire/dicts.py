@@ -112,11 +112,14 @@ class DictionarySet:
 
     ``restore_prefix``: on a connection with elided ``from``/``to`` (:mod:`iac.wire.elide`),
     the prefix a MESSAGE body from the peer gets back when it is unpacked; empty elsewhere.
+    ``restore_forward``: on a connection with compact Forwards (``elide-forward/1``), the
+    (peer, self) AgentIds a compact FORWARD body from the peer is restored with; None elsewhere.
     """
 
     def __init__(self, dictionaries: Iterable[Dictionary] = ()) -> None:
         self._by_id: dict[int, Dictionary] = {}
         self.restore_prefix = b""
+        self.restore_forward: tuple[str, str] | None = None
         for d in dictionaries:
             self.add(d)
 

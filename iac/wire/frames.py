@@ -22,7 +22,7 @@ import zstandard
 
 from iac.errors import ProtocolError
 from iac.wire.dicts import NO_DICTIONARY, Dictionary, DictionarySet
-from iac.wire.elide import MAX_ELIDED_BODY
+from iac.wire.elide import MAX_ELIDED_BODY, restore_forward
 from iac.wire.scan import decode_varint, encode_varint
 
 #: The largest frame a node reads or writes unless configured otherwise (4 MiB; ``max_frame_size``).
@@ -88,7 +88,8 @@ class PackedFrame:
 
     def unpack(self, dictionaries: DictionarySet) -> Frame:
         """The decoded frame (decompressed with its dictionary from ``dictionaries``; a MESSAGE
-        body gets its elided ``from``/``to`` back when ``dictionaries.restore_prefix`` is set)."""
+        body gets its elided ``from``/``to`` back when ``dictionaries.restore_prefix`` is set, a
+        compact FORWARD body its whole Forward when ``dictionaries.restore_forward`` is)."""
         if self.dict_id is None:
             plain = self.payload
         else:
@@ -103,6 +104,8 @@ class PackedFrame:
             and len(plain) <= MAX_ELIDED_BODY
         ):
             plain = prefix + plain
+        elif self.type == FrameType.FORWARD and dictionaries.restore_forward is not None:
+            plain = restore_forward(plain, *dictionaries.restore_forward)
         return Frame(self.type, plain, self.dict_id, self.wire_size)
 
 

@@ -104,6 +104,11 @@ MESSAGE_SCHEMA = Schema(
     signature_field=8,
 )  # fmt: skip
 
+#: ``iac.Forward``: fields 4 and 5 are the origin of a compact Forward (``elide-forward/1``).
+FORWARD_SCHEMA = Schema(
+    "Forward", {1: (VARINT,), 2: (LEN,), 3: (LEN,), 4: (LEN,), 5: (LEN,)}, frozenset({2}), {}
+)
+
 HELLO_SCHEMA = Schema(
     "Hello",
     {

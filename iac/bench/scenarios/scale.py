@@ -40,7 +40,7 @@ from iac.transport.dialer import Backoff
 from iac.transport.endpoints import dial
 from iac.wire._pb.iac_pb2 import Message
 from iac.wire.dicts import DictionarySet, default_dictionary, derive_dictionary, message_prefix
-from iac.wire.elide import elide
+from iac.wire.elide import compact_forward, elide
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
@@ -707,27 +707,30 @@ def fill(res: Any, data: dict[str, Any]) -> None:
 
 
 def probe_bytes(corpus: Path) -> dict[str, float]:
-    a, b = Identity.from_seed(bytes(range(32))), Identity.from_seed(bytes(range(32, 64)))
-    d = default_dictionary()
-    derived = derive_dictionary(
-        d, message_prefix(b.agent_id, a.agent_id) + message_prefix(a.agent_id, b.agent_id)
-    )
-    prefix = message_prefix(a.agent_id, b.agent_id)
-    session = Session(1)
-    cols: dict[str, list[int]] = {"shipped": [], "derived": [], "elided": []}
+    # The mean signed frame over the corpus's lines, a COMMAND from a to b each: in a MESSAGE frame
+    # with the shipped dictionary, a derived one, or the prefix elided; and relayed by r (hop
+    # limit 7) in a FORWARD frame, whole or compact (elide-forward/1).
+    a, b, r = (Identity.from_seed(bytes(range(n, n + 32))) for n in (0, 32, 64))
+    d, ab, ar = default_dictionary(), (a.agent_id, b.agent_id), (a.agent_id, r.agent_id)
+    derived = derive_dictionary(d, message_prefix(b.agent_id, a.agent_id) + message_prefix(*ab))
+    prefix, session = message_prefix(*ab), Session(1)
+    names = ("shipped", "derived", "elided", "relayed", "relayed_compact")
+    cols: dict[str, list[int]] = {k: [] for k in names}
     for i, line in enumerate(x for x in corpus.read_text(encoding="utf-8").splitlines() if x.strip()):
-        msg = build_message(
-            sender=a.agent_id,
-            to=b.agent_id,
-            msg_type=MessageType.COMMAND,
-            session=session,
-            timestamp_us=1_780_000_000_000_000 + i * 1000,
-            payload_json=line,
-        )
+        msg = build_message(sender=a.agent_id, to=b.agent_id, msg_type=MessageType.COMMAND, session=session,
+                            timestamp_us=1_780_000_000_000_000 + i * 1000, payload_json=line)  # fmt: skip
         body = sign_message(a, msg)
-        cols["shipped"].append(len(encode_frame(FrameType.MESSAGE, body, compress_with=d)))
-        cols["derived"].append(len(encode_frame(FrameType.MESSAGE, body, compress_with=derived)))
-        cols["elided"].append(len(encode_frame(FrameType.MESSAGE, elide(body, prefix), compress_with=d)))
+        fwd = wrap_forward(body, 7, ar)
+        compact = compact_forward(fwd, r.agent_id, b.agent_id)
+        sizes = {
+            "shipped": encode_frame(FrameType.MESSAGE, body, compress_with=d),
+            "derived": encode_frame(FrameType.MESSAGE, body, compress_with=derived),
+            "elided": encode_frame(FrameType.MESSAGE, elide(body, prefix), compress_with=d),
+            "relayed": encode_frame(FrameType.FORWARD, fwd, compress_with=d),
+            "relayed_compact": encode_frame(FrameType.FORWARD, compact, compress_with=d),
+        }
+        for k, frame in sizes.items():
+            cols[k].append(len(frame))
     return {k: statistics.fmean(v) for k, v in cols.items()}
 
 

@@ -18,7 +18,6 @@ from iac.protocol.routing.decisions import (
     Send,
 )
 from iac.protocol.routing.forward import (
-    FORWARD_SCHEMA,
     MAX_PATH,
     ForwardEnvelope,
     open_forward,
@@ -32,6 +31,7 @@ from iac.protocol.routing.router import (
     DEFAULT_MAX_SEEN,
     Router,
 )
+from iac.wire.scan import FORWARD_SCHEMA
 
 __all__ = [
     "DEFAULT_BROADCAST_HOP_LIMIT",

@@ -35,12 +35,10 @@ from iac.errors import ConfigError, ProtocolError, RoutingError
 from iac.wire._pb.iac_pb2 import Forward, Message
 from iac.wire.identity import Domain, is_agent_id, verify
 from iac.wire.message import sender_of
-from iac.wire.scan import LEN, MESSAGE_SCHEMA, VARINT, Schema, excise_signature, validate
+from iac.wire.scan import FORWARD_SCHEMA, MESSAGE_SCHEMA, excise_signature, validate
 
 MAX_PATH = 64
 U32 = (1 << 32) - 1
-
-FORWARD_SCHEMA = Schema("Forward", {1: (VARINT,), 2: (LEN,), 3: (LEN,)}, frozenset({2}), {})
 
 
 def require_agent_id(value: str, what: str) -> str:
@@ -75,7 +73,8 @@ def parse_forward(data: bytes) -> ForwardEnvelope:
     """Parse Forward bytes without verifying the inner message.
 
     Raises ``malformed_message`` for bytes that are not one unambiguous
-    Forward (a singular field twice, a wrong wire type) and
+    Forward (a singular field twice, a wrong wire type, a compact Forward's origin: compact
+    ones are restored on receipt, :func:`iac.wire.elide.restore_forward`) and
     ``bad_forward_path`` for a path that is too long or holds a malformed id.
     """
     validate(data, FORWARD_SCHEMA)
@@ -83,6 +82,12 @@ def parse_forward(data: bytes) -> ForwardEnvelope:
         fwd = Forward.FromString(data)
     except DecodeError as exc:
         raise ProtocolError(f"Forward does not parse: {exc}", reason="malformed_message") from None
+    if fwd.origin or fwd.origin_to_receiver:
+        # a compact Forward (elide-forward/1) its receiver did not restore: not announced, or
+        # not restorable (docs/PROTOCOL.md, "Compact Forwards")
+        raise ProtocolError(
+            "Forward carries an origin field: a compact Forward not restored", reason="malformed_message"
+        )
     path = tuple(fwd.path)
     if len(path) > MAX_PATH:
         raise RoutingError(f"path holds {len(path)} ids, above {MAX_PATH}", reason="bad_forward_path")

@@ -147,14 +147,18 @@ class Hello(_message.Message):
     def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[int] = ..., timestamp: _Optional[int] = ..., nonce: _Optional[bytes] = ..., peer_nonce: _Optional[bytes] = ..., dict_ids: _Optional[_Iterable[int]] = ..., max_frame_size: _Optional[int] = ..., listen_addrs: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., channel_binding: _Optional[bytes] = ..., peer_agent_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Forward(_message.Message):
-    __slots__ = ("hop_limit", "path", "message")
+    __slots__ = ("hop_limit", "path", "message", "origin", "origin_to_receiver")
     HOP_LIMIT_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_TO_RECEIVER_FIELD_NUMBER: _ClassVar[int]
     hop_limit: int
     path: _containers.RepeatedScalarFieldContainer[str]
     message: bytes
-    def __init__(self, hop_limit: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ..., message: _Optional[bytes] = ...) -> None: ...
+    origin: bytes
+    origin_to_receiver: bytes
+    def __init__(self, hop_limit: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ..., message: _Optional[bytes] = ..., origin: _Optional[bytes] = ..., origin_to_receiver: _Optional[bytes] = ...) -> None: ...
 
 class Dict(_message.Message):
     __slots__ = ("dict_id", "sha256", "content")
