@@ -214,6 +214,18 @@ class _QuicCounters:
         return {"sent_bytes": self.sent, "retrans_bytes": self.lost}
 
 
+#: The ``TransportConfig`` fields of the QUIC link mechanisms that ``--link off`` turns off.
+LINK_FIELDS = ("quic_pmtud", "quic_gso", "quic_ack_frequency")
+
+
+def link_mechanisms_off(config: Any) -> Any:
+    """``config`` with path MTU discovery, segmentation offload and ACK frequency off: those of
+    :data:`LINK_FIELDS` that this version's ``TransportConfig`` has (they came one by one)."""
+    names = {f.name for f in dataclasses.fields(config)}
+    off: dict[str, Any] = {n: False for n in LINK_FIELDS if n in names}
+    return dataclasses.replace(config, **off)
+
+
 async def flow(
     role: str,
     target: dict[str, Any],
@@ -234,8 +246,8 @@ async def flow(
     config = TransportConfig(
         congestion=cc if transport == "quic" else DEFAULT_CONGESTION, send_queue_bytes=1 << 20
     )
-    if not link:  # path MTU discovery and segmentation offload off (fields of newer versions)
-        config = dataclasses.replace(config, quic_pmtud=False, quic_gso=False)
+    if not link:
+        config = link_mechanisms_off(config)
     conn = await dial(url, Identity.generate(), expect=target["agent_id"], config=config)
     counters: _QuicCounters | None = None
     if transport == "tls":
@@ -305,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--seconds", type=float, required=True)
         f.add_argument("--run", default="r0")
         f.add_argument("--warmup", type=float, default=1.0)
-        f.add_argument("--link", choices=("on", "off"), default="on", help="QUIC PMTUD and GSO")
+        f.add_argument(
+            "--link", choices=("on", "off"), default="on", help="QUIC PMTUD, GSO and ACK frequency"
+        )
     args = ap.parse_args(argv)
     if args.role in ("sink", "echo"):
         return asyncio.run(serve(args.role, args.host))

@@ -68,6 +68,8 @@ MAX_SENT_THRESHOLD = 64
 ACKS_PER_WINDOW = 2
 #: The requested max ack delay as a fraction of the smoothed RTT (at least four ACKs a round trip).
 RTT_FRACTION = 0.25
+#: The smallest requested max ack delay, seconds (when the peer's ``max_ack_delay`` allows it).
+MIN_REQUESTED_DELAY = 0.001
 #: The reordering threshold a sender asks for (RFC 9002's kPacketThreshold).
 SENT_REORDERING_THRESHOLD = 3
 #: The requested max ack delay when the peer sent no ``max_ack_delay`` (RFC 9000's default).
@@ -112,6 +114,8 @@ class AckFrequencyStats:
     frames_received: int = 0
     stale_frames: int = 0
     immediate_acks_received: int = 0
+    #: Loss probes that carried IMMEDIATE_ACK instead of PING.
+    probes_immediate: int = 0
     #: Frames and transport parameters refused (the connection closed).
     refused_frames: int = 0
     refused_parameters: int = 0
@@ -281,7 +285,7 @@ class AckFrequencyReceiver:
 def choose_threshold(cwnd_bytes: int, datagram_size: int) -> int:
     """The ack-eliciting threshold a congestion window of ``cwnd_bytes`` asks for."""
     packets = cwnd_bytes // max(datagram_size, 1)
-    return max(MIN_THRESHOLD, min(MAX_SENT_THRESHOLD, packets // ACKS_PER_WINDOW))
+    return max(MIN_THRESHOLD, min(MAX_SENT_THRESHOLD, int(packets / ACKS_PER_WINDOW)))
 
 
 class AckFrequencySender:
@@ -315,7 +319,8 @@ class AckFrequencySender:
         """The max ack delay to ask for at smoothed RTT ``rtt``: a quarter of it, at most the
         peer's own ``max_ack_delay``, at least its ``min_ack_delay`` (and 1 ms)."""
         ceiling = round(self.peer_max_ack_delay * 1e6)
-        floor = min(max(self.peer_min_ack_delay_us or 0, MIN_ACK_DELAY_US), ceiling)
+        floor = max(self.peer_min_ack_delay_us or 0, MIN_ACK_DELAY_US, round(MIN_REQUESTED_DELAY * 1e6))
+        floor = min(floor, ceiling)
         return max(floor, min(ceiling, round(rtt * RTT_FRACTION * 1e6)))
 
     def poll(self, now: float, cwnd_bytes: int, datagram_size: int, rtt: float) -> AckFrequencyFrame | None:
@@ -372,6 +377,7 @@ class AckFrequency:
             frames_received=got.frames_received,
             stale_frames=got.stale_frames,
             immediate_acks_received=got.immediate_acks_received,
+            probes_immediate=sent.probes_immediate,
             refused_frames=got.refused_frames,
             refused_parameters=self.refused_parameters,
         )
