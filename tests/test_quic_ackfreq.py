@@ -85,7 +85,7 @@ def test_two_nodes_negotiate_and_the_sender_processes_fewer_acks() -> None:
         assert receiver.stats.frames_received >= 1 and receiver.stats.refused_frames == 0
         current = sender.sender.current
         assert current is not None and current.threshold >= 2
-        assert 1000 <= current.max_ack_delay_us <= 25000  # a quarter RTT: about 5 ms here
+        assert 10000 <= current.max_ack_delay_us <= 25000  # a quarter RTT (5 ms here) or 10 ms
         off, conn_off, _ = await _send_file(size, TransportConfig(quic_ack_frequency=False))
         assert conn_off.ack_frequency is None
         # over this 20 ms path about a quarter of the ACK frames (the library's own rule
