@@ -214,16 +214,9 @@ class _QuicCounters:
         return {"sent_bytes": self.sent, "retrans_bytes": self.lost}
 
 
-#: The ``TransportConfig`` fields of the QUIC link mechanisms that ``--link off`` turns off.
-LINK_FIELDS = ("quic_pmtud", "quic_gso", "quic_ack_frequency")
-
-
-def link_mechanisms_off(config: Any) -> Any:
-    """``config`` with path MTU discovery, segmentation offload and ACK frequency off: those of
-    :data:`LINK_FIELDS` that this version's ``TransportConfig`` has (they came one by one)."""
-    names = {f.name for f in dataclasses.fields(config)}
-    off: dict[str, Any] = {n: False for n in LINK_FIELDS if n in names}
-    return dataclasses.replace(config, **off)
+def link_mechanisms_off(config: Any) -> Any:  # PMTUD, GSO, ACK frequency: the fields this version has
+    off = {f.name for f in dataclasses.fields(config)} & {"quic_pmtud", "quic_gso", "quic_ack_frequency"}
+    return dataclasses.replace(config, **dict.fromkeys(off, False))
 
 
 async def flow(
@@ -246,8 +239,7 @@ async def flow(
     config = TransportConfig(
         congestion=cc if transport == "quic" else DEFAULT_CONGESTION, send_queue_bytes=1 << 20
     )
-    if not link:
-        config = link_mechanisms_off(config)
+    config = config if link else link_mechanisms_off(config)
     conn = await dial(url, Identity.generate(), expect=target["agent_id"], config=config)
     counters: _QuicCounters | None = None
     if transport == "tls":
@@ -317,18 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--seconds", type=float, required=True)
         f.add_argument("--run", default="r0")
         f.add_argument("--warmup", type=float, default=1.0)
-        f.add_argument(
-            "--link", choices=("on", "off"), default="on", help="QUIC PMTUD, GSO and ACK frequency"
-        )
+        f.add_argument("--link", choices=("on", "off"), default="on", help="QUIC PMTUD, GSO, ACK freq.")
     args = ap.parse_args(argv)
     if args.role in ("sink", "echo"):
         return asyncio.run(serve(args.role, args.host))
-    target = json.loads(args.target)
-    return asyncio.run(
-        flow(
-            args.role, target, args.transport, args.cc, args.seconds, args.run, args.warmup, args.link == "on"
-        )
-    )
+    a, target = args, json.loads(args.target)
+    return asyncio.run(flow(a.role, target, a.transport, a.cc, a.seconds, a.run, a.warmup, a.link == "on"))
 
 
 if __name__ == "__main__":

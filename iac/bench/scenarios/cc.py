@@ -58,8 +58,7 @@ class Contender:
     label: str
     transport: str  # quic | tls
     cc: str
-    #: The QUIC link mechanisms: path MTU discovery, segmentation offload and ACK frequency
-    #: (``TransportConfig.quic_pmtud``, ``quic_gso``, ``quic_ack_frequency``); False: all off.
+    #: QUIC PMTUD, GSO, ACK frequency (``TransportConfig.quic_pmtud``, ``quic_gso``, ``quic_ack_frequency``).
     link: bool = True
 
 
