@@ -180,32 +180,32 @@ def test_sender_sends_only_to_a_peer_that_offered_the_extension() -> None:
 
 def test_sender_updates_the_frame_as_the_window_changes_at_most_once_a_round_trip() -> None:
     tx = AckFrequencySender()
-    tx.on_peer_parameters(1000, 0.025)
-    first = tx.poll(0.0, 48_000, 1200, 0.01)
-    assert first == AckFrequencyFrame(0, 20, 2500, 3)  # half the window, a quarter of the RTT
-    assert tx.poll(0.001, 48_000, 1200, 0.01) is None  # nothing changed
-    assert tx.poll(0.5, 50_400, 1200, 0.011) is None  # 21 packets, 2.75 ms: within a quarter
-    assert tx.poll(0.005, 96_000, 1200, 0.01) is None  # doubled, but within a round trip
-    second = tx.poll(0.02, 96_000, 1200, 0.01)
-    assert second == AckFrequencyFrame(1, 40, 2500, 3)
-    third = tx.poll(0.1, 96_000, 1200, 0.02)  # the same window, twice the RTT
-    assert third == AckFrequencyFrame(2, 40, 5000, 3)
+    tx.on_peer_parameters(1000, 0.1)  # a peer whose max_ack_delay leaves room for a quarter RTT
+    first = tx.poll(0.0, 48_000, 1200, 0.1)
+    assert first == AckFrequencyFrame(0, 20, 25000, 3)  # half the window, a quarter of the RTT
+    assert tx.poll(0.001, 48_000, 1200, 0.1) is None  # nothing changed
+    assert tx.poll(5.0, 50_400, 1200, 0.11) is None  # 21 packets, 27.5 ms: within a quarter
+    assert tx.poll(0.05, 96_000, 1200, 0.1) is None  # doubled, but within a round trip
+    second = tx.poll(0.2, 96_000, 1200, 0.1)
+    assert second == AckFrequencyFrame(1, 40, 25000, 3)
+    third = tx.poll(1.0, 96_000, 1200, 0.2)  # the same window, twice the RTT
+    assert third == AckFrequencyFrame(2, 40, 50000, 3)
     tx.on_lost(1)  # an older frame lost: the newer one carries the values
-    assert tx.poll(0.101, 96_000, 1200, 0.02) is None
+    assert tx.poll(1.001, 96_000, 1200, 0.2) is None
     tx.on_lost(2)
-    again = tx.poll(0.102, 96_000, 1200, 0.02)
-    assert again == AckFrequencyFrame(3, 40, 5000, 3) and tx.stats.frames_sent == 4
+    again = tx.poll(1.002, 96_000, 1200, 0.2)
+    assert again == AckFrequencyFrame(3, 40, 50000, 3) and tx.stats.frames_sent == 4
 
 
 def test_requested_delay_is_a_quarter_rtt_within_the_peers_bounds() -> None:
     tx = AckFrequencySender()
     tx.on_peer_parameters(1000, 0.025)
-    assert tx.requested_delay_us(0.01) == 2500
+    assert tx.requested_delay_us(0.06) == 15000  # a quarter of the RTT
     assert tx.requested_delay_us(0.2) == 25000  # at most the peer's max_ack_delay
-    assert tx.requested_delay_us(0.001) == 1000  # at least its min_ack_delay
+    assert tx.requested_delay_us(0.01) == 10000  # at least 10 ms (loopback: a quarter is ~1 ms)
     tx.on_peer_parameters(0, 0.025)
-    assert tx.requested_delay_us(0.0) == 1000  # and 1 ms
-    tx.on_peer_parameters(5000, 0.025)
-    assert tx.requested_delay_us(0.004) == 5000
-    tx.on_peer_parameters(0, 0.0005)
-    assert tx.requested_delay_us(0.01) == 500  # never above the peer's max_ack_delay
+    assert tx.requested_delay_us(0.0) == 10000
+    tx.on_peer_parameters(12000, 0.025)
+    assert tx.requested_delay_us(0.004) == 12000  # at least the peer's min_ack_delay
+    tx.on_peer_parameters(0, 0.005)
+    assert tx.requested_delay_us(0.01) == 5000  # never above the peer's max_ack_delay

@@ -545,6 +545,7 @@ QUIC_BREAKS = {
     "quic.dict_unidirectional": "acknowledges DICT on the control stream only",
     "quic.stateless_reset": "drops packets for unknown connection IDs unanswered (as aioquic does)",
     "quic.forged_reset": "takes any reset-shaped datagram for a reset and closes",
+    "quic.ack_frequency_bounds": "takes an ACK_FREQUENCY frame whatever its fields",
 }
 
 
@@ -586,6 +587,8 @@ async def _quic_node(link: Link, me: Identity, broken: str) -> None:
         link.close(code)
 
     _grant_uni_streams(link)
+    if broken == "quic.ack_frequency_bounds":
+        _take_any_ack_frequency(link)
 
     while True:
         ev = await link.events.get()
@@ -651,6 +654,19 @@ def _no_uni_streams_at_first(server: Any) -> None:
             self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
 
     server.setattr(QuicConnection, "__init__", patched)
+
+
+def _take_any_ack_frequency(link: Link) -> None:
+    """The double's connection reads ACK_FREQUENCY frames (0xaf, four varints) and keeps none
+    of their bounds (plain aioquic closes with FRAME_ENCODING_ERROR: a frame it does not know)."""
+    from aioquic.quic.connection import EPOCHS
+
+    def take(context: Any, frame_type: int, buf: Any) -> None:
+        for _ in range(4):
+            buf.pull_uint_var()
+
+    quic = link._quic  # type: ignore[attr-defined]
+    quic._QuicConnection__frame_handlers[0xAF] = (take, EPOCHS("01"))
 
 
 def _grant_uni_streams(link: Link) -> None:

@@ -157,3 +157,17 @@ def test_one_short_run_over_the_bottleneck() -> None:
         assert {"sender", "sink", "echo", "forwarder", "requests"} <= set(run["cpu_percent"])
         assert run["link"]["max_queued_bytes"] <= netem.Bottleneck.for_path(10, 0.02, 0.5).queue_bytes
     assert out["runs"][0]["flows"][0]["trace"][-1]["mode"] in ("startup", "drain", "probe_bw", "probe_rtt")
+
+
+def test_link_off_turns_every_link_mechanism_off() -> None:
+    """``--link off`` (the mechanisms-off contender): path MTU discovery, segmentation offload and
+    ACK frequency all off, everything else as it was."""
+    from iac.bench.contenders.ccflows import link_mechanisms_off
+    from iac.transport.base import TransportConfig
+
+    on = TransportConfig(congestion="bbr")
+    assert on.quic_pmtud and on.quic_gso and on.quic_ack_frequency
+    off = link_mechanisms_off(on)
+    assert (off.quic_pmtud, off.quic_gso, off.quic_ack_frequency) == (False, False, False)
+    assert off.congestion == "bbr" and off.quic_max_datagram_size == on.quic_max_datagram_size
+    assert "ACK frequency off" in cc.BBR_LINK_OFF.label and not cc.BBR_LINK_OFF.link

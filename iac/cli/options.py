@@ -136,7 +136,7 @@ def add_registry_option(p: argparse.ArgumentParser, help: str) -> None:
 
 def add_transport_options(p: argparse.ArgumentParser) -> None:
     """``--ca``, ``--cert`` and ``--cert-key`` (CA mode), ``--qlog DIR``, ``--congestion`` and
-    ``--max-datagram-size`` (see :func:`transport_config`)."""
+    ``--max-datagram-size``, ``--no-quic-ack-frequency`` (see :func:`transport_config`)."""
     p.add_argument("--ca", default=None, help="CA mode: CA certificate (PEM) that peers must chain to")
     p.add_argument("--cert", default=None, help="CA mode: this node's certificate (PEM)")
     p.add_argument("--cert-key", default=None, help="CA mode: this node's certificate key (PEM)")
@@ -161,6 +161,12 @@ def add_transport_options(p: argparse.ArgumentParser) -> None:
         help=f"QUIC path MTU discovery probes up to this UDP payload (default "
         f"{TransportConfig.quic_max_datagram_size}, a 1,500-byte IPv4 path; 1200..65527; "
         "0: no probing, every packet 1,200 bytes)",
+    )
+    p.add_argument(
+        "--no-quic-ack-frequency",
+        action="store_true",
+        help="QUIC: neither offer nor honour the ACK Frequency extension (a receiver then "
+        "acknowledges every second packet or after 1 ms, as RFC 9000 lets it)",
     )
 
 
@@ -217,6 +223,8 @@ def transport_config(args: argparse.Namespace, **extra: Any) -> TransportConfig:
         extra["quic_pmtud"] = False
     elif datagram is not None:
         extra["quic_max_datagram_size"] = datagram
+    if getattr(args, "no_quic_ack_frequency", False):
+        extra["quic_ack_frequency"] = False
     extra.setdefault("dictionaries", DictionarySet([default_dictionary()]))
     return TransportConfig(ca_file=ca, cert_file=cert, key_file=cert_key, **extra)
 

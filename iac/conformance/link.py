@@ -178,6 +178,8 @@ def _quic_protocol(link_ready: Callable[[QuicLink], None] | None) -> type[Any]:
                 link.events.put_nowait(Data(event.stream_id, b"", end=True, reset=True))
             elif isinstance(event, ConnectionTerminated):
                 code = event.error_code if event.frame_type is None else None
+                if event.frame_type is not None:  # a QUIC transport error (RFC 9000 section 20.1)
+                    link.transport_error = event.error_code
                 link.events.put_nowait(Ended(code, event.reason_phrase))
 
     return Protocol
@@ -192,6 +194,10 @@ class QuicLink(Link):
         self.alpn: str | None = None
         self.udp: asyncio.BaseTransport | None = None  # a dialed link owns its UDP socket
         self.announced: dict[str, float | int | None] = {}  # the peer's transport parameters
+        #: The QUIC transport error code the connection closed with (None: none, or not yet).
+        self.transport_error: int | None = None
+        self._extra_frames: list[tuple[int, bytes]] = []
+        self._frames_hooked = False
 
     @property
     def _quic(self) -> Any:
@@ -235,6 +241,25 @@ class QuicLink(Link):
         self._quic.send_stream_data(CONTROL, data, end_stream=False)
         self._protocol.transmit()
         self._quic.reset_stream(CONTROL, 0)
+        self._protocol.transmit()
+
+    async def send_quic_frame(self, frame_type: int, body: bytes) -> None:
+        """One QUIC frame of ``frame_type`` (the library does not know it) with ``body``, in the
+        next 1-RTT packet, with a PING (so that a packet leaves)."""
+        q = self._quic
+        if not self._frames_hooked:
+            self._frames_hooked = True
+            write_limits = q._write_connection_limits
+
+            def write_limits_and_extra(builder: Any, space: Any) -> None:
+                write_limits(builder=builder, space=space)
+                while self._extra_frames and builder.remaining_flight_space > 64:
+                    kind, data = self._extra_frames.pop(0)
+                    builder.start_frame(kind, capacity=len(data) + 8).push_bytes(data)
+
+            q._write_connection_limits = write_limits_and_extra
+        self._extra_frames.append((frame_type, body))
+        q.send_ping(0)
         self._protocol.transmit()
 
     def peer_parameters(self) -> dict[str, float | int | None]:

@@ -1,6 +1,6 @@
 """Cases of the QUIC mapping beyond the happy path: the control stream after the handshake,
 other bidirectional streams, a FIN on the control stream, a stream reset inside a frame,
-stateless resets (answered, and a forged one ignored)."""
+stateless resets (answered, and a forged one ignored), an ACK_FREQUENCY frame out of bounds."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ import time
 
 from iac.conformance.cases import closed_with
 from iac.conformance.link import QuicLink
-from iac.conformance.peer import Peer, answers
+from iac.conformance.peer import NoAnswer, Peer, answers
 from iac.conformance.target import Failed, Outcome, Target, case, check, describe
 from iac.errors import CloseCode
 from iac.transport.base import parse_address
+from iac.transport.quic.ackfreq import (
+    ACK_FREQUENCY,
+    FRAME_ENCODING_ERROR,
+    MAX_THRESHOLD,
+    AckFrequencyFrame,
+)
+from iac.transport.quic.ackfreq import encode_frame as encode_ack_frequency
 from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.message import sign_message
@@ -140,6 +147,34 @@ async def _quic_forged_reset(t: Target) -> Outcome:
     forged = bytes([0x40 | (os.urandom(1)[0] & 0x3F)]) + os.urandom(_TRIGGER - 1)
     link.udp.sendto(forged, (addr.host, addr.port))  # type: ignore[attr-defined]
     return await _quic_then_ping(t, peer)
+
+
+@case(
+    "quic.ack_frequency_bounds",
+    "7 ACK frequency (this implementation)",
+    "a threshold or reordering threshold above 1,024, or a requested max ack delay of 2^14 ms or "
+    "more (RFC 9000's bound on `max_ack_delay`), with FRAME_ENCODING_ERROR",
+    ("quic",),
+)
+async def _quic_ack_frequency_bounds(t: Target) -> Outcome:
+    """An ACK_FREQUENCY frame whose ack-eliciting threshold is above 1,024. An implementation
+    without the extension closes with FRAME_ENCODING_ERROR too (RFC 9000 section 12.4: an
+    unknown frame type), so the expectation is the same either way."""
+    peer = await t.session()
+    link = _quic(peer)
+    frame = AckFrequencyFrame(0, MAX_THRESHOLD + 1, 25000, 3)
+    await link.send_quic_frame(ACK_FREQUENCY, encode_ack_frequency(frame))
+    want = f"QUIC close 0x{FRAME_ENCODING_ERROR:02x} FRAME_ENCODING_ERROR"
+    try:
+        closed = await peer.close_seen(t.deadline())
+    except NoAnswer:
+        link.close()
+        return Outcome(False, want, f"no close in {t.timeout:g} s")
+    link.close()
+    code = link.transport_error
+    if code is None:
+        return Outcome(False, want, closed.describe())
+    return Outcome(code == FRAME_ENCODING_ERROR, want, f"QUIC close 0x{code:02x} ({closed.reason[:80]})")
 
 
 __all__: list[str] = []

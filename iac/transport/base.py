@@ -200,9 +200,9 @@ class TransportConfig:
     quic_gso: bool = True
     #: QUIC ACK Frequency (docs/PROTOCOL.md, "ACK frequency"): offered with the transport
     #: parameter ``min_ack_delay``; to a peer that offers it too, a data sender asks for an ACK
-    #: per half congestion window (2..64 packets) or per quarter RTT (within the peer's
-    #: ``max_ack_delay``), and a receiver acknowledges as the peer asks. False: neither offered
-    #: nor honoured.
+    #: per half congestion window (2..64 packets) or per quarter RTT (at least 10 ms, within
+    #: the peer's ``max_ack_delay``), and a receiver acknowledges as the peer asks. False
+    #: (``--no-quic-ack-frequency`` on the command line): neither offered nor honoured.
     quic_ack_frequency: bool = True
 
     @property

@@ -209,6 +209,11 @@ class _QuicCounters:
         self.algorithm = type(cc).__name__
 
 
+def link_mechanisms_off(config: Any) -> Any:  # PMTUD, GSO, ACK frequency: the fields this version has
+    off = {f.name for f in dataclasses.fields(config)} & {"quic_pmtud", "quic_gso", "quic_ack_frequency"}
+    return dataclasses.replace(config, **dict.fromkeys(off, False))
+
+
 async def flow(args: argparse.Namespace) -> int:
     """``bulk`` or ``requests``: dial, say ready, run on "go", report, exit at once."""
     from iac.transport import dial
@@ -222,8 +227,7 @@ async def flow(args: argparse.Namespace) -> int:
     config = TransportConfig(
         congestion=cc if transport == "quic" else DEFAULT_CONGESTION, send_queue_bytes=1 << 20
     )
-    if args.link == "off":  # path MTU discovery and segmentation offload off (fields of newer versions)
-        config = dataclasses.replace(config, quic_pmtud=False, quic_gso=False)
+    config = config if args.link == "on" else link_mechanisms_off(config)
     conn = await dial(url, Identity.generate(), expect=target["agent_id"], config=config)
     counters: _QuicCounters | None = None
     if transport == "tls":
@@ -293,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         f.add_argument("--seconds", type=float, required=True)
         f.add_argument("--run", default="r0")
         f.add_argument("--warmup", type=float, default=1.0)
-        f.add_argument("--link", choices=("on", "off"), default="on", help="QUIC PMTUD and GSO")
+        f.add_argument("--link", choices=("on", "off"), default="on", help="QUIC PMTUD, GSO, ACK freq.")
     args = ap.parse_args(argv)
     if args.role in ("sink", "echo"):
         return asyncio.run(serve(args.role, args.host))

@@ -32,7 +32,7 @@ class Contender:
     label: str
     transport: str  # quic | tls
     cc: str
-    #: QUIC path MTU discovery and segmentation offload (``TransportConfig.quic_pmtud``, ``quic_gso``).
+    #: QUIC PMTUD, GSO, ACK frequency (``TransportConfig.quic_pmtud``, ``quic_gso``, ``quic_ack_frequency``).
     link: bool = True
 
 
@@ -41,7 +41,7 @@ CUBIC = Contender("IAC-QUIC CUBIC", "quic", "cubic")
 RENO = Contender("IAC-QUIC Reno", "quic", "reno")
 TCP_CUBIC = Contender("IAC-TLS/TCP cubic", "tls", "cubic")
 TCP_BBR = Contender("IAC-TLS/TCP bbr", "tls", "bbr")
-BBR_LINK_OFF = Contender("IAC-QUIC BBR, PMTUD and GSO off", "quic", "bbr", link=False)
+BBR_LINK_OFF = Contender("IAC-QUIC BBR, PMTUD, GSO and ACK frequency off", "quic", "bbr", link=False)
 CONTENDERS = (BBR, CUBIC, RENO, TCP_CUBIC, TCP_BBR)
 #: The aioquic controller class each QUIC contender must be running (checked per run).
 QUIC_CLASSES = {cc: f"{cc.capitalize()}CongestionControl" for cc in ("bbr", "cubic", "reno")}
@@ -118,8 +118,8 @@ TARGETS_PLAN = Plan(
     share_settings=(Setting(10.0, 0.02, 0.0, "deep"),),
     share_reps=1,
 )
-#: The QUIC link mechanisms (path MTU discovery, GSO) on and off, with BBR, at 50 and 100 Mbit/s,
-#: 20 ms, no loss and 1 %, both buffers, one run each: about 8 minutes.
+#: The QUIC link mechanisms (path MTU discovery, GSO, ACK frequency) on and off, with BBR, at 50
+#: and 100 Mbit/s, 20 ms, no loss and 1 %, both buffers, one run each: about 8 minutes.
 LINK_PLAN = Plan(
     name="link",
     rates=(50.0, 100.0),

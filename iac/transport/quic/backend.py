@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -470,9 +470,10 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
     ``_payload_received`` count ack-eliciting packets and move the 1-RTT space's ``ack_at``,
     which the library's one timer follows; ``_write_ack_frame`` says when an ACK left) and the
     sender's frame (written after ``_write_connection_limits``, which runs for every 1-RTT
-    packet the library builds)."""
+    packet the library builds); a 1-RTT loss probe's PING becomes IMMEDIATE_ACK
+    (``_write_ping_frame``)."""
     from aioquic.quic.connection import EPOCHS, QuicConnectionError
-    from aioquic.quic.packet import QuicFrameType
+    from aioquic.quic.packet import QuicFrameType, QuicPacketType
     from aioquic.quic.packet_builder import QuicDeliveryState
     from aioquic.tls import Epoch
 
@@ -594,6 +595,19 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
             buf.push_bytes(body)
 
         quic._write_connection_limits = write_limits_hooked
+        write_ping = quic._write_ping_frame
+
+        def write_ping_hooked(builder: Any, uids: Sequence[int] = (), comment: str = "") -> None:
+            # A loss probe (a PING the library sends at its probe timeout) carries IMMEDIATE_ACK
+            # instead when the peer takes it: the peer would otherwise hold its ACK for the
+            # requested delay, and the probe's ACK is what ends the timeout.
+            if comment == "probe" and sender.negotiated and builder._packet_type == QuicPacketType.ONE_RTT:
+                builder.start_frame(IMMEDIATE_ACK, capacity=1)
+                sender.stats.probes_immediate += 1
+                return
+            write_ping(builder, list(uids), comment)
+
+        quic._write_ping_frame = write_ping_hooked
         return state
 
     return install
