@@ -508,6 +508,8 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
         clock = [0.0]  # the time of the flush being built
         one_rtt: list[Any] = [None, None]  # the 1-RTT packet space, and the table it is from
 
+        to_send = quic.datagrams_to_send
+        write_limits = quic._write_connection_limits
         serialize = quic._serialize_transport_parameters
         quic._serialize_transport_parameters = lambda: serialize() + encode_min_ack_delay()
 
@@ -524,6 +526,8 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
                     error_code=found.code, frame_type=QuicFrameType.CRYPTO, reason_phrase=found.phrase
                 )
             sender.on_peer_parameters(found, float(quic._loss.max_ack_delay))
+            if found is None:  # the peer takes no frames: no hook per packet from now on
+                quic.datagrams_to_send, quic._write_connection_limits = to_send, write_limits
 
         quic._parse_transport_parameters = parse_hooked
 
@@ -581,8 +585,6 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
                         arm()
 
         quic.receive_datagram = receive_hooked
-        to_send = quic.datagrams_to_send
-        write_limits = quic._write_connection_limits
 
         def arm() -> None:
             """Look at the frame in the next 1-RTT packet built (until then, the flush's time
