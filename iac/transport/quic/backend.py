@@ -564,10 +564,12 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
             # and is put back after (no hook per packet or per ACK written).
             pending = space.ack_at
             space.ack_at = None
-            receive(data, addr, now=now)
-            eliciting = space.ack_at is not None
-            if pending is not None:
-                space.ack_at = pending
+            try:
+                receive(data, addr, now=now)
+            finally:
+                eliciting = space.ack_at is not None
+                if pending is not None:  # (as the library keeps the first one)
+                    space.ack_at = pending
             due = receiver.on_datagram(now, before, space.largest_received_packet, eliciting, pending is None)
             if due is not None and space.ack_at is not None:
                 space.ack_at = due  # the library's timer follows it
