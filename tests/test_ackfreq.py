@@ -5,6 +5,8 @@ delay, reordering, IMMEDIATE_ACK, stale frames) and the sender's choice of frame
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from iac.transport.quic import ackfreq
 from iac.transport.quic.ackfreq import (
@@ -209,3 +211,64 @@ def test_requested_delay_is_a_quarter_rtt_within_the_peers_bounds() -> None:
     assert tx.requested_delay_us(0.004) == 12000  # at least the peer's min_ack_delay
     tx.on_peer_parameters(0, 0.005)
     assert tx.requested_delay_us(0.01) == 5000  # never above the peer's max_ack_delay
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.booleans(), st.booleans(), st.booleans(), st.booleans()),
+        max_size=40,
+    ),
+    st.integers(0, 3),
+)
+def test_the_receivers_one_call_per_datagram_is_its_four_calls_in_order(
+    steps: list[tuple[int, bool, bool, bool, bool]], reordering: int
+) -> None:
+    """on_datagram (the hooks' call, after the datagram's frames) decides as on_ack_sent (when
+    the ACK left, before the datagram), on_ack_eliciting, on_largest and ack_deadline: for any
+    run of datagrams (forward jumps, repeats, ACKs sent, frames, IMMEDIATE_ACK)."""
+    one, four = AckFrequencyReceiver(), AckFrequencyReceiver()
+    largest, now, pending = -1, 1.0, False  # pending: the library holds an ACK to send
+    for i, (jump, eliciting, acked, immediate, frame) in enumerate(steps):
+        now += 0.001
+        if acked and pending:  # the library wrote an ACK since the previous datagram
+            four.on_ack_sent(largest)
+            pending = False
+        unpending = not pending
+        eliciting = eliciting or immediate  # (IMMEDIATE_ACK is ack-eliciting)
+        for rx in (one, four):  # the datagram's frames
+            if frame:
+                rx.on_frame(_frame(i, threshold=2 + i % 3, delay_us=5000, reordering=reordering))
+            if immediate:
+                rx.on_immediate_ack()
+        after = largest + jump
+        if eliciting:
+            four.on_ack_eliciting(now)
+        four.on_largest(largest, after, eliciting)
+        expected = four.ack_deadline(now)
+        assert one.on_datagram(now, largest, after, eliciting, unpending) == expected, (i, steps)
+        largest, pending = after, pending or eliciting
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 200_000),
+    st.sampled_from([1200, 1472, 9000]),
+    st.floats(0.0, 0.3),
+    st.integers(1, 400_000),
+    st.floats(0.0, 0.3),
+    st.sampled_from([(1000, 0.025), (0, 0.025), (5000, 0.025), (0, 0.0005), (2000, 0.1)]),
+)
+def test_within_the_senders_band_poll_sends_nothing(
+    cwnd: int, mds: int, rtt: float, cwnd2: int, rtt2: float, peer: tuple[int, float]
+) -> None:
+    """The hooks ask the sender only when the window or the RTT left the latest frame's band:
+    inside it, poll sends no frame however long after the last one."""
+    tx = AckFrequencySender()
+    tx.on_peer_parameters(*peer)
+    assert tx.poll(0.0, cwnd, mds, rtt) is not None and tx.band is not None
+    if tx.quiet(cwnd2, mds, rtt2):
+        assert tx.poll(100.0, cwnd2, mds, rtt2) is None
+    assert tx.quiet(cwnd, mds, rtt), "the values the frame was made from are in its band"
+    tx.on_lost(0)
+    assert not tx.quiet(cwnd, mds, rtt) and tx.poll(100.0, cwnd, mds, rtt) is not None

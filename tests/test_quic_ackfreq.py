@@ -164,6 +164,7 @@ def test_a_frame_out_of_bounds_closes_with_frame_encoding_error(frame: AckFreque
             before = TOTALS.refused_frames
             once = [frame]  # a peer that ignores the bounds, once
             af.sender.poll = lambda *args: once.pop() if once else None  # type: ignore[method-assign]
+            af.look()  # at the next packet built, not only once the window or the RTT moved
             await conn.send(_frame(conn, b"x" * 2000))
             await asyncio.wait_for(peer.wait_closed(), 5)
             await asyncio.wait_for(conn.wait_closed(), 5)

@@ -3,8 +3,8 @@ their ACK — retransmitted (same ids, fresh timestamp, signed again) with expon
 after every reconnect, up to ``delivery_timeout``.
 
 Per request the table keeps an :class:`Out`, a permit of the peer's ``max_in_flight``
-(:class:`Permits`) and a deadline in :class:`Deadlines`: one event-loop timer for all the
-requests' timeouts, armed for the earliest, not a loop timer per request."""
+(:class:`Permits`) and a deadline in :class:`Deadlines`: one wake-up of the transport's timer
+structure for all the requests' timeouts, set for the earliest, not a loop timer per request."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import math
 import weakref
 from collections import deque
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from iac.errors import ConfigError, DeliveryError, RemoteError, RequestTimeout, TransportError
@@ -23,6 +24,7 @@ from iac.node.outbox import Outbox
 from iac.node.parts import Parts
 from iac.node.peers import Peers
 from iac.node.types import Key, Reply, Sent
+from iac.transport.timers import Timer, loop_timers
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.enums import MessageType
 from iac.wire.message import FLAG_ACK_REQUESTED, FLAG_ORDERED
@@ -135,24 +137,27 @@ class Permits:
 
 
 class Deadlines:
-    """The request timeouts of one pending table, on one event-loop timer.
+    """The request timeouts of one pending table, on one wake-up of the transport's timer
+    structure (a :class:`~iac.transport.timers.Timer` of the loop's
+    :func:`~iac.transport.timers.loop_timers`, which every connection's timers share).
 
     A request's deadline is an entry ``(when, number)`` in a heap and its future by number; the
-    loop timer is armed for the earliest entry only, so a request costs a heap push and a dict
-    entry, not a loop timer of its own (its ``TimerHandle``, and the cancelled ones the loop's
-    heap keeps until they reach its top). An answered request's entry stays in the heap until it
-    reaches the top or the stale entries outnumber the live ones (then the heap is rebuilt): it
-    holds two numbers, never the future. On expiry the future fails with ``TimeoutError``."""
+    wake-up is set for the earliest entry only, so a request costs a heap push and a dict entry,
+    not a timer of its own. (The loop's timer wheel holds one deadline per owner: the table
+    keeps its own heap of the requests under that one deadline, as a connection keeps its
+    several deadlines under its one wake-up.) An answered request's entry stays in the heap until
+    it reaches the top or the stale entries outnumber the live ones (then the heap is rebuilt):
+    it holds two numbers, never the future. On expiry the future fails with ``TimeoutError``."""
 
-    __slots__ = ("__weakref__", "_armed", "_handle", "_heap", "_live", "_loop", "_seq", "_stale")
+    __slots__ = ("__weakref__", "_armed", "_heap", "_live", "_loop", "_seq", "_stale", "_timer")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int]] = []
         self._live: dict[int, asyncio.Future[Any]] = {}
         self._seq = 0
         self._stale = 0  # heap entries whose request ended
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed = math.inf  # when the loop timer fires
+        self._timer: Timer | None = None
+        self._armed = math.inf  # when the wake-up is set for
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
@@ -185,19 +190,23 @@ class Deadlines:
                 self._stale = 0
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._loop, self._armed = loop, when
-        # The timer holds the table weakly: a closed node's table goes with the node.
-        self._handle = loop.call_at(when, _fire, weakref.ref(self))
+        timer = self._timer
+        if loop is not self._loop or timer is None:  # the first wake-up, or a node on a new loop
+            if timer is not None:
+                timer.cancel()
+            # The wake-up holds the table weakly: a closed node's table goes with the node.
+            timer = self._timer = loop_timers(loop).timer(partial(_fire, weakref.ref(self)))
+            self._loop = loop
+        self._armed = when
+        timer.at(when)
 
     def fire(self) -> None:
-        """The loop timer fired: fail the requests whose deadline passed; arm for the next."""
-        self._handle, self._armed = None, math.inf
+        """The wake-up came: fail the requests whose deadline passed; set it for the next."""
+        armed, self._armed = self._armed, math.inf
         loop = self._loop
         if loop is None:  # pragma: no cover - armed only with a loop
             return
-        now = loop.time()
+        now = max(loop.time(), armed)  # (the loop may run a wake-up up to its resolution early)
         heap, live = self._heap, self._live
         while heap:
             when, seq = heap[0]
@@ -237,7 +246,7 @@ class Pending:
         self.rtt: dict[str, float] = {}
         self._by_peer: dict[str, dict[Key, Out]] = {}
         self._in_flight: dict[str, Permits] = {}
-        #: The requests' timeouts (one loop timer for all of them).
+        #: The requests' timeouts (one wake-up for all of them).
         self._deadlines = Deadlines()
 
     # --- the calls ------------------------------------------------------------------------------

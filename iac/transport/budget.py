@@ -129,10 +129,7 @@ class RecvBudget:
     @property
     def spent(self) -> bool:
         """This connection's share or the node's budget is used up: read no further."""
-        node = self.node  # (node.spent, written out: this is asked for every read)
-        return (self.held >= self.limit and self.returnable > 0) or (
-            node.used >= node.limit and node.returnable > 0
-        )
+        return (self.held >= self.limit and self.returnable > 0) or self.node.spent
 
     def fits(self, n: int) -> bool:
         if n <= 0:
@@ -154,10 +151,7 @@ class RecvBudget:
             self.give(-n)
             return
         self.held += n
-        node = self.node  # node.take(n), written out (a call per frame received)
-        node.used += n
-        if node.used > node.peak:
-            node.peak = node.used
+        self.node.take(n)
 
     def give(self, n: int) -> None:
         if self.released or n <= 0:
@@ -182,11 +176,7 @@ class RecvBudget:
             n = self.returnable
         self.returnable -= n
         self.node.returnable -= n
-        if n > 0:  # self.give(n), written out (a call per batch)
-            if n > self.held:
-                n = self.held
-            self.held -= n
-            self.node.give(n)
+        self.give(n)
 
     def release(self, keep: int = 0) -> None:
         """Give back everything held but ``keep`` lent bytes (frames the reader still holds:

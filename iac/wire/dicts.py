@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,6 +45,10 @@ class Dictionary:
     sha256: bytes = field(init=False)
     _cctx: zstandard.ZstdCompressor = field(init=False, repr=False)
     _dctx: zstandard.ZstdDecompressor = field(init=False, repr=False)
+    #: Compress ``data`` (the context's own method: no Python call in between, per frame).
+    compress: Callable[[bytes], bytes] = field(init=False, repr=False)
+    #: Decompress one checked zstd frame (the caller validated its header).
+    decompress: Callable[[bytes], bytes] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.content) > MAX_DICT_SIZE:
@@ -61,6 +65,8 @@ class Dictionary:
             dict_data=zd, write_checksum=False, write_content_size=True, write_dict_id=True
         )
         self._dctx = zstandard.ZstdDecompressor(dict_data=zd)
+        self.compress = self._cctx.compress
+        self.decompress = self._dctx.decompress
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], level: int = DEFAULT_LEVEL) -> Dictionary:
@@ -72,13 +78,6 @@ class Dictionary:
             return cls(data, level)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
-
-    def compress(self, data: bytes) -> bytes:
-        return self._cctx.compress(data)
-
-    def decompress(self, data: bytes) -> bytes:
-        """Decompress one checked zstd frame (the caller validated its header)."""
-        return self._dctx.decompress(data)
 
     def __repr__(self) -> str:
         return (
@@ -96,12 +95,8 @@ class _NoDictionary:
             level=level, write_checksum=False, write_content_size=True, write_dict_id=False
         )
         self._dctx = zstandard.ZstdDecompressor()
-
-    def compress(self, data: bytes) -> bytes:
-        return self._cctx.compress(data)
-
-    def decompress(self, data: bytes) -> bytes:
-        return self._dctx.decompress(data)
+        self.compress: Callable[[bytes], bytes] = self._cctx.compress
+        self.decompress: Callable[[bytes], bytes] = self._dctx.decompress
 
 
 NO_DICTIONARY = _NoDictionary()

@@ -48,6 +48,8 @@ Time is an argument everywhere; nothing here reads a clock. The library's hooks 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: The transport parameter ``min_ack_delay`` (microseconds).
@@ -213,6 +215,7 @@ class AckFrequencyReceiver:
         self._unacked = 0  # ack-eliciting packets since the last ACK
         self._first_at: float | None = None
         self._immediate = False
+        self._hurried = False  # IMMEDIATE_ACK in the datagram being taken (on_datagram keeps it)
         self._reported = -1  # the largest packet number the last ACK covered
         self._gap_from: int | None = None  # the smallest missing packet number above it
 
@@ -249,7 +252,7 @@ class AckFrequencyReceiver:
     def on_immediate_ack(self) -> None:
         """An IMMEDIATE_ACK frame arrived."""
         self.stats.immediate_acks_received += 1
-        self._immediate = True
+        self._immediate = self._hurried = True
 
     def on_ack_eliciting(self, now: float) -> None:
         """An ack-eliciting 1-RTT packet arrived."""
@@ -279,9 +282,45 @@ class AckFrequencyReceiver:
         """An ACK frame covering packets up to ``largest`` left."""
         self._unacked = 0
         self._first_at = None
-        self._immediate = False
+        self._immediate = self._hurried = False
         self._reported = max(self._reported, largest)
         self._gap_from = None
+
+    def on_datagram(
+        self, now: float, before: int, after: int, eliciting: bool, unpending: bool
+    ) -> float | None:
+        """The hooks' one call per datagram taken, for a library that holds an ACK pending
+        from an ack-eliciting packet until it sends one: :meth:`on_ack_sent` (``unpending``: the
+        library had no ACK pending before the datagram, so one covering up to ``before`` left
+        if an ack-eliciting packet waited), :meth:`on_ack_eliciting` (``eliciting``),
+        :meth:`on_largest` and :meth:`ack_deadline`, in that order, written out (a datagram
+        would cost four calls). The ACK left before the datagram's frames were taken: an
+        IMMEDIATE_ACK among them still holds."""
+        if unpending and self._first_at is not None:
+            self._unacked = 0
+            self._first_at = None
+            self._immediate = self._hurried
+            if before > self._reported:
+                self._reported = before
+            self._gap_from = None
+        self._hurried = False
+        if eliciting:
+            self._unacked += 1
+            if self._first_at is None:
+                self._first_at = now
+        gap = self._gap_from
+        if gap is None and after > before + 1 and before >= self._reported:
+            gap = self._gap_from = before + 1
+        reordering = self.reordering
+        if eliciting and after == before and reordering == 1:
+            self._immediate = True  # RFC 9000 13.2.1: a packet older than the largest
+        if gap is not None and reordering and after - gap >= reordering:
+            self._immediate = True
+        if self.sequence is None or self._first_at is None:
+            return None
+        if self._immediate or self._unacked > self.threshold:
+            return now
+        return self._first_at + self.max_ack_delay
 
 
 # --- sender --------------------------------------------------------------------------------------
@@ -304,6 +343,11 @@ class AckFrequencySender:
         self._sent: AckFrequencyFrame | None = None  # the latest frame sent
         self._sent_at = 0.0
         self._resend = False
+        #: ``(lo, hi, rtt_lo, rtt_hi)``: while the congestion window in packets is in
+        #: ``[lo, hi)`` and the smoothed RTT in ``[rtt_lo, rtt_hi]``, :meth:`poll` finds the
+        #: latest frame close enough and sends none (:meth:`quiet`); None: it must look (no
+        #: frame yet, or the latest was lost).
+        self.band: tuple[float, float, float, float] | None = None
 
     @property
     def negotiated(self) -> bool:
@@ -319,15 +363,20 @@ class AckFrequencySender:
         """The peer's transport parameters arrived."""
         self.peer_min_ack_delay_us = min_ack_delay_us
         self.peer_max_ack_delay = max_ack_delay
+        self.band = None  # the delay's bounds moved
 
     def requested_delay_us(self, rtt: float) -> int:
         """The max ack delay to ask for at smoothed RTT ``rtt``: a quarter of it, at least
         :data:`MIN_REQUESTED_DELAY` (10 ms) and the peer's ``min_ack_delay``, at most the peer's
         own ``max_ack_delay`` (which wins over both)."""
+        floor, ceiling = self._delay_bounds_us()
+        return max(floor, min(ceiling, round(rtt * RTT_FRACTION * 1e6)))
+
+    def _delay_bounds_us(self) -> tuple[int, int]:
+        """The least and the most delay to ask for (µs); the most wins where they cross."""
         ceiling = round(self.peer_max_ack_delay * 1e6)
         floor = max(self.peer_min_ack_delay_us or 0, MIN_ACK_DELAY_US, round(MIN_REQUESTED_DELAY * 1e6))
-        floor = min(floor, ceiling)
-        return max(floor, min(ceiling, round(rtt * RTT_FRACTION * 1e6)))
+        return min(floor, ceiling), ceiling
 
     def poll(self, now: float, cwnd_bytes: int, datagram_size: int, rtt: float) -> AckFrequencyFrame | None:
         """The frame to send now, if one is due (it is then taken as sent)."""
@@ -346,13 +395,43 @@ class AckFrequencySender:
         frame = AckFrequencyFrame(self._next_sequence, threshold, delay, SENT_REORDERING_THRESHOLD)
         self._next_sequence += 1
         self._sent, self._sent_at, self._resend = frame, now, False
+        self.band = self._band(frame)
         self.stats.frames_sent += 1
         return frame
+
+    def quiet(self, cwnd_bytes: int, datagram_size: int, rtt: float) -> bool:
+        """Whether :meth:`poll` would send no frame for this window and RTT, whatever the time
+        (they are in :attr:`band`): the hooks look no further (they test the band written out)."""
+        band = self.band
+        return (
+            band is not None
+            and band[0] <= cwnd_bytes // max(datagram_size, 1) < band[1]
+            and (band[2] <= rtt <= band[3])
+        )
+
+    def _band(self, sent: AckFrequencyFrame) -> tuple[float, float, float, float]:
+        """The windows (packets) and RTTs whose threshold and delay are within a quarter of
+        ``sent``'s (:meth:`poll`'s test), bounds taken inwards where rounding is near."""
+        s, d = sent.threshold, sent.max_ack_delay_us
+        t_lo, t_hi = 3 * s // 4 + 1, (5 * s - 1) // 4  # the thresholds 4|t - s| < s lets by
+        lo = 0.0 if t_lo <= MIN_THRESHOLD else float(ACKS_PER_WINDOW * t_lo)
+        hi = math.inf if t_hi >= MAX_SENT_THRESHOLD else float(ACKS_PER_WINDOW * (t_hi + 1))
+        d_lo, d_hi = 3 * d // 4 + 1, (5 * d - 1) // 4  # the delays (µs) the same test lets by
+        floor, ceiling = self._delay_bounds_us()
+        per_us = RTT_FRACTION * 1e6
+        rtt_lo = -math.inf if d_lo <= floor else (d_lo + 0.5) / per_us * (1 + 1e-9)
+        rtt_hi = math.inf if d_hi >= ceiling else (d_hi - 0.5) / per_us * (1 - 1e-9)
+        return lo, hi, rtt_lo, rtt_hi
 
     def on_lost(self, sequence: int) -> None:
         """The packet carrying frame ``sequence`` was lost: send the latest values again."""
         if self._sent is not None and sequence == self._sent.sequence:
             self._resend = True
+            self.band = None
+
+
+def _nothing() -> None:
+    return None
 
 
 class AckFrequency:
@@ -363,6 +442,10 @@ class AckFrequency:
         self.receiver = AckFrequencyReceiver()
         #: Transport parameters refused (the connection closed with TRANSPORT_PARAMETER_ERROR).
         self.refused_parameters = 0
+        #: Have the sender look at its frame (:meth:`AckFrequencySender.poll`) at the next packet
+        #: built, even within its band: set by the library's hooks, which otherwise look only
+        #: after a datagram or a loss moved the window or the RTT (nothing without hooks).
+        self.look: Callable[[], None] = _nothing
 
     def parameter_refused(self) -> None:
         """The peer's ``min_ack_delay`` was refused: counted here and in :data:`TOTALS`."""

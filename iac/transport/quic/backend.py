@@ -129,7 +129,10 @@ _override: str | None = None
 
 def _peer_address(quic: Any) -> Any:
     """The peer's address (host, port) on the connection's first network path, if known."""
-    paths = getattr(quic, "_network_paths", None)
+    try:
+        paths = quic._network_paths  # (asked before every flush: no getattr() call)
+    except AttributeError:
+        return None
     return paths[0].addr if paths else None
 
 
@@ -250,7 +253,14 @@ def _aioquic() -> Backend:
     def ack_now(quic: Any, now: float) -> None:
         # Data leaves now: the pending ACK rides along (aioquic would hold it for its ack
         # delay and then send it in a packet of its own).
-        space = quic._spaces.get(Epoch.ONE_RTT)
+        spaces = quic._spaces
+        try:
+            cached = quic._iac_one_rtt  # (the table, its 1-RTT space): no enum hash per send
+        except AttributeError:
+            cached = None
+        if cached is None or cached[0] is not spaces:
+            cached = quic._iac_one_rtt = (spaces, spaces.get(Epoch.ONE_RTT))
+        space = cached[1]
         if space is not None and space.ack_at is not None:
             space.ack_at = now
 
@@ -259,8 +269,14 @@ def _aioquic() -> Backend:
         # frame is lost (to send it again), and a limit lowered to that would make the peer's
         # next stream a STREAM_LIMIT_ERROR.
         limit = quic._local_max_streams_uni
-        floor = max(limit.sent, getattr(quic, "_iac_advertised", 0))
-        quic._iac_advertised = floor
+        try:
+            floor = quic._iac_advertised
+        except AttributeError:  # (no getattr() call per flush)
+            floor = 0
+        if limit.sent > floor:
+            floor = quic._iac_advertised = limit.sent
+        else:
+            quic._iac_advertised = floor
         if withhold:
             if limit.value > floor:
                 withheld += limit.value - floor
@@ -275,7 +291,9 @@ def _aioquic() -> Backend:
         # one small packet at a high offset makes aioquic allocate the whole gap.
         held = 0
         for stream in quic._streams.values():  # (a loop, not sum() of a generator: per flush)
-            held += len(stream.receiver._buffer)
+            buffer = stream.receiver._buffer
+            if buffer:  # (mostly empty: no len() call then)
+                held += len(buffer)
         return held
 
     def limit_stream_window(quic: Any, nbytes: int) -> None:
@@ -466,12 +484,14 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
     instance attribute, so other connections keep the library's): the transport parameters
     (``_serialize_transport_parameters`` appends ``min_ack_delay``, ``_parse_transport_parameters``
     reads the peer's), the frame table (``_QuicConnection__frame_handlers`` gains ACK_FREQUENCY
-    and IMMEDIATE_ACK), the receiver's ACK deadline (``receive_datagram`` and
-    ``_payload_received`` count ack-eliciting packets and move the 1-RTT space's ``ack_at``,
-    which the library's one timer follows; ``_write_ack_frame`` says when an ACK left) and the
-    sender's frame (written after ``_write_connection_limits``, which runs for every 1-RTT
-    packet the library builds); a 1-RTT loss probe's PING becomes IMMEDIATE_ACK
-    (``_write_ping_frame``)."""
+    and IMMEDIATE_ACK), the receiver's ACK deadline (``receive_datagram`` tells from the 1-RTT
+    space's ``ack_at`` whether an ACK left since the last datagram and whether this one was
+    ack-eliciting, and moves ``ack_at``, which the library's one timer follows) and the sender's
+    frame (written after ``_write_connection_limits``, which runs for every 1-RTT packet the
+    library builds, with the time ``datagrams_to_send`` was given: both hooked only from a
+    datagram or a loss that moved the window or the RTT out of the latest frame's band until the
+    next packet built; per packet, nothing otherwise); a 1-RTT loss probe's PING becomes
+    IMMEDIATE_ACK (``_write_ping_frame``)."""
     from aioquic.quic.connection import EPOCHS, QuicConnectionError
     from aioquic.quic.packet import QuicFrameType, QuicPacketType
     from aioquic.quic.packet_builder import QuicDeliveryState
@@ -487,12 +507,10 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
         sender, receiver = state.sender, state.receiver
         quic._iac_ack_frequency = state  # path MTU probes carry IMMEDIATE_ACK when negotiated
         clock = [0.0]  # the time of the flush being built
-        eliciting = [False]  # the datagram being taken carried an ack-eliciting 1-RTT packet
-        # The window and the RTT move only when an acknowledgement or a loss arrives: the
-        # sender looks at its frame again after a received datagram or a lost frame, not at
-        # every packet built.
-        stale = [True]
+        one_rtt: list[Any] = [None, None]  # the 1-RTT packet space, and the table it is from
 
+        to_send = quic.datagrams_to_send
+        write_limits = quic._write_connection_limits
         serialize = quic._serialize_transport_parameters
         quic._serialize_transport_parameters = lambda: serialize() + encode_min_ack_delay()
 
@@ -509,6 +527,8 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
                     error_code=found.code, frame_type=QuicFrameType.CRYPTO, reason_phrase=found.phrase
                 )
             sender.on_peer_parameters(found, float(quic._loss.max_ack_delay))
+            if found is None:  # the peer takes no frames: no hook per packet from now on
+                quic.datagrams_to_send, quic._write_connection_limits = to_send, write_limits
 
         quic._parse_transport_parameters = parse_hooked
 
@@ -527,62 +547,70 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
         handlers[ACK_FREQUENCY] = (on_ack_frequency, EPOCHS("01"))
         handlers[IMMEDIATE_ACK] = (on_immediate_ack, EPOCHS("01"))
 
-        payload_received = quic._payload_received
-
-        def payload_hooked(context: Any, plain: bytes, *args: Any, **kwargs: Any) -> tuple[bool, bool]:
-            ack_eliciting, probing = payload_received(context, plain, *args, **kwargs)
-            if ack_eliciting and context.epoch == Epoch.ONE_RTT:
-                receiver.on_ack_eliciting(context.time)
-                eliciting[0] = True
-            return ack_eliciting, probing
-
-        quic._payload_received = payload_hooked
         receive = quic.receive_datagram
 
         def receive_hooked(data: bytes, addr: Any, now: float) -> None:
-            space = quic._spaces.get(Epoch.ONE_RTT)
-            before = -1 if space is None else space.largest_received_packet
-            eliciting[0] = False
-            stale[0] = True
-            receive(data, addr, now=now)
-            space = quic._spaces.get(Epoch.ONE_RTT)
-            if space is None or receiver.sequence is None or space.ack_at is None:  # not active
+            spaces = quic._spaces
+            if one_rtt[1] is not spaces:  # (the table is made once, by the connect or first datagram)
+                one_rtt[0], one_rtt[1] = spaces.get(Epoch.ONE_RTT), spaces
+            space = one_rtt[0]
+            if space is None:
+                receive(data, addr, now=now)
                 return
-            receiver.on_largest(before, space.largest_received_packet, eliciting[0])
-            due = receiver.ack_deadline(now)
-            if due is not None:
+            before = space.largest_received_packet
+            # The library clears ``ack_at`` when it writes an ACK (so one left since the last
+            # datagram if ``ack_at`` is None and an ack-eliciting packet waited), and sets it for
+            # an ack-eliciting packet only while it is None: cleared for the call, it says
+            # whether this datagram's 1-RTT packet (the last in a datagram) was ack-eliciting,
+            # and is put back after (no hook per packet or per ACK written).
+            pending = space.ack_at
+            space.ack_at = None
+            try:
+                receive(data, addr, now=now)
+            finally:
+                eliciting = space.ack_at is not None
+                if pending is not None:  # (as the library keeps the first one)
+                    space.ack_at = pending
+            due = receiver.on_datagram(now, before, space.largest_received_packet, eliciting, pending is None)
+            if due is not None and space.ack_at is not None:
                 space.ack_at = due  # the library's timer follows it
+            # The window and the RTT move only when a datagram (an acknowledgement) or a loss
+            # arrives: the sender looks at its frame then, and only when they left the band in
+            # which the last one stays (``sender.quiet``, written out).
+            if sender.peer_min_ack_delay_us is not None:
+                band = sender.band
+                if band is None:
+                    arm()
+                else:
+                    loss = quic._loss  # (every controller of 1.7 has ``congestion_window``)
+                    packets = loss._cc.congestion_window // quic._max_datagram_size
+                    if not (band[0] <= packets < band[1] and band[2] <= loss._rtt_smoothed <= band[3]):
+                        arm()
 
         quic.receive_datagram = receive_hooked
-        write_ack = quic._write_ack_frame
 
-        def write_ack_hooked(builder: Any, space: Any, now: float) -> None:
-            write_ack(builder=builder, space=space, now=now)
-            if space is quic._spaces.get(Epoch.ONE_RTT):
-                receiver.on_ack_sent(space.largest_received_packet)
-
-        quic._write_ack_frame = write_ack_hooked
-        to_send = quic.datagrams_to_send
+        def arm() -> None:
+            """Look at the frame in the next 1-RTT packet built (until then, the flush's time
+            is kept); no per-packet hook otherwise."""
+            quic.datagrams_to_send = to_send_hooked
+            quic._write_connection_limits = write_limits_hooked
 
         def to_send_hooked(now: float) -> Any:
             clock[0] = now
             return to_send(now=now)
 
-        quic.datagrams_to_send = to_send_hooked
-        write_limits = quic._write_connection_limits
-
         def delivered(delivery: Any, sequence: int) -> None:
             if delivery == QuicDeliveryState.LOST:
                 sender.on_lost(sequence)
-                stale[0] = True
+                arm()
 
         def write_limits_hooked(builder: Any, space: Any) -> None:
             write_limits(builder=builder, space=space)
-            if not stale[0] or sender.peer_min_ack_delay_us is None:  # nothing moved, or not negotiated
+            if sender.peer_min_ack_delay_us is None:  # not negotiated (yet)
                 return
             if builder.remaining_buffer_space < frame_room or builder.remaining_flight_space < frame_room:
                 return
-            stale[0] = False
+            quic.datagrams_to_send, quic._write_connection_limits = to_send, write_limits
             loss = quic._loss
             cwnd = int(getattr(loss._cc, "congestion_window", 0) or 0)
             frame = sender.poll(clock[0], cwnd, int(quic._max_datagram_size), float(loss._rtt_smoothed))
@@ -594,7 +622,6 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
             )
             buf.push_bytes(body)
 
-        quic._write_connection_limits = write_limits_hooked
         write_ping = quic._write_ping_frame
 
         def write_ping_hooked(builder: Any, uids: Sequence[int] = (), comment: str = "") -> None:
@@ -608,6 +635,8 @@ def _aioquic_ack_frequency() -> Callable[[Any], AckFrequency | None]:
             write_ping(builder, list(uids), comment)
 
         quic._write_ping_frame = write_ping_hooked
+        state.look = arm
+        arm()
         return state
 
     return install
@@ -680,6 +709,9 @@ def _aioquic_pmtu() -> PmtuHooks:
 
         def hooked(*, packets: Any, now: float, **kwargs: Any) -> None:
             packets = list(packets)
+            if not packets:  # (every acknowledgement looks for losses: mostly none)
+                lost(packets=packets, now=now, **kwargs)
+                return
             largest = max((p.sent_bytes for p in packets if p.in_flight), default=0)
             lost(packets=packets, now=now, **kwargs)
             if largest:

@@ -20,11 +20,11 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.ackfreq import AckFrequency
-from iac.transport.quic.backend import Backend
+from iac.transport.quic.backend import AIOQUIC_PINNED, Backend
 from iac.transport.quic.congestion import TransmitHooks, attach
 from iac.transport.quic.gso import GsoSender, supported
 from iac.transport.quic.pathmtu import PmtuDriver, driver_for
-from iac.transport.timers import loop_clock, loop_timers
+from iac.transport.timers import Timer, loop_clock, loop_timers
 
 
 class ConnectionEvents(Protocol):
@@ -97,12 +97,20 @@ class QuicProtocol(asyncio.DatagramProtocol):
         # with ``self._loop.call_at``: through this view it is an exact entry of the loop's one
         # timer structure instead of a handle in the loop's heap (the probe timer too).
         self._loop = cast(asyncio.AbstractEventLoop, LoopView(self._loop))
+        backend = self.backend
+        if backend.name == "aioquic" and backend.version.startswith(AIOQUIC_PINNED + "."):
+            # the library's timer as one Timer moved at each flush (see _library_transmit)
+            self._quic_timer = loop_timers(self._loop.loop).timer(self._handle_timer)  # type: ignore[attr-defined]
         self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
         if self.backend.ack_frequency is not None:  # before the transport parameters are made
             self.ackfreq = self.backend.ack_frequency(quic)
 
     #: Events are being handed on (``_process_events`` runs).
     _in_events = False
+    #: The library's one timer (ACK delay, loss, pacing, idle close) when this module flushes
+    #: for it (:meth:`_library_transmit`); None: the library's own ``transmit`` flushes.
+    _quic_timer: Timer | None = None
+    _timer_at: float | None
 
     def _process_events(self) -> None:
         outer, self._in_events = self._in_events, True
@@ -207,11 +215,11 @@ class QuicProtocol(asyncio.DatagramProtocol):
         gso = self.gso if self._gso_checked else self._start_gso()
         try:
             if gso is None:
-                super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+                self._library_transmit()
             else:  # the library's flush gathers into the sender, which sends trains
                 transport, self._transport = self._transport, cast(Any, gso)
                 try:
-                    super().transmit()  # type: ignore[misc]
+                    self._library_transmit()
                 finally:
                     self._transport = transport
                 gso.flush()
@@ -226,6 +234,24 @@ class QuicProtocol(asyncio.DatagramProtocol):
             hooks.after_transmit(self._loop.time())
         if conn is not None:
             conn.after_transmit()
+
+    def _library_transmit(self) -> None:
+        """The library's ``transmit``: send the datagrams it builds now, then arm its timer.
+        On aioquic :data:`~iac.transport.quic.backend.AIOQUIC_PINNED` written out here (the
+        library's, with the same attributes), so that its timer is one :class:`Timer` moved to
+        each new deadline instead of an entry cancelled and a new one made at every flush."""
+        timer = self._quic_timer
+        if timer is None:
+            super().transmit()  # type: ignore[misc]  # the library's QuicConnectionProtocol
+            return
+        self._transmit_task = None
+        quic = self._quic
+        for data, addr in quic.datagrams_to_send(now=self._loop.time()):
+            self._transport.sendto(data, addr)  # type: ignore[union-attr]  # (as the library's)
+        timer_at = quic.get_timer()
+        if timer_at != self._timer_at:  # (the library's _handle_timer sets None before it flushes)
+            timer.at(timer_at)
+            self._timer_at = timer_at
 
     def _start_gso(self) -> GsoSender | None:
         """The connection's GSO sender, made at its first flush with a socket (None: off)."""
