@@ -188,21 +188,20 @@ class QuicProtocol(asyncio.DatagramProtocol):
         pending ACK leave in one packet and one flush, instead of a flush that finds nothing to
         send (the ACK is not due yet) and another.
 
-        A datagram that gave the connection no event (a keep-alive PING, a packet of ACKs or
-        of flow-control frames) has no reply to wait for: its ACK, if it asks for one, is due
-        now and the flush runs right here. A keep-alive then costs the side that answers one
-        flush, not a flush that finds nothing due, the library's ACK-delay timer and a second
-        flush (docs/IMPLEMENTATION.md, "Timers at scale")."""
+        A datagram that asks for an ACK but gave the connection no event (a keep-alive PING,
+        a probe, flow-control frames) has no reply to wait for: its ACK is due now and the
+        flush runs right here (or goes with the flush already due). A datagram of ACKs only
+        keeps the turn's wait: the flush it may free data for gathers what the turn queues. A
+        keep-alive then costs the side that answers one flush, not a flush that finds nothing
+        due, the library's ACK-delay timer and a second flush (docs/IMPLEMENTATION.md, "Timers
+        at scale")."""
         if self._send_waiting:  # the reader answered right in this callback: with the ACK, now
             self.transmit()
-        elif self._transmit_task is None:
-            if not self._evented:
-                self.backend.ack_now(self._quic, now)
-                self.transmit()
-            else:
+        elif self._evented or not self.backend.ack_now(self._quic, now):
+            if self._transmit_task is None:
                 self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
-        elif not self._evented:  # a flush is due within a turn: the ACK goes with it
-            self.backend.ack_now(self._quic, now)
+        elif self._transmit_task is None:  # an ACK is due and nothing will answer: it goes now
+            self.transmit()
 
     def _transmit_if_sending(self) -> None:
         if self._send_waiting:
