@@ -13,6 +13,8 @@ from iac.errors import CloseCode, ConnectionClosed
 from iac.transport import dial, listen
 from iac.transport.base import Connection, TransportConfig
 from iac.transport.quic.configuration import transport_idle
+from iac.transport.quic.connection import QuicConn
+from iac.transport.timers import loop_timers
 from iac.wire.identity import Identity
 
 #: PINGs every 0.1 s; QUIC's idle timeout is 3 of them (0.3 s), the IAC idle timeout 1 s.
@@ -42,6 +44,46 @@ def test_a_connection_with_only_keepalives_ends_at_the_iac_idle_timeout(side: st
             # code: the PINGs kept QUIC alive, and the IAC idle timeout ended it anyway
             assert isinstance(err, ConnectionClosed), err
             assert err.code == CloseCode.IDLE_TIMEOUT, err
+            await conn.close()
+
+    run(main())
+
+
+#: Keep-alives by hand (``alive()``): the interval's own PINGs and path MTU probes stay out.
+QUIET = TransportConfig(handshake_timeout=5.0, linger_timeout=0.2, keepalive_interval=60.0, quic_pmtud=False)
+
+
+def test_a_keepalive_ping_costs_the_answering_side_one_flush_and_no_timer() -> None:
+    """A datagram that gives the connection no event (a keep-alive PING) has no reply to wait
+    for: its ACK leaves in the callback that received it (docs/IMPLEMENTATION.md, "Timers at
+    scale"), not after a flush that finds nothing due, the library's ACK-delay timer and a
+    second flush. Counted over many PINGs; a few stray packets of the handshake's tail (late
+    ACKs) may add a flush or a timer each."""
+    rounds = 20
+
+    async def main() -> None:
+        server, client = Identity.generate(), Identity.generate()
+        accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+
+        async def on_conn(conn: Connection) -> None:
+            accepted.set_result(conn)
+            await conn.wait_closed()
+
+        listener = await listen("quic://127.0.0.1:0", server, on_conn, config=QUIET)
+        async with listener:
+            conn = await dial(listener.addresses[0], client, expect=server.agent_id, config=QUIET)
+            other = await asyncio.wait_for(accepted, 5)
+            assert isinstance(other, QuicConn)
+            for _ in range(3):  # the handshake's tail settles
+                assert await conn.alive(5.0)
+            timers = loop_timers()
+            flushes, fired = other.stats.transmits, timers.fired
+            for _ in range(rounds):
+                assert await conn.alive(5.0)  # a QUIC PING, answered by the listener's ACK
+            # one flush per PING on the answering side (it was two: an empty one, then the
+            # ACK-delay timer's), and no timer on either side (each PING's ACK-delay timer)
+            assert other.stats.transmits - flushes <= rounds + 3
+            assert timers.fired - fired <= 3
             await conn.close()
 
     run(main())

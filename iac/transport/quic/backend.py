@@ -158,7 +158,7 @@ class Backend:
     peer_certificate_der: Callable[[Any], bytes | None]
     remote_max_streams_uni: Callable[[Any], int]
     blocked_streams_uni: Callable[[Any], int]
-    ack_now: Callable[[Any, float], None]
+    ack_now: Callable[[Any, float], bool]
     withhold_credit: Callable[[Any, bool, int], int]
     uni_streams_finished: Callable[[Any, bool], bool]
     is_closing: Callable[[Any], bool]
@@ -250,9 +250,9 @@ def _aioquic() -> Backend:
         cert = quic.tls._peer_certificate
         return None if cert is None else bytes(cert.public_bytes(serialization.Encoding.DER))
 
-    def ack_now(quic: Any, now: float) -> None:
+    def ack_now(quic: Any, now: float) -> bool:
         # Data leaves now: the pending ACK rides along (aioquic would hold it for its ack
-        # delay and then send it in a packet of its own).
+        # delay and then send it in a packet of its own). True: an ACK was pending.
         spaces = quic._spaces
         try:
             cached = quic._iac_one_rtt  # (the table, its 1-RTT space): no enum hash per send
@@ -263,6 +263,8 @@ def _aioquic() -> Backend:
         space = cached[1]
         if space is not None and space.ack_at is not None:
             space.ack_at = now
+            return True
+        return False
 
     def withhold_credit(quic: Any, withhold: bool, withheld: int) -> int:
         # Never below what was ever advertised: aioquic sets ``sent`` to 0 when a MAX_STREAMS
@@ -783,9 +785,9 @@ def _qh3() -> Backend:
         core = quic._core
         return core is None or core.active_local_streams[1] == 0
 
-    def ack_now(quic: Any, now: float) -> None:
+    def ack_now(quic: Any, now: float) -> bool:
         # The native packet builder puts a pending ACK in every packet it sends.
-        return None
+        return False
 
     def withhold_credit(quic: Any, withhold: bool, withheld: int) -> int:
         # The native core grants MAX_STREAMS on its own; nothing to hold back.

@@ -129,7 +129,12 @@ class QuicProtocol(asyncio.DatagramProtocol):
         """The library's QUIC connection this protocol carries."""
         return self._quic
 
+    #: The datagram being taken gave the connection an event (stream data, a PING's ACK, ...):
+    #: a reply may follow it (:meth:`_transmit_after_receive`).
+    _evented = False
+
     def quic_event_received(self, event: Any) -> None:
+        self._evented = True
         if self.conn is not None:
             self.conn.on_quic_event(event)
 
@@ -143,22 +148,24 @@ class QuicProtocol(asyncio.DatagramProtocol):
             return
         if self.conn is not None:
             self.conn.on_datagram(now)
+        self._evented = False
         self._quic.receive_datagram(raw, addr, now=now)
         self._process_events()
         if self.conn is not None:
             self.conn.after_datagram()
-        self._transmit_after_receive()
+        self._transmit_after_receive(now)
 
     def datagrams_received(self, data: list[bytes], addr: Any) -> None:
         # qh3's batched receive path (its GRO transport; unused with asyncio's own), same rule.
         now = self._loop.time()
         if self.conn is not None:
             self.conn.on_datagram(now)
+        self._evented = False
         self._quic.receive_many_datagrams(data, addr, now=now)
         self._process_events()
         if self.conn is not None:
             self.conn.after_datagram()
-        self._transmit_after_receive()
+        self._transmit_after_receive(now)
 
     #: A send asked for a flush since the last one (``_transmit_soon``).
     _send_waiting = False
@@ -180,18 +187,29 @@ class QuicProtocol(asyncio.DatagramProtocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _transmit_after_receive(self) -> None:
+    def _transmit_after_receive(self, now: float) -> None:
         """The flush after received datagrams: now if a send is waiting already (the reader
         answered right in this callback, :mod:`iac.transport.reader`: the reply and the ACK
         leave together), else at the end of this loop turn if a send is waiting by then (a
         reply of a reader woken in its task), else one turn later. A reply wakes the task that
         asked in the next turn: if that task sends its next request, the request and the
         pending ACK leave in one packet and one flush, instead of a flush that finds nothing to
-        send (the ACK is not due yet) and another."""
+        send (the ACK is not due yet) and another.
+
+        A datagram that asks for an ACK but gave the connection no event (a keep-alive PING,
+        a probe, flow-control frames) has no reply to wait for: its ACK is due now and the
+        flush runs right here (or goes with the flush already due). A datagram of ACKs only
+        keeps the turn's wait: the flush it may free data for gathers what the turn queues. A
+        keep-alive then costs the side that answers one flush, not a flush that finds nothing
+        due, the library's ACK-delay timer and a second flush (docs/IMPLEMENTATION.md, "Timers
+        at scale")."""
         if self._send_waiting:  # the reader answered right in this callback: with the ACK, now
             self.transmit()
-        elif self._transmit_task is None:
-            self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
+        elif self._evented or not self.backend.ack_now(self._quic, now):
+            if self._transmit_task is None:
+                self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
+        elif self._transmit_task is None:  # an ACK is due and nothing will answer: it goes now
+            self.transmit()
 
     def _transmit_if_sending(self) -> None:
         if self._send_waiting:
