@@ -5,6 +5,8 @@ idle timeout, and never reset the IAC idle timeout, which counts IAC frames only
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 from conftest import run
@@ -21,22 +23,27 @@ from iac.wire.identity import Identity
 CONFIG = TransportConfig(handshake_timeout=5.0, linger_timeout=0.2, keepalive_interval=0.1, idle_timeout=1.0)
 
 
+@contextlib.asynccontextmanager
+async def quic_pair(config: TransportConfig) -> AsyncIterator[tuple[Connection, Connection]]:
+    """A QUIC connection on loopback: the dialer's end and the listener's."""
+    server, client = Identity.generate(), Identity.generate()
+    accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+
+    async def on_conn(conn: Connection) -> None:
+        accepted.set_result(conn)
+        await conn.wait_closed()
+
+    async with await listen("quic://127.0.0.1:0", server, on_conn, config=config) as listener:
+        conn = await dial(listener.addresses[0], client, expect=server.agent_id, config=config)
+        yield conn, await asyncio.wait_for(accepted, 5)
+
+
 @pytest.mark.parametrize("side", ["dialer", "listener"])
 def test_a_connection_with_only_keepalives_ends_at_the_iac_idle_timeout(side: str) -> None:
     assert transport_idle(CONFIG) < (CONFIG.idle_timeout or 0) / 2
 
     async def main() -> None:
-        server, client = Identity.generate(), Identity.generate()
-        accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
-
-        async def on_conn(conn: Connection) -> None:
-            accepted.set_result(conn)
-            await conn.wait_closed()
-
-        listener = await listen("quic://127.0.0.1:0", server, on_conn, config=CONFIG)
-        async with listener:
-            conn = await dial(listener.addresses[0], client, expect=server.agent_id, config=CONFIG)
-            other = await asyncio.wait_for(accepted, 5)
+        async with quic_pair(CONFIG) as (conn, other):
             watched = conn if side == "dialer" else other
             await asyncio.wait_for(watched.wait_closed(), 10)
             err = watched.close_error
@@ -62,17 +69,7 @@ def test_a_keepalive_ping_costs_the_answering_side_one_flush_and_no_timer() -> N
     rounds = 20
 
     async def main() -> None:
-        server, client = Identity.generate(), Identity.generate()
-        accepted: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
-
-        async def on_conn(conn: Connection) -> None:
-            accepted.set_result(conn)
-            await conn.wait_closed()
-
-        listener = await listen("quic://127.0.0.1:0", server, on_conn, config=QUIET)
-        async with listener:
-            conn = await dial(listener.addresses[0], client, expect=server.agent_id, config=QUIET)
-            other = await asyncio.wait_for(accepted, 5)
+        async with quic_pair(QUIET) as (conn, other):
             assert isinstance(other, QuicConn)
             for _ in range(3):  # the handshake's tail settles
                 assert await conn.alive(5.0)
