@@ -171,6 +171,49 @@ def test_file_object_source_and_lost_chunks_are_resent_after_timeout(tmp_path: P
     assert sender.stats.timeouts == len(dropped)
 
 
+def test_a_window_slower_than_the_retransmit_timeout_does_not_collapse(tmp_path: Path) -> None:
+    """A reliable link that shares its bandwidth among the chunks it carries, as QUIC's streams
+    do, slow enough that one window takes longer than ``retransmit_timeout`` (a loaded
+    machine). Resending every chunk at each timeout put copies behind copies: every chunk
+    arrived later and later and none was acknowledged for longer than a send_file stall
+    timeout. The timeout backs off and resends the oldest chunk alone when nothing overtook it."""
+    chunk, window, rto = 16 * 1024, 8, 5.0
+    src = tmp_path / "slow.bin"
+    digest = make_file(src, 32 * chunk)
+    receiver = FileReceiver(tmp_path / "inbox")
+    sender = FileSender("t-slow", src, chunk_size=chunk, window=window, retransmit_timeout=rto)
+    rate = window * chunk / (3 * rto)  # bytes a virtual second: one window takes 3 timeouts
+    step = 0.05
+    link: list[tuple[ChunkToSend, list[float]]] = []  # each copy, with the bytes it still needs
+    now = last_progress = 0.0
+    longest_gap = 0.0
+    while not sender.done and now < 600.0:  # 60 s at the link's rate with nothing resent
+        for c in sender.next_chunks(now):
+            link.append((c, [float(len(c.data) + 200)]))  # 200: the header and signature
+        timer = sender.next_timer()
+        if timer is not None and timer <= now:
+            sender.on_timeout(now)
+            continue
+        now += step
+        share = rate * step / max(1, len(link))
+        for c, left in list(link):
+            left[0] -= share
+            if left[0] <= 0:
+                link.remove((c, left))
+                before = sender.progress.chunks_done
+                ack = receiver.on_chunk(c.payload_json, c.data, sender=ALICE, now=now)
+                sender.on_ack(ack, now=now)
+                if sender.progress.chunks_done != before:
+                    longest_gap = max(longest_gap, now - last_progress)
+                    last_progress = now
+    assert sender.done and sha_of(tmp_path / "inbox" / "slow.bin") == digest
+    # What each chunk waits for in the link is what the sender put ahead of it: copies of its own
+    # chunks it resent too early. Before: 30 s and more between two acknowledged chunks.
+    assert longest_gap < 30.0
+    assert sender.stats.chunks_resent <= window
+    sender.close()
+
+
 # --- resume -------------------------------------------------------------------------------------
 
 

@@ -329,7 +329,7 @@ class Files:
                         need_query, starting, queried_at = False, False, None
                         last_progress = loop.time()
                     else:
-                        sender.on_ack(ev)
+                        sender.on_ack(ev, now=loop.time())
                 now = loop.time()
                 if sender.progress.chunks_done != done_before:
                     done_before = sender.progress.chunks_done

@@ -31,6 +31,8 @@ from iac.wire.frames import DEFAULT_MAX_FRAME_SIZE
 DEFAULT_CHUNK_SIZE = 256 * 1024
 DEFAULT_WINDOW = 8
 MAX_WINDOW = 1024
+#: The most the retransmission timeout grows to, in multiples of ``retransmit_timeout``.
+MAX_BACKOFF = 8
 _READ_BLOCK = 1 << 20
 
 
@@ -109,7 +111,8 @@ class FileSender:
     computed at construction (one read of the file) unless ``sha256`` is given.
     ``chunk_size`` defaults to 256 KiB, at most what fits a frame of
     ``max_frame_size``; ``window`` bounds chunks in flight; a chunk not
-    acknowledged ``retransmit_timeout`` seconds after it was sent is queued again.
+    acknowledged ``retransmit_timeout`` seconds after it was sent is queued again
+    (the timer backs off and restarts with progress: :meth:`on_timeout`).
     """
 
     def __init__(
@@ -184,6 +187,11 @@ class FileSender:
         self._acked_bytes = 0
         self._attempts: dict[int, int] = {}
         self._in_flight: dict[int, float] = {}  # index -> time sent
+        # The retransmission timer (RFC 6298's, per transfer): it doubles at each expiry and
+        # restarts, at its base, when an ack brings new chunks.
+        self._backoff = 1
+        self._restarted: float | None = None  # when an ack last brought new chunks
+        self._acked_sent: float | None = None  # the latest send of a chunk acknowledged in flight
         self._retry: list[int] = []  # re-queued indices, kept sorted (lowest first)
         self._next_new = 0
         self._complete = False
@@ -284,12 +292,13 @@ class FileSender:
         header = self.header(index, hashlib.sha256(data).hexdigest())
         return ChunkToSend(index, offset, header.to_json(), data, attempt)
 
-    def on_ack(self, payload: str | AckPayload) -> None:
+    def on_ack(self, payload: str | AckPayload, *, now: float | None = None) -> None:
         """Take an acknowledgement: mark the chunks it holds, finish on ``complete``.
 
         A ``failed`` ack ends the transfer: :attr:`error` is set and
         :class:`TransferRefused` raised (its ``code`` is the receiver's error name).
         An ``unknown`` ack (the receiver no longer holds the transfer) starts it over.
+        ``now``: when it arrived; an ack that brings new chunks restarts the retransmission timer.
         """
         ack = self._parse_ack(payload)
         self.stats.acks += 1
@@ -298,7 +307,10 @@ class FileSender:
         if ack.status is AckStatus.UNKNOWN:  # the receiver lost the transfer: start over
             self.resume_from(ack)
             return
-        self._mark(ack.ranges)
+        if self._mark(ack.ranges):
+            self._backoff = 1
+            if now is not None:
+                self._restarted = now
         if ack.status is AckStatus.COMPLETE:
             self._mark(((0, self.total),))
             self._complete = True
@@ -306,22 +318,41 @@ class FileSender:
             self._retry.clear()
 
     def on_timeout(self, now: float) -> int:
-        """Queue again every chunk in flight for ``retransmit_timeout`` or longer; return how many."""
-        due = [i for i, sent in self._in_flight.items() if sent + self.retransmit_timeout <= now]
-        for index in due:
+        """The retransmission timer: queue chunks in flight again; return how many.
+
+        A chunk is due ``retransmit_timeout`` after it was sent or after the last ack that
+        brought new chunks, whichever is later, times a backoff that doubles at each expiry
+        (up to :data:`MAX_BACKOFF`). Due chunks sent before one that was acknowledged since are
+        taken as lost and all queued again; when nothing overtook them, only the oldest is: the
+        link may just be slow (a loaded machine), and each copy sent too early would go on
+        its way behind the chunks still in flight, and make them later still."""
+        due = sorted((sent, i) for i, sent in self._in_flight.items() if self._due(sent) <= now)
+        if not due:
+            return 0
+        acked_sent = self._acked_sent
+        lost = [i for sent, i in due if acked_sent is not None and sent < acked_sent] or [due[0][1]]
+        for index in lost:
             del self._in_flight[index]
             self._requeue(index)
-        self.stats.timeouts += len(due)
-        return len(due)
+        self._backoff = min(2 * self._backoff, MAX_BACKOFF)
+        self.stats.timeouts += len(lost)
+        return len(lost)
 
     def next_timer(self) -> float | None:
         """When :meth:`on_timeout` has something to do (None: nothing in flight)."""
         if not self._in_flight:
             return None
-        return min(self._in_flight.values()) + self.retransmit_timeout
+        return self._due(min(self._in_flight.values()))
+
+    def _due(self, sent: float) -> float:
+        restarted = self._restarted
+        start = sent if restarted is None or restarted < sent else restarted
+        return start + self.retransmit_timeout * self._backoff
 
     def connection_lost(self) -> None:
         """Every chunk in flight is lost with the connection: queue them again now."""
+        self._backoff = 1
+        self._restarted = self._acked_sent = None
         for index in sorted(self._in_flight):
             self._requeue(index)
         self._in_flight.clear()
@@ -401,11 +432,14 @@ class FileSender:
             n -= self.chunk_size - chunk_length(last, self.size, self.chunk_size)
         return n
 
-    def _mark(self, ranges: Iterable[Range]) -> None:
+    def _mark(self, ranges: Iterable[Range]) -> bool:
+        """Mark acknowledged chunks; True if any was new."""
         changed = False
         for a, b in ranges:
             for index in [i for i in self._in_flight if a <= i < b]:
-                del self._in_flight[index]
+                sent = self._in_flight.pop(index)
+                if self._acked_sent is None or sent > self._acked_sent:
+                    self._acked_sent = sent
             newly = (b - a) - self._acked.count(1, a, b)
             if newly:
                 self._acked[a:b] = b"\x01" * (b - a)
@@ -414,6 +448,7 @@ class FileSender:
         if changed:
             self._acked_bytes = self._count_acked_bytes()
             self._report()
+        return changed
 
     def _report(self) -> None:
         if self.on_progress is not None:
