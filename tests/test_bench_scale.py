@@ -63,7 +63,7 @@ def test_a_tiny_plan_connects_every_peer_and_answers_every_request() -> None:
         assert corpus["relayed_sent"] == 6 and corpus["relayed"] == 6, s  # the process with 2 peers
         # through the relay the origin's whole signed message travels (from/to, and the path)
         assert 0 < corpus["direct_frame_bytes"] < corpus["relayed_frame_bytes"], s
-    assert set(data["corpus_frame_bytes"]) == {"shipped", "derived", "elided"}
+    assert set(data["corpus_frame_bytes"]) == {"shipped", "derived", "elided", "relayed", "relayed_compact"}
 
     # the suite's rows, from that run's data (the child process replaced by it)
     def run_script(ctx: Any, script: str, args: list[str], timeout: float) -> dict[str, Any]:
