@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from iac.bench.harness.process import EndpointError
 from iac.bench.harness.results import Result
 from iac.bench.main import SCENARIOS
 from iac.bench.scenarios import scale
+from iac.bench.scenarios.scale import _answers, _child, _release
 from iac.transport.bound import FD_RESERVE
 
 TINY = scale.Plan(
@@ -96,3 +98,23 @@ def test_a_peer_count_over_the_descriptor_limit_is_skipped_and_said() -> None:
     data = asyncio.run(scale.measure(scale.Plan(peers=(10**9,), transports=("tls",))))
     assert data["steps"] == [] and data["skipped_peers"] == [10**9]
     assert data["peers_allowed"] < 10**9
+
+
+def test_a_client_process_that_dies_is_named_with_its_exit_code_and_stderr() -> None:
+    """A client child that exits without an answer (here: its spec lacks the server's URL, so it
+    dies on a KeyError before dialing) makes the parent raise an error naming the child, its
+    exit code and the tail of its stderr, not a JSON decoding error of an empty line."""
+
+    async def main() -> str:
+        child = await _child("client", {"n": 2})
+        try:
+            await _answers([child])
+        except EndpointError as exc:
+            return str(exc)
+        finally:
+            await _release([child])
+        raise AssertionError("no error")
+
+    message = asyncio.run(main())
+    assert "(client 2)" in message and "exit code 1" in message
+    assert "KeyError: 'url'" in message

@@ -21,14 +21,15 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from iac.bench.harness.paths import ROOT, TEST_CORPUS, child_env
-from iac.bench.harness.process import commands, say
+from iac.bench.harness.process import EndpointError, commands, say
 from iac.errors import IacError
 from iac.node.config import NodeConfig
 from iac.node.node import Context, Node
@@ -123,11 +124,7 @@ async def server(listen: Sequence[str], *, stderr: int | None = None, **spec: An
     ``subprocess.PIPE`` to read the server's log (``proc.stderr``, after the block)."""
     proc = await _child("serve", {"listen": list(listen), **spec}, stderr)
     try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        if not line:
-            raise RuntimeError("the server process did not start")
-        yield Server(proc, json.loads(line))
+        yield Server(proc, (await asyncio.wait_for(_answers([proc]), 30))[0])
     finally:
         with contextlib.suppress(Exception):
             assert proc.stdin is not None
@@ -150,15 +147,9 @@ def client_config(**kw: Any) -> TransportConfig:
 def run_frame(me: Identity, to: str, session: Session, body: object, timeout: float) -> Message:
     """A RUN request to ``to``, answered within ``timeout`` seconds."""
     now_us = time.time_ns() // 1000
-    return build_message(
-        sender=me.agent_id,
-        to=to,
-        msg_type=MessageType.RUN,
-        session=session,
-        timestamp_us=now_us,
-        payload_json=json.dumps(body),
-        deadline_us=now_us + int(timeout * 1e6),
-    )
+    return build_message(sender=me.agent_id, to=to, msg_type=MessageType.RUN, session=session,
+                         timestamp_us=now_us, payload_json=json.dumps(body),
+                         deadline_us=now_us + int(timeout * 1e6))  # fmt: skip
 
 
 async def request(conn: Connection, identity: Identity, server_id: str, payload: object) -> object:
@@ -336,20 +327,12 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
 
     cpu0 = time.process_time()
     results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
-    peers = [r[0] for r in results if isinstance(r, tuple)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    board.expected = len(peers)
-    say(
-        {
-            "cpu_s": time.process_time() - cpu0,  # this process's CPU for its share of the burst
-            "ok": len(peers),
-            "errors": [repr(e) for e in errors[:5]],
-            "failed": len(errors),
-            "retries": sum(r[2] - 1 for r in results if isinstance(r, tuple)),
-            "times": [r[1] for r in results if isinstance(r, tuple)],
-            "tries": [r[2] for r in results if isinstance(r, tuple)],
-        }
-    )
+    done = [r for r in results if isinstance(r, tuple)]
+    peers, errors = [r[0] for r in done], [r for r in results if isinstance(r, BaseException)]
+    board.expected, tries = len(peers), [r[2] for r in done]
+    cpu = time.process_time() - cpu0  # this process's CPU for its share of the burst
+    say({"cpu_s": cpu, "ok": len(peers), "errors": [repr(e) for e in errors[:5]], "failed": len(errors),
+         "retries": sum(tries) - len(tries), "times": [r[1] for r in done], "tries": tries})  # fmt: skip
     async for cmd in commands():
         if cmd["cmd"] == "originate":  # a broadcast of this process's first peer, through the server
             board.own.add(int(cmd["k"]))
@@ -387,11 +370,8 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
         # "load": small requests; "corpus": requests carrying the corpus's lines (from line
         # ``first``), then as many of its lines relayed by the server from peer i to peer i + 1
         k, n, first, lines = int(cmd["count"]), len(peers), int(cmd.get("first", 0)), CORPUS_LINES
-        body = (
-            small
-            if cmd["cmd"] == "load"
-            else lambda i, f=first: json.loads(CORPUS_LINES[(f + i) % len(CORPUS_LINES)])
-        )
+        line = lambda i, f=first: json.loads(CORPUS_LINES[(f + i) % len(CORPUS_LINES)])  # noqa: E731
+        body = small if cmd["cmd"] == "load" else line
         cpu0, t0 = time.process_time(), time.monotonic()
         failed = await load(peers, k, int(cmd["in_flight"]), body) if peers else k
         report = {"failed": failed, "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - t0}
@@ -415,12 +395,36 @@ async def _client_proc(url: str, server_id: str, n: int, at_once: int | None) ->
     return {}
 
 
+#: Each child process's name and stderr, by pid: a client's is a temporary file (copied to this
+#: process's stderr when it is released), a server's this process's stderr or the caller's pipe.
+_CHILDREN: dict[int, tuple[str, IO[bytes] | None]] = {}
+
+
 async def _child(cmd: str, spec: dict[str, Any], stderr: int | None = None) -> asyncio.subprocess.Process:
     """``python -m MODULE CMD SPEC``: a child process driven by JSON lines on stdin and stdout."""
     argv, pipe = [sys.executable, "-m", MODULE, cmd, json.dumps(spec)], subprocess.PIPE
-    return await asyncio.create_subprocess_exec(
-        *argv, stdin=pipe, stdout=pipe, stderr=stderr, cwd=ROOT, env=child_env()
+    err = tempfile.TemporaryFile() if cmd == "client" else None  # noqa: SIM115 (closed by _release)
+    c = await asyncio.create_subprocess_exec(
+        *argv, stdin=pipe, stdout=pipe, stderr=err or stderr, cwd=ROOT, env=child_env()
     )
+    _CHILDREN[c.pid] = (f"{cmd} {spec.get('n', spec.get('listen'))}", err)
+    return c
+
+
+async def _answers(children: Sequence[asyncio.subprocess.Process]) -> list[Any]:
+    """Each child's next JSON line. A child that closed its stdout instead (it died) raises
+    :class:`EndpointError` naming it, its exit code and the tail of its stderr."""
+    out = []
+    for c in children:
+        if line := await c.stdout.readline() if c.stdout else b"":
+            out.append(json.loads(line))
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(c.wait(), 10)
+        name, err = _CHILDREN.get(c.pid, ("?", None))
+        tail = os.pread(err.fileno(), 1 << 24, 0)[-1500:].decode(errors="replace") if err else "(on stderr)"
+        raise EndpointError(f"child {c.pid} ({name}) gave no answer, exit code {c.returncode}: {tail}")
+    return out
 
 
 async def _spread(url: str, server_id: str, n: int, procs: int, at_once: int | None) -> tuple[list[Any], Any]:
@@ -428,7 +432,7 @@ async def _spread(url: str, server_id: str, n: int, procs: int, at_once: int | N
     share = [n // procs + (i < n % procs) for i in range(procs)]
     spec = {"url": url, "server": server_id, "at_once": at_once}
     children = [await _child("client", {**spec, "n": k}) for k in share if k]
-    return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None], children
+    return await _answers(children), children
 
 
 async def _ask(children: Sequence[asyncio.subprocess.Process], *cmds: dict[str, Any]) -> list[Any]:
@@ -437,7 +441,7 @@ async def _ask(children: Sequence[asyncio.subprocess.Process], *cmds: dict[str, 
         assert c.stdin is not None
         c.stdin.write(json.dumps(cmd).encode() + b"\n")
         await c.stdin.drain()
-    return [json.loads(await c.stdout.readline()) for c in children if c.stdout is not None]
+    return await _answers(children)
 
 
 async def _load_all(
@@ -446,14 +450,10 @@ async def _load_all(
     """A load step over every client process: ``count`` requests, ``in_flight`` in flight, split
     evenly between the processes; their reports."""
     m = len(children)
-    ks, fs = (
-        [count // m + (i < count % m) for i in range(m)],
-        [max(1, in_flight // m + (i < in_flight % m)) for i in range(m)],
-    )
-    cmds = (
-        {"cmd": cmd, "count": k, "in_flight": f, "first": sum(ks[:i])}
-        for i, (k, f) in enumerate(zip(ks, fs, strict=True))
-    )
+    ks = [count // m + (i < count % m) for i in range(m)]
+    fs = [max(1, in_flight // m + (i < in_flight % m)) for i in range(m)]
+    cmds = ({"cmd": cmd, "count": k, "in_flight": f, "first": sum(ks[:i])}
+            for i, (k, f) in enumerate(zip(ks, fs, strict=True)))  # fmt: skip
     return await _ask(children, *cmds)
 
 
@@ -478,13 +478,9 @@ async def broadcast_rounds(
         lasts = [a["last"] for a in answers if a["last"] is not None]
         if lasts:
             took.append(max(lasts) - t0)
-    return {
-        "rounds": rounds,
-        "sent_to": sent_to,
-        "reached_min": min(reached, default=0),
-        "median_s": statistics.median(took) if took else None,
-        "max_s": max(took, default=None),
-    }
+    median = statistics.median(took) if took else None
+    return {"rounds": rounds, "sent_to": sent_to, "reached_min": min(reached, default=0), "median_s": median,
+            "max_s": max(took, default=None)}  # fmt: skip
 
 
 async def _release(children: Sequence[asyncio.subprocess.Process]) -> None:
@@ -492,6 +488,10 @@ async def _release(children: Sequence[asyncio.subprocess.Process]) -> None:
         if c.stdin is not None:
             c.stdin.close()
     await asyncio.gather(*(c.wait() for c in children))
+    for c in children:
+        if (err := _CHILDREN.pop(c.pid, ("", None))[1]) is not None:
+            sys.stderr.buffer.write(os.pread(err.fileno(), 1 << 24, 0))
+            err.close()
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -643,14 +643,9 @@ async def measure(plan: Plan, progress: Any = None) -> dict[str, Any]:
             if progress is not None:
                 progress(f"{t} at {n} peers")
             steps.append(await measure_step(t, n, plan, at_once))
-    return {
-        "plan": asdict(plan),
-        "corpus_frame_bytes": probe_bytes(CORPUS),
-        "rlimit_nofile": {"soft": soft, "hard": hard},
-        "peers_allowed": allowed,
-        "skipped_peers": skipped,
-        "steps": steps,
-    }
+    return {"plan": asdict(plan), "corpus_frame_bytes": probe_bytes(CORPUS),
+            "rlimit_nofile": {"soft": soft, "hard": hard}, "peers_allowed": allowed,
+            "skipped_peers": skipped, "steps": steps}  # fmt: skip
 
 
 LABEL = {"tls": "IAC-TLS/TCP", "quic": "IAC-QUIC"}

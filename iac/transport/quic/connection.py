@@ -715,19 +715,24 @@ class QuicConn(Connection):
         precheck: Callable[[], None] | None,
         on_open: Callable[[QuicConn], None],
         on_refused: Callable[[QuicConn, str, str], None],
+        arrived: float | None = None,
     ) -> None:
         """The accepting side: run the HELLO exchange (bound to this server's certificate hash
         ``binding``) in a task of its own. ``precheck`` runs when the client's HELLO arrives
         (CA mode); a verified peer goes to ``on_open``; a refusal closes the connection and
-        goes to ``on_refused(conn, reason, detail)``."""
+        goes to ``on_refused(conn, reason, detail)``. ``arrived``: the loop time the client's
+        first datagram arrived (a dial that waited in the listener's queue starts later): the
+        HELLO is due ``handshake_timeout`` after it (the client gives up by then), else after now."""
         self.channel_binding = binding
-        self._handshake_task = self._loop.create_task(self._accept(precheck, on_open, on_refused))
+        due = (self._loop.time() if arrived is None else arrived) + self.config.handshake_timeout
+        self._handshake_task = self._loop.create_task(self._accept(precheck, on_open, on_refused, due))
 
     async def _accept(
         self,
         precheck: Callable[[], None] | None,
         on_open: Callable[[QuicConn], None],
         on_refused: Callable[[QuicConn, str, str], None],
+        due: float,
     ) -> None:
         config = self.config
         peer = self.backend.peer_address(self._quic)
@@ -737,7 +742,7 @@ class QuicConn(Connection):
             self.identity, config, order=HelloOrder.CLIENT_FIRST, binding=self.channel_binding
         )
         try:
-            async with asyncio.timeout(config.handshake_timeout):
+            async with asyncio.timeout_at(due):
                 hello = await perform_handshake(hs, self._control, clock=config.clock, precheck=precheck)
         except ProtocolError as exc:
             on_refused(self, exc.reason, str(exc))

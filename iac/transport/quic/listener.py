@@ -95,8 +95,11 @@ class QuicListener(Listener):
         #: Connections in their handshake (TLS and HELLO), and new connections waiting to start
         #: (their first datagram by source address, oldest first; ``handshake_backlog``).
         self._handshaking: set[QuicConn] = set()
-        self._waiting: OrderedDict[Any, tuple[Any, bytes, float]] = OrderedDict()
+        #: Each with whether the library's server takes it with Retry tokens checked.
+        self._waiting: OrderedDict[Any, tuple[Any, bytes, float, bool]] = OrderedDict()
         self._drain_handle: asyncio.Handle | None = None
+        #: While a queued datagram is handed to the library's server: when it arrived.
+        self._arrived: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: Connections refused before or during the HELLO exchange, by reason (``busy``,
         #: ``replayed_hello``, ``admission_denied``, ``handshake_timeout``, ...).
@@ -244,13 +247,17 @@ class QuicListener(Listener):
         now = asyncio.get_running_loop().time()
         self.retry.observe(now)
         retry = self.retry.active(now)
-        lib.set_retry(server, retry or (token and self.retry.mode != "never"))
+        checked = bool(retry or (token and self.retry.mode != "never"))
+        lib.set_retry(server, checked)
         if retry and not token:
             self.retries += 1
+            # a first Initial of this source still queued is void now: the client answers the
+            # Retry with a new Initial (new connection ID, the token), which takes its place
+            self._waiting.pop(addr, None)
             return True
         source = str(addr[0])
         if self.limiter.allow(source, now):
-            return self._start_or_queue(server, data, addr, now)
+            return self._start_or_queue(server, data, addr, now, checked)
         self._count("busy")
         if self.limiter.first_refusal(source):
             log.info(
@@ -298,18 +305,20 @@ class QuicListener(Listener):
 
     # -- dial bursts: handshakes queued, a few started per loop turn ---------------------------
 
-    def _start_or_queue(self, server: Any, data: bytes, addr: Any, now: float) -> bool:
+    def _start_or_queue(self, server: Any, data: bytes, addr: Any, now: float, checked: bool) -> bool:
         """A new connection's first datagram: take it now while fewer than
         ``handshake_concurrency`` handshakes run and none wait; else queue it, or drop it when
         the queue is full. A source address keeps its first datagram (the client's first
         Initial, which carries its ClientHello: a later one may be only an ACK or the close
-        of a dial it gave up, and would not open a connection)."""
+        of a dial it gave up, and would not open a connection). ``checked``: whether the
+        library's server is to check its Retry token (set again when it is started: the switch
+        is the server's, and the datagrams taken in between set it for themselves)."""
         waiting = self._waiting
         if not waiting and len(self._handshaking) < self.config.handshake_concurrency:
             return True
         if addr not in waiting:
             if len(waiting) < self.config.handshake_backlog:
-                waiting[addr] = (server, data, now)
+                waiting[addr] = (server, data, now, checked)
             else:
                 self._count("handshake_backlog")
         return False
@@ -335,12 +344,17 @@ class QuicListener(Listener):
             and started < _STARTS_PER_TURN
             and len(self._handshaking) < self.config.handshake_concurrency
         ):
-            addr, (server, data, since) = waiting.popitem(last=False)
+            addr, (server, data, since, checked) = waiting.popitem(last=False)
             if now - since > self.config.handshake_timeout / 2 or server is not self._server:
                 self._count("handshake_backlog")
                 continue
-            assert lib.QuicServer is not None
-            lib.QuicServer.datagram_received(server, data, addr)
+            assert lib.QuicServer is not None and lib.set_retry is not None
+            lib.set_retry(server, checked)  # else a token answering a Retry is not checked
+            self._arrived = since  # the connection it opens is due its HELLO counting from then
+            try:
+                lib.QuicServer.datagram_received(server, data, addr)
+            finally:
+                self._arrived = None
             started += 1
         if waiting and len(self._handshaking) < self.config.handshake_concurrency:
             self._drain_handle = loop.call_soon(self._drain)
@@ -378,6 +392,7 @@ class QuicListener(Listener):
                 precheck=precheck,
                 on_open=self._accepted,
                 on_refused=self._refused,
+                arrived=self._arrived,
             )
             return proto
 
