@@ -10,7 +10,8 @@ link emulator: one client interface for the request endpoints, one copy of their
 unused code gone; the scenarios: docstrings and notes that repeated benchmarks/README.md, turns
 through the harness's turn_order, dead fallbacks; the reports and harness: one registry of the
 report sections, report.md through the RESULTS.md renderers), then 9,748 with the cc scenario's
-helper that turns ACK frequency off with the other link mechanisms. It only goes down."""
+helper that turns ACK frequency off with the other link mechanisms, then 9,737 (the scale
+scenario's one reader of its children's answers). It only goes down."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 7100
-CEILING = 9_748
+CEILING = 9_737
 
 
 def suite_files() -> list[Path]:
