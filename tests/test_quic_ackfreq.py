@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import run
-from test_quic_pmtud import BareServer, _frame
+from test_quic_pmtud import BareServer, _frame, _relayed_pair
 
 from iac.errors import IacError
 from iac.node.config import NodeConfig
@@ -249,19 +249,8 @@ def test_a_loss_probe_carries_immediate_ack_to_a_peer_that_negotiated() -> None:
     it. Path MTU discovery is off, so no PMTU probe (which carries IMMEDIATE_ACK too) counts."""
 
     async def main() -> None:
-        config = TransportConfig(quic_pmtud=False)
-        accepted: list[QuicConn] = []
-
-        async def on_conn(conn: Any) -> None:
-            accepted.append(conn)
-
-        listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), on_conn, config=config)
-        port = int(listener.addresses[0].rsplit(":", 1)[1])
-        relay = UdpRelay(("127.0.0.1", port), seed=3)
-        host, rport = await relay.start()
+        listener, relay, conn, accepted = await _relayed_pair(TransportConfig(quic_pmtud=False))
         try:
-            conn = await dial_quic(f"quic://{host}:{rport}", Identity.generate(), config=config)
-            assert isinstance(conn, QuicConn)
             await eventually(lambda: accepted)
             af, peer_af = conn.ack_frequency, accepted[0].ack_frequency
             assert af is not None and peer_af is not None and af.negotiated
