@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib.util
 import os
 import socket
 import struct
@@ -183,3 +184,14 @@ def test_off_by_config_or_where_the_kernel_lacks_it(monkeypatch: pytest.MonkeyPa
     assert run(_transfer(TransportConfig(quic_gso=False))).gso is None
     monkeypatch.setattr(quic_protocol, "supported", lambda: False)
     assert run(_transfer(TransportConfig())).gso is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")
+def test_on_uvloop_the_plain_path_carries_the_flushes() -> None:
+    """uvloop's transport offers a PseudoSocket whose ``sendmsg`` takes no arguments: a QUIC
+    connection on uvloop sends datagram by datagram, and a transfer of many trains arrives."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        conn = runner.run(_transfer(TransportConfig()))
+    assert conn.gso is None

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -369,11 +370,12 @@ def _aioquic() -> Backend:
     def gso_socket(quic: Any, transport: Any) -> Any:
         # The library flushes through the asyncio transport's sendto; a train needs sendmsg,
         # which asyncio's socket wrapper (TransportSocket) does not offer: its socket, then.
+        # uvloop's transport gives a PseudoSocket whose sendmsg takes no arguments: no GSO there.
         if not getattr(quic._configuration, "iac_gso", False) or transport is None:
             return None
         wrapper = transport.get_extra_info("socket")
         sock = getattr(wrapper, "_sock", wrapper)
-        return sock if hasattr(sock, "sendmsg") else None
+        return sock if isinstance(sock, socket.socket) else None
 
     def ack_counter(quic: Any) -> Callable[[], int]:
         handlers = quic._QuicConnection__frame_handlers  # frame type -> (handler, epochs)
