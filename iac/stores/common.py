@@ -1,13 +1,23 @@
-"""What several stores share: the replay stores' argument checks, and how record stores write
-an :class:`~iac.protocol.record_store.AgentRow`'s lists."""
+"""What several stores share: a SQLite file with its lock and transactions, a Redis client made
+from a URL or given, the replay stores' argument checks, and how record stores write an
+:class:`~iac.protocol.record_store.AgentRow`'s lists."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from iac.errors import ConfigError, StoreUnavailable
 from iac.protocol.replay import DEFAULT_RESERVATION_LEASE_US, ReplayConfig
+
+if TYPE_CHECKING:
+    import redis as redis_lib
+
+_T = TypeVar("_T")
 
 _MASK64 = (1 << 64) - 1
 
@@ -65,3 +75,110 @@ def str_tuple(text: str | bytes) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise StoreUnavailable("registry store holds a malformed row")
     return tuple(value)
+
+
+class SqliteFile:
+    """One store's connection to its SQLite file (WAL, autocommit, usable from any thread) and
+    the lock that serializes its calls. Every SQLite failure becomes
+    :class:`~iac.errors.StoreUnavailable` naming ``what`` (``"nonce store"``) and the path.
+
+    ``pragmas`` run after WAL is on, then the ``schema`` script; a failure there closes the
+    connection."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        what: str,
+        *,
+        timeout_s: float,
+        pragmas: Sequence[str] = (),
+        schema: str = "",
+    ) -> None:
+        self.path = os.fspath(path)
+        self.what = what
+        self.lock = threading.Lock()
+        try:
+            self.db = sqlite3.connect(
+                self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise self.unavailable(exc, "cannot open") from None
+        try:
+            for stmt in ("PRAGMA journal_mode=WAL", *pragmas):
+                self.db.execute(stmt)
+            if schema:
+                self.db.executescript(schema)
+        except sqlite3.Error as exc:
+            self.db.close()
+            raise self.unavailable(exc, "cannot open") from None
+
+    def unavailable(self, exc: sqlite3.Error, doing: str = "") -> StoreUnavailable:
+        if doing:
+            return StoreUnavailable(f"{doing} {self.what} {self.path!r}: {exc}")
+        return StoreUnavailable(f"{self.what} {self.path!r} failed: {exc}")
+
+    def transaction(self, fn: Callable[[sqlite3.Connection], _T], *, write: bool = True) -> _T:
+        """``fn(db)`` in one transaction (``BEGIN IMMEDIATE``, or ``BEGIN`` for a read), under the
+        lock: committed when it returns, rolled back when it raises (its own errors pass through)."""
+        with self.lock:
+            db = self.db
+            try:
+                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    result = fn(db)
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+                return result
+            except sqlite3.Error as exc:
+                raise self.unavailable(exc) from None
+
+    def one(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        """The first row of one statement run outside a transaction, under the lock."""
+        with self.lock:
+            try:
+                return self.db.execute(sql, args).fetchone()
+            except sqlite3.Error as exc:
+                raise self.unavailable(exc) from None
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+
+class RedisBacked:
+    """A store on a Redis client: :func:`redis_client`'s client, closed by :meth:`close` when
+    the store made it; :meth:`_call` maps the client's failures to
+    :class:`~iac.errors.StoreUnavailable` naming ``what``."""
+
+    def __init__(self, redis: str | redis_lib.Redis, who: str, what: str, *, timeout_s: float) -> None:
+        self._client, self._owns_client, self._errors = redis_client(redis, who, timeout_s=timeout_s)
+        self._what = what
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._errors.RedisError as exc:
+            raise StoreUnavailable(f"Redis {self._what} unavailable: {exc}") from None
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+
+def redis_client(
+    redis: str | redis_lib.Redis, who: str, *, timeout_s: float
+) -> tuple[redis_lib.Redis, bool, Any]:
+    """``(client, owned, redis.exceptions)``: a client made from a ``redis://`` URL with
+    ``timeout_s`` socket timeouts (owned: the store closes it), or the client given. Without the
+    redis package, a :class:`~iac.errors.ConfigError` naming ``who`` and the extra to install."""
+    try:
+        import redis as redis_mod
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ConfigError(f"{who} needs the redis client: pip install 'iac-mesh[redis]'") from None
+    if isinstance(redis, str):
+        client = redis_mod.Redis.from_url(redis, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        return client, True, redis_mod.exceptions
+    return redis, False, redis_mod.exceptions

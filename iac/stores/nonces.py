@@ -18,19 +18,19 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from iac.errors import ConfigError, HandshakeError, StoreUnavailable
+from iac.errors import ConfigError, HandshakeError
 from iac.protocol.nonces import DEFAULT_MAX_SKEW_US, DEFAULT_NONCE_CACHE_SIZE, nonce_busy
+from iac.stores.common import RedisBacked, SqliteFile
 
 if TYPE_CHECKING:
     import redis as redis_lib
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS iac_hello_nonce (nonce BLOB PRIMARY KEY, expires_us INTEGER NOT NULL)"
-    " WITHOUT ROWID",
-    "CREATE INDEX IF NOT EXISTS iac_hello_nonce_expiry ON iac_hello_nonce (expires_us)",
+    " WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS iac_hello_nonce_expiry ON iac_hello_nonce (expires_us)"
 )
 
 
@@ -59,56 +59,32 @@ class SqliteNonceCache:
         _check(max_skew_us, max_entries)
         self.max_skew_us = max_skew_us
         self.max_entries = max_entries
-        self._path = os.fspath(path)
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(
-                self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            for stmt in _SCHEMA:
-                self._db.execute(stmt)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open nonce store {self._path!r}: {exc}") from None
+        self._file = SqliteFile(path, "nonce store", timeout_s=busy_timeout_s, schema=_SCHEMA)
 
     def check_and_add(self, nonce: bytes, now_us: int, *, max_skew_us: int | None = None) -> None:
         skew = self.max_skew_us if max_skew_us is None else max(self.max_skew_us, max_skew_us)
-        with self._lock:
-            db = self._db
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    db.execute("DELETE FROM iac_hello_nonce WHERE expires_us <= ?", (now_us,))
-                    if db.execute("SELECT 1 FROM iac_hello_nonce WHERE nonce = ?", (nonce,)).fetchone():
-                        raise HandshakeError(
-                            "HELLO nonce was already used within the freshness window",
-                            reason="replayed_hello",
-                        )
-                    (count,) = db.execute("SELECT count(*) FROM iac_hello_nonce").fetchone()
-                    if count >= self.max_entries:
-                        raise nonce_busy(self.max_entries)
-                    db.execute("INSERT INTO iac_hello_nonce VALUES (?, ?)", (nonce, now_us + 2 * skew))
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"nonce store {self._path!r} failed: {exc}") from None
+
+        def check(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM iac_hello_nonce WHERE expires_us <= ?", (now_us,))
+            if db.execute("SELECT 1 FROM iac_hello_nonce WHERE nonce = ?", (nonce,)).fetchone():
+                raise HandshakeError(
+                    "HELLO nonce was already used within the freshness window", reason="replayed_hello"
+                )
+            (count,) = db.execute("SELECT count(*) FROM iac_hello_nonce").fetchone()
+            if count >= self.max_entries:
+                raise nonce_busy(self.max_entries)
+            db.execute("INSERT INTO iac_hello_nonce VALUES (?, ?)", (nonce, now_us + 2 * skew))
+
+        self._file.transaction(check)
 
     def __len__(self) -> int:
-        with self._lock:
-            try:
-                return int(self._db.execute("SELECT count(*) FROM iac_hello_nonce").fetchone()[0])
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"nonce store {self._path!r} failed: {exc}") from None
+        return int(self._file.one("SELECT count(*) FROM iac_hello_nonce")[0])
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._file.close()
 
     def __repr__(self) -> str:
-        return f"SqliteNonceCache({self._path!r})"
+        return f"SqliteNonceCache({self._file.path!r})"
 
 
 # KEYS[1]: the sorted set of nonces scored by expiry. ARGV: nonce, now, expiry, max, ttl_ms.
@@ -122,7 +98,7 @@ return 0
 """
 
 
-class RedisNonceCache:
+class RedisNonceCache(RedisBacked):
     """HELLO nonces in Redis, shared by every server that uses the same key.
 
     One sorted set, ``<key_prefix>:nonces``, holds the nonces scored by expiry
@@ -151,26 +127,13 @@ class RedisNonceCache:
         max_entries: int = DEFAULT_NONCE_CACHE_SIZE,
         timeout_s: float = 2.0,
     ) -> None:
-        try:
-            import redis as redis_mod
-        except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                "RedisNonceCache needs the redis client: pip install 'iac-mesh[redis]'"
-            ) from None
         _check(max_skew_us, max_entries)
         if not key_prefix:
             raise ConfigError("key_prefix must not be empty")
-        self._errors = redis_mod.exceptions
+        super().__init__(redis, "RedisNonceCache", "nonce store", timeout_s=timeout_s)
         self.max_skew_us = max_skew_us
         self.max_entries = max_entries
         self._key = f"{key_prefix}:nonces"
-        self._owns_client = isinstance(redis, str)
-        if isinstance(redis, str):
-            self._client: redis_lib.Redis = redis_mod.Redis.from_url(
-                redis, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
-        else:
-            self._client = redis
         self._script = self._client.register_script(_LUA)
 
     def check_and_add(self, nonce: bytes, now_us: int, *, max_skew_us: int | None = None) -> None:
@@ -192,16 +155,6 @@ class RedisNonceCache:
 
     def __len__(self) -> int:
         return int(self._call(self._client.zcard, self._key))
-
-    def _call(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except self._errors.RedisError as exc:
-            raise StoreUnavailable(f"Redis nonce store unavailable: {exc}") from None
-
-    def close(self) -> None:
-        if self._owns_client:
-            self._client.close()
 
     def __repr__(self) -> str:
         return f"RedisNonceCache(key={self._key!r})"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from iac.errors import ConfigError, StoreUnavailable
 from iac.protocol.record_store import AgentRow, KeyState, RecordStoreTx, index_changes
-from iac.stores.common import json_list, str_tuple
+from iac.stores.common import json_list, redis_client, str_tuple
 
 if TYPE_CHECKING:
     import redis as redis_lib
@@ -46,21 +46,12 @@ class RedisRecordStore:
         timeout_s: float = 2.0,
         max_retries: int = 16,
     ) -> None:
-        try:
-            import redis as redis_mod
-        except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                "RedisRecordStore needs the redis client: pip install 'iac-mesh[redis]'"
-            ) from None
         if not key_prefix or any(c.isspace() for c in key_prefix):
             raise ConfigError("key_prefix must be a non-empty string without spaces")
         if max_retries < 1:
             raise ConfigError("max_retries must be at least 1")
-        self._mod = redis_mod
-        self._client: redis_lib.Redis = (
-            redis_mod.Redis.from_url(redis, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-            if isinstance(redis, str)
-            else redis
+        self._client, self._owns_client, self._errors = redis_client(
+            redis, "RedisRecordStore", timeout_s=timeout_s
         )
         self._prefix = key_prefix
         self._max_retries = max_retries
@@ -69,7 +60,7 @@ class RedisRecordStore:
         return f"{self._prefix}:{kind}:{name}" if name else f"{self._prefix}:{kind}"
 
     def atomic(self, fn: Callable[[RecordStoreTx], _T], *, write: bool = True) -> _T:
-        errors = self._mod.exceptions
+        errors = self._errors
         for _ in range(self._max_retries):
             pipe = self._client.pipeline(transaction=True)
             tx = _RedisTx(self, pipe)
@@ -90,7 +81,9 @@ class RedisRecordStore:
         )
 
     def close(self) -> None:
-        self._client.close()
+        """Close the client if this store made it from a URL."""
+        if self._owns_client:
+            self._client.close()
 
 
 _MISSING = object()

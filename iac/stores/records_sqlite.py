@@ -8,16 +8,13 @@ WAL database, so several registries on one file decide one after the other.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from iac.errors import StoreUnavailable
 from iac.protocol.record_store import AgentRow, KeyState, RecordStoreTx, index_changes
-from iac.stores.common import json_list, str_tuple
+from iac.stores.common import SqliteFile, json_list, str_tuple
 
 _T = TypeVar("_T")
 
@@ -92,37 +89,19 @@ class SqliteRecordStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 5.0) -> None:
-        try:
-            self._conn = sqlite3.connect(
-                os.fspath(path), timeout=timeout_s, isolation_level=None, check_same_thread=False
-            )
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SQLITE_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"registry store {os.fspath(path)!r}: {exc}") from None
-        self._lock = threading.Lock()
+        self._file = SqliteFile(
+            path,
+            "registry store",
+            timeout_s=timeout_s,
+            pragmas=("PRAGMA synchronous=NORMAL",),
+            schema=_SQLITE_SCHEMA,
+        )
 
     def atomic(self, fn: Callable[[RecordStoreTx], _T], *, write: bool = True) -> _T:
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"registry store: {exc}") from None
-            try:
-                result = fn(_SqliteTx(self._conn))
-                self._conn.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreUnavailable(f"registry store: {exc}") from None
-                raise
+        return self._file.transaction(lambda db: fn(_SqliteTx(db)), write=write)
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        self._file.close()
 
 
 class _SqliteTx:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from iac.errors import ConfigError, MessageRejected, StoreUnavailable
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of
-from iac.stores.common import check_args, check_store_config, check_via, share_refusal
+from iac.stores.common import RedisBacked, check_args, check_store_config, check_via, share_refusal
 from iac.stores.redis_scripts import CHECK, FRONTIER, RENEW
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-class RedisReplayStore(StoreSettings):
+class RedisReplayStore(StoreSettings, RedisBacked):
     """A :class:`~iac.ReplayStore` in Redis, shared by every node or gateway that uses the same prefix.
 
     Each call is one Lua script run with ``EVALSHA`` (atomic in Redis). Keys,
@@ -106,13 +106,6 @@ class RedisReplayStore(StoreSettings):
         reservation_lease_us: int | None = None,
         timeout_s: float = 2.0,
     ) -> None:
-        try:
-            import redis as redis_mod
-        except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                "RedisReplayStore needs the redis client: pip install 'iac-mesh[redis]'"
-            ) from None
-        self._errors = redis_mod.exceptions
         self._config = config if config is not None else ReplayConfig()
         self._reservation_lease_us: int = check_store_config(self._config, reservation_lease_us)
         if not key_prefix:
@@ -120,13 +113,7 @@ class RedisReplayStore(StoreSettings):
         self._prefix = key_prefix
         self._ring = _ring_size(self._config.window_size)
         self._ttl_ms = str(math.ceil(self._config.retention_us / 1000))
-        self._owns_client = isinstance(redis, str)
-        if isinstance(redis, str):
-            self._client: redis_lib.Redis = redis_mod.Redis.from_url(
-                redis, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
-        else:
-            self._client = redis
+        super().__init__(redis, "RedisReplayStore", "replay store", timeout_s=timeout_s)
         self._script = self._client.register_script(CHECK)
         self._renew_script = self._client.register_script(RENEW)
         self._frontier_script = self._client.register_script(FRONTIER)
@@ -236,11 +223,6 @@ class RedisReplayStore(StoreSettings):
             return total
 
         return int(self._call(count))
-
-    def close(self) -> None:
-        """Close the client if this store made it from a URL."""
-        if self._owns_client:
-            self._client.close()
 
     def __enter__(self) -> RedisReplayStore:
         return self

@@ -31,16 +31,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import struct
-import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
-from iac.errors import ConfigError, MessageRejected, StoreUnavailable
+from iac.errors import ConfigError, MessageRejected
 from iac.protocol.replay import ReplayConfig, StoreSettings, Verdict, highest_of, serial_diff
-from iac.stores.common import check_args, check_store_config, check_via, share_refusal
+from iac.stores.common import SqliteFile, check_args, check_store_config, check_via, share_refusal
 
-_T = TypeVar("_T")
 _MOD = 1 << 64
 _MASK64 = _MOD - 1
 _HALF = 1 << 63
@@ -152,23 +150,16 @@ class SqliteReplayStore(StoreSettings):
         self._n = self._config.window_size
         self._nbytes = (self._n + 7) // 8
         self._full_mask = (1 << self._n) - 1
-        self._lock = threading.Lock()
-        self._path = os.fspath(path)
+        self._file = SqliteFile(
+            path, "replay store", timeout_s=busy_timeout_s, pragmas=(f"PRAGMA synchronous={synchronous}",)
+        )
+        self._path = self._file.path
         try:
-            self._db = sqlite3.connect(
-                self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            self._history_start_us: int | None = self._file.transaction(
+                lambda db: self._create(db, started_at_us)
             )
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open replay store {self._path!r}: {exc}") from None
-        try:
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute(f"PRAGMA synchronous={synchronous}")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"cannot open replay store {self._path!r}: {exc}") from None
-            self._history_start_us: int | None = self._transaction(lambda db: self._create(db, started_at_us))
         except BaseException:
-            self._db.close()
+            self._file.close()
             raise
 
     # --- ReplayStore -------------------------------------------------------------------------
@@ -178,59 +169,62 @@ class SqliteReplayStore(StoreSettings):
     ) -> Verdict:
         check_args(sender, session_id, msg_id)
         check_via(via)
-        return self._transaction(lambda db: self._check(db, sender, session_id, msg_id, now_us, False, via))
+        return self._file.transaction(
+            lambda db: self._check(db, sender, session_id, msg_id, now_us, False, via)
+        )
 
     def reserve(
         self, sender: str, session_id: int, msg_id: int, now_us: int, *, via: str | None = None
     ) -> Verdict:
         check_args(sender, session_id, msg_id)
         check_via(via)
-        return self._transaction(lambda db: self._check(db, sender, session_id, msg_id, now_us, True, via))
+        return self._file.transaction(
+            lambda db: self._check(db, sender, session_id, msg_id, now_us, True, via)
+        )
 
     def commit(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
         check_args(sender, session_id, msg_id)
-        self._transaction(lambda db: self._finish(db, sender, session_id, msg_id, now_us, True))
+        self._file.transaction(lambda db: self._finish(db, sender, session_id, msg_id, now_us, True))
 
     def release(self, sender: str, session_id: int, msg_id: int, now_us: int) -> None:
         check_args(sender, session_id, msg_id)
-        self._transaction(lambda db: self._finish(db, sender, session_id, msg_id, now_us, False))
+        self._file.transaction(lambda db: self._finish(db, sender, session_id, msg_id, now_us, False))
 
     def expire(self, now_us: int) -> int:
-        return self._transaction(lambda db: self._expire_due(db, now_us)[1])
+        return self._file.transaction(lambda db: self._expire_due(db, now_us)[1])
 
     def renew(self, keys: Sequence[tuple[str, int, int]], now_us: int) -> int:
         for sender, session_id, msg_id in keys:
             check_args(sender, session_id, msg_id)
         if not keys:
             return 0
-        return self._transaction(lambda db: self._renew(db, keys, now_us))
+        return self._file.transaction(lambda db: self._renew(db, keys, now_us))
 
     def frontier(
         self, sender: str, session_id: int, now_us: int, exclude: Collection[int] = ()
     ) -> int | None:
         check_args(sender, session_id, 0)
-        return self._transaction(lambda db: self._frontier(db, sender, session_id, now_us, exclude))
+        return self._file.transaction(lambda db: self._frontier(db, sender, session_id, now_us, exclude))
 
     # --- introspection and lifetime ----------------------------------------------------------
 
     def __len__(self) -> int:
         """How many sessions are tracked (expired ones go at the next call)."""
-        return self._transaction(
+        return self._file.transaction(
             lambda db: int(db.execute("SELECT sessions FROM iac_replay_state").fetchone()[0])
         )
 
     @property
     def pending_count(self) -> int:
         """How many ids are reserved and neither committed, released nor pruned (all sessions)."""
-        return self._transaction(
+        return self._file.transaction(
             lambda db: sum(
                 len(row[0]) // _PENDING.size for row in db.execute("SELECT pending FROM iac_replay_window")
             )
         )
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._file.close()
 
     def __enter__(self) -> SqliteReplayStore:
         return self
@@ -242,22 +236,6 @@ class SqliteReplayStore(StoreSettings):
         return f"SqliteReplayStore({self._path!r}, window_size={self._n})"
 
     # --- internals ---------------------------------------------------------------------------
-
-    def _transaction(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``fn(db)`` in one BEGIN IMMEDIATE transaction; map SQLite failures to StoreUnavailable."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(self._db)
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-                return result
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"replay store {self._path!r} failed: {exc}") from None
 
     def _create(self, db: sqlite3.Connection, started_at_us: int | None) -> int | None:
         for stmt in _SCHEMA:

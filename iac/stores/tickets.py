@@ -23,11 +23,11 @@ import math
 import os
 import sqlite3
 import struct
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from iac.errors import ConfigError, StoreUnavailable
+from iac.errors import ConfigError
 from iac.protocol.tickets import DEFAULT_MAX_TICKETS
+from iac.stores.common import RedisBacked, SqliteFile
 
 if TYPE_CHECKING:
     import redis as redis_lib
@@ -36,8 +36,8 @@ _EXPIRY = struct.Struct(">q")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS iac_session_ticket (label BLOB PRIMARY KEY, blob BLOB NOT NULL,"
-    " expires_us INTEGER NOT NULL) WITHOUT ROWID",
-    "CREATE INDEX IF NOT EXISTS iac_session_ticket_expiry ON iac_session_ticket (expires_us)",
+    " expires_us INTEGER NOT NULL) WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS iac_session_ticket_expiry ON iac_session_ticket (expires_us)"
 )
 
 
@@ -61,75 +61,46 @@ class SqliteTicketStore:
         if max_entries < 1:
             raise ConfigError("max_entries must be positive")
         self.max_entries = max_entries
-        self._path = os.fspath(path)
-        self._lock = threading.Lock()
-        if self._path != ":memory:":
+        if os.fspath(path) != ":memory:":
             with contextlib.suppress(FileExistsError):
-                os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        try:
-            self._db = sqlite3.connect(
-                self._path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            for stmt in _SCHEMA:
-                self._db.execute(stmt)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open ticket store {self._path!r}: {exc}") from None
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self._file = SqliteFile(path, "ticket store", timeout_s=busy_timeout_s, schema=_SCHEMA)
 
     def put(self, label: bytes, blob: bytes, expires_at_us: int, now_us: int) -> None:
-        with self._lock:
-            db = self._db
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    db.execute("DELETE FROM iac_session_ticket WHERE expires_us <= ?", (now_us,))
-                    db.execute(
-                        "INSERT OR REPLACE INTO iac_session_ticket VALUES (?, ?, ?)",
-                        (label, blob, expires_at_us),
-                    )
-                    (count,) = db.execute("SELECT count(*) FROM iac_session_ticket").fetchone()
-                    if count > self.max_entries:
-                        db.execute(
-                            "DELETE FROM iac_session_ticket WHERE label IN (SELECT label FROM "
-                            "iac_session_ticket ORDER BY expires_us LIMIT ?)",
-                            (count - self.max_entries,),
-                        )
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"ticket store {self._path!r} failed: {exc}") from None
+        def put(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM iac_session_ticket WHERE expires_us <= ?", (now_us,))
+            db.execute(
+                "INSERT OR REPLACE INTO iac_session_ticket VALUES (?, ?, ?)", (label, blob, expires_at_us)
+            )
+            (count,) = db.execute("SELECT count(*) FROM iac_session_ticket").fetchone()
+            if count > self.max_entries:
+                db.execute(
+                    "DELETE FROM iac_session_ticket WHERE label IN (SELECT label FROM "
+                    "iac_session_ticket ORDER BY expires_us LIMIT ?)",
+                    (count - self.max_entries,),
+                )
+
+        self._file.transaction(put)
 
     def take(self, label: bytes, now_us: int) -> bytes | None:
-        with self._lock:
-            try:
-                row = self._db.execute(
-                    "DELETE FROM iac_session_ticket WHERE label = ? RETURNING blob, expires_us", (label,)
-                ).fetchone()
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"ticket store {self._path!r} failed: {exc}") from None
+        row = self._file.one(
+            "DELETE FROM iac_session_ticket WHERE label = ? RETURNING blob, expires_us", (label,)
+        )
         if row is None or int(row[1]) <= now_us:
             return None
         return bytes(row[0])
 
     def __len__(self) -> int:
-        with self._lock:
-            try:
-                return int(self._db.execute("SELECT count(*) FROM iac_session_ticket").fetchone()[0])
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"ticket store {self._path!r} failed: {exc}") from None
+        return int(self._file.one("SELECT count(*) FROM iac_session_ticket")[0])
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._file.close()
 
     def __repr__(self) -> str:
-        return f"SqliteTicketStore({self._path!r})"
+        return f"SqliteTicketStore({self._file.path!r})"
 
 
-class RedisTicketStore:
+class RedisTicketStore(RedisBacked):
     """Session tickets in Redis, shared by every server that uses the same key prefix.
 
     One string key per ticket, ``<key_prefix>:<label hex>``: the expiry (8 bytes, µs) and
@@ -150,23 +121,10 @@ class RedisTicketStore:
     def __init__(
         self, redis: str | redis_lib.Redis, *, key_prefix: str = "iac:ticket", timeout_s: float = 0.5
     ) -> None:
-        try:
-            import redis as redis_mod
-        except ImportError:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                "RedisTicketStore needs the redis client: pip install 'iac-mesh[redis]'"
-            ) from None
         if not key_prefix:
             raise ConfigError("key_prefix must not be empty")
-        self._errors = redis_mod.exceptions
+        super().__init__(redis, "RedisTicketStore", "ticket store", timeout_s=timeout_s)
         self._prefix = key_prefix
-        self._owns_client = isinstance(redis, str)
-        if isinstance(redis, str):
-            self._client: redis_lib.Redis = redis_mod.Redis.from_url(
-                redis, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
-        else:
-            self._client = redis
 
     def _key(self, label: bytes) -> str:
         return f"{self._prefix}:{label.hex()}"
@@ -184,16 +142,6 @@ class RedisTicketStore:
         if value is None or len(value) < _EXPIRY.size or _EXPIRY.unpack_from(value)[0] <= now_us:
             return None
         return bytes(value[_EXPIRY.size :])
-
-    def _call(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except self._errors.RedisError as exc:
-            raise StoreUnavailable(f"Redis ticket store unavailable: {exc}") from None
-
-    def close(self) -> None:
-        if self._owns_client:
-            self._client.close()
 
     def __repr__(self) -> str:
         return f"RedisTicketStore(key_prefix={self._prefix!r})"
