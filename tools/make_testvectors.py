@@ -29,6 +29,7 @@ from typing import Any
 import iac
 from iac.wire import DictionarySet, FrameType
 from iac.wire.scan import excise_signature
+from tools.vectors import render
 from tools.vectors.wire.common import (
     DEFAULT_OUT,
     DICT_FILE,
@@ -99,10 +100,6 @@ def build(out_dir: Path, previous: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default proto/testvectors)")
@@ -112,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / VECTOR_FILE
     previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    text = dumps(build(out_dir, previous))
+    text = render(build(out_dir, previous))
     if args.check:
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             print(f"{path}: out of date; run tools/make_testvectors.py", file=sys.stderr)

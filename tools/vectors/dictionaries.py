@@ -33,6 +33,7 @@ from iac.wire.dicts import (
 )
 from iac.wire.frames import FrameType, decode_frame, encode_frame
 from iac.wire.identity import Identity
+from tools.vectors import render, write
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUT_DIR = ROOT / "proto" / "testvectors"
@@ -100,7 +101,7 @@ def dictionary_vectors(previous: dict[str, Any] | None = None) -> dict[str, Any]
 def render_dictionary_vectors(previous_text: str | None = None) -> str:
     """The exact text of the JSON file (keeping ``previous_text``'s zstd frame if it still decodes)."""
     previous = json.loads(previous_text) if previous_text else None
-    return json.dumps(dictionary_vectors(previous), indent=1, ensure_ascii=False) + "\n"
+    return render(dictionary_vectors(previous))
 
 
 def write_dictionary_vectors(out_dir: Path = OUT_DIR) -> None:
@@ -109,7 +110,7 @@ def write_dictionary_vectors(out_dir: Path = OUT_DIR) -> None:
     (out_dir / shipped_file_name(base.dict_id)).write_bytes(base.content)
     path = out_dir / VECTOR_FILE.name
     previous = path.read_text(encoding="utf-8") if path.exists() else None
-    path.write_text(render_dictionary_vectors(previous), encoding="utf-8")
+    write(path, render_dictionary_vectors(previous))
 
 
 if __name__ == "__main__":

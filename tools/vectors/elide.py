@@ -21,6 +21,7 @@ from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, sign_message
+from tools.vectors import render, write
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "elide-v1.json"
@@ -97,12 +98,12 @@ def elide_test_vectors() -> dict[str, Any]:
 
 def render_elide_vectors() -> str:
     """``elide_test_vectors()`` as the exact text of the committed file."""
-    return json.dumps(elide_test_vectors(), indent=1, ensure_ascii=False) + "\n"
+    return render(elide_test_vectors())
 
 
 def write_elide_vectors(path: str | Path = VECTOR_FILE) -> None:
     """Rewrite the vector file (``python -m tools.vectors.elide``)."""
-    Path(path).write_text(render_elide_vectors(), encoding="utf-8")
+    write(path, render_elide_vectors())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from iac.wire.enums import MessageType
 from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 from iac.wire.message import Session, build_message, sign_message
+from tools.vectors import render, write
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "elide-forward-v1.json"
@@ -155,12 +156,12 @@ def elide_forward_test_vectors() -> dict[str, Any]:
 
 def render_elide_forward_vectors() -> str:
     """``elide_forward_test_vectors()`` as the exact text of the committed file."""
-    return json.dumps(elide_forward_test_vectors(), indent=1, ensure_ascii=False) + "\n"
+    return render(elide_forward_test_vectors())
 
 
 def write_elide_forward_vectors(path: str | Path = VECTOR_FILE) -> None:
     """Rewrite the vector file (``python -m tools.vectors.elide_forward``)."""
-    Path(path).write_text(render_elide_forward_vectors(), encoding="utf-8")
+    write(path, render_elide_forward_vectors())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ registry capabilities that publish tool names.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from iac.wire.enums import MessageType
 from iac.wire.identity import Identity
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import FLAG_STREAM, Session, build_message, sign_message
+from tools.vectors import render, write
 
 MCP_VECTORS_VERSION = 1
 TIME_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
@@ -308,8 +308,8 @@ def _nest(levels: int) -> dict[str, Any]:
 
 
 def render_mcp_vectors() -> str:
-    return json.dumps(mcp_vectors(), indent=1, ensure_ascii=False) + "\n"
+    return render(mcp_vectors())
 
 
 def write_mcp_vectors(path: Path) -> None:
-    path.write_text(render_mcp_vectors(), "utf-8")
+    write(path, render_mcp_vectors())

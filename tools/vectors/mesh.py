@@ -25,7 +25,7 @@ from iac.wire._pb.iac_pb2 import Forward, Message, MessageType
 from iac.wire.identity import Domain, Identity, signing_input
 from iac.wire.jsonutil import dumps_compact
 from iac.wire.message import Session, build_message, sign_message
-from tools.vectors import points
+from tools.vectors import points, render, write
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "mesh-v1.json"
@@ -280,12 +280,12 @@ def mesh_test_vectors() -> dict[str, Any]:
 
 def render_mesh_vectors() -> str:
     """``mesh_test_vectors()`` as the exact text of the committed file."""
-    return json.dumps(mesh_test_vectors(), indent=1, ensure_ascii=False) + "\n"
+    return render(mesh_test_vectors())
 
 
 def write_mesh_vectors(path: str | Path = VECTOR_FILE) -> None:
     """Rewrite the vector file (``python -m tools.vectors.mesh``)."""
-    Path(path).write_text(render_mesh_vectors(), encoding="utf-8")
+    write(path, render_mesh_vectors())
 
 
 if __name__ == "__main__":

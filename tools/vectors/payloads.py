@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
+from tools.vectors import render, write
 from tools.vectors.payload_harness import (
     DEADLINE_US,
     PEER_SESSION,
@@ -410,12 +410,12 @@ def payload_test_vectors() -> dict[str, Any]:
 
 def render_payload_vectors() -> str:
     """:func:`payload_test_vectors` as the exact text of the committed file."""
-    return json.dumps(payload_test_vectors(), indent=1, ensure_ascii=False) + "\n"
+    return render(payload_test_vectors())
 
 
 def write_payload_vectors(path: str | Path) -> None:
     """Rewrite the vector file (``python -m tools.make_payload_vectors``)."""
-    Path(path).write_text(render_payload_vectors(), encoding="utf-8")
+    write(path, render_payload_vectors())
 
 
 __all__ = [

@@ -30,7 +30,7 @@ from iac.protocol.statements import (
     sign_rotation,
 )
 from iac.wire.identity import Domain, Identity, signing_input
-from tools.vectors import points
+from tools.vectors import points, render, write
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VECTOR_FILE = ROOT / "proto" / "testvectors" / "records-v1.json"
@@ -383,7 +383,7 @@ def make_vectors() -> dict[str, Any]:
 
 def dump_vectors() -> str:
     """The text of ``proto/testvectors/records-v1.json``."""
-    return json.dumps(make_vectors(), indent=1, ensure_ascii=True) + "\n"
+    return render(make_vectors(), ascii_only=True)
 
 
 def check_negative_vector(vector: dict[str, Any]) -> None:
@@ -405,7 +405,7 @@ def check_negative_vector(vector: dict[str, Any]) -> None:
 
 def write_record_vectors(path: str | Path = VECTOR_FILE) -> None:
     """Rewrite the vector file (``python -m tools.vectors.records``)."""
-    Path(path).write_text(dump_vectors(), encoding="utf-8")
+    write(path, dump_vectors())
 
 
 if __name__ == "__main__":
