@@ -166,6 +166,12 @@ class TransportConfig:
     #: client sends its Initial again) or refused ``busy``.
     handshake_concurrency: int = 32
     handshake_backlog: int = 4096
+    #: Dial bursts, the dialing side: at most ``quic_dial_concurrency`` QUIC handshakes run at
+    #: once per event loop; further dials wait their turn, oldest first, and their
+    #: ``handshake_timeout`` starts when it comes (:mod:`iac.transport.quic.dialslots`), so
+    #: that hundreds of dials started together do not stretch every handshake past its
+    #: timeout. On paths with a long round trip, more in flight dial faster.
+    quic_dial_concurrency: int = 8
     #: Also limit loopback addresses and UNIX-socket peers (local processes; off by default).
     handshake_limit_local: bool = False
     #: QUIC address validation (Retry, RFC 9000 section 8.1): "auto" sends Retry while more
@@ -243,6 +249,8 @@ class TransportConfig:
             raise ConfigError("handshake_rate must be positive (or None) and handshake_burst at least 1")
         if self.handshake_concurrency < 1 or self.handshake_backlog < 0:
             raise ConfigError("handshake_concurrency must be at least 1 and handshake_backlog not negative")
+        if self.quic_dial_concurrency < 1:
+            raise ConfigError("quic_dial_concurrency must be at least 1")
         if self.handshake_sources < 1:
             raise ConfigError("handshake_sources must be at least 1")
         if self.quic_retry not in RETRY_MODES:
