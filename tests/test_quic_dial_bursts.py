@@ -1,5 +1,6 @@
-"""QUIC dial bursts: the dialing loop's bound on handshakes in flight (:mod:`.dialslots`), and
-the listener's memory of dials it gave up on (their later Initials open no connection).
+"""Dial bursts: the dialing loop's bound on QUIC handshakes in flight (:mod:`.dialslots`), the
+QUIC listener's memory of dials it gave up on (their later Initials open no connection), and
+the stream listeners' accept backlog.
 
 The full-size burst (256 dials per transport over real processes) is tests/test_scale.py.
 """
@@ -23,6 +24,7 @@ from iac.transport.base import TransportConfig
 from iac.transport.quic import QuicListener
 from iac.transport.quic.dialslots import DialSlots, dial_slots
 from iac.transport.quic.listener import initial_dcid
+from iac.transport.stream.listener import accept_backlog
 from iac.wire.identity import Identity
 
 # --- DialSlots, no network --------------------------------------------------------------------
@@ -214,3 +216,10 @@ def test_a_refused_dials_later_initials_open_no_connection() -> None:
             await listener.close()
 
     run(main())
+
+
+def test_stream_listeners_queue_a_burst_in_the_kernel() -> None:
+    """The listen(2) backlog follows handshake_backlog, never below 128 (asyncio's default of
+    100 made the kernel drop the SYNs of a burst beyond it)."""
+    assert accept_backlog(TransportConfig()) == 4096
+    assert accept_backlog(TransportConfig(handshake_backlog=0)) == 128
