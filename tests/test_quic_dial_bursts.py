@@ -161,7 +161,7 @@ def _client_initial(port: int) -> bytes:
     return quic.datagrams_to_send(now=now)[0][0]
 
 
-def test_a_newer_dial_from_one_address_replaces_the_queued_one_whose_later_initials_are_dropped() -> None:
+def test_queued_dials_from_one_address_wait_side_by_side_and_a_dropped_ones_initials_open_nothing() -> None:
     server = Identity.generate()
 
     async def main() -> None:
@@ -170,25 +170,31 @@ def test_a_newer_dial_from_one_address_replaces_the_queued_one_whose_later_initi
         assert isinstance(listener, QuicListener)
         port = int(listener.addresses[0].rsplit(":", 1)[1])
         gate, lib_server = listener._admit_datagram, listener._server
-        source = ("127.0.0.1", 40000)
+        source = ("127.0.0.1", 40000)  # e.g. a node dialing from its listener's socket
+        busy = object()
         try:
-            listener._handshaking.add(object())  # type: ignore[arg-type]  # the one slot is taken
-            first, newer = _client_initial(port), _client_initial(port)
-            assert initial_dcid(first) != initial_dcid(newer)
+            listener._handshaking.add(busy)  # type: ignore[arg-type]  # the one slot is taken
+            first, second = _client_initial(port), _client_initial(port)
+            assert initial_dcid(first) != initial_dcid(second)
             assert not gate(lib_server, first, source)  # queued
             assert not gate(lib_server, first, source)  # its retransmission: still one in the queue
-            assert [d[4] for d in listener._waiting.values()] == [initial_dcid(first)]
-            assert not gate(lib_server, newer, source)  # the same address dials again
-            assert [d[4] for d in listener._waiting.values()] == [initial_dcid(newer)]
-            assert not gate(lib_server, first, source)  # the replaced dial's Initial opens nothing
-            assert listener.stale == 1
-            assert [d[4] for d in listener._waiting.values()] == [initial_dcid(newer)]
+            assert not gate(lib_server, second, source)  # another dial from the same address
+            assert list(listener._waiting) == [(source, initial_dcid(first)), (source, initial_dcid(second))]
+            # the first waited past half of handshake_timeout: its client is about to give up
+            srv, data, since, checked = listener._waiting[(source, initial_dcid(first))]
+            listener._waiting[(source, initial_dcid(first))] = (srv, data, since - 10.0, checked)
+            listener._handshaking.discard(busy)  # type: ignore[arg-type]
+            listener._drain()
+            assert listener.refused.get("handshake_backlog") == 1 and not listener._waiting
+            assert listener._handshaking  # the second started
+            assert not gate(lib_server, first, source)  # the dropped dial's Initial opens nothing
+            assert listener.stale == 1 and not listener._waiting
             # remembered for handshake_timeout (the client gives up on it by then)
             now = asyncio.get_running_loop().time()
             assert listener._is_gone((source, initial_dcid(first)), now + 4.9)
             assert not listener._is_gone((source, initial_dcid(first)), now + 5.1)
         finally:
-            listener._handshaking.clear()
+            listener._handshaking.discard(busy)  # type: ignore[arg-type]
             await listener.close()
 
     run(main())

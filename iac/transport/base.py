@@ -159,8 +159,9 @@ class TransportConfig:
     handshake_sources: int = 10_000
     #: Dial bursts: a listener runs at most ``handshake_concurrency`` handshakes (TLS/QUIC and
     #: HELLO) at once; new connections beyond wait, oldest first, in a queue of at most
-    #: ``handshake_backlog`` (QUIC: their first datagram, the latest per source address; TLS/TCP
-    #: and UNIX: the accepted socket, before its HELLO exchange), so that a burst completes in
+    #: ``handshake_backlog`` (QUIC: each dial's first datagram, by source address and
+    #: destination connection ID; TLS/TCP and UNIX: the accepted socket, before its HELLO
+    #: exchange, and the ``listen(2)`` backlog is as large), so that a burst completes in
     #: order instead of every handshake slowing down until all time out. A queued QUIC
     #: connection starts at most 8 per event-loop turn. Over the backlog: dropped (QUIC: the
     #: client sends its Initial again) or refused ``busy``.

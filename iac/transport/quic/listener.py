@@ -99,15 +99,15 @@ class QuicListener(Listener):
         self._counted: set[QuicConn] = set()  # counted against the node's connection bound
         self._over: set[QuicConn] = set()  # over it: refused busy when their HELLO arrives
         #: Connections in their handshake (TLS and HELLO), and new connections waiting to start
-        #: (their first datagram by source address, oldest first; ``handshake_backlog``).
+        #: (their first datagram by dial: source address and destination connection ID, oldest
+        #: first; ``handshake_backlog``).
         self._handshaking: set[QuicConn] = set()
-        #: Each with whether the library's server takes it with Retry tokens checked, and the
-        #: destination connection ID it names the dial with.
-        self._waiting: OrderedDict[Any, tuple[Any, bytes, float, bool, bytes]] = OrderedDict()
-        #: Dials given up on (dropped from the queue, refused before their HELLO verified, or
-        #: replaced by a newer dial from the same address), by (address, destination connection
-        #: ID), until when: their client's later Initials (its retransmissions, the close of
-        #: the attempt it gave up) are dropped instead of opening a connection of their own.
+        #: Each with whether the library's server takes it with Retry tokens checked.
+        self._waiting: OrderedDict[tuple[Any, bytes], tuple[Any, bytes, float, bool]] = OrderedDict()
+        #: Dials given up on (dropped from the queue, or refused before their HELLO verified),
+        #: by (address, destination connection ID), until when: their client's later Initials
+        #: (its retransmissions, the close of the attempt it gave up) are dropped instead of
+        #: opening a connection of their own.
         self._gone: OrderedDict[tuple[Any, bytes], float] = OrderedDict()
         #: The dial the library's server is about to open a connection for, and each
         #: handshaking connection's.
@@ -276,7 +276,7 @@ class QuicListener(Listener):
             self.retries += 1
             # a first Initial of this source still queued is void now: the client answers the
             # Retry with a new Initial (new connection ID, the token), which takes its place
-            self._waiting.pop(addr, None)
+            self._waiting.pop(dial, None)
             return True
         source = str(addr[0])
         if self.limiter.allow(source, now):
@@ -335,24 +335,18 @@ class QuicListener(Listener):
         connection ID): take it now while fewer than ``handshake_concurrency`` handshakes run
         and none wait; else queue it, or drop it when the queue is full. A dial keeps its first
         datagram (the client's first Initial, which carries its ClientHello: a later one may be
-        only an ACK or the close of a dial it gave up, and would not open a connection); a
-        newer dial from the same address (another connection ID) takes the place of a queued
-        one, which its client gave up. ``checked``: whether the library's server is to check
-        its Retry token (set again when it is started: the switch is the server's, and the
-        datagrams taken in between set it for themselves)."""
+        only an ACK or the close of a dial it gave up, and would not open a connection); dials
+        from one address (a node dialing from its listener's socket) queue side by side.
+        ``checked``: whether the library's server is to check its Retry token (set again when
+        it is started: the switch is the server's, and the datagrams taken in between set it
+        for themselves)."""
         waiting = self._waiting
         if not waiting and len(self._handshaking) < self.config.handshake_concurrency:
             self._opening = dial
             return True
-        addr, dcid = dial
-        queued = waiting.get(addr)
-        if queued is not None and queued[4] != dcid:
-            del waiting[addr]
-            self._give_up((addr, queued[4]), now)
-            queued = None
-        if queued is None:
+        if dial not in waiting:
             if len(waiting) < self.config.handshake_backlog:
-                waiting[addr] = (server, data, now, checked, dcid)
+                waiting[dial] = (server, data, now, checked)
             else:
                 self._count("handshake_backlog")
         return False
@@ -399,17 +393,17 @@ class QuicListener(Listener):
             and started < _STARTS_PER_TURN
             and len(self._handshaking) < self.config.handshake_concurrency
         ):
-            addr, (server, data, since, checked, dcid) = waiting.popitem(last=False)
+            dial, (server, data, since, checked) = waiting.popitem(last=False)
             if now - since > self.config.handshake_timeout / 2 or server is not self._server:
                 self._count("handshake_backlog")
-                self._give_up((addr, dcid), now)
+                self._give_up(dial, now)
                 continue
             assert lib.QuicServer is not None and lib.set_retry is not None
             lib.set_retry(server, checked)  # else a token answering a Retry is not checked
             self._arrived = since  # the connection it opens is due its HELLO counting from then
-            self._opening = (addr, dcid)
+            self._opening = dial
             try:
-                lib.QuicServer.datagram_received(server, data, addr)
+                lib.QuicServer.datagram_received(server, data, dial[0])
             finally:
                 self._arrived = self._opening = None
             started += 1
