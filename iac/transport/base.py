@@ -159,13 +159,20 @@ class TransportConfig:
     handshake_sources: int = 10_000
     #: Dial bursts: a listener runs at most ``handshake_concurrency`` handshakes (TLS/QUIC and
     #: HELLO) at once; new connections beyond wait, oldest first, in a queue of at most
-    #: ``handshake_backlog`` (QUIC: their first datagram, the latest per source address; TLS/TCP
-    #: and UNIX: the accepted socket, before its HELLO exchange), so that a burst completes in
+    #: ``handshake_backlog`` (QUIC: each dial's first datagram, by source address and
+    #: destination connection ID; TLS/TCP and UNIX: the accepted socket, before its HELLO
+    #: exchange, and the ``listen(2)`` backlog is as large), so that a burst completes in
     #: order instead of every handshake slowing down until all time out. A queued QUIC
     #: connection starts at most 8 per event-loop turn. Over the backlog: dropped (QUIC: the
     #: client sends its Initial again) or refused ``busy``.
     handshake_concurrency: int = 32
     handshake_backlog: int = 4096
+    #: Dial bursts, the dialing side: at most ``quic_dial_concurrency`` QUIC handshakes run at
+    #: once per event loop; further dials wait their turn, oldest first, and their
+    #: ``handshake_timeout`` starts when it comes (:mod:`iac.transport.quic.dialslots`), so
+    #: that hundreds of dials started together do not stretch every handshake past its
+    #: timeout. On paths with a long round trip, more in flight dial faster.
+    quic_dial_concurrency: int = 8
     #: Also limit loopback addresses and UNIX-socket peers (local processes; off by default).
     handshake_limit_local: bool = False
     #: QUIC address validation (Retry, RFC 9000 section 8.1): "auto" sends Retry while more
@@ -243,6 +250,8 @@ class TransportConfig:
             raise ConfigError("handshake_rate must be positive (or None) and handshake_burst at least 1")
         if self.handshake_concurrency < 1 or self.handshake_backlog < 0:
             raise ConfigError("handshake_concurrency must be at least 1 and handshake_backlog not negative")
+        if self.quic_dial_concurrency < 1:
+            raise ConfigError("quic_dial_concurrency must be at least 1")
         if self.handshake_sources < 1:
             raise ConfigError("handshake_sources must be at least 1")
         if self.quic_retry not in RETRY_MODES:

@@ -34,7 +34,9 @@ class DialPolicy:
     """Which transports the dialer may use and how patient it is.
 
     ``pin``: use only this transport. ``forbid``: never use these.
-    ``attempt_timeout``: one attempt (connect + TLS/QUIC + HELLO) may take this long.
+    ``attempt_timeout``: one attempt (connect + TLS/QUIC + HELLO) may take this long, a
+    QUIC attempt's wait for a handshake slot of its event loop included
+    (``TransportConfig.quic_dial_concurrency``; the stagger then starts the next address).
     ``stagger``: start the next attempt when the current one is this slow.
     """
 

@@ -45,7 +45,7 @@ from iac.transport.certs import NodeCertificate, node_certificate
 from iac.transport.debug import keylog_path, set_tls_keylog
 from iac.transport.session import client_handshake, server_handshake
 from iac.transport.stream.connection import connect_errors, establish
-from iac.transport.stream.listener import StreamListener
+from iac.transport.stream.listener import StreamListener, accept_backlog
 from iac.transport.stream.protocol import FrameProtocol
 from iac.wire.identity import Identity
 
@@ -313,7 +313,10 @@ async def listen_tls(
     try:
         if _SERVER_TLS_OK:
             server = await loop.create_server(
-                lambda: _ServerTLS(loop, app_factory(), ctx, listener), address.host, address.port
+                lambda: _ServerTLS(loop, app_factory(), ctx, listener),
+                address.host,
+                address.port,
+                backlog=accept_backlog(config),
             )
         else:  # pragma: no cover - an asyncio without what _ServerTLS extends
             server = await loop.create_server(
@@ -322,6 +325,7 @@ async def listen_tls(
                 address.port,
                 ssl=ctx,
                 ssl_handshake_timeout=config.handshake_timeout,
+                backlog=accept_backlog(config),
             )
     except OSError as exc:
         raise TransportError(f"{address.url}: cannot listen: {exc.strerror or exc}") from None

@@ -35,7 +35,7 @@ from iac.transport.base import (
 )
 from iac.transport.session import client_handshake, server_handshake
 from iac.transport.stream.connection import connect_errors, establish
-from iac.transport.stream.listener import StreamListener
+from iac.transport.stream.listener import StreamListener, accept_backlog
 from iac.transport.stream.protocol import FrameProtocol
 from iac.wire.identity import Identity
 
@@ -147,7 +147,7 @@ async def listen_unix(
     )
     try:
         server = await asyncio.get_running_loop().create_unix_server(
-            listener.protocol_factory(), path=str(path)
+            listener.protocol_factory(), path=str(path), backlog=accept_backlog(config)
         )
     except OSError as exc:
         raise TransportError(f"{address.url}: cannot listen: {exc.strerror or exc}") from None

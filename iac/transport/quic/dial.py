@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from iac.errors import ConfigError, TransportError
 from iac.transport.base import Address, TransportConfig, parse_address
 from iac.transport.quic.backend import Backend, SessionTicketLike, get_backend
 from iac.transport.quic.configuration import client_configuration
 from iac.transport.quic.connection import QuicConn
+from iac.transport.quic.dialslots import dial_slots
 from iac.transport.quic.protocol import QuicProtocol, protocol_class
 from iac.transport.quic.tickets import ClientTicketStore
 from iac.wire.identity import Identity
@@ -85,6 +86,10 @@ async def dial_quic(
     ``backend``: the QUIC library (``"aioquic"`` or ``"qh3"``); default: the selected
     one (:func:`set_backend`, ``IAC_QUIC_BACKEND``, else automatic).
 
+    Dial bursts: at most ``config.quic_dial_concurrency`` handshakes run at once per event
+    loop; a dial beyond waits its turn first (:mod:`~iac.transport.quic.dialslots`), and its
+    ``handshake_timeout`` counts from then.
+
     ``listener``: dial from this listener's UDP socket when its address family fits the
     peer's address (else from a socket of the dial's own), so that the peer, and any NAT
     on the way, sees this side at the address it listens on (the listener's backend is
@@ -103,6 +108,29 @@ async def dial_quic(
     except (OSError, TimeoutError) as exc:
         raise TransportError(f"{url}: cannot resolve {addr.host}: {exc}") from None
     family, _, _, _, sockaddr = infos[0]
+    # at most quic_dial_concurrency handshakes per event loop; handshake_timeout starts after the wait
+    async with dial_slots(loop).slot(config.quic_dial_concurrency):
+        return await _dial(
+            addr, sockaddr, family, identity, expect, config, tickets, session_id, lib, listener
+        )
+
+
+async def _dial(
+    addr: Address,
+    sockaddr: Any,
+    family: int,
+    identity: Identity,
+    expect: str | None,
+    config: TransportConfig,
+    tickets: ClientTicketStore | None,
+    session_id: int,
+    lib: Backend,
+    listener: DialSocket | None,
+) -> QuicConn:
+    """The dial once it holds its handshake slot: the connection, once the HELLOs verified (or
+    the 0-RTT HELLO went)."""
+    loop = asyncio.get_running_loop()
+    url = addr.url
     qc = client_configuration(config, addr.host, lib, identity)
     stored = tickets.pop(addr.url) if tickets is not None else None
     if stored is not None and expect is not None and stored.agent_id != expect:

@@ -59,6 +59,12 @@ log = logging.getLogger("iac.transport.quic")
 _STARTS_PER_TURN = 8
 
 
+def initial_dcid(data: bytes) -> bytes:
+    """The destination connection ID of a long-header packet (RFC 8999: its length at byte 5,
+    itself from byte 6), what names a dial until the server's first answer."""
+    return data[6 : 6 + data[5]] if len(data) > 6 else b""
+
+
 @dataclass
 class _ClientAuth:
     """One connection's client identity in CA mode: the chain a resumed session's ticket
@@ -93,10 +99,20 @@ class QuicListener(Listener):
         self._counted: set[QuicConn] = set()  # counted against the node's connection bound
         self._over: set[QuicConn] = set()  # over it: refused busy when their HELLO arrives
         #: Connections in their handshake (TLS and HELLO), and new connections waiting to start
-        #: (their first datagram by source address, oldest first; ``handshake_backlog``).
+        #: (their first datagram by dial: source address and destination connection ID, oldest
+        #: first; ``handshake_backlog``).
         self._handshaking: set[QuicConn] = set()
         #: Each with whether the library's server takes it with Retry tokens checked.
-        self._waiting: OrderedDict[Any, tuple[Any, bytes, float, bool]] = OrderedDict()
+        self._waiting: OrderedDict[tuple[Any, bytes], tuple[Any, bytes, float, bool]] = OrderedDict()
+        #: Dials given up on (dropped from the queue, or refused before their HELLO verified),
+        #: by (address, destination connection ID), until when: their client's later Initials
+        #: (its retransmissions, the close of the attempt it gave up) are dropped instead of
+        #: opening a connection of their own.
+        self._gone: OrderedDict[tuple[Any, bytes], float] = OrderedDict()
+        #: The dial the library's server is about to open a connection for, and each
+        #: handshaking connection's.
+        self._opening: tuple[Any, bytes] | None = None
+        self._dial_of: dict[QuicConn, tuple[Any, bytes]] = {}
         self._drain_handle: asyncio.Handle | None = None
         #: While a queued datagram is handed to the library's server: when it arrived.
         self._arrived: float | None = None
@@ -106,6 +122,8 @@ class QuicListener(Listener):
         self.refused: dict[str, int] = {}
         #: New connections answered with Retry instead of a handshake.
         self.retries = 0
+        #: Initial datagrams of dials already given up on, dropped (``_gone``).
+        self.stale = 0
         self.accepted = 0
         self.cert_der = b""
         self.cert_sha256 = b""
@@ -245,6 +263,11 @@ class QuicListener(Listener):
         if not new:
             return True
         now = asyncio.get_running_loop().time()
+        dial = (addr, initial_dcid(data))
+        if self._is_gone(dial, now):
+            self.stale += 1
+            return False
+        self._opening = None
         self.retry.observe(now)
         retry = self.retry.active(now)
         checked = bool(retry or (token and self.retry.mode != "never"))
@@ -253,11 +276,11 @@ class QuicListener(Listener):
             self.retries += 1
             # a first Initial of this source still queued is void now: the client answers the
             # Retry with a new Initial (new connection ID, the token), which takes its place
-            self._waiting.pop(addr, None)
+            self._waiting.pop(dial, None)
             return True
         source = str(addr[0])
         if self.limiter.allow(source, now):
-            return self._start_or_queue(server, data, addr, now, checked)
+            return self._start_or_queue(server, data, dial, now, checked)
         self._count("busy")
         if self.limiter.first_refusal(source):
             log.info(
@@ -305,25 +328,51 @@ class QuicListener(Listener):
 
     # -- dial bursts: handshakes queued, a few started per loop turn ---------------------------
 
-    def _start_or_queue(self, server: Any, data: bytes, addr: Any, now: float, checked: bool) -> bool:
-        """A new connection's first datagram: take it now while fewer than
-        ``handshake_concurrency`` handshakes run and none wait; else queue it, or drop it when
-        the queue is full. A source address keeps its first datagram (the client's first
-        Initial, which carries its ClientHello: a later one may be only an ACK or the close
-        of a dial it gave up, and would not open a connection). ``checked``: whether the
-        library's server is to check its Retry token (set again when it is started: the switch
-        is the server's, and the datagrams taken in between set it for themselves)."""
+    def _start_or_queue(
+        self, server: Any, data: bytes, dial: tuple[Any, bytes], now: float, checked: bool
+    ) -> bool:
+        """A new connection's first datagram (``dial``: its source address and destination
+        connection ID): take it now while fewer than ``handshake_concurrency`` handshakes run
+        and none wait; else queue it, or drop it when the queue is full. A dial keeps its first
+        datagram (the client's first Initial, which carries its ClientHello: a later one may be
+        only an ACK or the close of a dial it gave up, and would not open a connection); dials
+        from one address (a node dialing from its listener's socket) queue side by side.
+        ``checked``: whether the library's server is to check its Retry token (set again when
+        it is started: the switch is the server's, and the datagrams taken in between set it
+        for themselves)."""
         waiting = self._waiting
         if not waiting and len(self._handshaking) < self.config.handshake_concurrency:
+            self._opening = dial
             return True
-        if addr not in waiting:
+        if dial not in waiting:
             if len(waiting) < self.config.handshake_backlog:
-                waiting[addr] = (server, data, now, checked)
+                waiting[dial] = (server, data, now, checked)
             else:
                 self._count("handshake_backlog")
         return False
 
-    def _handshake_done(self, conn: QuicConn) -> None:
+    def _give_up(self, dial: tuple[Any, bytes], now: float) -> None:
+        """Remember a dial given up on for ``handshake_timeout`` (its client gives up on it by
+        then), at most ``handshake_backlog`` + ``handshake_concurrency`` of them."""
+        gone = self._gone
+        gone[dial] = now + self.config.handshake_timeout
+        gone.move_to_end(dial)
+        while len(gone) > self.config.handshake_backlog + self.config.handshake_concurrency:
+            gone.popitem(last=False)
+
+    def _is_gone(self, dial: tuple[Any, bytes], now: float) -> bool:
+        gone = self._gone
+        while gone:  # the oldest first: they expire in order
+            first, until = next(iter(gone.items()))
+            if until > now:
+                break
+            del gone[first]
+        return dial in gone
+
+    def _handshake_done(self, conn: QuicConn, *, refused: bool = False) -> None:
+        dial = self._dial_of.pop(conn, None)
+        if refused and dial is not None:  # its client's later Initials must not open another
+            self._give_up(dial, asyncio.get_running_loop().time())
         if conn in self._handshaking:
             self._handshaking.discard(conn)
             if self._waiting and self._drain_handle is None:
@@ -344,17 +393,19 @@ class QuicListener(Listener):
             and started < _STARTS_PER_TURN
             and len(self._handshaking) < self.config.handshake_concurrency
         ):
-            addr, (server, data, since, checked) = waiting.popitem(last=False)
+            dial, (server, data, since, checked) = waiting.popitem(last=False)
             if now - since > self.config.handshake_timeout / 2 or server is not self._server:
                 self._count("handshake_backlog")
+                self._give_up(dial, now)
                 continue
             assert lib.QuicServer is not None and lib.set_retry is not None
             lib.set_retry(server, checked)  # else a token answering a Retry is not checked
             self._arrived = since  # the connection it opens is due its HELLO counting from then
+            self._opening = dial
             try:
-                lib.QuicServer.datagram_received(server, data, addr)
+                lib.QuicServer.datagram_received(server, data, dial[0])
             finally:
-                self._arrived = None
+                self._arrived = self._opening = None
             started += 1
         if waiting and len(self._handshaking) < self.config.handshake_concurrency:
             self._drain_handle = loop.call_soon(self._drain)
@@ -372,6 +423,9 @@ class QuicListener(Listener):
             conn = QuicConn(proto, self.identity, self.config, dialed=False, on_finished=self._forget)
             proto.conn = conn
             self._handshaking.add(conn)
+            if self._opening is not None:
+                self._dial_of[conn] = self._opening
+                self._opening = None
             auth = _ClientAuth()
             if lib.connection_tickets is not None:
                 lib.connection_tickets(
@@ -477,7 +531,7 @@ class QuicListener(Listener):
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def _refused(self, conn: QuicConn, reason: str, detail: str) -> None:
-        self._handshake_done(conn)
+        self._handshake_done(conn, refused=True)
         if conn in self._over:  # over the node's bound: counted as busy, logged by _over_bound
             self._over.discard(conn)
             self._count("busy")
@@ -519,6 +573,7 @@ class QuicListener(Listener):
         for task in list(self._tasks):
             task.cancel()
         self._waiting.clear()
+        self._gone.clear()
         if self._drain_handle is not None:
             self._drain_handle.cancel()
             self._drain_handle = None

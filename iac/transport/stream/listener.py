@@ -21,6 +21,15 @@ from iac.transport.stream.protocol import NETWORK_ERRORS, FrameProtocol, describ
 log = logging.getLogger("iac.transport")
 
 
+def accept_backlog(config: TransportConfig) -> int:
+    """The ``listen(2)`` backlog of a stream listener: connections the kernel completed and
+    holds until this side accepts them. asyncio's default, 100, is less than a dial burst: the
+    kernel drops the SYNs beyond it and each of those clients sends its SYN again only after a
+    second (then 3 s, 7 s), which made every dial of a 1,000-dial TLS burst take over 2 s. Sized
+    like ``handshake_backlog`` (the kernel caps it at ``net.core.somaxconn``), at least 128."""
+    return max(128, config.handshake_backlog)
+
+
 class StreamListener(Listener):
     """Accepts stream connections (TLS or UNIX): the handshake limit of the source
     (``source``: UNIX peer uid; TLS checks the IP address before the TLS handshake, through
