@@ -223,7 +223,7 @@ def test_bounds_are_refused() -> None:
     with pytest.raises(ConfigError):
         Impairment(mtu=20)
     assert TransportConfig().quic_pmtud is True
-    assert TransportConfig().quic_max_datagram_size == 1472
+    assert TransportConfig().quic_max_datagram_size == 16384
 
 
 def test_command_line_option() -> None:
@@ -233,7 +233,7 @@ def test_command_line_option() -> None:
 
     p = argparse.ArgumentParser()
     add_transport_options(p)
-    assert transport_config(p.parse_args([])).quic_max_datagram_size == 1472
+    assert transport_config(p.parse_args([])).quic_max_datagram_size == 16384
     assert transport_config(p.parse_args(["--max-datagram-size", "9000"])).quic_max_datagram_size == 9000
     off = transport_config(p.parse_args(["--max-datagram-size", "0"]))
     assert off.quic_pmtud is False

@@ -123,6 +123,16 @@ class PmtuHooks:
     #: The :class:`~iac.transport.quic.pmtud.PmtuSettings` the connection's configuration
     #: carries (None: none, no probing).
     settings: Callable[[Any], Any]
+    #: The largest UDP payload the library builds correctly: the search never probes above it,
+    #: whatever ``quic_max_datagram_size`` says.
+    largest: int = 65527
+
+
+#: aioquic 1.7 writes a STREAM or CRYPTO frame's length as a two-byte variable-length integer
+#: (at most 16,383): a packet with room for more data than that would carry a corrupt frame
+#: (the peer closes with FRAME_ENCODING_ERROR or an unknown frame type). 16,384 bytes of UDP
+#: payload leave less than that for data, whatever the header and connection ID sizes.
+AIOQUIC_LARGEST_DATAGRAM = 16384
 
 
 _override: str | None = None
@@ -752,6 +762,7 @@ def _aioquic_pmtu() -> PmtuHooks:
         probe_timeout=lambda quic: float(quic._loss.get_probe_timeout()),
         handshake_confirmed=handshake_confirmed,
         settings=lambda quic: getattr(quic._configuration, "iac_pmtud", None),
+        largest=AIOQUIC_LARGEST_DATAGRAM,
     )
 
 
