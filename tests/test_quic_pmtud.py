@@ -306,3 +306,25 @@ def test_loopback_settles_at_the_default_ceiling_and_a_file_arrives() -> None:
 
     run(main(None), timeout=30)
     run(main(65527), timeout=30)
+
+
+def test_padding_runs_are_skipped_where_the_library_stops() -> None:
+    """The adapter's PADDING handler (one step for a probe's 16 KB of zeros) leaves the buffer
+    where aioquic's own byte-by-byte handler does, for runs that end in a frame or the packet."""
+    from aioquic._buffer import Buffer
+
+    backend = get_backend("aioquic")
+    assert backend.fast_padding is not None
+    quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+    library = quic._handle_padding_frame
+    backend.fast_padding(quic)
+    ours = quic._QuicConnection__frame_handlers[0x00][0]
+    assert ours is not library
+    for data in (bytes(16383), bytes(10) + b"\x01" + bytes(5), b"\x01", b"", bytes(3) + b"\x08\x00"):
+        ends = []
+        for handler in (library, ours):
+            buf = Buffer(data=b"\x00" + data)
+            buf.seek(1)  # the frame type, read by the library before it calls the handler
+            handler(None, 0x00, buf)
+            ends.append(buf.tell())
+        assert ends[0] == ends[1], (data[:12], ends)
