@@ -328,3 +328,23 @@ def test_padding_runs_are_skipped_where_the_library_stops() -> None:
             handler(None, 0x00, buf)
             ends.append(buf.tell())
         assert ends[0] == ends[1], (data[:12], ends)
+
+
+def test_a_larger_datagram_size_recalculates_the_initial_window() -> None:
+    """RFC 9002 section 7.2: once packets may grow to 16,384 bytes the congestion window is at
+    least the initial window for that size (2 packets, 32,768 bytes), not aioquic's ten
+    1,200-byte packets (less than one packet); a window already larger and a smaller size
+    leave it alone."""
+    backend = get_backend("aioquic")
+    hooks = backend.pmtu
+    assert hooks is not None
+    quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+    cc = quic._loss._cc
+    assert cc.congestion_window == 12000
+    hooks.set_datagram_size(quic, 16384)
+    assert cc.congestion_window == 32768 and quic._max_datagram_size == 16384
+    hooks.set_datagram_size(quic, 1200)  # a fall back: the controller's own reaction to the loss holds
+    assert cc.congestion_window == 32768
+    cc.congestion_window = 500_000
+    hooks.set_datagram_size(quic, 16384)
+    assert cc.congestion_window == 500_000

@@ -728,6 +728,7 @@ def _aioquic_pmtu() -> PmtuHooks:
         return [(d, path.addr) for d in datagrams]
 
     def set_datagram_size(quic: Any, size: int) -> None:
+        grown = size > quic._max_datagram_size
         quic._max_datagram_size = size
         loss = quic._loss
         loss._pacer._max_datagram_size = size
@@ -738,6 +739,17 @@ def _aioquic_pmtu() -> PmtuHooks:
         bbr = getattr(cc, "bbr", None)
         if bbr is not None:
             bbr.mds = size
+        elif grown and hasattr(cc, "congestion_window"):
+            # RFC 9002 section 7.2: the initial window recalculated with the new size (aioquic's
+            # ten 1,200-byte packets are less than one 16,384-byte packet, and its pacer charges
+            # every packet as a full one: small packets would wait about an RTT each)
+            initial = min(10 * size, max(14720, 2 * size))
+            if cc.congestion_window < initial:
+                cc.congestion_window = initial
+            if loss._rtt_initialized:
+                loss._pacer.update_rate(
+                    congestion_window=cc.congestion_window, smoothed_rtt=loss._rtt_smoothed
+                )
 
     def watch_losses(quic: Any, on_loss: Callable[[int, float | None, float], None]) -> None:
         loss = quic._loss
