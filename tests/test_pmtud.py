@@ -15,6 +15,7 @@ from iac.transport.base import TransportConfig
 from iac.transport.quic.pmtud import (
     BASE_PLPMTU,
     COMPLETE,
+    DEFAULT_MAX_PLPMTU,
     MAX_PROBES,
     SEARCH_GRANULARITY,
     SEARCHING,
@@ -222,7 +223,7 @@ def test_bounds_are_refused() -> None:
     with pytest.raises(ConfigError):
         Impairment(mtu=20)
     assert TransportConfig().quic_pmtud is True
-    assert TransportConfig().quic_max_datagram_size == 1472
+    assert TransportConfig().quic_max_datagram_size == 16384
 
 
 def test_command_line_option() -> None:
@@ -232,7 +233,7 @@ def test_command_line_option() -> None:
 
     p = argparse.ArgumentParser()
     add_transport_options(p)
-    assert transport_config(p.parse_args([])).quic_max_datagram_size == 1472
+    assert transport_config(p.parse_args([])).quic_max_datagram_size == 16384
     assert transport_config(p.parse_args(["--max-datagram-size", "9000"])).quic_max_datagram_size == 9000
     off = transport_config(p.parse_args(["--max-datagram-size", "0"]))
     assert off.quic_pmtud is False
@@ -252,3 +253,61 @@ def test_a_large_data_packet_acknowledged_after_the_loss_ends_the_suspicion() ->
     pm.on_large_acked(1472, now + 0.01, now + 0.03)
     assert not pm.confirming and pm.next_probe(now + 0.03) is None
     assert pm.mtu == 1472 and pm.stats.fallbacks == 0
+
+
+class InterfacePath(FakePath):
+    """A path behind a local interface of ``interface`` bytes: a larger probe is refused at once
+    (EMSGSIZE), a probe up to it but above ``limit`` is lost silently further on."""
+
+    def __init__(self, limit: int, interface: int) -> None:
+        super().__init__(limit)
+        self.interface = interface
+
+
+def drive_refusing(pm: PathMtu, path: InterfacePath, until: float) -> float:
+    now = 0.0
+    while now < until:
+        size = pm.next_probe(now)
+        if size is None:
+            deadline = pm.probe_deadline
+            if deadline is None:
+                return now
+            now = deadline
+            pm.on_timer(now)
+            continue
+        ident = pm.probe_sent(size, now, TIMEOUT)
+        if size > path.interface:
+            path.sent.append(size)
+            pm.probe_refused(ident, now)
+        elif path.carries(size):
+            now += RTT
+            pm.probe_acked(ident, now)
+        else:
+            now = pm.probe_deadline or now
+            pm.on_timer(now)
+    return now
+
+
+@pytest.mark.parametrize(
+    ("limit", "interface", "settles"),
+    [
+        (1472, 1472, 1472),  # a 1,500-byte Ethernet host, IPv4
+        (1452, 1452, 1452),  # the same over IPv6
+        (8972, 8972, 8972),  # a jumbo-frame LAN
+        (1472, 8972, 1472),  # a jumbo-frame interface, a 1,500-byte hop further on
+        (1472, 65507, 1472),  # loopback through a 1,500-byte emulated path
+        (65507, 65507, 16384),  # loopback: the default ceiling, one probe
+    ],
+)
+def test_default_ceiling_settles_at_common_sizes(limit: int, interface: int, settles: int) -> None:
+    pm = PathMtu(DEFAULT_MAX_PLPMTU)
+    pm.start(0.0)
+    path = InterfacePath(limit, interface)
+    end = drive_refusing(pm, path, 60.0)
+    assert pm.state == COMPLETE and pm.mtu == settles
+    if interface == limit:  # every failed size refused at once: one round trip in all
+        assert end == pytest.approx(RTT)
+        assert path.sent.count(settles) == 1
+    else:  # the sizes above are lost silently: each takes MAX_PROBES probe timeouts
+        assert end <= 12 * MAX_PROBES * TIMEOUT + RTT
+    assert max(s for s in path.sent if s <= limit) == settles

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,10 @@ def test_two_nodes_negotiate_and_the_sender_processes_fewer_acks() -> None:
     size = 3 << 20
 
     async def main() -> None:
-        on, conn, peer = await _send_file(size, TransportConfig())
+        # at 1,472-byte packets (a 1,500-byte path): with 16,384-byte ones the whole file is ~200
+        # packets, and the library's own rule already sends few ACKs
+        sized = TransportConfig(quic_max_datagram_size=1472)
+        on, conn, peer = await _send_file(size, sized)
         sender, receiver = conn.ack_frequency, peer.ack_frequency
         assert sender is not None and receiver is not None
         assert sender.negotiated and receiver.negotiated
@@ -86,7 +90,7 @@ def test_two_nodes_negotiate_and_the_sender_processes_fewer_acks() -> None:
         current = sender.sender.current
         assert current is not None and current.threshold >= 2
         assert 10000 <= current.max_ack_delay_us <= 25000  # a quarter RTT (5 ms here) or 10 ms
-        off, conn_off, _ = await _send_file(size, TransportConfig(quic_ack_frequency=False))
+        off, conn_off, _ = await _send_file(size, replace(sized, quic_ack_frequency=False))
         assert conn_off.ack_frequency is None
         # over this 20 ms path about a quarter of the ACK frames (the library's own rule
         # acknowledges 1 ms after a packet); a wide margin
@@ -202,7 +206,8 @@ def test_a_min_ack_delay_above_max_ack_delay_fails_the_handshake(monkeypatch: py
 
 def test_a_peer_that_never_acknowledges_probes_leaves_the_path_at_1200() -> None:
     """Upstream (dialer to listener) the path drops every datagram over 1,200 bytes of payload, so
-    the listener never acknowledges the dialer's probes; downstream it carries 1,472. The dialer's
+    the listener never acknowledges the dialer's probes; downstream it carries 1,472 (an emulated
+    1,500-byte path). The dialer's
     packets stay at 1,200 bytes, the listener's grow, and data moves both ways."""
 
     async def main() -> None:
@@ -214,7 +219,7 @@ def test_a_peer_that_never_acknowledges_probes_leaves_the_path_at_1200() -> None
         listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), on_conn)
         port = int(listener.addresses[0].rsplit(":", 1)[1])
         relay = UdpRelay(("127.0.0.1", port), seed=13)
-        relay.set_impairment(Impairment(mtu=BASE_PLPMTU + 28), Impairment())
+        relay.set_impairment(Impairment(mtu=BASE_PLPMTU + 28), Impairment(mtu=1500))
         host, rport = await relay.start()
         conn = await dial_quic(f"quic://{host}:{rport}", Identity.generate())
         assert isinstance(conn, QuicConn)

@@ -1,8 +1,10 @@
 """Path MTU discovery on real QUIC connections over UDP loopback, through the seeded relay
-(iac.testing.UdpRelay) whose ``mtu`` drops larger datagrams silently: packets grow after the
-probe, stay at 1,200 bytes when probing is off or the path carries no more, fall back to
-1,200 when the path's MTU drops in the middle of a file transfer (the file still arrives), and
-a bare aioquic peer (which never probes) takes the probes and the larger packets."""
+(iac.testing.UdpRelay) whose ``mtu`` drops larger datagrams silently: with the default ceiling
+a loopback path settles at 16,384 bytes and a file arrives, an emulated 1,500-byte path at
+1,472 (packets grow after the probe), packets stay at 1,200 bytes when probing is off or the
+path carries no more, fall back to 1,200 when the path's MTU drops in the middle of a file
+transfer (the file still arrives), a bare aioquic peer (which never probes) takes the probes
+and the larger packets, and a ceiling above what aioquic can fill is held to 16,384."""
 
 from __future__ import annotations
 
@@ -23,16 +25,18 @@ from iac.testing import Impairment, UdpRelay, eventually
 from iac.transport.base import TransportConfig
 from iac.transport.certs import node_certificate
 from iac.transport.quic import QuicConn, dial_quic, listen_quic
-from iac.transport.quic.backend import get_backend
+from iac.transport.quic.backend import AIOQUIC_LARGEST_DATAGRAM, get_backend
 from iac.transport.quic.configuration import client_configuration
-from iac.transport.quic.pmtud import BASE_PLPMTU, MAX_PROBES
+from iac.transport.quic.pmtud import BASE_PLPMTU, DEFAULT_MAX_PLPMTU, MAX_PROBES
 from iac.transport.quic.protocol import protocol_class
 from iac.wire.identity import Identity
 
 LOOPBACK = "quic://127.0.0.1:0"
 
 
-async def _relayed_pair(config: TransportConfig) -> tuple[Any, UdpRelay, QuicConn, list[QuicConn]]:
+async def _relayed_pair(
+    config: TransportConfig, impairment: Impairment | None = None
+) -> tuple[Any, UdpRelay, QuicConn, list[QuicConn]]:
     accepted: list[QuicConn] = []
 
     async def on_conn(conn: Any) -> None:
@@ -40,7 +44,7 @@ async def _relayed_pair(config: TransportConfig) -> tuple[Any, UdpRelay, QuicCon
 
     listener = await listen_quic("quic://127.0.0.1:0", Identity.generate(), on_conn, config=config)
     port = int(listener.addresses[0].rsplit(":", 1)[1])
-    relay = UdpRelay(("127.0.0.1", port), seed=3)
+    relay = UdpRelay(("127.0.0.1", port), impairment or Impairment(), seed=3)
     host, rport = await relay.start()
     conn = await dial_quic(f"quic://{host}:{rport}", Identity.generate(), config=config)
     assert isinstance(conn, QuicConn)
@@ -83,8 +87,11 @@ class BareServer:
 
 
 def test_packets_grow_to_what_the_probe_confirmed() -> None:
+    """The default ceiling over an emulated 1,500-byte path: the larger probes are lost
+    silently, the 1,472-byte one is acknowledged, and the packets grow to it, no further."""
+
     async def main() -> None:
-        listener, relay, conn, accepted = await _relayed_pair(TransportConfig())
+        listener, relay, conn, accepted = await _relayed_pair(TransportConfig(), Impairment(mtu=1500))
         try:
             pmtu = conn.path_mtu
             assert pmtu is not None
@@ -179,7 +186,7 @@ def test_mtu_drop_mid_transfer_falls_back_and_the_file_arrives() -> None:
             data = os.urandom(size)
             src = d / "f.bin"
             src.write_bytes(data)
-            cfg = TransportConfig()
+            cfg = TransportConfig(quic_max_datagram_size=1472)  # the path's MTU starts at 1,500
             async with (
                 Node(
                     listen=["quic://127.0.0.1:0"], config=NodeConfig(inbox_dir=d / "in", transport=cfg)
@@ -247,15 +254,15 @@ def test_bare_aioquic_peer_takes_probes_and_large_packets() -> None:
             pmtu = proto.pmtu
             assert pmtu is not None
             proto.transmit()
-            await eventually(lambda: pmtu.mtu == 1472, timeout=5)
+            await eventually(lambda: pmtu.mtu == DEFAULT_MAX_PLPMTU, timeout=5)
             payload = os.urandom(500_000)
             sid = proto.quic.get_next_available_stream_id()
             proto.quic.send_stream_data(sid, payload, end_stream=True)
             proto.transmit()
             await asyncio.wait_for(done.wait(), 10)
             assert bytes(received) == payload
-            assert relay.stats.largest_forwarded == 1472
-            assert relay.stats.forwarded_large >= len(payload) // 1472
+            assert relay.stats.largest_forwarded == DEFAULT_MAX_PLPMTU
+            assert relay.stats.forwarded_large >= len(payload) // DEFAULT_MAX_PLPMTU
         finally:
             proto.quic.close()
             proto.transmit()
@@ -264,3 +271,80 @@ def test_bare_aioquic_peer_takes_probes_and_large_packets() -> None:
             await relay.close()
 
     run(main())
+
+
+def test_loopback_settles_at_the_default_ceiling_and_a_file_arrives() -> None:
+    """Two nodes on loopback with the default configuration: one probe, 16,384-byte packets
+    both ways, and a file sent over them arrives whole; a ceiling above what aioquic can fill
+    (65,527) is held to 16,384 (larger packets would carry corrupt STREAM frames)."""
+    size = 2 << 20
+
+    async def main(ceiling: int | None) -> None:
+        d = Path(tempfile.mkdtemp(prefix="iacp-"))
+        try:
+            data = os.urandom(size)
+            (d / "f.bin").write_bytes(data)
+            cfg = TransportConfig() if ceiling is None else TransportConfig(quic_max_datagram_size=ceiling)
+            async with (
+                Node(listen=[LOOPBACK], config=NodeConfig(inbox_dir=d / "in", transport=cfg)) as rx,
+                Node(config=NodeConfig(transport=cfg)) as tx,
+            ):
+                tx.add_peer(rx.agent_id, *rx.addresses)
+                await tx.connect(rx.agent_id)
+                conn = tx.connection(rx.agent_id)
+                assert isinstance(conn, QuicConn) and conn.path_mtu is not None
+                pmtu = conn.path_mtu
+                await eventually(lambda: pmtu.path.state == "complete", timeout=5)
+                assert pmtu.mtu == AIOQUIC_LARGEST_DATAGRAM == DEFAULT_MAX_PLPMTU
+                assert pmtu.path.stats.probes_sent == 1 and pmtu.path.stats.probes_lost == 0
+                res = await tx.send_file(rx.agent_id, d / "f.bin", timeout=20)
+                assert res.sha256 == hashlib.sha256(data).hexdigest()
+                assert (d / "in" / "f.bin").read_bytes() == data
+                assert pmtu.mtu == DEFAULT_MAX_PLPMTU and pmtu.path.stats.fallbacks == 0
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    run(main(None), timeout=30)
+    run(main(65527), timeout=30)
+
+
+def test_padding_runs_are_skipped_where_the_library_stops() -> None:
+    """The adapter's PADDING handler (one step for a probe's 16 KB of zeros) leaves the buffer
+    where aioquic's own byte-by-byte handler does, for runs that end in a frame or the packet."""
+    from aioquic._buffer import Buffer
+
+    backend = get_backend("aioquic")
+    assert backend.fast_padding is not None
+    quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+    library = quic._handle_padding_frame
+    backend.fast_padding(quic)
+    ours = quic._QuicConnection__frame_handlers[0x00][0]
+    assert ours is not library
+    for data in (bytes(16383), bytes(10) + b"\x01" + bytes(5), b"\x01", b"", bytes(3) + b"\x08\x00"):
+        ends = []
+        for handler in (library, ours):
+            buf = Buffer(data=b"\x00" + data)
+            buf.seek(1)  # the frame type, read by the library before it calls the handler
+            handler(None, 0x00, buf)
+            ends.append(buf.tell())
+        assert ends[0] == ends[1], (data[:12], ends)
+
+
+def test_a_larger_datagram_size_recalculates_the_initial_window() -> None:
+    """RFC 9002 section 7.2: once packets may grow to 16,384 bytes the congestion window is at
+    least the initial window for that size (2 packets, 32,768 bytes), not aioquic's ten
+    1,200-byte packets (less than one packet); a window already larger and a smaller size
+    leave it alone."""
+    backend = get_backend("aioquic")
+    hooks = backend.pmtu
+    assert hooks is not None
+    quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+    cc = quic._loss._cc
+    assert cc.congestion_window == 12000
+    hooks.set_datagram_size(quic, 16384)
+    assert cc.congestion_window == 32768 and quic._max_datagram_size == 16384
+    hooks.set_datagram_size(quic, 1200)  # a fall back: the controller's own reaction to the loss holds
+    assert cc.congestion_window == 32768
+    cc.congestion_window = 500_000
+    hooks.set_datagram_size(quic, 16384)
+    assert cc.congestion_window == 500_000

@@ -159,7 +159,7 @@ def add_transport_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help=f"QUIC path MTU discovery probes up to this UDP payload (default "
-        f"{TransportConfig.quic_max_datagram_size}, a 1,500-byte IPv4 path; 1200..65527; "
+        f"{TransportConfig.quic_max_datagram_size}; a 1,500-byte IPv4 path settles at 1,472; 1200..65527; "
         "0: no probing, every packet 1,200 bytes)",
     )
     p.add_argument(

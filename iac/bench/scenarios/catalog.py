@@ -199,6 +199,7 @@ def sc_broadcast(ctx: Context, res: Result) -> None:
 
 def sc_filetransfer(ctx: Context, res: Result) -> None:
     from iac.bench.scenarios import filetransfer
+    from iac.transport.quic.pmtud import DEFAULT_MAX_PLPMTU
 
     mib, rounds = (8, 3) if ctx.quick else (48, 5)
     work = Path(tempfile.mkdtemp(prefix="files-", dir=ctx.tmp))  # private: it holds UNIX sockets
@@ -217,21 +218,23 @@ def sc_filetransfer(ctx: Context, res: Result) -> None:
             src, work, url, None, backend=backend, link=link, report=report
         )
 
-    def bare(lib: str) -> Callable[[], Awaitable[float]]:
-        return lambda: filetransfer.bench_bare_aioquic(src, work, lib)
+    def bare(lib: str, datagram: int = 1200) -> Callable[[], Awaitable[float]]:
+        return lambda: filetransfer.bench_bare_aioquic(src, work, lib, datagram)
 
     steps[base] = bare("aioquic")
-    steps[f"{base}, 1,472-byte datagrams"] = lambda: filetransfer.bench_bare_aioquic(
-        src, work, "aioquic", 1472
-    )
+    for size in (1472, DEFAULT_MAX_PLPMTU):  # a 1,500-byte path's, and loopback's (the default ceiling)
+        steps[f"{base}, {size:,}-byte datagrams"] = bare("aioquic", size)
 
     bases: dict[str, str] = {}
     for b in ctx.backends:
         label = f"{quic_name(b)} send_file"
         steps[label] = over("quic://127.0.0.1:0", b, label=label)
-        if b == "aioquic":  # the link mechanisms (path MTU discovery, segmentation offload) on and off
+        if b == "aioquic":  # the link mechanisms on and off; compared with bare aioquic, same datagrams
+            bases[label] = f"{base}, {DEFAULT_MAX_PLPMTU:,}-byte datagrams"
             for suffix, link in filetransfer.LINK_VARIANTS.items():
                 steps[f"{label}, {suffix}"] = over("quic://127.0.0.1:0", b, link, label=f"{label}, {suffix}")
+                if "quic_max_datagram_size" in link:
+                    bases[f"{label}, {suffix}"] = f"{base}, {link['quic_max_datagram_size']:,}-byte datagrams"
         if b != "aioquic" and importlib.util.find_spec(b) is not None:  # that backend's own ceiling
             bases[label] = f"bare {b}, one stream"
             steps[bases[label]] = bare(b)

@@ -98,6 +98,7 @@ class PmtuDriver:
             self._started = True
             if transport is not None:
                 probe_mode(transport.get_extra_info("socket"))
+            path.limit(hooks.largest)  # what the library builds correctly
             path.limit(hooks.peer_max_udp_payload(quic))
             self._addr = self.backend.peer_address(quic)
             path.start(self.loop.time())

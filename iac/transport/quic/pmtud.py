@@ -10,8 +10,11 @@ builds and sends it, reports whether it was acknowledged or lost, and lets packe
 
 Search (RFC 8899 section 5.3): the first probe tries the configured maximum (the common
 case: the path carries it, one round trip and done); a size whose probe is lost
-:data:`MAX_PROBES` times in a row is taken as too large, and the search halves the interval
-between the largest acknowledged and the smallest failed size until it is narrower than
+:data:`MAX_PROBES` times in a row (or that the local interface refuses at once) is taken as
+too large. The next candidate is the largest of :data:`PLATEAUS` (the sizes common links
+carry: Ethernet's 1,500 bytes over IPv4 and IPv6, 9,000-byte jumbo frames) between the
+largest acknowledged and the smallest failed size, so that a 1,500-byte path settles at
+exactly 1,472 bytes; without one, the search halves that interval, until it is narrower than
 :data:`SEARCH_GRANULARITY` bytes. Then the search is complete; it starts again after
 :attr:`PathMtu.raise_interval` (RFC 8899's PMTU_RAISE_TIMER, 600 s), in case the path grew.
 
@@ -40,8 +43,19 @@ from iac.errors import ConfigError
 BASE_PLPMTU = 1200
 #: The largest UDP payload over IPv4 (65,535 less the IPv4 and UDP headers).
 MAX_PLPMTU = 65527
-#: The default largest size probed for: a 1,500-byte IPv4 path (Ethernet) less 28 header bytes.
-DEFAULT_MAX_PLPMTU = 1472
+#: The default largest size probed for (``TransportConfig.quic_max_datagram_size``): what
+#: loopback carries with room to spare, and the most aioquic 1.7 can fill (its STREAM and
+#: CRYPTO frames carry at most 16,383 bytes: a two-byte length); a 1,500-byte path stops
+#: the search at :data:`ETHERNET_IPV4`.
+DEFAULT_MAX_PLPMTU = 16384
+#: A 1,500-byte IPv4 path (Ethernet) less 28 header bytes; and over IPv6, less 48.
+ETHERNET_IPV4 = 1472
+ETHERNET_IPV6 = 1452
+#: A 9,000-byte jumbo-frame IPv4 path less 28 header bytes.
+JUMBO_IPV4 = 8972
+#: The sizes tried before halving, largest first (RFC 8899 section 5.3.2: a table of the
+#: sizes links commonly carry).
+PLATEAUS = (JUMBO_IPV4, ETHERNET_IPV4, ETHERNET_IPV6)
 #: Lost probes of one size, in a row, that make the size too large (RFC 8899 MAX_PROBES).
 MAX_PROBES = 3
 #: The search stops once the largest acknowledged and the smallest failed size are this close.
@@ -304,12 +318,14 @@ class PathMtu:
         self._candidate = self.max_size
 
     def _step(self, now: float) -> None:
-        """Pick the next candidate between the largest passed and the smallest failed size."""
-        if self._hi - self._lo <= self.granularity or self._hi - 1 <= self._lo:
+        """Pick the next candidate between the largest passed and the smallest failed size: the
+        largest plateau in between, else the middle."""
+        lo, hi = self._lo, self._hi
+        if hi - lo <= self.granularity or hi - 1 <= lo:
             self.state = COMPLETE
             self._search_at = now + self.raise_interval
             return
-        self._candidate = (self._lo + self._hi) // 2
+        self._candidate = next((p for p in PLATEAUS if lo < p < hi), (lo + hi) // 2)
 
     def _fall_back(self, now: float) -> None:
         self.stats.fallbacks += 1
@@ -327,8 +343,12 @@ __all__ = [
     "COMPLETE",
     "DEFAULT_MAX_PLPMTU",
     "DISABLED",
+    "ETHERNET_IPV4",
+    "ETHERNET_IPV6",
+    "JUMBO_IPV4",
     "MAX_PLPMTU",
     "MAX_PROBES",
+    "PLATEAUS",
     "SEARCHING",
     "SEARCH_GRANULARITY",
     "PathMtu",

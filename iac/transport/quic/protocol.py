@@ -102,6 +102,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
             # the library's timer as one Timer moved at each flush (see _library_transmit)
             self._quic_timer = loop_timers(self._loop.loop).timer(self._handle_timer)  # type: ignore[attr-defined]
         self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
+        if backend.fast_padding is not None:  # a path MTU probe is one long PADDING run
+            backend.fast_padding(quic)
         if self.backend.ack_frequency is not None:  # before the transport parameters are made
             self.ackfreq = self.backend.ack_frequency(quic)
 
