@@ -508,7 +508,9 @@ class Dispatcher:
         await self._answers.error(item, code, text)
 
     def commit(self, item: Item) -> None:
-        self._store.commit_item(item, self._clock.now_us())
+        """Its id is done, stamped with its batch's time (the store only keeps its clock's
+        high-water mark from it)."""
+        self._store.commit_item(item, item.received)
 
     def release(self, item: Item) -> None:
         """The item was not handled (refused as busy, or cancelled by the node closing)."""

@@ -12,8 +12,10 @@ in one call: each message's facts (a response? is an answer wanted? retried? a b
 worked out once, the replay checks of the whole batch go to the store together, and each
 decision names its route, so the node acts on it without asking again:
 :class:`Refuse` (count it; answer ERROR when ``answer``), :class:`Duplicate` (re-answer or drop),
-:class:`Response` (a REPLY, ERROR or ACK for what this node asked), :class:`Deliver` (to
-``route``: a handler, reorder, CANCEL, CREDIT or the file receiver). Nothing here reads a clock
+:class:`Response` (a REPLY, ERROR or ACK for what this node asked), or the delivered
+:class:`~iac.node.types.Item` itself (to its ``route``: a handler, reorder, CANCEL, CREDIT or the
+file receiver). The decisions are plain slotted dataclasses, read-only by convention (one is made
+per message; see :class:`~iac.wire.frames.Frame`). Nothing here reads a clock
 (time is an argument) or touches a socket; the replay store is its one collaborator, awaited
 (:class:`~iac.node.store.StoreRunner` runs a store that blocks off the loop).
 """
@@ -75,7 +77,7 @@ class Route(IntEnum):
     FILE = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Refuse:
     """Refused: count ``reason``; answer ERROR ``reason.code`` when ``answer``. ``consumed``: the
     id reserved for it, to commit as the node acts on the refusal (in order with the messages
@@ -87,7 +89,7 @@ class Refuse:
     consumed: Key | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Duplicate:
     """A copy of a message already seen: ``TOO_OLD`` (behind the window), ``IN_PROGRESS`` (its
     first copy is being handled) or ``DONE`` (handled: answer again)."""
@@ -96,7 +98,7 @@ class Duplicate:
     answer: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Response:
     """A REPLY, ERROR or ACK addressed to this node; ``key`` names the message it answers.
     ``store_failed``: the replay store could not be asked (delivered all the same: the pending
@@ -108,13 +110,8 @@ class Response:
     store_failed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    item: Item
-    route: Route
-
-
-Decision = Refuse | Duplicate | Response | Deliver
+#: An :class:`Item` is the decision to deliver it (to ``item.route``).
+Decision = Refuse | Duplicate | Response | Item
 
 
 class ReceivePipeline:
@@ -158,7 +155,9 @@ class ReceivePipeline:
                     continue
             sender = sender_of(msg) if forwarded else peer
             checks.append(((sender, msg.session_id, msg.msg_id), is_response, via))
-        verdicts = await store.check(checks, now) if checks else []
+        verdicts: list[Verdict | IacError] = []
+        if checks:  # (a store that does not block is asked with no await)
+            verdicts = await store.check(checks, now) if store.blocking else store.check_now(checks, now)
         out: list[Decision] = []
         j = 0  # the next verdict
         for i, msg in enumerate(msgs):
@@ -240,7 +239,7 @@ class ReceivePipeline:
             wants = WANTS_REPLY
         else:
             wants = WANTS_ACK if msg.flags & FLAG_ACK_REQUESTED else WANTS_NOTHING
-        return Deliver(Item(conn, msg, payload, key, sealed, broadcast, wants=wants), route)
+        return Item(conn, msg, payload, key, sealed, broadcast, wants=wants, route=route, received=now)
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -306,4 +305,4 @@ class ReceivePipeline:
         return Response(msg, payload, (sender, msg.reply_session_id, msg.reply_to), store_failed)
 
 
-__all__ = ["Decision", "Deliver", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response", "Route"]
+__all__ = ["Decision", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response", "Route"]
