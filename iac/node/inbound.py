@@ -302,7 +302,7 @@ class Inbound:
         """A REPLY, ERROR or ACK for this node: to what waits for it (a stream, a request, a file)."""
         if r.store_failed:
             self._c.refused[Refusal.STORE_UNAVAILABLE.value] += 1  # delivered all the same
-        mt = r.msg.msg_type
+        mt = r.msg_type
         if mt == _ERROR:
             code, text = error_fields(r.payload)
             # Counted by code from the closed list: a peer cannot grow the table with codes of its own.
