@@ -168,8 +168,7 @@ class Dispatcher:
             self._c.backlog_peak = self.waiting
         if not item.broadcast:
             self._active[item.key] = None
-        msg = item.msg
-        mt = msg.msg_type
+        mt = item.msg_type
         func = self.exposed.get(item.payload["name"]) if mt == _COMMAND else self.handlers.get(mt)
         item.handler = func
         if func is None:  # refused when its turn comes: right here where a plain function would run
@@ -179,7 +178,7 @@ class Dispatcher:
             kind = self._kinds[func]
         except (KeyError, TypeError):  # not seen yet, or unhashable
             kind = self._kind(func)
-        if msg.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
+        if item.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
             item.mode = _RUN_STREAM
         elif kind == _ASYNC:
             item.mode = _RUN_ASYNC
@@ -214,7 +213,7 @@ class Dispatcher:
         plain handler's result is one part. A generator handler asked without STREAM answers its
         first part as the REPLY (then it is closed)."""
         msg = item.msg
-        if not msg.flags & FLAG_STREAM:
+        if not item.flags & FLAG_STREAM:
 
             async def first() -> Any:
                 parts = invoke()
@@ -370,7 +369,7 @@ class Dispatcher:
             self._c.cancelled += 1
             await self._outcome(item, ErrorCode.CANCELLED, "cancelled by the caller")
             return False
-        deadline, command = msg.deadline, msg.msg_type == _COMMAND  # (each field read once)
+        deadline, command = item.deadline, item.msg_type == _COMMAND  # (read once, by the pipeline)
         if deadline and deadline <= self._clock.now_us():  # not started past its deadline
             await self._refused(
                 item, Refusal.DEADLINE_PASSED, ErrorCode.TIMEOUT, "deadline passed before the handler started"
@@ -437,12 +436,12 @@ class Dispatcher:
 
     async def _scoped(self, item: Item, aw: Awaitable[Any]) -> Any:
         """Await a handler in an ``asyncio.timeout`` scope that its deadline and a CANCEL end."""
-        msg = item.msg
         when: float | None = None
         loop = asyncio.get_running_loop()
-        if self.config.enforce_deadline and msg.deadline:
-            when = loop.time() + max(0.0, (msg.deadline - self._clock.now_us()) / 1e6)
-        if msg.flags & FLAG_STREAM:  # whatever deadline the consumer asked, a stream is bounded
+        deadline = item.deadline
+        if self.config.enforce_deadline and deadline:
+            when = loop.time() + max(0.0, (deadline - self._clock.now_us()) / 1e6)
+        if item.flags & FLAG_STREAM:  # whatever deadline the consumer asked, a stream is bounded
             cap = loop.time() + self.config.max_stream_time
             when = cap if when is None else min(when, cap)
         key = item.key

@@ -251,7 +251,10 @@ class ReceivePipeline:
             wants = WANTS_REPLY
         else:
             wants = WANTS_ACK if flags & FLAG_ACK_REQUESTED else WANTS_NOTHING
-        return Item(conn, msg, payload, key, sealed, broadcast, wants=wants, route=route, received=now)
+        return Item(
+            conn, msg, payload, key, sealed, broadcast, wants=wants, route=route, received=now,
+            msg_type=mt, deadline=deadline, flags=flags,
+        )  # fmt: skip
 
     # --- the steps --------------------------------------------------------------------------------
 
