@@ -168,11 +168,8 @@ class Dispatcher:
             self._c.backlog_peak = self.waiting
         if not item.broadcast:
             self._active[item.key] = None
-        msg = item.msg
-        if msg.msg_type == _COMMAND:
-            func = self.exposed.get(item.payload["name"])
-        else:
-            func = self.handlers.get(msg.msg_type)
+        mt = item.msg_type
+        func = self.exposed.get(item.payload["name"]) if mt == _COMMAND else self.handlers.get(mt)
         item.handler = func
         if func is None:  # refused when its turn comes: right here where a plain function would run
             item.mode = _RUN_THREAD if self.config.sync_in_thread else _RUN_LOOP
@@ -181,7 +178,7 @@ class Dispatcher:
             kind = self._kinds[func]
         except (KeyError, TypeError):  # not seen yet, or unhashable
             kind = self._kind(func)
-        if msg.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
+        if item.flags & FLAG_STREAM or kind == _ASYNC_GEN:  # (a stream waits for credit)
             item.mode = _RUN_STREAM
         elif kind == _ASYNC:
             item.mode = _RUN_ASYNC
@@ -216,7 +213,7 @@ class Dispatcher:
         plain handler's result is one part. A generator handler asked without STREAM answers its
         first part as the REPLY (then it is closed)."""
         msg = item.msg
-        if not msg.flags & FLAG_STREAM:
+        if not item.flags & FLAG_STREAM:
 
             async def first() -> Any:
                 parts = invoke()
@@ -357,7 +354,8 @@ class Dispatcher:
             self.per_peer[sender] = n
         else:
             self.per_peer.pop(sender, None)
-        if item.key in self._active:  # not ended yet (a key a CANCEL named is active too)
+        active = self._active  # (an empty table needs no hash of the key: the usual case here)
+        if active and item.key in active:  # not ended yet (a key a CANCEL named is active too)
             self._ended(item)
         if item.slot:
             item.slot = False
@@ -366,11 +364,13 @@ class Dispatcher:
     async def _run_handler(self, item: Item, inline: bool) -> bool:
         msg = item.msg
         item.slot = True
-        if item.key in self._cancelled:  # cancelled while it waited for a slot
+        cancelled = self._cancelled
+        if cancelled and item.key in cancelled:  # cancelled while it waited for a slot
             self._c.cancelled += 1
             await self._outcome(item, ErrorCode.CANCELLED, "cancelled by the caller")
             return False
-        if msg.deadline and msg.deadline <= self._clock.now_us():  # not started past its deadline
+        deadline, command = item.deadline, item.msg_type == _COMMAND  # (read once, by the pipeline)
+        if deadline and deadline <= self._clock.now_us():  # not started past its deadline
             await self._refused(
                 item, Refusal.DEADLINE_PASSED, ErrorCode.TIMEOUT, "deadline passed before the handler started"
             )
@@ -379,12 +379,12 @@ class Dispatcher:
         if func is None:
             what = (
                 f"no exposed function {item.payload['name'][:100]!r}"
-                if msg.msg_type == _COMMAND
+                if command
                 else (f"no handler for {type_name(msg.msg_type)}")
             )
             await self._refused(item, Refusal.NO_HANDLER, ErrorCode.NO_HANDLER, what)
             return False
-        if msg.msg_type == _COMMAND:
+        if command:
             call = item.payload
             args, kwargs = call.get("args", []), call.get("kwargs", {})
             try:
@@ -396,7 +396,7 @@ class Dispatcher:
                 pass
             invoke: Callable[[], Any] = functools.partial(func, *args, **kwargs)
         else:
-            ctx = self._make_context(msg, item.payload, bool(msg.deadline), item.conn.peer.agent_id)
+            ctx = self._make_context(msg, item.payload, bool(deadline), item.conn.peer.agent_id)
             invoke = functools.partial(func, ctx)
         observed = self._observers.handling(item.key[0], msg) if self._observers.items else _UNOBSERVED
         mode = item.mode
@@ -436,12 +436,12 @@ class Dispatcher:
 
     async def _scoped(self, item: Item, aw: Awaitable[Any]) -> Any:
         """Await a handler in an ``asyncio.timeout`` scope that its deadline and a CANCEL end."""
-        msg = item.msg
         when: float | None = None
         loop = asyncio.get_running_loop()
-        if self.config.enforce_deadline and msg.deadline:
-            when = loop.time() + max(0.0, (msg.deadline - self._clock.now_us()) / 1e6)
-        if msg.flags & FLAG_STREAM:  # whatever deadline the consumer asked, a stream is bounded
+        deadline = item.deadline
+        if self.config.enforce_deadline and deadline:
+            when = loop.time() + max(0.0, (deadline - self._clock.now_us()) / 1e6)
+        if item.flags & FLAG_STREAM:  # whatever deadline the consumer asked, a stream is bounded
             cap = loop.time() + self.config.max_stream_time
             when = cap if when is None else min(when, cap)
         key = item.key
@@ -489,7 +489,8 @@ class Dispatcher:
     def _ended(self, item: Item) -> None:
         """The handler finished (or never ran): a CANCEL from now on is too late."""
         self._active.pop(item.key, None)
-        self._cancelled.discard(item.key)
+        if self._cancelled:
+            self._cancelled.discard(item.key)
 
     async def _refused(self, item: Item, reason: Refusal, code: ErrorCode, text: str) -> None:
         self._ended(item)
@@ -508,7 +509,9 @@ class Dispatcher:
         await self._answers.error(item, code, text)
 
     def commit(self, item: Item) -> None:
-        self._store.commit_item(item, self._clock.now_us())
+        """Its id is done, stamped with its batch's time (the store only keeps its clock's
+        high-water mark from it)."""
+        self._store.commit_item(item, item.received)
 
     def release(self, item: Item) -> None:
         """The item was not handled (refused as busy, or cancelled by the node closing)."""

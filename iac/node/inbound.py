@@ -32,9 +32,9 @@ from iac.node.outbox import Outbox
 from iac.node.parts import Parts
 from iac.node.peers import Peers
 from iac.node.pending import Pending
-from iac.node.pipeline import Decision, Deliver, Duplicate, ReceivePipeline, Refuse, Response, Route
+from iac.node.pipeline import Decision, Duplicate, ReceivePipeline, Refuse, Response, Route
 from iac.node.streams import Streams
-from iac.node.types import Reply, error_fields
+from iac.node.types import Item, Reply, error_fields
 from iac.node.verify import Opened, Verifier
 from iac.protocol.clock import Clock
 from iac.protocol.guards import RESPONSE_TYPES, TokenBucket
@@ -208,7 +208,9 @@ class Inbound:
         opened: list[Opened] = []
         decisions: list[Decision] = []
         if bodies:
-            opened = await self._verifier.open(bodies, peer)
+            verifier = self._verifier
+            on_loop = verifier.open_now(bodies, peer)  # opened right here (no await), or None
+            opened = on_loop if on_loop is not None else await verifier.open(bodies, peer)
             # Every one verified (the common case): the list itself, no copy and no cast() call.
             msgs: list[Message] = opened  # type: ignore[assignment]
             for m in opened:
@@ -228,8 +230,12 @@ class Inbound:
             result = opened[at]
             at += 1
             if type(result) is Message or isinstance(result, Message):
+                decision = decisions[decided]
                 decided += 1
-                await self._act(conn, result, now, decisions[decided - 1])
+                if type(decision) is Response:  # an answer to this node: matched right here
+                    self._on_response(decision)
+                else:
+                    await self._act(conn, result, now, decision)
             elif isinstance(result, MessageRejected):  # 1. signature: refused, the connection goes on
                 await self._on_bad_signature(conn, frame.body)
             elif isinstance(result, ProtocolError):  # malformed, or an impersonation: close it
@@ -254,9 +260,9 @@ class Inbound:
     async def _act(self, conn: Connection, msg: Message, now: int, decision: Decision) -> None:
         """Act on the pipeline's decision: it names the route."""
         # (the four decisions have no subclasses: type() is no call, isinstance() is)
-        if type(decision) is Deliver:
-            item = decision.item
-            route = decision.route
+        if type(decision) is Item:  # delivered: the decision is the item itself
+            item = decision
+            route = item.route
             try:
                 if route is Route.HANDLER:
                     await self._dispatcher.dispatch(item)
@@ -274,8 +280,6 @@ class Inbound:
                 self._store.release_item(item, self._clock.now_us())
                 raise
         elif type(decision) is Response:
-            if decision.store_failed:
-                self._c.refused[Refusal.STORE_UNAVAILABLE.value] += 1  # delivered all the same
             self._on_response(decision)
         elif type(decision) is Refuse:
             if decision.consumed is not None:
@@ -295,7 +299,10 @@ class Inbound:
         await self._answers.again(conn, msg)
 
     def _on_response(self, r: Response) -> None:
-        mt = r.msg.msg_type
+        """A REPLY, ERROR or ACK for this node: to what waits for it (a stream, a request, a file)."""
+        if r.store_failed:
+            self._c.refused[Refusal.STORE_UNAVAILABLE.value] += 1  # delivered all the same
+        mt = r.msg_type
         if mt == _ERROR:
             code, text = error_fields(r.payload)
             # Counted by code from the closed list: a peer cannot grow the table with codes of its own.

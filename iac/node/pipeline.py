@@ -12,8 +12,10 @@ in one call: each message's facts (a response? is an answer wanted? retried? a b
 worked out once, the replay checks of the whole batch go to the store together, and each
 decision names its route, so the node acts on it without asking again:
 :class:`Refuse` (count it; answer ERROR when ``answer``), :class:`Duplicate` (re-answer or drop),
-:class:`Response` (a REPLY, ERROR or ACK for what this node asked), :class:`Deliver` (to
-``route``: a handler, reorder, CANCEL, CREDIT or the file receiver). Nothing here reads a clock
+:class:`Response` (a REPLY, ERROR or ACK for what this node asked), or the delivered
+:class:`~iac.node.types.Item` itself (to its ``route``: a handler, reorder, CANCEL, CREDIT or the
+file receiver). The decisions are plain slotted dataclasses, read-only by convention (one is made
+per message; see :class:`~iac.wire.frames.Frame`). Nothing here reads a clock
 (time is an argument) or touches a socket; the replay store is its one collaborator, awaited
 (:class:`~iac.node.store.StoreRunner` runs a store that blocks off the loop).
 """
@@ -75,7 +77,7 @@ class Route(IntEnum):
     FILE = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Refuse:
     """Refused: count ``reason``; answer ERROR ``reason.code`` when ``answer``. ``consumed``: the
     id reserved for it, to commit as the node acts on the refusal (in order with the messages
@@ -87,7 +89,7 @@ class Refuse:
     consumed: Key | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Duplicate:
     """A copy of a message already seen: ``TOO_OLD`` (behind the window), ``IN_PROGRESS`` (its
     first copy is being handled) or ``DONE`` (handled: answer again)."""
@@ -96,25 +98,21 @@ class Duplicate:
     answer: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Response:
-    """A REPLY, ERROR or ACK addressed to this node; ``key`` names the message it answers.
-    ``store_failed``: the replay store could not be asked (delivered all the same: the pending
-    table takes one answer only)."""
+    """A REPLY, ERROR or ACK (``msg_type``) addressed to this node; ``key`` names the message it
+    answers. ``store_failed``: the replay store could not be asked (delivered all the same: the
+    pending table takes one answer only)."""
 
     msg: Message
     payload: Any
     key: Key
+    msg_type: int
     store_failed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    item: Item
-    route: Route
-
-
-Decision = Refuse | Duplicate | Response | Deliver
+#: An :class:`Item` is the decision to deliver it (to ``item.route``).
+Decision = Refuse | Duplicate | Response | Item
 
 
 class ReceivePipeline:
@@ -144,8 +142,10 @@ class ReceivePipeline:
         # response, a reservation for anything a handler takes.
         stale: dict[int, Refuse] = {}  # by position in the batch
         checks: list[CheckTuple] = []
+        types: list[int] = []  # the msg_type of each checked message (a field is read once)
         for i, msg in enumerate(msgs):
-            is_response = msg.msg_type in RESPONSE_TYPES
+            mt = msg.msg_type
+            is_response = mt in RESPONSE_TYPES
             ts = msg.timestamp
             # Fresh by the store's fixed window (checked here), else as the guard says (it raises).
             if fixed is None or not now - fixed[0] <= ts <= now + fixed[0] or ts < fixed[1]:
@@ -158,14 +158,17 @@ class ReceivePipeline:
                     continue
             sender = sender_of(msg) if forwarded else peer
             checks.append(((sender, msg.session_id, msg.msg_id), is_response, via))
-        verdicts = await store.check(checks, now) if checks else []
+            types.append(mt)
+        verdicts: list[Verdict | IacError] = []
+        if checks:  # (a store that does not block is asked with no await)
+            verdicts = await store.check(checks, now) if store.blocking else store.check_now(checks, now)
         out: list[Decision] = []
         j = 0  # the next verdict
         for i, msg in enumerate(msgs):
             if stale and i in stale:
                 out.append(stale[i])
             else:
-                out.append(self._judge(conn, msg, now, verdicts[j], forwarded))
+                out.append(self._judge(conn, msg, now, verdicts[j], forwarded, checks[j][0], types[j]))
                 j += 1
         return out
 
@@ -186,17 +189,25 @@ class ReceivePipeline:
         return Refuse(Refusal.BEFORE_HISTORY, str(exc), answer and bool(msg.deadline) and not retried)
 
     def _judge(
-        self, conn: Connection, msg: Message, now: int, verdict: Verdict | IacError, forwarded: bool
+        self,
+        conn: Connection,
+        msg: Message,
+        now: int,
+        verdict: Verdict | IacError,
+        forwarded: bool,
+        key: Key,
+        mt: int,
     ) -> Decision:
-        """Every step after the replay store's ``verdict`` on this message."""
-        sender = sender_of(msg) if forwarded else conn.peer.agent_id
+        """Every step after the replay store's ``verdict`` on this message (``key``: the one it
+        was checked under; ``mt``: its msg_type). Each field of the message is read once: a
+        protobuf field read costs about as much as a Python call."""
+        sender = key[0]
         broadcast = forwarded and not msg.to
-        mt = msg.msg_type
         is_response = mt in RESPONSE_TYPES
         answer = not broadcast and not is_response
         if isinstance(verdict, IacError):
             if is_response and isinstance(verdict, StoreUnavailable):
-                return self._response(msg, sender, True)
+                return self._response(msg, mt, sender, True)
             if verdict.reason == Refusal.REPLAY_STORE_FULL:
                 return Refuse(Refusal.REPLAY_STORE_FULL, str(verdict), answer)
             # A plain request gets ``busy`` now; an ACK_REQUESTED message is retransmitted by its sender.
@@ -207,8 +218,8 @@ class ReceivePipeline:
         if verdict is not Verdict.NEW:
             return Duplicate(verdict, answer)
         if is_response:
-            return self._response(msg, sender, False)
-        key: Key = (sender, msg.session_id, msg.msg_id)
+            return self._response(msg, mt, sender, False)
+        flags, deadline = msg.flags, msg.deadline
         try:
             refusal = self._check(msg, sender, broadcast)
             payload: Any = None
@@ -218,7 +229,7 @@ class ReceivePipeline:
             if refusal is None:
                 payload, refusal = decode_payload(msg.payload_json)
             if refusal is None:
-                refusal = self._check_late(msg, sender, payload, now)
+                refusal = self._check_late(msg, mt, deadline, sender, payload, now)
         except BaseException:
             self.store.release(key, now)
             raise
@@ -230,17 +241,20 @@ class ReceivePipeline:
             route = Route.CANCEL
         elif mt == _CREDIT:
             route = Route.CREDIT
-        elif msg.flags & FLAG_ORDERED:
+        elif flags & FLAG_ORDERED:
             route = Route.ORDERED
         else:
             route = Route.HANDLER
         if broadcast:
             wants = WANTS_NOTHING
-        elif msg.deadline:
+        elif deadline:
             wants = WANTS_REPLY
         else:
-            wants = WANTS_ACK if msg.flags & FLAG_ACK_REQUESTED else WANTS_NOTHING
-        return Deliver(Item(conn, msg, payload, key, sealed, broadcast, wants=wants), route)
+            wants = WANTS_ACK if flags & FLAG_ACK_REQUESTED else WANTS_NOTHING
+        return Item(
+            conn, msg, payload, key, sealed, broadcast, wants=wants, route=route, received=now,
+            msg_type=mt, deadline=deadline, flags=flags,
+        )  # fmt: skip
 
     # --- the steps --------------------------------------------------------------------------------
 
@@ -273,27 +287,28 @@ class ReceivePipeline:
         clear.extra_data = extra
         return clear, None
 
-    def _check_late(self, msg: Message, sender: str, payload: Any, now: int) -> tuple[Refusal, str] | None:
+    def _check_late(
+        self, msg: Message, mt: int, deadline: int, sender: str, payload: Any, now: int
+    ) -> tuple[Refusal, str] | None:
         c = self.config
         # Each check is called where it may refuse (a type not accepted, a task envelope or a
         # delegation, a deadline passed, a principal); what passes them all needs no call.
-        mt = msg.msg_type
         r = None
         if mt not in (KNOWN_TYPES if c.allowed_types is None else c.allowed_types):
             r = check_type(msg, c.allowed_types)
         if r is None and (mt == _DELEGATE_TASK or msg.HasField("task")):
             r = check_task(msg, c.delegators, sender)
-        if r is None and msg.deadline and msg.deadline <= now:
+        if r is None and deadline and deadline <= now:
             r = check_deadline(msg, now)
         if r is None and msg.principal:
             r = check_principal(msg)
-        if r is None and msg.msg_type == _COMMAND:
+        if r is None and mt == _COMMAND:
             r = check_call(payload)
         if r is None and c.guards:
             r = run_guards(c.guards, msg, payload)
         return r
 
-    def _response(self, msg: Message, sender: str, store_failed: bool) -> Decision:
+    def _response(self, msg: Message, mt: int, sender: str, store_failed: bool) -> Decision:
         if msg.to != self.agent_id:
             return Refuse(Refusal.NOT_ADDRESSED, "a response addressed to another agent", False)
         if msg.sealed:
@@ -303,7 +318,7 @@ class ReceivePipeline:
         payload, r = decode_payload(msg.payload_json)
         if r is not None:
             return Refuse(r[0], r[1], False)
-        return Response(msg, payload, (sender, msg.reply_session_id, msg.reply_to), store_failed)
+        return Response(msg, payload, (sender, msg.reply_session_id, msg.reply_to), mt, store_failed)
 
 
-__all__ = ["Decision", "Deliver", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response", "Route"]
+__all__ = ["Decision", "Duplicate", "Item", "ReceivePipeline", "Refuse", "Response", "Route"]

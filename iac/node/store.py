@@ -95,11 +95,21 @@ class StoreRunner:
 
     async def check(self, checks: Sequence[CheckTuple], now: int) -> list[Verdict | IacError]:
         """The verdict of each check, in order; a failed call gives its typed error in its place."""
-        verdicts: list[Verdict | IacError]
         if not self.blocking:
-            verdicts = self._check_all(checks, now)
-        else:
-            verdicts = await self._run(self._check_all, checks, now)
+            return self.check_now(checks, now)
+        return self._hold(checks, await self._run(self._check_all, checks, now), now)
+
+    def check_now(self, checks: Sequence[CheckTuple], now: int) -> list[Verdict | IacError]:
+        """:meth:`check` for a store that does not block (``blocking`` is False): right here,
+        with no await (the receive pipeline calls it so for every batch)."""
+        verdicts = self._check_all(checks, now)
+        return verdicts if self.lease_us is None else self._hold(checks, verdicts, now)
+
+    def _hold(
+        self, checks: Sequence[CheckTuple], verdicts: list[Verdict | IacError], now: int
+    ) -> list[Verdict | IacError]:
+        """Note the ids reserved now as held (their leases are renewed), or answer IN_PROGRESS
+        for one already held."""
         if self.lease_us is None:  # reservations that never lapse need no renewal
             return verdicts
         held = self._held

@@ -70,9 +70,17 @@ class Verifier:
         self.batches = 0
         self.offloaded = 0
 
-    async def open(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
+    def open_now(self, bodies: Sequence[bytes], peer: str) -> list[Opened] | None:
+        """Open ``bodies`` right here, when they are not for the worker (a lone frame, no
+        worker); None when they are: then :meth:`open` them (the read loop awaits only that)."""
         if not self.threaded or len(bodies) < self.batch_min or not self.worker.available:
             return open_all(bodies, peer)
+        return None
+
+    async def open(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
+        opened = self.open_now(bodies, peer)
+        if opened is not None:
+            return opened
         self.batches += 1
         self.offloaded += len(bodies)
         return await self.worker.run("verification", open_all, bodies, peer)

@@ -285,11 +285,12 @@ class PeerInfo:
     dialed: bool = True  # this side dialed the connection
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Incoming:
     """One received MESSAGE or FORWARD frame, decoded (and decompressed) but not opened: the
     transport proves who the peer is (HELLO), never what a message says. The node's receive
-    pipeline verifies the signature and that a MESSAGE's ``from`` is this connection's peer."""
+    pipeline verifies the signature and that a MESSAGE's ``from`` is this connection's peer.
+    Read-only by convention (one is made per frame: see :class:`~iac.wire.frames.Frame`)."""
 
     frame: Frame
 

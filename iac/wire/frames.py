@@ -57,10 +57,15 @@ _TYPE_BY_CODE = {int(t): t for t in FrameType}
 _ZSTD_MAGIC_BYTES = _ZSTD_MAGIC.to_bytes(4, "little")
 
 
-@dataclass(frozen=True, slots=True, weakref_slot=True)
+#: The two values made for every frame received are plain slotted dataclasses, read-only by
+#: convention, not frozen ones: a frozen dataclass sets each field through ``object.__setattr__``,
+#: about 1,250 CPU instructions a field (CPython 3.11), and a frame of each kind is made per
+#: message (benchmarks/README.md, "The per-request path").
+@dataclass(slots=True, weakref_slot=True)
 class Frame:
     """A decoded frame. ``body`` is already decompressed; ``wire_size`` counts header and body.
-    (Weak references to it are allowed: a receiver learns when its reader dropped it.)"""
+    (Weak references to it are allowed: a receiver learns when its reader dropped it.) Read-only
+    by convention."""
 
     type: FrameType
     body: bytes
@@ -68,9 +73,10 @@ class Frame:
     wire_size: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PackedFrame:
-    """A received frame whose header and zstd layout were checked, its body not yet decompressed.
+    """A received frame whose header and zstd layout were checked, its body not yet decompressed
+    (read-only by convention, as :class:`Frame`).
 
     ``payload`` is the body as it came (compressed when ``dict_id`` is not None);
     ``size`` is the body's size once decompressed: the content size the zstd header
