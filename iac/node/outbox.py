@@ -70,7 +70,8 @@ class Outbox:
     ) -> Message:
         """A new message toward ``peer`` in its session of ``kind`` (``now_us``: the clock, if the
         caller just read it; else read here)."""
-        check_agent_id_cached(peer)
+        if not peer:  # (build_message checks a `to` that is not empty)
+            check_agent_id_cached(peer)
         text = payload_json if payload_json is not None else payload_text(payload, None)
         now = now_us or self.clock.now_us()
         msg = build_message(
@@ -201,7 +202,8 @@ class Outbox:
         frame = encode_frame(
             _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
         )
-        await conn.send(frame, early=early)
+        if not conn.try_send(frame, early=early):
+            await conn.send(frame, early=early)
         self._c.sent += 1
         self._c.bytes_sent += len(frame)
 
@@ -229,7 +231,8 @@ class Outbox:
             compress_with=dictionary if len(data) <= COMPRESS_LIMIT else None,
             max_frame_size=limit,
         )
-        await conn.send(frame, early=early)
+        if not conn.try_send(frame, early=early):
+            await conn.send(frame, early=early)
         self._c.bytes_sent += len(frame)
 
     async def send_all(self, conns: Mapping[str, Connection], sends: Sequence[Send]) -> None:

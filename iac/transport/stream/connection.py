@@ -200,22 +200,22 @@ class StreamConnection(Connection):
     def received(self) -> int:
         return len(self._inbox)
 
-    async def send(self, frame: bytes, *, early: bool = True) -> None:
+    def try_send(self, frame: bytes, *, early: bool = True) -> bool:
         core = self._core
         if core.closed:
             raise core.error or ConnectionClosed("connection closed")
-        q = self._sendq
-        if not q.offer(frame):
-            await q.put(frame)
+        if not self._sendq.offer(frame):
+            return False
         if self._flush_handle is None:
-            reader = self._inbox.reader
-            if reader is None or not reader.busy:  # the first frame of this turn: at once
-                self._flush()
-            elif reader.running:  # a batch in the receive callback: written when it stops
-                self._held = True
-                return
-            # the frames queued behind it in this turn: together, at its end
-            self._flush_handle = self._loop.call_soon(self._flush)
+            self._write_soon()
+        return True
+
+    async def send(self, frame: bytes, *, early: bool = True) -> None:
+        if self.try_send(frame):
+            return
+        await self._sendq.put(frame)
+        if self._flush_handle is None:
+            self._write_soon()
 
     async def recv(self) -> Incoming:
         return (await self.recv_many(1))[0]
@@ -337,6 +337,17 @@ class StreamConnection(Connection):
         self._start_close(local_protocol_error(exc), goaway=(exc.close_code, str(exc)), graceful=False)
 
     # --- writing --------------------------------------------------------------------------------
+
+    def _write_soon(self) -> None:
+        """A frame was queued and no flush is set: write it now, after the batch the reader runs
+        in the receive callback, or at the end of this turn."""
+        reader = self._inbox.reader
+        if reader is None or not reader.busy:  # the first frame of this turn: at once
+            self._flush()
+        elif reader.running:  # a batch in the receive callback: written when it stops
+            self._held = True
+        else:  # the frames queued behind it in this turn: together, at its end
+            self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """Write everything queued with one write (unless backpressured)."""
