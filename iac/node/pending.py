@@ -288,7 +288,10 @@ class Pending:
         task: TaskState | None,
         via: str | None,
         early: bool = True,
-        **build: Any,
+        payload_json: str | None = None,
+        extra_data: bytes = b"",
+        sealed: bool = False,
+        principal: str = "",
     ) -> Reply:
         """Send a request and wait for its answer (see :meth:`~iac.Node.request`); observers
         and the peer's round-trip estimate learn how it ended."""
@@ -317,16 +320,22 @@ class Pending:
                     peer,
                     msg_type,
                     payload,
+                    payload_json=payload_json,
+                    extra_data=extra_data,
                     flags=FLAG_ACK_REQUESTED if ack else 0,
                     task=task,
                     deadline_us=now_us + int(left * 1e6),
+                    sealed=sealed,
+                    principal=principal,
                     now_us=now_us,
-                    **build,
                 )
                 out = self._track(
                     peer, msg, reliable=ack, is_request=True, via=via, early=early, now=now, loop=loop
                 )
-                await self._first_send(out, now_us)
+                if ack:
+                    await self._first_send(out, now_us)
+                else:  # (a transport error ends it: the `finally` below forgets the out)
+                    await self._outbox.transmit(peer, msg, via, early=early, now_us=now_us)
                 # The table's one timer for every request (not a loop timer each): on expiry it
                 # fails the future with TimeoutError. A cancelled caller cancels the future
                 # itself; the out stays tracked until `finally`, which is how the handler below
