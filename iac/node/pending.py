@@ -56,7 +56,6 @@ class Out:
         self,
         peer: str,
         msg: Message,
-        *,
         reliable: bool,
         is_request: bool,
         give_up_at: float,
@@ -65,6 +64,7 @@ class Out:
         via: str | None = None,
         early: bool = True,
     ) -> None:
+        # (positional: a class called with keywords collects them in a dict, one per request)
         self.peer = peer
         self.msg = msg
         self.key: Key = (peer, msg.session_id, msg.msg_id)
@@ -473,17 +473,9 @@ class Pending:
         ``loop``: the running loop, if the caller has it)."""
         if loop is None:
             loop = asyncio.get_running_loop()
-        out = Out(
-            peer,
-            msg,
-            reliable=reliable,
-            is_request=is_request,
-            give_up_at=(loop.time() if now is None else now) + self.config.delivery_timeout,
-            rto=self.config.retransmit_initial,
-            future=loop.create_future(),
-            via=via,
-            early=early,
-        )
+        give_up_at = (loop.time() if now is None else now) + self.config.delivery_timeout
+        out = Out(peer, msg, reliable, is_request, give_up_at, self.config.retransmit_initial,
+                  loop.create_future(), via, early)  # fmt: skip
         self.outs[out.key] = out
         self._by_peer.setdefault(peer, {})[out.key] = out
         return out
