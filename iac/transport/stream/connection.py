@@ -356,10 +356,10 @@ class StreamConnection(Connection):
         proto = self._proto
         if proto.writing_paused or proto.lost:
             return  # resume_writing flushes
-        batch = self._sendq.take_all() if self._sendq.nbytes else None
-        if batch:
+        data = self._sendq.take_data()
+        if data:
             try:
-                self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+                self._transport.write(data)
             except NETWORK_ERRORS as exc:  # the boundary: the connection is lost, with why
                 self.on_lost(exc)
                 return
