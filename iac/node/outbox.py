@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from iac.errors import IacError
 from iac.node.parts import Parts
@@ -16,7 +17,7 @@ from iac.node.peers import Peers
 from iac.node.sign import Signer
 from iac.node.types import Broadcast, payload_text
 from iac.protocol.routing import Send
-from iac.transport.base import Connection
+from iac.transport.base import Connection, PeerInfo
 from iac.wire._pb.iac_pb2 import Message, TaskState
 from iac.wire.dicts import Dictionary
 from iac.wire.elide import ELIDE_CAPABILITY, FORWARD_CAPABILITY, compact_forward, elide, pair_prefix
@@ -31,6 +32,22 @@ COMPRESS_LIMIT = 64 * 1024
 _MESSAGE_FRAME = FrameType.MESSAGE
 
 log = logging.getLogger("iac.node")
+
+
+class _Framing(NamedTuple):
+    """What a connection's two HELLOs fix for the frames this side sends on it."""
+
+    #: The peer (its HELLO) these were learnt from: a connection whose HELLO verified later
+    #: (QUIC early data) has a new one, and its framing is learnt again.
+    peer: PeerInfo
+    #: The first dictionary the peer listed in its HELLO that this side has (until a pushed one
+    #: is acknowledged: ``Connection.send_dictionary``).
+    hello_dictionary: Dictionary | None
+    #: The largest frame the peer takes and this side sends.
+    limit: int
+    #: ``from``/``to`` of this side's messages to the peer, left out of MESSAGE bodies when both
+    #: HELLOs announce ``elide/1`` (else empty).
+    elide_prefix: bytes
 
 
 class Outbox:
@@ -49,6 +66,8 @@ class Outbox:
         self._router = parts.router
         self._c = parts.counters
         self._observers = parts.observers
+        #: Per connection, what its HELLOs fix for its frames (:meth:`_learn_framing`).
+        self._framing: weakref.WeakKeyDictionary[Connection, _Framing] = weakref.WeakKeyDictionary()
 
     def build(
         self,
@@ -70,7 +89,8 @@ class Outbox:
     ) -> Message:
         """A new message toward ``peer`` in its session of ``kind`` (``now_us``: the clock, if the
         caller just read it; else read here)."""
-        check_agent_id_cached(peer)
+        if not peer:  # (build_message checks a `to` that is not empty)
+            check_agent_id_cached(peer)
         text = payload_json if payload_json is not None else payload_text(payload, None)
         now = now_us or self.clock.now_us()
         msg = build_message(
@@ -174,34 +194,51 @@ class Outbox:
 
     def frame_params(self, conn: Connection) -> tuple[Dictionary | None, int]:
         """The dictionary to compress with toward ``conn`` and the largest frame its peer takes."""
-        hello = conn.peer.hello
+        framing = self._framing.get(conn)
+        if framing is None or framing.peer is not conn.peer:
+            framing = self._learn_framing(conn)
         # The dictionary this side pushed once the peer acknowledged it, else the first one
         # the peer listed in its HELLO.
-        dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
-        return dictionary, min(self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30)
+        return conn.send_dictionary or framing.hello_dictionary, framing.limit
+
+    def _learn_framing(self, conn: Connection) -> _Framing:
+        """What the two HELLOs of ``conn`` fix for its frames (kept while its peer's HELLO is the
+        same, and while the connection is referenced elsewhere)."""
+        peer = conn.peer
+        hello = peer.hello
+        transport = self.config.transport
+        # elides(): both HELLOs proved from/to, so MESSAGE bodies go without them
+        elides = ELIDE_CAPABILITY in conn.local_hello.capabilities and ELIDE_CAPABILITY in hello.capabilities
+        framing = _Framing(
+            peer,
+            transport.dictionaries.choose(hello.dict_ids),
+            min(transport.max_frame_size, hello.max_frame_size or 1 << 30),
+            pair_prefix(self.agent_id, peer.agent_id) if elides else b"",
+        )
+        self._framing[conn] = framing
+        return framing
 
     async def transmit_on(
         self, conn: Connection, msg: Message, *, compress: bool = True, early: bool = True, now_us: int = 0
     ) -> None:
         """Sign ``msg`` with a fresh timestamp (``now_us``: the clock the caller built it with just
-        now) and send it in a MESSAGE frame on ``conn``."""
-        msg.timestamp = now_us or self.clock.now_us()
+        now, its timestamp already) and send it in a MESSAGE frame on ``conn``."""
+        if not now_us:
+            msg.timestamp = self.clock.now_us()
         signer = self.signer
         body = sign_message(self.identity, msg) if signer.worker is None else await signer.sign(msg)
-        peer = conn.peer
-        hello = peer.hello
         # frame_params(conn), written out (a call per message saved)
-        dictionary = conn.send_dictionary or self.config.transport.dictionaries.choose(hello.dict_ids)
-        limit, cap = self.config.transport.max_frame_size, hello.max_frame_size or 1 << 30
-        if cap < limit:
-            limit = cap
-        # elides(): both HELLOs proved from/to, so the body goes without them
-        if ELIDE_CAPABILITY in conn.local_hello.capabilities and ELIDE_CAPABILITY in hello.capabilities:
-            body = elide(body, pair_prefix(self.agent_id, peer.agent_id))
+        framing = self._framing.get(conn)
+        if framing is None or framing.peer is not conn.peer:
+            framing = self._learn_framing(conn)
+        if framing.elide_prefix:
+            body = elide(body, framing.elide_prefix)
+        dictionary = conn.send_dictionary or framing.hello_dictionary
         frame = encode_frame(
-            _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=limit
+            _MESSAGE_FRAME, body, compress_with=dictionary if compress else None, max_frame_size=framing.limit
         )
-        await conn.send(frame, early=early)
+        if not conn.try_send(frame, early=early):
+            await conn.send(frame, early=early)
         self._c.sent += 1
         self._c.bytes_sent += len(frame)
 
@@ -229,7 +266,8 @@ class Outbox:
             compress_with=dictionary if len(data) <= COMPRESS_LIMIT else None,
             max_frame_size=limit,
         )
-        await conn.send(frame, early=early)
+        if not conn.try_send(frame, early=early):
+            await conn.send(frame, early=early)
         self._c.bytes_sent += len(frame)
 
     async def send_all(self, conns: Mapping[str, Connection], sends: Sequence[Send]) -> None:

@@ -56,7 +56,6 @@ class Out:
         self,
         peer: str,
         msg: Message,
-        *,
         reliable: bool,
         is_request: bool,
         give_up_at: float,
@@ -65,6 +64,7 @@ class Out:
         via: str | None = None,
         early: bool = True,
     ) -> None:
+        # (positional: a class called with keywords collects them in a dict, one per request)
         self.peer = peer
         self.msg = msg
         self.key: Key = (peer, msg.session_id, msg.msg_id)
@@ -288,7 +288,10 @@ class Pending:
         task: TaskState | None,
         via: str | None,
         early: bool = True,
-        **build: Any,
+        payload_json: str | None = None,
+        extra_data: bytes = b"",
+        sealed: bool = False,
+        principal: str = "",
     ) -> Reply:
         """Send a request and wait for its answer (see :meth:`~iac.Node.request`); observers
         and the peer's round-trip estimate learn how it ended."""
@@ -317,16 +320,22 @@ class Pending:
                     peer,
                     msg_type,
                     payload,
+                    payload_json=payload_json,
+                    extra_data=extra_data,
                     flags=FLAG_ACK_REQUESTED if ack else 0,
                     task=task,
                     deadline_us=now_us + int(left * 1e6),
+                    sealed=sealed,
+                    principal=principal,
                     now_us=now_us,
-                    **build,
                 )
                 out = self._track(
                     peer, msg, reliable=ack, is_request=True, via=via, early=early, now=now, loop=loop
                 )
-                await self._first_send(out, now_us)
+                if ack:
+                    await self._first_send(out, now_us)
+                else:  # (a transport error ends it: the `finally` below forgets the out)
+                    await self._outbox.transmit(peer, msg, via, early=early, now_us=now_us)
                 # The table's one timer for every request (not a loop timer each): on expiry it
                 # fails the future with TimeoutError. A cancelled caller cancels the future
                 # itself; the out stays tracked until `finally`, which is how the handler below
@@ -464,17 +473,9 @@ class Pending:
         ``loop``: the running loop, if the caller has it)."""
         if loop is None:
             loop = asyncio.get_running_loop()
-        out = Out(
-            peer,
-            msg,
-            reliable=reliable,
-            is_request=is_request,
-            give_up_at=(loop.time() if now is None else now) + self.config.delivery_timeout,
-            rto=self.config.retransmit_initial,
-            future=loop.create_future(),
-            via=via,
-            early=early,
-        )
+        give_up_at = (loop.time() if now is None else now) + self.config.delivery_timeout
+        out = Out(peer, msg, reliable, is_request, give_up_at, self.config.retransmit_initial,
+                  loop.create_future(), via, early)  # fmt: skip
         self.outs[out.key] = out
         self._by_peer.setdefault(peer, {})[out.key] = out
         return out

@@ -358,6 +358,14 @@ class Connection(ABC):
         without pushed dictionaries (the adapters with them override this)."""
         return None
 
+    def try_send(self, frame: bytes, *, early: bool = True) -> bool:
+        """:meth:`send` when it needs no wait: True once ``frame`` is queued (and written as
+        :meth:`send` writes it), False when only :meth:`send` can take it now (the queue is full,
+        the frame must wait for the HELLO, or the adapter has no such path). Raises what
+        :meth:`send` raises on a closed connection. The send path calls this first: a frame that
+        needs no wait costs no coroutine."""
+        return False
+
     @abstractmethod
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         """Queue one frame. Waits while the send queue is full; frames queued in one

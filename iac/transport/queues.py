@@ -89,8 +89,8 @@ class _Bounded(Generic[T]):
 class SendQueue(_Bounded[bytes]):
     """Frames waiting to be written. ``put`` waits while the queue is full (bytes or
     frames); one frame larger than the byte bound still goes through an empty queue.
-    ``get_batch`` and ``take_all`` return everything queued so far, so frames queued
-    in one event-loop turn leave in one write; ``take_shared`` takes a few at a time."""
+    ``get_batch``, ``take_all`` and ``take_data`` return everything queued so far, so frames
+    queued in one event-loop turn leave in one write; ``take_shared`` takes a few at a time."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         super().__init__(max_frames, max_bytes)
@@ -158,6 +158,19 @@ class SendQueue(_Bounded[bytes]):
         if self._putters:
             _wake(self._putters)
         return out
+
+    def take_data(self) -> bytes:
+        """Everything queued now, joined (``b""`` when nothing is), without waiting; wakes waiting
+        ``put`` calls. What one write of a stream takes."""
+        items = self._items
+        if not items:
+            return b""
+        data = items.popleft() if len(items) == 1 else b"".join(items)
+        items.clear()
+        self.nbytes = 0
+        if self._putters:
+            _wake(self._putters)
+        return data
 
     def take_all(self) -> list[bytes]:
         """Everything queued now (maybe nothing), without waiting; wakes waiting ``put`` calls."""

@@ -185,6 +185,18 @@ class QuicConn(Connection):
 
     # -- Connection API -------------------------------------------------------------------------
 
+    def try_send(self, frame: bytes, *, early: bool = True) -> bool:
+        if not early and self.early_data and not self.peer_hello_verified:
+            return False  # send() waits for the server's HELLO
+        core = self._core
+        if core.closed:
+            raise core.error or ConnectionClosed("connection closed")
+        if not self._queue.offer(frame):
+            return False
+        core.last_activity = self._time()
+        self._proto.transmit_soon()
+        return True
+
     async def send(self, frame: bytes, *, early: bool = True) -> None:
         if not early and self.early_data and not self.peer_hello_verified:
             await self._verified.wait()  # out of early data: after the server's HELLO verified

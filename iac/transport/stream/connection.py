@@ -200,22 +200,22 @@ class StreamConnection(Connection):
     def received(self) -> int:
         return len(self._inbox)
 
-    async def send(self, frame: bytes, *, early: bool = True) -> None:
+    def try_send(self, frame: bytes, *, early: bool = True) -> bool:
         core = self._core
         if core.closed:
             raise core.error or ConnectionClosed("connection closed")
-        q = self._sendq
-        if not q.offer(frame):
-            await q.put(frame)
+        if not self._sendq.offer(frame):
+            return False
         if self._flush_handle is None:
-            reader = self._inbox.reader
-            if reader is None or not reader.busy:  # the first frame of this turn: at once
-                self._flush()
-            elif reader.running:  # a batch in the receive callback: written when it stops
-                self._held = True
-                return
-            # the frames queued behind it in this turn: together, at its end
-            self._flush_handle = self._loop.call_soon(self._flush)
+            self._write_soon()
+        return True
+
+    async def send(self, frame: bytes, *, early: bool = True) -> None:
+        if self.try_send(frame):
+            return
+        await self._sendq.put(frame)
+        if self._flush_handle is None:
+            self._write_soon()
 
     async def recv(self) -> Incoming:
         return (await self.recv_many(1))[0]
@@ -338,6 +338,17 @@ class StreamConnection(Connection):
 
     # --- writing --------------------------------------------------------------------------------
 
+    def _write_soon(self) -> None:
+        """A frame was queued and no flush is set: write it now, after the batch the reader runs
+        in the receive callback, or at the end of this turn."""
+        reader = self._inbox.reader
+        if reader is None or not reader.busy:  # the first frame of this turn: at once
+            self._flush()
+        elif reader.running:  # a batch in the receive callback: written when it stops
+            self._held = True
+        else:  # the frames queued behind it in this turn: together, at its end
+            self._flush_handle = self._loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         """Write everything queued with one write (unless backpressured)."""
         self._flush_handle = None
@@ -345,10 +356,10 @@ class StreamConnection(Connection):
         proto = self._proto
         if proto.writing_paused or proto.lost:
             return  # resume_writing flushes
-        batch = self._sendq.take_all() if self._sendq.nbytes else None
-        if batch:
+        data = self._sendq.take_data()
+        if data:
             try:
-                self._transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
+                self._transport.write(data)
             except NETWORK_ERRORS as exc:  # the boundary: the connection is lost, with why
                 self.on_lost(exc)
                 return
