@@ -558,9 +558,13 @@ class QuicConn(Connection):
     # -- keep-alive and idle --------------------------------------------------------------------
 
     def on_datagram(self, now: float) -> None:
-        """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it)."""
-        self._core.last_packet = now
+        """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it;
+        late in that wait, the wake-up moves with it instead of coming to find nothing due)."""
+        core = self._core
+        core.last_packet = now
         self._receiving = True
+        if now >= core.rearm_after:
+            self._arm_timer()
 
     def after_datagram(self) -> None:
         """The library's events of a datagram were handed on: the reader takes what they
@@ -573,7 +577,12 @@ class QuicConn(Connection):
     def _arm_timer(self) -> None:
         """Ask the loop's timer structure for the wake-up the core wants: the next PING, a
         probe's deadline or the idle deadline, each as late as it may be."""
-        self._wake.at(None if self._core.ended else self._core.next_wake())
+        core = self._core
+        if core.ended:
+            core.rearm_after = float("inf")
+            self._wake.at(None)
+        else:
+            self._wake.at(core.next_wake())
 
     def _on_timer(self) -> None:
         if self._core.closed:
