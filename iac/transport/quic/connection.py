@@ -316,6 +316,12 @@ class QuicConn(Connection):
                 if not fut.done():
                     fut.set_result(None)
 
+    def settled(self) -> bool:
+        """Nothing waits for a flush: no frame queued, no ``close()`` waiting for what it sent to
+        be acknowledged, and the connection is open (the protocol then skips the flush after a
+        datagram of ACKs only that freed nothing)."""
+        return not self._queue.nbytes and not self._drain_waiters and self._core.state is State.OPEN
+
     def _drained(self) -> bool:
         if self._queue.nbytes:
             return False
