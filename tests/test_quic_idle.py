@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 from conftest import run
@@ -17,6 +18,7 @@ from iac.transport.base import Connection, TransportConfig
 from iac.transport.quic.configuration import transport_idle
 from iac.transport.quic.connection import QuicConn
 from iac.transport.timers import loop_timers
+from iac.wire.frames import FrameType, encode_frame
 from iac.wire.identity import Identity
 
 #: PINGs every 0.1 s; QUIC's idle timeout is 3 of them (0.3 s), the IAC idle timeout 1 s.
@@ -81,6 +83,71 @@ def test_a_keepalive_ping_costs_the_answering_side_one_flush_and_no_timer() -> N
             # ACK-delay timer's), and no timer on either side (each PING's ACK-delay timer)
             assert other.stats.transmits - flushes <= rounds + 3
             assert timers.fired - fired <= 3
+            await conn.close()
+
+    run(main())
+
+
+def test_a_keepalive_ping_costs_the_pinging_side_one_flush() -> None:
+    """The PING's ACK gives the pinging side an event (the PING acknowledged) that nothing
+    answers on the wire, and frees nothing to send: no flush for it (it was one that found
+    nothing to send, a loop turn later)."""
+    rounds = 20
+
+    async def main() -> None:
+        async with quic_pair(QUIET) as (conn, _other):
+            assert isinstance(conn, QuicConn)
+            for _ in range(3):  # the handshake's tail settles
+                assert await conn.alive(5.0)
+            flushes = conn.stats.transmits
+            for _ in range(rounds):
+                assert await conn.alive(5.0)  # the PING's flush; its ACK, no flush
+                for _ in range(3):  # a flush the ACK asked for would run in these loop turns
+                    await asyncio.sleep(0)
+            assert conn.stats.transmits - flushes <= rounds + 3
+            await conn.close()
+
+    run(main())
+
+
+def test_a_frame_whose_ack_comes_back_costs_its_sender_one_flush() -> None:
+    """A datagram of ACKs only that frees nothing to send (nothing lost, nothing held back by
+    the congestion window, nothing queued) gets no flush: the sender of a reply pays one flush
+    for it, not a second one when its ACK comes back (docs/IMPLEMENTATION.md, "Timers at
+    scale"). Counted over many frames, each acknowledged before the next goes."""
+    rounds = 20
+    body = b"r" * 200
+    frame = encode_frame(FrameType.MESSAGE, body)
+
+    async def main() -> None:
+        async with quic_pair(QUIET) as (conn, other):
+            assert isinstance(other, QuicConn)
+            for _ in range(3):  # the handshake's tail settles
+                assert await conn.alive(5.0)
+            proto = cast(Any, other._proto)
+            arrived = asyncio.Event()
+            received = proto.datagram_received
+
+            def counted(data: bytes, addr: Any) -> None:
+                received(data, addr)
+                arrived.set()
+
+            proto.datagram_received = counted
+
+            async def acknowledged() -> None:
+                while other.quic._loss.bytes_in_flight:
+                    arrived.clear()
+                    await asyncio.wait_for(arrived.wait(), 5)
+
+            await acknowledged()
+            flushes = other.stats.transmits
+            for _ in range(rounds):
+                await other.send(frame)
+                assert (await conn.recv()).frame.body == body
+                await acknowledged()  # the dialer's ACK, a datagram of ACKs only, came back
+            # one flush per frame (it was two: the frame's, then one after its ACK that found
+            # nothing to send); a stray packet of the handshake's tail may add one or two
+            assert other.stats.transmits - flushes <= rounds + 3
             await conn.close()
 
     run(main())

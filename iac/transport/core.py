@@ -188,6 +188,11 @@ class ConnectionCore:
         #: connection the dialer's PING (whose ACK both ends hear) is the one that goes, rather
         #: than both ends' in the same instant.
         self.keepalive_defer = keepalive_defer
+        #: From this instant on, a packet from the peer moves the keep-alive PING past the wake-up
+        #: :meth:`next_wake` last gave, which would then find nothing due: the adapter asks for a
+        #: new wake-up at such a packet instead (an attribute, compared on every packet; ``inf``:
+        #: no packet moves the wake-up, as when a probe's or the idle deadline comes first).
+        self.rearm_after = float("inf")
         self._linger_from: float | None = None
         self.session: SessionLogic | None = None
 
@@ -292,16 +297,33 @@ class ConnectionCore:
         interval, at most 1 s; probes at most 0.1 s), so the deadlines of many connections fall on
         shared instants. Never before :meth:`next_timer`. None: no timer while this holds."""
         wake = self._deadlines()
-        return None if wake is None else wake[1]
+        if wake is None:
+            self.rearm_after = float("inf")
+            return None
+        _exact, late, ping_late = wake
+        # The keep-alive's wake-up is moved by every packet (the PING waits ``keepalive`` after
+        # the last one). On the side whose peer PINGs (the accepting side waits longer) it would
+        # come once per interval and find the PING not due (:meth:`handle_timer` sends it from
+        # its slack before its deadline on): a packet after ``rearm_after`` makes it do so, and
+        # the adapter moves it then instead: one heap entry, and the next move is due only a
+        # grid step (1 s) or so later, so under load a connection moves it every second or two.
+        if late == ping_late and self.keepalive is not None:
+            ka = self.keepalive
+            self.rearm_after = late - ka - self.keepalive_defer + keepalive_slack(ka)
+        else:
+            self.rearm_after = float("inf")
+        return late
 
-    def _deadlines(self) -> tuple[float, float] | None:
-        """(the earliest deadline, the earliest rounded deadline), or None."""
+    def _deadlines(self) -> tuple[float, float, float] | None:
+        """(the earliest deadline, the earliest rounded deadline, the keep-alive's rounded
+        deadline or inf), or None."""
         if self.closed:
             return None
-        exact = late = float("inf")
+        exact = late = ping_late = float("inf")
         ping_at = self._ping_at()
         if ping_at is not None and self.keepalive is not None:
             exact, late = ping_at, rounded(ping_at, keepalive_slack(self.keepalive))
+            ping_late = late
         probe_at: float | None = None
         if self._probe_due is not None:
             probe_at, bound = self._probe_due, self._probe_bound
@@ -316,7 +338,7 @@ class ConnectionCore:
             late = min(late, rounded(idle_at, min(MAX_SLACK, SLACK_SHARE * self.idle_timeout)))
         if exact == float("inf"):
             return None
-        return exact, late
+        return exact, late, ping_late
 
     def handle_timer(self, now: float) -> TimerEvent:
         """The timer fired at ``now``: close an idle connection (:data:`TimerEvent.IDLE`, the

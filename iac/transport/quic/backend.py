@@ -214,6 +214,11 @@ class Backend:
     #: ``(quic)``: a new connection skips a run of PADDING frames in one step (aioquic 1.7
     #: only, :func:`_aioquic_fast_padding`); None: the library's own handler.
     fast_padding: Callable[[Any], None] | None = None
+    #: ``(quic) -> (flushed, settled)``: call ``flushed()`` after each flush; ``settled()`` is
+    #: True while nothing was declared lost since that flush and it was not limited by the
+    #: congestion window: the library then has nothing a datagram of ACKs only could free, and
+    #: the adapter skips the flush after such a datagram (aioquic only, :func:`_aioquic`).
+    ack_settle: Callable[[Any], tuple[Callable[[], None], Callable[[], bool]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -403,8 +408,33 @@ def _aioquic() -> Backend:
             handlers[frame_type] = (counted, epochs)
         return lambda: seen[0]
 
+    def ack_settle(quic: Any) -> tuple[Callable[[], None], Callable[[], bool]]:
+        # What the library may send after a flush comes from a datagram that asks for an ACK
+        # or gives an event (the adapter flushes for those), a timer (which flushes), the
+        # adapter's own writes (which ask for a flush), data or frames the congestion window
+        # held back at the flush (noted here), and the frames of packets declared lost (counted
+        # here: the library re-queues them, stream data, PINGs, credit, connection IDs alike).
+        loss = quic._loss
+        lost = loss._on_packets_lost
+        settled = [False]
+
+        def hooked(*, packets: Any, **kwargs: Any) -> None:
+            packets = list(packets)
+            if packets:  # (every acknowledgement looks for losses: mostly none)
+                settled[0] = False
+            lost(packets=packets, **kwargs)
+
+        loss._on_packets_lost = hooked
+
+        def flushed() -> None:
+            cc = loss._cc
+            settled[0] = cc.bytes_in_flight + quic._max_datagram_size <= cc.congestion_window
+
+        return flushed, lambda: settled[0]
+
     pinned = str(aioquic.__version__).startswith(AIOQUIC_PINNED + ".")
     return Backend(
+        ack_settle=ack_settle if pinned else None,
         pmtu=_aioquic_pmtu() if pinned else None,
         gso_socket=gso_socket,
         ack_counter=ack_counter if pinned else None,

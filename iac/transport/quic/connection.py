@@ -328,6 +328,12 @@ class QuicConn(Connection):
                 if not fut.done():
                     fut.set_result(None)
 
+    def settled(self) -> bool:
+        """Nothing waits for a flush: no frame queued, no ``close()`` waiting for what it sent to
+        be acknowledged, and the connection is open (the protocol then skips the flush after a
+        datagram of ACKs only that freed nothing)."""
+        return not self._queue.nbytes and not self._drain_waiters and self._core.state is State.OPEN
+
     def _drained(self) -> bool:
         if self._queue.nbytes:
             return False
@@ -570,9 +576,13 @@ class QuicConn(Connection):
     # -- keep-alive and idle --------------------------------------------------------------------
 
     def on_datagram(self, now: float) -> None:
-        """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it)."""
-        self._core.last_packet = now
+        """A packet arrived from the peer (the keep-alive PING waits ``keepalive`` after it;
+        late in that wait, the wake-up moves with it instead of coming to find nothing due)."""
+        core = self._core
+        core.last_packet = now
         self._receiving = True
+        if now >= core.rearm_after:
+            self._arm_timer()
 
     def after_datagram(self) -> None:
         """The library's events of a datagram were handed on: the reader takes what they
@@ -585,7 +595,12 @@ class QuicConn(Connection):
     def _arm_timer(self) -> None:
         """Ask the loop's timer structure for the wake-up the core wants: the next PING, a
         probe's deadline or the idle deadline, each as late as it may be."""
-        self._wake.at(None if self._core.ended else self._core.next_wake())
+        core = self._core
+        if core.ended:
+            core.rearm_after = float("inf")
+            self._wake.at(None)
+        else:
+            self._wake.at(core.next_wake())
 
     def _on_timer(self) -> None:
         if self._core.closed:

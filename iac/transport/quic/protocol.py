@@ -17,6 +17,7 @@ told before and after every flush (:class:`~iac.transport.quic.congestion.Transm
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from iac.transport.quic.ackfreq import AckFrequency
@@ -50,6 +51,10 @@ class ConnectionEvents(Protocol):
 
     def after_datagram(self) -> None:
         """The library's events of that datagram were handed on (the reader may take frames)."""
+
+    def settled(self) -> bool:
+        """Nothing of this connection waits for a flush (no frame queued, no ``close()`` waiting
+        for what it sent to be acknowledged), and it is open."""
 
 
 class LoopView:
@@ -101,6 +106,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
         if backend.name == "aioquic" and backend.version.startswith(AIOQUIC_PINNED + "."):
             # the library's timer as one Timer moved at each flush (see _library_transmit)
             self._quic_timer = loop_timers(self._loop.loop).timer(self._handle_timer)  # type: ignore[attr-defined]
+            if self._cc_hooks is None and backend.ack_settle is not None:
+                self._flushed, self._settled = backend.ack_settle(quic)
         self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
         if backend.fast_padding is not None:  # a path MTU probe is one long PADDING run
             backend.fast_padding(quic)
@@ -113,6 +120,9 @@ class QuicProtocol(asyncio.DatagramProtocol):
     #: for it (:meth:`_library_transmit`); None: the library's own ``transmit`` flushes.
     _quic_timer: Timer | None = None
     _timer_at: float | None
+    #: The backend's ``ack_settle`` pair (None: every datagram of ACKs only gets its flush).
+    _flushed: Callable[[], None] | None = None
+    _settled: Callable[[], bool] | None = None
 
     def _process_events(self) -> None:
         outer, self._in_events = self._in_events, True
@@ -135,8 +145,12 @@ class QuicProtocol(asyncio.DatagramProtocol):
     #: a reply may follow it (:meth:`_transmit_after_receive`).
     _evented = False
 
+    #: The library's event class of an acknowledged PING (set per backend, :func:`protocol_class`).
+    _ping_acked: type[Any] | None = None
+
     def quic_event_received(self, event: Any) -> None:
-        self._evented = True
+        if event.__class__ is not self._ping_acked:  # (nothing answers a PING's ACK on the wire)
+            self._evented = True
         if self.conn is not None:
             self.conn.on_quic_event(event)
 
@@ -201,15 +215,29 @@ class QuicProtocol(asyncio.DatagramProtocol):
         A datagram that asks for an ACK but gave the connection no event (a keep-alive PING,
         a probe, flow-control frames) has no reply to wait for: its ACK is due now and the
         flush runs right here (or goes with the flush already due). A datagram of ACKs only
-        keeps the turn's wait: the flush it may free data for gathers what the turn queues. A
-        keep-alive then costs the side that answers one flush, not a flush that finds nothing
-        due, the library's ACK-delay timer and a second flush (docs/IMPLEMENTATION.md, "Timers
-        at scale")."""
+        keeps the turn's wait: the flush it may free data for gathers what the turn queues;
+        unless it cannot free anything (nothing was lost or held back by the congestion window
+        since the last flush, nothing is queued: the backend's ``ack_settle``): then there is no
+        flush at all, only the library's timer follows (the loss timer of what it acknowledged
+        goes). A keep-alive then costs the side that answers one flush, not a flush that finds
+        nothing due, the library's ACK-delay timer and a second flush; a reply, once its ACK
+        comes back, no second flush (docs/IMPLEMENTATION.md, "Timers at scale")."""
         if self._send_waiting:  # the reader answered right in this callback: with the ACK, now
             self.transmit()
         elif self._evented or not self.backend.ack_now(self._quic, now):
             if self._transmit_task is None:
-                self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
+                settled = self._settled
+                conn = self.conn
+                if (
+                    settled is not None
+                    and not self._evented
+                    and settled()
+                    and conn is not None
+                    and conn.settled()
+                ):
+                    self._follow_timer()  # ACKs only, and they free nothing to send
+                else:
+                    self._transmit_task = self._loop.call_soon(self._transmit_if_sending)
         elif self._transmit_task is None:  # an ACK is due and nothing will answer: it goes now
             self.transmit()
 
@@ -268,10 +296,22 @@ class QuicProtocol(asyncio.DatagramProtocol):
         quic = self._quic
         for data, addr in quic.datagrams_to_send(now=self._loop.time()):
             self._transport.sendto(data, addr)  # type: ignore[union-attr]  # (as the library's)
+        flushed = self._flushed
+        if flushed is not None:
+            flushed()
         timer_at = quic.get_timer()
         if timer_at != self._timer_at:  # (the library's _handle_timer sets None before it flushes)
             timer.at(timer_at)
             self._timer_at = timer_at
+
+    def _follow_timer(self) -> None:
+        """Move the library's timer to its deadline now (after a datagram that needs no flush)."""
+        timer = self._quic_timer
+        if timer is not None:
+            timer_at = self._quic.get_timer()
+            if timer_at != self._timer_at:
+                timer.at(timer_at)
+                self._timer_at = timer_at
 
     def _start_gso(self) -> GsoSender | None:
         """The connection's GSO sender, made at its first flush with a socket (None: off)."""
@@ -302,7 +342,11 @@ def protocol_class(backend: Backend) -> type[QuicProtocol]:
         cls = type(
             f"_{backend.name}Protocol",
             (QuicProtocol, backend.QuicConnectionProtocol),
-            {"backend": backend, "__module__": __name__},
+            {
+                "backend": backend,
+                "_ping_acked": getattr(backend.events, "PingAcknowledged", None),
+                "__module__": __name__,
+            },
         )
         _protocol_classes[backend.name] = cls
     return cls
