@@ -93,8 +93,9 @@ def test_two_nodes_negotiate_and_the_sender_processes_fewer_acks() -> None:
         off, conn_off, _ = await _send_file(size, replace(sized, quic_ack_frequency=False))
         assert conn_off.ack_frequency is None
         # over this 20 ms path about a quarter of the ACK frames (the library's own rule
-        # acknowledges 1 ms after a packet); a wide margin
-        assert on < 0.6 * off, (on, off)
+        # acknowledges 1 ms after a packet); a wide margin. (0.7 to 0.95 while a datagram whose
+        # STREAM data the library held back without an event was acknowledged at once.)
+        assert on < 0.45 * off, (on, off)
 
     run(main(), timeout=60)
 

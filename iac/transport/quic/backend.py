@@ -219,6 +219,11 @@ class Backend:
     #: congestion window: the library then has nothing a datagram of ACKs only could free, and
     #: the adapter skips the flush after such a datagram (aioquic only, :func:`_aioquic`).
     ack_settle: Callable[[Any], tuple[Callable[[], None], Callable[[], bool]]] | None = None
+    #: ``(quic, protocol)``: every STREAM frame the connection takes sets ``protocol._evented``,
+    #: as an event would, also when the library holds its data back (out of order, or a
+    #: duplicate) and gives no event: such a datagram waits for the ACK policy, not an ACK now
+    #: (aioquic only, :func:`_aioquic`).
+    mark_stream_frames: Callable[[Any, Any], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -432,9 +437,21 @@ def _aioquic() -> Backend:
 
         return flushed, lambda: settled[0]
 
+    def mark_stream_frames(quic: Any, protocol: Any) -> None:
+        handlers = quic._QuicConnection__frame_handlers  # frame type -> (handler, epochs)
+        for frame_type in range(0x08, 0x10):  # STREAM, with its OFF, LEN and FIN bits
+            handle, epochs = handlers[frame_type]
+
+            def marked(*args: Any, _handle: Any = handle) -> None:
+                protocol._evented = True
+                _handle(*args)
+
+            handlers[frame_type] = (marked, epochs)
+
     pinned = str(aioquic.__version__).startswith(AIOQUIC_PINNED + ".")
     return Backend(
         ack_settle=ack_settle if pinned else None,
+        mark_stream_frames=mark_stream_frames if pinned else None,
         pmtu=_aioquic_pmtu() if pinned else None,
         gso_socket=gso_socket,
         ack_counter=ack_counter if pinned else None,

@@ -108,6 +108,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
             self._quic_timer = loop_timers(self._loop.loop).timer(self._handle_timer)  # type: ignore[attr-defined]
             if self._cc_hooks is None and backend.ack_settle is not None:
                 self._flushed, self._settled = backend.ack_settle(quic)
+        if backend.mark_stream_frames is not None:
+            backend.mark_stream_frames(quic, self)
         self.pmtu = driver_for(quic, self.backend, self._loop, self.transmit_soon)
         if backend.fast_padding is not None:  # a path MTU probe is one long PADDING run
             backend.fast_padding(quic)
@@ -141,8 +143,9 @@ class QuicProtocol(asyncio.DatagramProtocol):
         """The library's QUIC connection this protocol carries."""
         return self._quic
 
-    #: The datagram being taken gave the connection an event (stream data, a PING's ACK, ...):
-    #: a reply may follow it (:meth:`_transmit_after_receive`).
+    #: The datagram being taken gave the connection an event (stream data, a PING's ACK, ...)
+    #: or a STREAM frame (whose data the library may hold back without an event): a reply may
+    #: follow it, and its ACK follows the ACK policy (:meth:`_transmit_after_receive`).
     _evented = False
 
     #: The library's event class of an acknowledged PING (set per backend, :func:`protocol_class`).
@@ -212,8 +215,8 @@ class QuicProtocol(asyncio.DatagramProtocol):
         pending ACK leave in one packet and one flush, instead of a flush that finds nothing to
         send (the ACK is not due yet) and another.
 
-        A datagram that asks for an ACK but gave the connection no event (a keep-alive PING,
-        a probe, flow-control frames) has no reply to wait for: its ACK is due now and the
+        A datagram that asks for an ACK but gave the connection no event and no STREAM frame (a
+        keep-alive PING, a probe, flow-control frames) has no reply to wait for: its ACK is due now and the
         flush runs right here (or goes with the flush already due). A datagram of ACKs only
         keeps the turn's wait: the flush it may free data for gathers what the turn queues;
         unless it cannot free anything (nothing was lost or held back by the congestion window
