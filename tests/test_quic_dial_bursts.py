@@ -8,16 +8,12 @@ The full-size burst (256 dials per transport over real processes) is tests/test_
 from __future__ import annotations
 
 import asyncio
-import ssl
-import time
 
 import pytest
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
 from conftest import EchoNode, roundtrip, run
+from test_handshake_limits import client_initial
 
 from iac.errors import ConfigError
-from iac.protocol.handshake import ALPN
 from iac.testing import eventually
 from iac.transport import dial, listen
 from iac.transport.base import TransportConfig
@@ -151,16 +147,6 @@ def test_a_dial_waiting_for_its_turn_has_not_started() -> None:
 # --- the listener's queue: dials given up on ------------------------------------------------
 
 
-def _client_initial(port: int) -> bytes:
-    """The first datagram of a new QUIC dial (a client Initial, padded to 1200 bytes)."""
-    qc = QuicConfiguration(is_client=True, alpn_protocols=[ALPN])
-    qc.verify_mode = ssl.CERT_NONE
-    quic = QuicConnection(configuration=qc)
-    now = time.monotonic()
-    quic.connect(("127.0.0.1", port), now=now)
-    return quic.datagrams_to_send(now=now)[0][0]
-
-
 def test_queued_dials_from_one_address_wait_side_by_side_and_a_dropped_ones_initials_open_nothing() -> None:
     server = Identity.generate()
 
@@ -174,7 +160,7 @@ def test_queued_dials_from_one_address_wait_side_by_side_and_a_dropped_ones_init
         busy = object()
         try:
             listener._handshaking.add(busy)  # type: ignore[arg-type]  # the one slot is taken
-            first, second = _client_initial(port), _client_initial(port)
+            first, second = client_initial(port), client_initial(port)
             assert initial_dcid(first) != initial_dcid(second)
             assert not gate(lib_server, first, source)  # queued
             assert not gate(lib_server, first, source)  # its retransmission: still one in the queue
@@ -208,7 +194,7 @@ def test_a_refused_dials_later_initials_open_no_connection() -> None:
         assert isinstance(listener, QuicListener)
         port = int(listener.addresses[0].rsplit(":", 1)[1])
         source = ("127.0.0.1", 40001)
-        data = _client_initial(port)
+        data = client_initial(port)
         try:
             assert listener._admit_datagram(listener._server, data, source)  # a slot is free: taken
             assert listener._opening == (source, initial_dcid(data))
