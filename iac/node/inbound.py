@@ -210,7 +210,7 @@ class Inbound:
         if bodies:
             verifier = self._verifier
             on_loop = verifier.open_now(bodies, peer)  # opened right here (no await), or None
-            opened = on_loop if on_loop is not None else await verifier.open(bodies, peer)
+            opened = on_loop if on_loop is not None else await verifier.offload(bodies, peer)
             # Every one verified (the common case): the list itself, no copy and no cast() call.
             msgs: list[Message] = opened  # type: ignore[assignment]
             for m in opened:

@@ -72,15 +72,18 @@ class Verifier:
 
     def open_now(self, bodies: Sequence[bytes], peer: str) -> list[Opened] | None:
         """Open ``bodies`` right here, when they are not for the worker (a lone frame, no
-        worker); None when they are: then :meth:`open` them (the read loop awaits only that)."""
+        worker); None when they are: then :meth:`offload` them (the read loop awaits only that)."""
         if not self.threaded or len(bodies) < self.batch_min or not self.worker.available:
             return open_all(bodies, peer)
         return None
 
     async def open(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
+        """Open ``bodies``: right here, or on the worker (:meth:`open_now`, :meth:`offload`)."""
         opened = self.open_now(bodies, peer)
-        if opened is not None:
-            return opened
+        return opened if opened is not None else await self.offload(bodies, peer)
+
+    async def offload(self, bodies: Sequence[bytes], peer: str) -> list[Opened]:
+        """Open ``bodies`` on the worker (what :meth:`open_now` left to it)."""
         self.batches += 1
         self.offloaded += len(bodies)
         return await self.worker.run("verification", open_all, bodies, peer)
