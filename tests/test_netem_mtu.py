@@ -85,8 +85,10 @@ def test_emulator_mtu_drop_mid_transfer_falls_back_and_the_file_arrives(tmp_path
         eventually_sync(
             lambda: link.stats()["a_to_b"]["delivered_bytes"] - start >= size // 5, timeout=30, interval=0.002
         )
-        link.set_impairment(Impairment(delay=0.002, mtu=1280))
+        # (the instant before the call: the forwarder applies the MTU before it answers, and a
+        # loss may be suspected before this process reads that answer)
         lowered = time.monotonic()
+        link.set_impairment(Impairment(delay=0.002, mtu=1280))
         line = tx.stdout.readline()
         assert tx.wait(30) == 0, line
         report = json.loads(line)
